@@ -1,0 +1,90 @@
+"""Argument checking shared by the contract and the registry.
+
+Every check raises :class:`LogprobContractError` with a message that echoes the
+argument as ``name=value!r`` so a caller can find the bad field at a glance.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from enum import Enum
+from typing import TypeVar
+
+from tp_logprob.errors import LogprobContractError
+
+E = TypeVar("E", bound=Enum)
+
+
+def check_int(name: str, value: object, *, min_value: int | None = None) -> int:
+    """Return ``value`` as an int; bools, floats and strings are refused.
+
+    numpy integers pass (through ``__index__``); ``True`` never stands for 1.
+    """
+    if (
+        isinstance(value, bool)
+        or type(value).__name__ == "bool_"
+        or not hasattr(value, "__index__")
+    ):
+        raise LogprobContractError(f"{name}={value!r}: expected an int, got {type(value).__name__}")
+    result = operator.index(value)  # type: ignore[call-overload]
+    if min_value is not None and result < min_value:
+        raise LogprobContractError(f"{name}={result!r}: must be >= {min_value}")
+    return result
+
+
+def check_enum(name: str, value: object, enum: type[E]) -> E:
+    """Return ``value`` as a member of ``enum``; accepts the member or its string value."""
+    if isinstance(value, enum):
+        return value
+    if isinstance(value, str):
+        for member in enum:
+            if member.value == value:
+                return member
+    choices = ", ".join(repr(member.value) for member in enum)
+    raise LogprobContractError(f"{name}={value!r}: expected one of {choices}")
+
+
+def check_enum_set(name: str, values: object, enum: type[E], *, non_empty: bool) -> frozenset[E]:
+    """Return ``values`` as a frozenset of ``enum`` members.
+
+    A bare string is refused even though it is iterable: ``roles="train"`` is a
+    common slip for ``roles={"train"}`` and would otherwise be read letter by letter.
+    """
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise LogprobContractError(
+            f"{name}={values!r}: expected an iterable of {enum.__name__} values"
+        )
+    members = frozenset(check_enum(f"{name} item", item, enum) for item in values)
+    if non_empty and not members:
+        raise LogprobContractError(f"{name}={values!r}: must not be empty")
+    return members
+
+
+def check_int_set(name: str, values: object, *, min_value: int) -> frozenset[int] | None:
+    """Return ``values`` as a non-empty frozenset of ints, or None (meaning any)."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise LogprobContractError(f"{name}={values!r}: expected None or an iterable of ints")
+    members = frozenset(check_int(f"{name} item", item, min_value=min_value) for item in values)
+    if not members:
+        raise LogprobContractError(f"{name}={values!r}: must not be empty (use None for any)")
+    return members
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a real bool (numpy bools included)."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ == "bool_":
+        return bool(value)
+    raise LogprobContractError(f"{name}={value!r}: expected a bool")
+
+
+def check_instance(name: str, value: object, kind: type[object]) -> None:
+    """Refuse ``value`` unless it is an instance of ``kind``."""
+    if not isinstance(value, kind):
+        raise LogprobContractError(
+            f"{name}={value!r}: expected a {kind.__name__}, got {type(value).__name__}"
+        )

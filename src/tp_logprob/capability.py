@@ -1,0 +1,143 @@
+"""What a backend declares it can serve, and why it cannot serve a given contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from tp_logprob._validation import check_bool, check_enum, check_enum_set, check_int_set
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.errors import LogprobContractError
+
+__all__ = ["POLICY_KEYWORDS", "ImplementationKind", "LogprobBackendCapability"]
+
+POLICY_KEYWORDS = frozenset({"auto", "production", "reference", "deterministic"})
+"""Words a backend id may not be: they name dispatch policies, not backends."""
+
+
+class ImplementationKind(str, Enum):
+    """``production`` backends are meant for training; ``reference`` ones for checking."""
+
+    PRODUCTION = "production"
+    REFERENCE = "reference"
+
+
+def _check_backend_id(value: object) -> str:
+    if not isinstance(value, str):
+        raise LogprobContractError(f"backend_id={value!r}: expected a str")
+    backend_id = value.strip()
+    if not backend_id:
+        raise LogprobContractError(f"backend_id={value!r}: must not be blank")
+    if backend_id.lower() in POLICY_KEYWORDS:
+        raise LogprobContractError(
+            f"backend_id={value!r}: shadows the dispatch policy {backend_id.lower()!r}; "
+            "choose another name"
+        )
+    return backend_id
+
+
+@dataclass(frozen=True)
+class LogprobBackendCapability:
+    """The contracts one backend serves on one platform.
+
+    ``tp_world_sizes`` / ``cp_world_sizes`` of None mean any size. A backend that
+    offers ``cross_tp_bitwise`` also meets ``fixed_topology`` requests.
+    """
+
+    backend_id: str
+    roles: frozenset[LogprobRole]
+    dtypes: frozenset[LogprobDType]
+    tp_world_sizes: frozenset[int] | None = None
+    cp_world_sizes: frozenset[int] | None = None
+    supports_vocab_padding: bool = False
+    mask_modes: frozenset[MaskMode] = frozenset()
+    exports_vocab_lse: bool = False
+    determinism_scopes: frozenset[DeterminismScope] = frozenset()
+    implementation_kind: ImplementationKind = ImplementationKind.PRODUCTION
+
+    def __post_init__(self) -> None:
+        checked: dict[str, Any] = {
+            "backend_id": _check_backend_id(self.backend_id),
+            "roles": check_enum_set("roles", self.roles, LogprobRole, non_empty=True),
+            "dtypes": check_enum_set("dtypes", self.dtypes, LogprobDType, non_empty=True),
+            "tp_world_sizes": check_int_set("tp_world_sizes", self.tp_world_sizes, min_value=1),
+            "cp_world_sizes": check_int_set("cp_world_sizes", self.cp_world_sizes, min_value=1),
+            "supports_vocab_padding": check_bool(
+                "supports_vocab_padding", self.supports_vocab_padding
+            ),
+            "mask_modes": check_enum_set("mask_modes", self.mask_modes, MaskMode, non_empty=False),
+            "exports_vocab_lse": check_bool("exports_vocab_lse", self.exports_vocab_lse),
+            "determinism_scopes": check_enum_set(
+                "determinism_scopes", self.determinism_scopes, DeterminismScope, non_empty=True
+            ),
+            "implementation_kind": check_enum(
+                "implementation_kind", self.implementation_kind, ImplementationKind
+            ),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def incompatibilities(self, contract: LogprobContract) -> tuple[str, ...]:
+        """Every reason this backend cannot serve ``contract``; empty when it can."""
+        reasons: list[str] = []
+        sharding = contract.sharding
+        if contract.role not in self.roles:
+            reasons.append(f"role {contract.role.value!r} not in {_names(self.roles)}")
+        if contract.dtype not in self.dtypes:
+            reasons.append(f"dtype {contract.dtype.value!r} not in {_names(self.dtypes)}")
+        if self.tp_world_sizes is not None and sharding.tp_world_size not in self.tp_world_sizes:
+            reasons.append(
+                f"tp_world_size {sharding.tp_world_size} not in {sorted(self.tp_world_sizes)}"
+            )
+        if self.cp_world_sizes is not None and sharding.cp_world_size not in self.cp_world_sizes:
+            reasons.append(
+                f"cp_world_size {sharding.cp_world_size} not in {sorted(self.cp_world_sizes)}"
+            )
+        if sharding.has_padding and not self.supports_vocab_padding:
+            reasons.append(
+                f"vocabulary padding (real {sharding.real_vocab_size} < padded "
+                f"{sharding.padded_vocab_size}) not supported"
+            )
+        if contract.mask_mode not in self.mask_modes:
+            reasons.append(
+                f"mask mode {contract.mask_mode.value!r} not in {_names(self.mask_modes)}"
+            )
+        if contract.export_lse and not self.exports_vocab_lse:
+            reasons.append("export_lse requested but the backend does not export the LSE")
+        requested = contract.reduction.determinism_scope
+        if not any(scope.satisfies(requested) for scope in self.determinism_scopes):
+            reasons.append(
+                f"determinism scope {requested.value!r} not met by "
+                f"{_names(self.determinism_scopes)}"
+            )
+        return tuple(reasons)
+
+    def supports(self, contract: LogprobContract) -> bool:
+        """Whether this backend can serve ``contract``."""
+        return not self.incompatibilities(contract)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible description, stable across runs."""
+        return {
+            "backend_id": self.backend_id,
+            "roles": _names(self.roles),
+            "dtypes": _names(self.dtypes),
+            "tp_world_sizes": None if self.tp_world_sizes is None else sorted(self.tp_world_sizes),
+            "cp_world_sizes": None if self.cp_world_sizes is None else sorted(self.cp_world_sizes),
+            "supports_vocab_padding": self.supports_vocab_padding,
+            "mask_modes": _names(self.mask_modes),
+            "exports_vocab_lse": self.exports_vocab_lse,
+            "determinism_scopes": _names(self.determinism_scopes),
+            "implementation_kind": self.implementation_kind.value,
+        }
+
+
+def _names(members: frozenset[Any]) -> list[str]:
+    return sorted(member.value for member in members)

@@ -1,0 +1,494 @@
+"""The typed contract of one vocab-parallel logprob invocation.
+
+A :class:`LogprobContract` says what one rank is asked to compute: the role, the
+input dtype, which tokens are active, how the (padded) vocabulary is split across
+tensor-parallel ranks, and which determinism the caller needs. It is validated
+once, at construction, so kernels and the registry can trust every field.
+
+Everything here is pure Python and numpy: importing it never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from tp_logprob._validation import (
+    check_bool,
+    check_enum,
+    check_instance,
+    check_int,
+)
+from tp_logprob.errors import LogprobContractError, LogprobDispatchError
+
+__all__ = [
+    "CONTRACT_SCHEMA_VERSION",
+    "DeterminismScope",
+    "LogprobContract",
+    "LogprobContractError",
+    "LogprobDType",
+    "LogprobDispatchError",
+    "LogprobOutputSpec",
+    "LogprobResult",
+    "LogprobRole",
+    "MaskMode",
+    "MaskSpec",
+    "ReductionSpec",
+    "ShardingSpec",
+    "even_shard_bounds",
+]
+
+CONTRACT_SCHEMA_VERSION = 1
+
+
+class LogprobRole(str, Enum):
+    """What the result is for: ``train`` needs a backward pass, ``infer`` does not."""
+
+    TRAIN = "train"
+    INFER = "infer"
+
+
+class LogprobDType(str, Enum):
+    """The dtype of the logits a rank passes in."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class DeterminismScope(str, Enum):
+    """How far bitwise reproducibility must reach (see DESIGN section 2).
+
+    ``fixed_topology``: run to run and across batch composition, for one shard layout.
+    ``cross_tp_bitwise``: additionally across every TP degree and shard layout.
+    """
+
+    FIXED_TOPOLOGY = "fixed_topology"
+    CROSS_TP_BITWISE = "cross_tp_bitwise"
+
+    def satisfies(self, requested: DeterminismScope) -> bool:
+        """Whether a backend offering ``self`` meets a request for ``requested``."""
+        return _SCOPE_STRENGTH[self] >= _SCOPE_STRENGTH[requested]
+
+
+_SCOPE_STRENGTH = {DeterminismScope.FIXED_TOPOLOGY: 0, DeterminismScope.CROSS_TP_BITWISE: 1}
+
+
+class MaskMode(str, Enum):
+    """``all_active``: no mask was given. ``per_token``: a per-token active mask was given."""
+
+    ALL_ACTIVE = "all_active"
+    PER_TOKEN = "per_token"
+
+
+class LogprobResult(NamedTuple):
+    """What every backend op returns: fp32 ``selected_logp[N]`` and ``lse[N]``, replicated.
+
+    ``lse`` is None when the contract has ``export_lse=False``.
+    """
+
+    selected_logp: Any
+    lse: Any
+
+
+def even_shard_bounds(padded_vocab_size: int, tp_world_size: int) -> tuple[tuple[int, int], ...]:
+    """Megatron-style contiguous shards of ``ceil(padded / tp)`` columns.
+
+    The last bound is pinned to ``padded_vocab_size`` so the shards always partition
+    the vocabulary, even when it does not divide evenly.
+
+    >>> even_shard_bounds(10, 3)
+    ((0, 4), (4, 8), (8, 10))
+    """
+    padded = check_int("padded_vocab_size", padded_vocab_size, min_value=1)
+    world = check_int("tp_world_size", tp_world_size, min_value=1)
+    if world > padded:
+        raise LogprobContractError(
+            f"tp_world_size={world!r}: more ranks than padded_vocab_size={padded!r} columns"
+        )
+    width = -(-padded // world)
+    starts = [min(rank * width, padded) for rank in range(world)]
+    bounds = [(start, min(start + width, padded)) for start in starts]
+    if any(end <= start for start, end in bounds):
+        raise LogprobContractError(
+            f"padded_vocab_size={padded!r}, tp_world_size={world!r}: an even split of width "
+            f"{width} leaves a rank without columns; pass vocab_shard_bounds explicitly"
+        )
+    bounds[-1] = (bounds[-1][0], padded)
+    return tuple(bounds)
+
+
+def _check_bounds(value: object, world: int, padded: int) -> tuple[tuple[int, int], ...]:
+    name = "vocab_shard_bounds"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise LogprobContractError(f"{name}={value!r}: expected a sequence of (start, end) pairs")
+    if len(value) != world:
+        raise LogprobContractError(
+            f"{name}={value!r}: has {len(value)} shards but tp_world_size={world!r}"
+        )
+    bounds: list[tuple[int, int]] = []
+    for index, pair in enumerate(value):
+        item = f"{name}[{index}]"
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise LogprobContractError(f"{item}={pair!r}: expected a (start, end) pair")
+        start = check_int(f"{item}[0]", pair[0], min_value=0)
+        end = check_int(f"{item}[1]", pair[1], min_value=0)
+        if end <= start:
+            raise LogprobContractError(f"{item}={(start, end)!r}: end must be greater than start")
+        expected_start = bounds[-1][1] if bounds else 0
+        if start != expected_start:
+            raise LogprobContractError(
+                f"{item}={(start, end)!r}: shards must be contiguous; expected start "
+                f"{expected_start}"
+            )
+        bounds.append((start, end))
+    if bounds[-1][1] != padded:
+        raise LogprobContractError(
+            f"{name}={tuple(bounds)!r}: last end must equal padded_vocab_size={padded!r}"
+        )
+    return tuple(bounds)
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """How the padded vocabulary is split into contiguous per-rank column shards."""
+
+    tp_rank: int
+    tp_world_size: int
+    vocab_shard_bounds: tuple[tuple[int, int], ...]
+    real_vocab_size: int
+    padded_vocab_size: int
+    cp_rank: int = 0
+    cp_world_size: int = 1
+
+    def __post_init__(self) -> None:
+        world = check_int("tp_world_size", self.tp_world_size, min_value=1)
+        rank = check_int("tp_rank", self.tp_rank, min_value=0)
+        if rank >= world:
+            raise LogprobContractError(f"tp_rank={rank!r}: must be < tp_world_size={world!r}")
+        real = check_int("real_vocab_size", self.real_vocab_size, min_value=1)
+        padded = check_int("padded_vocab_size", self.padded_vocab_size, min_value=1)
+        if padded < real:
+            raise LogprobContractError(
+                f"padded_vocab_size={padded!r}: must be >= real_vocab_size={real!r}"
+            )
+        cp_world = check_int("cp_world_size", self.cp_world_size, min_value=1)
+        cp_rank = check_int("cp_rank", self.cp_rank, min_value=0)
+        if cp_rank >= cp_world:
+            raise LogprobContractError(f"cp_rank={cp_rank!r}: must be < cp_world_size={cp_world!r}")
+        bounds = _check_bounds(self.vocab_shard_bounds, world, padded)
+        for name, value in (
+            ("tp_rank", rank),
+            ("tp_world_size", world),
+            ("vocab_shard_bounds", bounds),
+            ("real_vocab_size", real),
+            ("padded_vocab_size", padded),
+            ("cp_rank", cp_rank),
+            ("cp_world_size", cp_world),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def local_bounds(self) -> tuple[int, int]:
+        """This rank's ``[start, end)`` columns of the padded vocabulary."""
+        return self.vocab_shard_bounds[self.tp_rank]
+
+    @property
+    def local_vocab_size(self) -> int:
+        """Width of this rank's shard, padding included."""
+        start, end = self.local_bounds
+        return end - start
+
+    @property
+    def has_padding(self) -> bool:
+        """Whether some columns exist in the tensor but are not real vocabulary."""
+        return self.padded_vocab_size > self.real_vocab_size
+
+    def live_bounds(self, rank: int | None = None) -> tuple[int, int]:
+        """The ``[start, end)`` of real (non-padding) columns a rank owns; may be empty."""
+        start, end = self.vocab_shard_bounds[self.tp_rank if rank is None else rank]
+        return start, max(start, min(end, self.real_vocab_size))
+
+    def owner_of(self, column: int) -> int:
+        """The rank whose shard holds global ``column``."""
+        for rank, (start, end) in enumerate(self.vocab_shard_bounds):
+            if start <= column < end:
+                return rank
+        raise LogprobContractError(
+            f"column={column!r}: outside [0, padded_vocab_size={self.padded_vocab_size})"
+        )
+
+
+def _mask_array(value: object, num_tokens: int) -> npt.NDArray[np.bool_] | None:
+    """Return the mask as a read-only numpy bool array without a per-token Python loop."""
+    if value is None:
+        return None
+    name = "active_mask"
+    if type(value).__module__.startswith("torch"):
+        if str(getattr(value, "dtype", "")) != "torch.bool":
+            raise LogprobContractError(
+                f"{name}: expected a torch.bool tensor, got dtype={getattr(value, 'dtype', None)}"
+            )
+        value = value.detach().cpu().numpy()  # type: ignore[attr-defined]
+    elif isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise LogprobContractError(
+            f"{name}={value!r}: expected None, a sequence of bools, a numpy bool array "
+            "or a torch bool tensor"
+        )
+    array = np.array(value, copy=True)
+    if array.dtype != np.bool_:
+        raise LogprobContractError(
+            f"{name}: expected bools, got an array of dtype {array.dtype}"
+            + (" (use True/False, not 1/0)" if array.dtype.kind in "iu" else "")
+        )
+    if array.shape != (num_tokens,):
+        raise LogprobContractError(
+            f"{name}: has shape {array.shape}, expected ({num_tokens},) for num_tokens={num_tokens}"
+        )
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class MaskSpec:
+    """Which of the ``num_tokens`` rows are active.
+
+    ``active_mask=None`` means every token is active. Inactive tokens get
+    ``selected_logp = 0.0`` and their target is never read, so it may hold
+    ``ignore_index`` or anything else.
+    """
+
+    num_tokens: int
+    active_mask: Any = None
+    ignore_index: int = -100
+    _digest: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        num_tokens = check_int("num_tokens", self.num_tokens, min_value=0)
+        object.__setattr__(self, "num_tokens", num_tokens)
+        object.__setattr__(self, "ignore_index", check_int("ignore_index", self.ignore_index))
+        mask = _mask_array(self.active_mask, num_tokens)
+        object.__setattr__(self, "active_mask", mask)
+        object.__setattr__(self, "_digest", _mask_digest(mask, num_tokens))
+
+    @property
+    def mode(self) -> MaskMode:
+        """``all_active`` when no mask was given, else ``per_token``."""
+        return MaskMode.ALL_ACTIVE if self.active_mask is None else MaskMode.PER_TOKEN
+
+    @property
+    def active_count(self) -> int:
+        """How many tokens are active."""
+        mask = self.active_mask
+        return self.num_tokens if mask is None else int(np.count_nonzero(mask))
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the mask (and token count): provenance without the per-token data."""
+        return self._digest
+
+    def dense(self) -> npt.NDArray[np.bool_]:
+        """The mask as a writable bool array of length ``num_tokens`` (all True if none)."""
+        if self.active_mask is None:
+            return np.ones(self.num_tokens, dtype=np.bool_)
+        return np.array(self.active_mask, copy=True)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MaskSpec):
+            return NotImplemented
+        return (self.num_tokens, self.ignore_index, self.mode, self.digest) == (
+            other.num_tokens,
+            other.ignore_index,
+            other.mode,
+            other.digest,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.num_tokens, self.ignore_index, self.mode, self.digest))
+
+
+def _mask_digest(mask: npt.NDArray[np.bool_] | None, num_tokens: int) -> str:
+    hasher = hashlib.sha256(f"tp-logprob-mask:{num_tokens}:".encode())
+    if mask is None:
+        hasher.update(b"all-active")
+    else:
+        hasher.update(np.packbits(mask).tobytes())
+    return hasher.hexdigest()
+
+
+@dataclass(frozen=True)
+class ReductionSpec:
+    """How the cross-rank reduction must behave; today, its determinism scope."""
+
+    determinism_scope: DeterminismScope = DeterminismScope.CROSS_TP_BITWISE
+
+    def __post_init__(self) -> None:
+        scope = check_enum("determinism_scope", self.determinism_scope, DeterminismScope)
+        object.__setattr__(self, "determinism_scope", scope)
+
+
+@dataclass(frozen=True)
+class LogprobOutputSpec:
+    """The dtype of the returned tensors. Backends compute in fp32 and cast at the last write."""
+
+    dtype: LogprobDType = LogprobDType.FP32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", check_enum("output.dtype", self.dtype, LogprobDType))
+
+
+@dataclass(frozen=True)
+class LogprobContract:
+    """One rank's view of one vocab-parallel logprob invocation.
+
+    >>> import tp_logprob as tpl
+    >>> contract = tpl.LogprobContract(
+    ...     role="infer", dtype="bf16", mask=tpl.MaskSpec(num_tokens=4),
+    ...     sharding=tpl.ShardingSpec(0, 2, tpl.even_shard_bounds(256, 2), 250, 256),
+    ...     reduction=tpl.ReductionSpec("fixed_topology"))
+    >>> contract.sharding.local_bounds
+    (0, 128)
+    """
+
+    role: LogprobRole
+    dtype: LogprobDType
+    mask: MaskSpec
+    sharding: ShardingSpec
+    reduction: ReductionSpec
+    output: LogprobOutputSpec = field(default_factory=LogprobOutputSpec)
+    export_lse: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", check_enum("role", self.role, LogprobRole))
+        object.__setattr__(self, "dtype", check_enum("dtype", self.dtype, LogprobDType))
+        check_instance("mask", self.mask, MaskSpec)
+        check_instance("sharding", self.sharding, ShardingSpec)
+        check_instance("reduction", self.reduction, ReductionSpec)
+        check_instance("output", self.output, LogprobOutputSpec)
+        object.__setattr__(self, "export_lse", check_bool("export_lse", self.export_lse))
+        ignore_index, real = self.mask.ignore_index, self.sharding.real_vocab_size
+        if 0 <= ignore_index < real:
+            raise LogprobContractError(
+                f"mask.ignore_index={ignore_index!r}: lies inside [0, real_vocab_size={real}), "
+                "so it would collide with a real token id; use a negative value such as -100"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        """Rows in this invocation."""
+        return self.mask.num_tokens
+
+    @property
+    def mask_mode(self) -> MaskMode:
+        """Whether a per-token mask was given."""
+        return self.mask.mode
+
+    def with_rank(self, tp_rank: int) -> LogprobContract:
+        """The same invocation as seen by another tensor-parallel rank."""
+        sharding = dataclasses.replace(self.sharding, tp_rank=tp_rank)
+        return dataclasses.replace(self, sharding=sharding)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable, JSON-compatible provenance; the mask appears as a sha256 digest."""
+        sharding = self.sharding
+        return {
+            "schema": CONTRACT_SCHEMA_VERSION,
+            "role": self.role.value,
+            "dtype": self.dtype.value,
+            "mask": {
+                "num_tokens": self.mask.num_tokens,
+                "mode": self.mask.mode.value,
+                "active_count": self.mask.active_count,
+                "ignore_index": self.mask.ignore_index,
+                "sha256": self.mask.digest,
+            },
+            "sharding": {
+                "tp_rank": sharding.tp_rank,
+                "tp_world_size": sharding.tp_world_size,
+                "vocab_shard_bounds": [list(pair) for pair in sharding.vocab_shard_bounds],
+                "local_bounds": list(sharding.local_bounds),
+                "real_vocab_size": sharding.real_vocab_size,
+                "padded_vocab_size": sharding.padded_vocab_size,
+                "cp_rank": sharding.cp_rank,
+                "cp_world_size": sharding.cp_world_size,
+            },
+            "reduction": {"determinism_scope": self.reduction.determinism_scope.value},
+            "output": {"dtype": self.output.dtype.value},
+            "export_lse": self.export_lse,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], active_mask: Any = None) -> LogprobContract:
+        """Rebuild a contract from :meth:`to_dict` output and the mask it digests.
+
+        Raises :class:`LogprobContractError` when a field is missing or malformed, or
+        when ``active_mask`` does not match the recorded digest.
+        """
+        try:
+            if data["schema"] != CONTRACT_SCHEMA_VERSION:
+                raise LogprobContractError(
+                    f"schema={data['schema']!r}: expected {CONTRACT_SCHEMA_VERSION}"
+                )
+            mask_data, sharding_data = data["mask"], data["sharding"]
+            mask = MaskSpec(
+                num_tokens=mask_data["num_tokens"],
+                active_mask=active_mask,
+                ignore_index=mask_data["ignore_index"],
+            )
+            if mask.digest != mask_data["sha256"]:
+                raise LogprobContractError(
+                    f"mask.sha256={mask_data['sha256']!r}: does not match the given active_mask"
+                )
+            sharding = ShardingSpec(
+                tp_rank=sharding_data["tp_rank"],
+                tp_world_size=sharding_data["tp_world_size"],
+                vocab_shard_bounds=tuple(
+                    tuple(pair) for pair in sharding_data["vocab_shard_bounds"]
+                ),
+                real_vocab_size=sharding_data["real_vocab_size"],
+                padded_vocab_size=sharding_data["padded_vocab_size"],
+                cp_rank=sharding_data["cp_rank"],
+                cp_world_size=sharding_data["cp_world_size"],
+            )
+            return cls(
+                role=data["role"],
+                dtype=data["dtype"],
+                mask=mask,
+                sharding=sharding,
+                reduction=ReductionSpec(data["reduction"]["determinism_scope"]),
+                output=LogprobOutputSpec(data["output"]["dtype"]),
+                export_lse=data["export_lse"],
+            )
+        except (KeyError, TypeError) as error:
+            raise LogprobContractError(
+                f"contract data: malformed or missing field {error}"
+            ) from None
+
+    def cross_rank_fingerprint(self) -> str:
+        """A digest every rank of one invocation computes identically.
+
+        It covers everything except the rank itself and its local bounds, so ranks
+        can all-gather it to prove they agree before dispatching collectively.
+        """
+        data = self.to_dict()
+        del data["sharding"]["tp_rank"], data["sharding"]["local_bounds"]
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def describe(self) -> str:
+        """The contract in one line, for reports."""
+        s = self.sharding
+        return (
+            f"{self.role.value} {self.dtype.value} N={self.num_tokens} "
+            f"(active {self.mask.active_count}) tp={s.tp_rank}/{s.tp_world_size} "
+            f"bounds={list(s.vocab_shard_bounds)} real={s.real_vocab_size} "
+            f"padded={s.padded_vocab_size} {self.reduction.determinism_scope.value}"
+        )

@@ -1,0 +1,1 @@
+"""Logprob backends. Importing this package imports neither torch nor triton."""

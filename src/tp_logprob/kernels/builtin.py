@@ -1,0 +1,78 @@
+"""The built-in backends' capabilities and lazy factories.
+
+Each factory imports its kernel module only when first dispatched, so registering
+the built-ins costs nothing and needs neither torch nor triton installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from typing import Any
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import DeterminismScope, LogprobDType, LogprobRole, MaskMode
+
+__all__ = [
+    "TORCH_NATIVE",
+    "TRITON_EXACT_SUM",
+    "TRITON_ONLINE",
+    "register_builtin_backends",
+    "triton_platforms",
+]
+
+
+def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapability:
+    return LogprobBackendCapability(
+        backend_id=backend_id,
+        roles=frozenset(LogprobRole),
+        dtypes=frozenset(LogprobDType),
+        tp_world_sizes=None,
+        cp_world_sizes=frozenset({1}),
+        supports_vocab_padding=True,
+        mask_modes=frozenset(MaskMode),
+        exports_vocab_lse=True,
+        determinism_scopes=frozenset({scope}),
+    )
+
+
+TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
+TRITON_ONLINE = _capability("triton_online", DeterminismScope.FIXED_TOPOLOGY)
+TRITON_EXACT_SUM = _capability("triton_exact_sum", DeterminismScope.CROSS_TP_BITWISE)
+
+
+def _lazy(module: str, attr: str) -> Callable[[], Any]:
+    def factory() -> Any:
+        return getattr(importlib.import_module(module), attr)
+
+    factory.__qualname__ = f"lazy({module}:{attr})"
+    return factory
+
+
+def triton_platforms() -> tuple[str, ...]:
+    """Where the Triton backends run: GPUs, and the CPU under ``TRITON_INTERPRET=1``."""
+    if importlib.util.find_spec("triton") is None:
+        return ()
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return ("cuda", "rocm", "cpu") if interpreted else ("cuda", "rocm")
+
+
+def register_builtin_backends(registry: Any) -> None:
+    """Register torch_native everywhere and the Triton backends where Triton runs."""
+    for platform in ("cuda", "rocm", "cpu"):
+        registry.register_logprob_backend(
+            platform, _lazy("tp_logprob.kernels.native", "torch_native_logprob"), TORCH_NATIVE
+        )
+    for platform in triton_platforms():
+        registry.register_logprob_backend(
+            platform,
+            _lazy("tp_logprob.kernels.triton.online", "triton_online_logprob"),
+            TRITON_ONLINE,
+        )
+        registry.register_logprob_backend(
+            platform,
+            _lazy("tp_logprob.kernels.triton.exact_sum", "triton_exact_sum_logprob"),
+            TRITON_EXACT_SUM,
+        )

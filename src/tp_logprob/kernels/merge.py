@@ -1,0 +1,58 @@
+"""The cross-rank merge of per-shard partials, in global shard-index order (DESIGN section 2).
+
+Every rank runs this on the same gathered partials in the same order, so every
+rank gets the same bits. Each partial is an fp32 ``[N, 3]`` tensor of
+``(m_r, s_r, t_r)``: the shard's max and ``sum exp(x - m_r)`` over live columns,
+and the target logit where rank r owns the target column (anything elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["PARTIAL_FIELDS", "finish_selected", "merge_partials", "pack_partial"]
+
+PARTIAL_FIELDS = 3
+
+
+def pack_partial(
+    row_max: torch.Tensor, sum_exp: torch.Tensor, target_logit: torch.Tensor
+) -> torch.Tensor:
+    """Stack one rank's fp32 partial for the all-gather: a single collective per call."""
+    return torch.stack((row_max.float(), sum_exp.float(), target_logit.float()), dim=1).contiguous()
+
+
+def merge_partials(
+    partials: Sequence[torch.Tensor], owners: torch.Tensor, active: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold gathered partials into ``(selected_logp, lse)``, both fp32 ``[N]``.
+
+    ``M = max_r m_r``, ``S = sum_r s_r * exp(m_r - M)`` summed in rank order, and
+    ``LSE = M + log S``. A shard whose max is ``-inf`` is the identity ``(-inf, 0)``
+    and is skipped rather than evaluating ``exp(-inf - -inf)``.
+    """
+    stacked = torch.stack(list(partials), dim=0)  # [R, N, 3]
+    maxima, sums = stacked[..., 0], stacked[..., 1]
+    global_max = maxima[0]
+    for rank_max in maxima[1:]:
+        global_max = torch.maximum(global_max, rank_max)  # propagates NaN
+    total = torch.zeros_like(global_max)
+    for rank_max, rank_sum in zip(maxima, sums):
+        live = rank_max != float("-inf")
+        scale = torch.exp(torch.where(live, rank_max - global_max, 0.0))
+        total = total + torch.where(live, rank_sum * scale, 0.0)
+    lse = global_max + torch.log(total)
+    lse = torch.where(global_max == float("inf"), global_max, lse)
+    target_logit = stacked[..., 2].gather(0, owners.long().unsqueeze(0)).squeeze(0)
+    return finish_selected(target_logit, lse, active), lse
+
+
+def finish_selected(
+    target_logit: torch.Tensor, lse: torch.Tensor, active: torch.Tensor
+) -> torch.Tensor:
+    """``target - LSE`` with DESIGN's special values; exactly 0.0 on inactive rows."""
+    selected = target_logit - lse
+    selected = torch.where(lse == float("inf"), float("nan"), selected)
+    return torch.where(active, selected, 0.0)

@@ -1,0 +1,48 @@
+"""Hypothesis profiles for the suite: ``dev`` (fast), ``ci`` (derandomized), ``thorough``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+__all__ = ["DEFAULT_PROFILE", "register_profiles"]
+
+DEFAULT_PROFILE = "dev"
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+def _database_dir() -> Path:
+    return Path(os.environ.get("TP_LOGPROB_HYPOTHESIS_DB", ".tp_logprob/hypothesis"))
+
+
+def register_profiles() -> None:
+    """Register the three profiles; idempotent."""
+    database = DirectoryBasedExampleDatabase(_database_dir())
+    settings.register_profile(
+        "dev",
+        max_examples=25,
+        deadline=None,
+        database=database,
+        suppress_health_check=_SLOW_OK,
+    )
+    settings.register_profile(
+        "ci",
+        max_examples=25,
+        deadline=None,
+        derandomize=True,
+        database=database,
+        print_blob=True,
+        suppress_health_check=_SLOW_OK,
+    )
+    settings.register_profile(
+        "thorough",
+        max_examples=10_000,
+        deadline=None,
+        database=database,
+        phases=list(Phase),
+        suppress_health_check=_SLOW_OK,
+    )
