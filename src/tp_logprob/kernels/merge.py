@@ -39,7 +39,7 @@ def merge_partials(
     for rank_max in maxima[1:]:
         global_max = torch.maximum(global_max, rank_max)  # propagates NaN
     total = torch.zeros_like(global_max)
-    for rank_max, rank_sum in zip(maxima, sums):
+    for rank_max, rank_sum in zip(maxima, sums, strict=True):
         live = rank_max != float("-inf")
         scale = torch.exp(torch.where(live, rank_max - global_max, 0.0))
         total = total + torch.where(live, rank_sum * scale, 0.0)
