@@ -243,7 +243,12 @@ def _mask_array(value: object, num_tokens: int) -> npt.NDArray[np.bool_] | None:
             f"{name}={value!r}: expected None, a sequence of bools, a numpy bool array "
             "or a torch bool tensor"
         )
-    array = np.array(value, copy=True)
+    try:
+        array = np.array(value, copy=True)
+    except (ValueError, TypeError) as error:
+        raise LogprobContractError(f"{name}={value!r}: not a flat sequence of bools") from error
+    if array.size == 0 and array.ndim == 1:
+        array = array.astype(np.bool_)  # [] carries no dtype of its own
     if array.dtype != np.bool_:
         raise LogprobContractError(
             f"{name}: expected bools, got an array of dtype {array.dtype}"

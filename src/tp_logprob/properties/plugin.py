@@ -7,7 +7,7 @@ import os
 import pytest
 from hypothesis import settings
 
-from tp_logprob.properties.profiles import DEFAULT_PROFILE, register_profiles
+from tp_logprob.properties.profiles import CI_SEED, DEFAULT_PROFILE, register_profiles
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -20,7 +20,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    profile = config.getoption("--tp-logprob-profile")
+    if profile == "ci" and getattr(config.option, "hypothesis_seed", "") is None:
+        config.option.hypothesis_seed = str(CI_SEED)  # read by Hypothesis' own plugin
     register_profiles()
     settings.load_profile(config.getoption("--tp-logprob-profile"))
 

@@ -1,0 +1,89 @@
+"""Developer sessions: tests, the property suite, lint, typecheck and the oracle's standalone check."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "virtualenv"  # pip sees the local CPU torch wheel; uv does not
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "typecheck", "tests", "properties"]
+
+ROOT = Path(__file__).parent
+CPU_CONSTRAINTS = ROOT / "ci" / "constraints-cpu.txt"
+
+
+def _constraints() -> list[str]:
+    """Pin the CPU torch build unless TP_LOGPROB_CONSTRAINTS names another file (or is empty)."""
+    path = os.environ.get("TP_LOGPROB_CONSTRAINTS", str(CPU_CONSTRAINTS))
+    return ["-c", path] if path else []
+
+
+def _install(session: nox.Session, extras: str) -> None:
+    session.install(*_constraints(), "-e", f".[{extras}]")
+
+
+def _cpu_interpreter_env(session: nox.Session) -> None:
+    """Run the Triton backends through the interpreter when no GPU is visible."""
+    has_gpu = session.run(
+        "python", "-c", "import torch; print(int(torch.cuda.is_available()))", silent=True
+    )
+    if str(has_gpu).strip() != "1":
+        session.env["TRITON_INTERPRET"] = "1"
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the unit tests in parallel (pytest -n auto); posargs pass through to pytest."""
+    _install(session, "torch,triton,test")
+    _cpu_interpreter_env(session)
+    session.run("pytest", *(session.posargs or ["-n", "auto"]))
+
+
+@nox.session
+def properties(session: nox.Session) -> None:
+    """Verify every backend available here against the oracle and each other (the main job)."""
+    _install(session, "torch,triton,test")
+    _cpu_interpreter_env(session)
+    session.run(
+        "pytest",
+        "--pyargs",
+        "tp_logprob.properties",
+        "-p",
+        "no:cacheprovider",
+        *(session.posargs or ["-n", "auto", "--tp-logprob-profile=ci"]),
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy: strict on the contract and registry, checked elsewhere."""
+    _install(session, "torch,test")
+    session.install("mypy>=1.10")
+    session.run("mypy", "src/tp_logprob", *session.posargs)
+
+
+@nox.session
+def oracle_standalone(session: nox.Session) -> None:
+    """Import and use tp_logprob.oracle with only numpy and mpmath installed."""
+    session.install("--no-deps", ".")
+    session.install("numpy", "mpmath>=1.3,<1.4")
+    session.run(
+        "python",
+        "-c",
+        "import sys, numpy as np; from tp_logprob.oracle import exact_selected_logprob; "
+        "s, l = exact_selected_logprob(np.array([[0.0, 0.0]]), np.array([1])); "
+        "assert abs(l[0] - np.log(2)) < 1e-15, l; "
+        "assert not {'torch', 'triton', 'hypothesis'} & set(sys.modules), sorted(sys.modules); "
+        "print('oracle ok without torch, triton or hypothesis')",
+    )

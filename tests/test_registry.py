@@ -1,0 +1,265 @@
+"""Capabilities and capability-gated dispatch."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import tp_logprob as tpl
+from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.registry import detect_platform
+
+from .test_contract import make_contract, make_sharding
+
+
+def capability(backend_id: str = "mine", **overrides: Any) -> tpl.LogprobBackendCapability:
+    fields: dict[str, Any] = {
+        "backend_id": backend_id,
+        "roles": {"train", "infer"},
+        "dtypes": {"bf16", "fp16", "fp32"},
+        "supports_vocab_padding": True,
+        "mask_modes": {"all_active", "per_token"},
+        "exports_vocab_lse": True,
+        "determinism_scopes": {"fixed_topology"},
+    }
+    fields.update(overrides)
+    return tpl.LogprobBackendCapability(**fields)
+
+
+def op_named(name: str) -> Callable[[], Callable[..., str]]:
+    def factory() -> Callable[..., str]:
+        return lambda *args, **kwargs: name
+
+    return factory
+
+
+def tp1_contract(**overrides: Any) -> tpl.LogprobContract:
+    sharding = make_sharding(tp_world_size=1, vocab_shard_bounds=((0, 8),))
+    return make_contract(sharding=sharding, **overrides)
+
+
+INVALID_CAPABILITY = [
+    pytest.param({"roles": set()}, "roles=set(): must not be empty", id="empty-roles"),
+    pytest.param({"dtypes": []}, "dtypes=[]: must not be empty", id="empty-dtypes"),
+    pytest.param(
+        {"determinism_scopes": ()}, "determinism_scopes=(): must not be empty", id="empty-scopes"
+    ),
+    pytest.param({"roles": 3}, "roles=3: expected an iterable", id="roles-not-iterable"),
+    pytest.param({"roles": "train"}, "roles='train': expected an iterable", id="roles-str"),
+    pytest.param({"dtypes": {"fp64"}}, "dtypes item='fp64'", id="bad-dtype"),
+    pytest.param({"mask_modes": None}, "mask_modes=None", id="mask-modes-none"),
+    pytest.param({"mask_modes": {"dense"}}, "mask_modes item='dense'", id="bad-mask-mode"),
+    pytest.param({"tp_world_sizes": {0}}, "tp_world_sizes item=0", id="tp-zero"),
+    pytest.param({"tp_world_sizes": {True}}, "tp_world_sizes item=True", id="tp-bool"),
+    pytest.param({"tp_world_sizes": set()}, "tp_world_sizes=set(): must not be empty", id="tp-0"),
+    pytest.param({"supports_vocab_padding": 1}, "supports_vocab_padding=1", id="padding-int"),
+    pytest.param({"exports_vocab_lse": "yes"}, "exports_vocab_lse='yes'", id="lse-str"),
+    pytest.param({"implementation_kind": "fast"}, "implementation_kind='fast'", id="kind"),
+    pytest.param({"backend_id": "   "}, "backend_id='   ': must not be blank", id="blank-id"),
+    pytest.param({"backend_id": 7}, "backend_id=7: expected a str", id="int-id"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), INVALID_CAPABILITY)
+def test_invalid_capability_names_field(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(tpl.LogprobContractError, match=re.escape(message)):
+        capability(**overrides)
+
+
+@pytest.mark.parametrize("word", ["auto", "AUTO", " Production ", "reference", "Deterministic"])
+def test_backend_id_may_not_shadow_a_policy(word: str) -> None:
+    with pytest.raises(tpl.LogprobContractError, match="shadows the dispatch policy"):
+        capability(word)
+
+
+def test_backend_id_is_stripped() -> None:
+    assert capability("  mine \n").backend_id == "mine"
+
+
+def test_incompatibilities_lists_every_reason() -> None:
+    narrow = capability(
+        roles={"infer"},
+        dtypes={"fp32"},
+        tp_world_sizes={1},
+        supports_vocab_padding=False,
+        mask_modes={"all_active"},
+        exports_vocab_lse=False,
+    )
+    reasons = narrow.incompatibilities(make_contract(reduction=tpl.ReductionSpec()))
+    assert len(reasons) == 7, reasons
+    joined = "\n".join(reasons)
+    for fragment in ("role 'train'", "dtype 'bf16'", "tp_world_size 2", "padding", "per_token"):
+        assert fragment in joined
+    assert "export_lse" in joined and "cross_tp_bitwise" in joined
+
+
+def test_cross_tp_bitwise_serves_fixed_topology_but_not_back() -> None:
+    strong = capability(determinism_scopes={"cross_tp_bitwise"})
+    weak = capability(determinism_scopes={"fixed_topology"})
+    fixed = make_contract()
+    bitwise = make_contract(reduction=tpl.ReductionSpec("cross_tp_bitwise"))
+    assert strong.supports(fixed) and strong.supports(bitwise)
+    assert weak.supports(fixed) and not weak.supports(bitwise)
+
+
+def test_register_twice_needs_replace() -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", op_named("a"), capability())
+    with pytest.raises(tpl.LogprobContractError, match="already registered on platform='cpu'"):
+        registry.register_logprob_backend("cpu", op_named("b"), capability())
+    registry.register_logprob_backend("cpu", op_named("b"), capability(), replace=True)
+    registry.register_logprob_backend("cuda", op_named("c"), capability())
+    assert registry.get_logprob_op(tp1_contract(), "mine", platform="cpu").op() == "b"
+
+
+def test_unknown_platform_and_bad_arguments() -> None:
+    registry = tpl.KernelRegistry()
+    with pytest.raises(tpl.LogprobContractError, match="platform='tpu'"):
+        registry.register_logprob_backend("tpu", op_named("a"), capability())
+    with pytest.raises(tpl.LogprobContractError, match="platform='tpu'"):
+        registry.backends("tpu")
+    with pytest.raises(tpl.LogprobContractError, match="factory=3"):
+        registry.register_logprob_backend("cpu", 3, capability())  # type: ignore[arg-type]
+    with pytest.raises(tpl.LogprobContractError, match="capability="):
+        registry.register_logprob_backend("cpu", op_named("a"), {"id": 1})  # type: ignore[arg-type]
+    with pytest.raises(tpl.LogprobContractError, match="contract="):
+        registry.get_logprob_op("contract", platform="cpu")  # type: ignore[arg-type]
+
+
+def test_capabilities_are_per_platform() -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cuda", op_named("gpu"), capability(dtypes={"bf16"}))
+    registry.register_logprob_backend("cpu", op_named("cpu"), capability(dtypes={"fp32"}))
+    assert registry.get_logprob_op(tp1_contract(), platform="cuda").op() == "gpu"
+    with pytest.raises(tpl.LogprobDispatchError, match="dtype 'bf16' not in \\['fp32'\\]"):
+        registry.get_logprob_op(tp1_contract(), platform="cpu")
+    assert [c.dtypes for c in registry.backends("rocm")] == []
+
+
+def test_deterministic_is_not_a_backend() -> None:
+    with pytest.raises(tpl.LogprobContractError, match=r"ReductionSpec\(determinism_scope"):
+        tpl.KernelRegistry().get_logprob_op(tp1_contract(), "deterministic", platform="cpu")
+
+
+@pytest.mark.parametrize("policy", ["auto", "production", "reference"])
+def test_policy_with_tp_needs_preflight(policy: str) -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", op_named("a"), capability())
+    with pytest.raises(tpl.LogprobDispatchError, match="preflighted=True"):
+        registry.get_logprob_op(make_contract(), policy, platform="cpu")
+
+
+def test_preflighted_auto_and_explicit_id_dispatch_with_tp() -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", op_named("a"), capability())
+    assert registry.get_logprob_op(make_contract(), platform="cpu", preflighted=True).op() == "a"
+    assert registry.get_logprob_op(make_contract(), "mine", platform="cpu").op() == "a"
+
+
+def test_auto_prefers_production_and_records_fallback() -> None:
+    registry = tpl.KernelRegistry()
+    reference = capability("ref", implementation_kind="reference")
+    registry.register_logprob_backend("cpu", op_named("ref"), reference)
+    registry.register_logprob_backend("cpu", op_named("fast"), capability("fast", dtypes={"fp32"}))
+    result = registry.get_logprob_op(tp1_contract(), platform="cpu")
+    assert result.op() == "ref"
+    provenance = result.provenance
+    assert provenance.fallback is True
+    assert provenance.rejected == (("fast", ("dtype 'bf16' not in ['fp32']",)),)
+    assert provenance.selected["backend_id"] == "ref"
+    assert provenance.contract == tp1_contract().to_dict()
+    assert provenance.to_dict()["rejected"][0]["backend_id"] == "fast"
+    fits = registry.get_logprob_op(tp1_contract(dtype="fp32"), platform="cpu")
+    assert fits.op() == "fast" and not fits.provenance.fallback
+
+
+def test_policy_exclusions_are_not_fallbacks() -> None:
+    registry = tpl.KernelRegistry()
+    reference = capability("ref", implementation_kind="reference")
+    registry.register_logprob_backend("cpu", op_named("ref"), reference)
+    registry.register_logprob_backend("cpu", op_named("fast"), capability("fast"))
+    result = registry.get_logprob_op(tp1_contract(), "reference", platform="cpu")
+    assert result.op() == "ref"
+    assert result.provenance.fallback is False and result.provenance.rejected == ()
+
+
+def test_production_request_never_reports_reference_backends() -> None:
+    registry = tpl.KernelRegistry()
+    reference = capability("ref", implementation_kind="reference")
+    registry.register_logprob_backend("cpu", op_named("ref"), reference)
+    registry.register_logprob_backend("cpu", op_named("f"), capability("f", dtypes={"fp32"}))
+    with pytest.raises(tpl.LogprobDispatchError) as error:
+        registry.get_logprob_op(tp1_contract(), "production", platform="cpu")
+    assert "f:" in str(error.value) and "ref" not in str(error.value)
+
+
+def test_no_backend_lists_every_candidate_and_reason() -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", op_named("a"), capability("a", dtypes={"fp32"}))
+    registry.register_logprob_backend("cpu", op_named("b"), capability("b", roles={"infer"}))
+    with pytest.raises(tpl.LogprobDispatchError) as error:
+        registry.get_logprob_op(tp1_contract(), platform="cpu")
+    message = str(error.value)
+    assert "a:\n    - dtype 'bf16' not in ['fp32']" in message
+    assert "b:\n    - role 'train' not in ['infer']" in message
+
+
+def test_unknown_backend_id_names_the_registered_ones() -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", op_named("a"), capability("a"))
+    with pytest.raises(tpl.LogprobDispatchError, match=r"'zzz': not registered .*registered: a"):
+        registry.get_logprob_op(tp1_contract(), "zzz", platform="cpu")
+
+
+def test_failing_factory_is_recorded_skipped_and_not_retried() -> None:
+    calls = []
+
+    def broken() -> Callable[..., str]:
+        calls.append(1)
+        raise ImportError("no such kernel")
+
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", broken, capability("broken"))
+    registry.register_logprob_backend("cpu", op_named("ok"), capability("ok"))
+    for _ in range(3):
+        result = registry.get_logprob_op(tp1_contract(), platform="cpu")
+        assert result.op() == "ok"
+        assert result.provenance.fallback is True
+        (rejected,) = result.provenance.rejected
+        assert rejected == ("broken", ("factory failed: ImportError: no such kernel",))
+    assert len(calls) == 1
+    assert registry.failures("cpu") == {"broken": "factory failed: ImportError: no such kernel"}
+
+
+def test_factory_returning_non_callable_fails() -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", lambda: 42, capability("odd"))
+    with pytest.raises(tpl.LogprobDispatchError, match="not callable"):
+        registry.get_logprob_op(tp1_contract(), "odd", platform="cpu")
+
+
+def test_default_registry_holds_torch_native_everywhere() -> None:
+    for platform in ("cpu", "cuda", "rocm"):
+        assert TORCH_NATIVE in tpl.registry.backends(platform)
+
+
+def test_detect_platform_on_this_machine() -> None:
+    import torch
+
+    expected = "cpu" if not torch.cuda.is_available() else ("rocm" if torch.version.hip else "cuda")
+    assert detect_platform() == expected
+
+
+def test_import_does_not_import_torch_or_triton() -> None:
+    code = (
+        "import sys, tp_logprob; "
+        "assert not {'torch', 'triton'} & set(sys.modules), 'heavy import'; "
+        "print(len(tp_logprob.registry.backends('cpu')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) >= 1
