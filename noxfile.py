@@ -1,4 +1,4 @@
-"""Developer sessions: tests, the property suite, lint, typecheck and the oracle's standalone check."""
+"""Developer sessions: tests, the property suite, lint, typecheck, the standalone oracle."""
 
 from __future__ import annotations
 
