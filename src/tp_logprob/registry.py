@@ -150,6 +150,15 @@ class KernelRegistry:
             entries = list(self._entries[platform].items())
         return {name: entry.failure for name, entry in entries if entry.failure is not None}
 
+    def load_backends(self, platform: str | None = None) -> dict[str, str | None]:
+        """Run every factory on ``platform`` now: backend id -> its failure, or None if loaded."""
+        platform = detect_platform() if platform is None else _check_platform(platform)
+        with self._lock:
+            entries = list(self._entries[platform].items())
+        return {
+            name: None if entry.build() is not None else entry.failure for name, entry in entries
+        }
+
     def get_logprob_op(
         self,
         contract: LogprobContract,

@@ -120,5 +120,5 @@ def owner_ranks(targets: torch.Tensor, contract: LogprobContract) -> torch.Tenso
         dtype=targets.dtype,
         device=targets.device,
     )
-    owners = torch.bucketize(targets, ends, right=True)
+    owners = torch.bucketize(targets.contiguous(), ends, right=True)  # strided input warns
     return owners.clamp_(0, contract.sharding.tp_world_size - 1)

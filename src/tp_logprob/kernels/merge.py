@@ -20,8 +20,13 @@ PARTIAL_FIELDS = 3
 def pack_partial(
     row_max: torch.Tensor, sum_exp: torch.Tensor, target_logit: torch.Tensor
 ) -> torch.Tensor:
-    """Stack one rank's fp32 partial for the all-gather: a single collective per call."""
-    return torch.stack((row_max.float(), sum_exp.float(), target_logit.float()), dim=1).contiguous()
+    """Stack one rank's fp32 partial for the all-gather: a single collective per call.
+
+    float64 partials stay float64 (for gradcheck through the real code path).
+    """
+    dtype = torch.promote_types(row_max.dtype, torch.float32)
+    parts = (row_max.to(dtype), sum_exp.to(dtype), target_logit.to(dtype))
+    return torch.stack(parts, dim=1).contiguous()
 
 
 def merge_partials(

@@ -1,0 +1,163 @@
+"""Tensor parallelism in one process: shard a full logits tensor, run every rank, compare.
+
+``run_tp`` is how tests and the property suite drive a backend at any TP degree
+without starting processes: each rank runs in its own thread with an
+:class:`~tp_logprob.comm.EmulatedGroup` handle, on a column slice (a view) of
+the full logits.
+
+Gradients follow real TP training. Each rank's outputs are connected only to
+that rank's slice, so backprop *every* rank's (replicated) loss, each into its
+own shard::
+
+    results = run_tp(op, logits, targets, contract)
+    sum(r.selected_logp.sum() for r in results).backward()   # each column once
+
+Backpropagating only ``results[0]`` fills rank 0's columns and leaves the
+others' gradient at zero.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from tp_logprob.comm import DEFAULT_TIMEOUT_S, CollectiveAbortedError, EmulatedGroup
+from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.errors import LogprobContractError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+__all__ = ["ReplicationError", "check_replicated", "run_tp"]
+
+
+class ReplicationError(RuntimeError):
+    """Ranks returned outputs that are not bitwise identical (a backend bug)."""
+
+
+def run_tp(
+    op: Callable[..., Any],
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[LogprobResult]:
+    """Run ``op`` on every rank of ``contract``'s sharding; return each rank's result.
+
+    ``logits`` is the full ``[N, padded_vocab_size]`` tensor and ``contract`` any
+    rank's contract. Rank r calls
+    ``op(logits[:, start_r:end_r], targets, contract.with_rank(r), group=handle_r)``
+    in its own thread. If a rank raises, the group is aborted so no peer waits,
+    and the first rank's own exception is re-raised (not a peer's abort error).
+    Outputs must be bitwise identical on every rank, else :class:`ReplicationError`.
+
+    Example::
+
+        results = run_tp(torch_native_logprob, logits, targets, contract)
+        assert len(results) == contract.sharding.tp_world_size
+    """
+    import torch
+
+    if not isinstance(contract, LogprobContract):
+        raise LogprobContractError(
+            f"contract={contract!r}: expected a LogprobContract, got {type(contract).__name__}"
+        )
+    sharding = contract.sharding
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise LogprobContractError(
+            f"logits: expected a 2-dim torch.Tensor [num_tokens, padded_vocab_size], got {shape}"
+        )
+    if logits.shape[1] != sharding.padded_vocab_size:
+        raise LogprobContractError(
+            f"logits: width {logits.shape[1]} != padded_vocab_size={sharding.padded_vocab_size}"
+            " (run_tp takes the full, unsharded logits)"
+        )
+    world = sharding.tp_world_size
+    group = EmulatedGroup(world, timeout=timeout, name=f"run_tp(tp={world})")
+    results: list[Any] = [None] * world
+    errors: list[BaseException | None] = [None] * world
+    grad_enabled = torch.is_grad_enabled()  # grad mode is thread-local: carry the caller's
+
+    def rank_main(rank: int) -> None:
+        start, end = sharding.vocab_shard_bounds[rank]
+        try:
+            with torch.set_grad_enabled(grad_enabled):
+                results[rank] = op(
+                    logits[:, start:end], targets, contract.with_rank(rank), group=group[rank]
+                )
+        except BaseException as error:
+            errors[rank] = error
+            group.abort(f"rank {rank} raised {type(error).__name__}: {error}")
+
+    threads = [
+        threading.Thread(target=rank_main, args=(rank,), name=f"tp-rank-{rank}", daemon=True)
+        for rank in range(world)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _reraise_first(errors)
+    checked = [_as_result(rank, result) for rank, result in enumerate(results)]
+    check_replicated(checked)
+    return checked
+
+
+def _reraise_first(errors: list[BaseException | None]) -> None:
+    """Raise the lowest rank's own error, preferring it over peers' consequential aborts."""
+    raised = [(rank, error) for rank, error in enumerate(errors) if error is not None]
+    if not raised:
+        return
+    primary = [item for item in raised if not isinstance(item[1], CollectiveAbortedError)]
+    rank, error = (primary or raised)[0]
+    if hasattr(error, "add_note"):
+        error.add_note(f"(raised on emulated TP rank {rank} of {len(errors)})")
+    raise error
+
+
+def _as_result(rank: int, result: object) -> LogprobResult:
+    if isinstance(result, tuple) and len(result) == 2:
+        return LogprobResult(*result)
+    raise ReplicationError(
+        f"rank {rank}: op returned {type(result).__name__}, expected a "
+        "LogprobResult(selected_logp, lse)"
+    )
+
+
+def check_replicated(results: list[LogprobResult]) -> None:
+    """Raise :class:`ReplicationError` unless every rank's outputs have rank 0's exact bits.
+
+    Bits are compared, so equal NaN payloads match and ``0.0`` differs from ``-0.0``.
+    """
+    for name in LogprobResult._fields:
+        reference = getattr(results[0], name)
+        for rank, result in enumerate(results[1:], start=1):
+            problem = _bit_difference(reference, getattr(result, name))
+            if problem is not None:
+                raise ReplicationError(f"{name} differs between rank 0 and rank {rank}: {problem}")
+
+
+def _bit_difference(a: Any, b: Any) -> str | None:
+    import torch
+
+    if a is None or b is None:
+        return None if a is None and b is None else f"rank 0 gave {a!r}, the other {b!r}"
+    if (a.shape, a.dtype) != (b.shape, b.dtype):
+        return f"shape/dtype {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    a_flat, b_flat = (t.detach().cpu().reshape(-1) for t in (a, b))
+    a_bits, b_bits = a_flat.contiguous().view(bits), b_flat.contiguous().view(bits)
+    differ = torch.nonzero(a_bits != b_bits).flatten()
+    if differ.numel() == 0:
+        return None
+    row = int(differ[0])
+    unsigned = (1 << (8 * a.element_size())) - 1  # show bit patterns, not signed ints
+    return (
+        f"first at row {row} ({a_flat[row].item()!r} vs {b_flat[row].item()!r}; bits "
+        f"{int(a_bits[row]) & unsigned:#x} vs {int(b_bits[row]) & unsigned:#x}), "
+        f"{differ.numel()} rows in all"
+    )

@@ -1,0 +1,211 @@
+"""The PyTorch native backend (``torch_native``): plain torch ops, ``fixed_topology`` determinism.
+
+Each rank reduces its live columns (padding columns are sliced off, whatever
+they hold) to a partial ``(m_r, s_r)`` plus the target logit it owns, packs the
+three as one ``[N, 3]`` fp32 tensor, all-gathers it once and merges the partials
+in shard order (``kernels/merge.py``), so every rank gets the same bits.
+
+``s_r`` is a fixed pairwise tree of elementwise adds over the shard width padded
+with zeros to a power of two, never ``torch.sum``: torch's reductions change how
+they split the reduced dimension with N and with thread count, elementwise ops
+do not, so a row's bits never depend on the other rows. ``max`` is exact in any
+order. Memory: a few ``[N, local_width]`` fp32 temporaries.
+
+Role ``train`` runs the forward inside :class:`NativeLogprobFunction`, whose
+backward writes ``g * ([v == target] - exp(x - LSE))`` into this rank's columns
+from the merged LSE saved in forward, with no collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.kernels.checks import (
+    TORCH_DTYPES,
+    active_mask_tensor,
+    check_op_inputs,
+    owner_ranks,
+)
+from tp_logprob.kernels.merge import merge_partials, pack_partial
+
+__all__ = ["NativeLogprobFunction", "native_logprob", "torch_native_logprob", "tree_sum"]
+
+_NEG_INF = float("-inf")
+
+
+def torch_native_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """One rank's vocab-parallel selected logprob; every rank of the group gets the same bits.
+
+    Example, on rank r with its shard of the logits::
+
+        result = torch_native_logprob(local_logits, targets, contract, group=TorchGroup())
+        loss = -(result.selected_logp * advantages).sum()
+    """
+    active = check_op_inputs(local_logits, targets, contract, group)
+    return native_logprob(local_logits, targets, contract, group, active=active)
+
+
+def native_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+    *,
+    active: torch.Tensor | None = None,
+    output_dtype: torch.dtype | None = None,
+) -> LogprobResult:
+    """The op without input checks, generic over the logits dtype.
+
+    It exists so ``gradcheck`` can drive the real code path in float64 (which the
+    contract does not admit): compute is in ``promote(dtype, float32)``, the
+    output in ``output_dtype`` (default: the contract's output dtype).
+    """
+    if active is None:
+        active = active_mask_tensor(contract, local_logits.device)
+    if output_dtype is None:
+        output_dtype = TORCH_DTYPES[contract.output.dtype]
+    if contract.role is LogprobRole.TRAIN:
+        apply: Callable[..., tuple[torch.Tensor, torch.Tensor]] = NativeLogprobFunction.apply
+        selected, lse = apply(local_logits, targets, active, contract, group, output_dtype)
+    else:
+        with torch.no_grad():
+            selected, lse = _forward(local_logits, targets, active, contract, group)
+            selected, lse = selected.to(output_dtype), lse.to(output_dtype)
+    return LogprobResult(selected, lse if contract.export_lse else None)
+
+
+class NativeLogprobFunction(torch.autograd.Function):
+    """Forward: the vocab-parallel logprob. Backward: this rank's column slice only.
+
+    Only ``selected_logp`` is differentiable (``lse`` is marked non-differentiable).
+    Outputs are replicated across ranks but each rank's graph reaches only its own
+    columns, as in real TP training: each rank backprops its own (replicated) loss
+    into its own shard, so summing every rank's loss gives each column its
+    gradient exactly once.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        local_logits: torch.Tensor,
+        targets: torch.Tensor,
+        active: torch.Tensor,
+        contract: LogprobContract,
+        group: Any,
+        output_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        selected, lse = _forward(local_logits, targets, active, contract, group)
+        ctx.save_for_backward(local_logits, targets, active, lse)
+        ctx.contract = contract
+        lse_out = lse.to(output_dtype)
+        ctx.mark_non_differentiable(lse_out)
+        return selected.to(output_dtype), lse_out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        local_logits, targets, active, lse = ctx.saved_tensors
+        grad = _local_grad(local_logits, targets, active, lse, grads[0], ctx.contract)
+        return grad, None, None, None, None, None
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _live_width(contract: LogprobContract) -> int:
+    live_start, live_end = contract.sharding.live_bounds()
+    return live_end - live_start
+
+
+def tree_sum(values: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``[N, W]`` by a fixed pairwise tree of elementwise adds.
+
+    The tree depends only on ``W``, so each row's bits are independent of N, of
+    the other rows and of the device's reduction strategy.
+    """
+    width = values.shape[1]
+    size = 1 << (width - 1).bit_length()
+    if size != width:
+        values = torch.nn.functional.pad(values, (0, size - width))
+    while size > 1:
+        size //= 2
+        values = values[:, :size] + values[:, size:]
+    return values[:, 0]
+
+
+def _owned_local_targets(
+    targets: torch.Tensor, contract: LogprobContract
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which rows' targets lie in this rank's live columns, and their clamped local index."""
+    start, live_end = contract.sharding.live_bounds()
+    owned = (targets >= start) & (targets < live_end)
+    local = (targets.long() - start).clamp(0, max(live_end - start - 1, 0))
+    return owned, local
+
+
+def _local_partial(
+    local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
+) -> torch.Tensor:
+    """This rank's packed ``(m_r, s_r, t_r)``; the identity ``(-inf, 0, 0)`` with no live column."""
+    rows = local_logits.shape[0]
+    dtype = _compute_dtype(local_logits.dtype)
+    width = _live_width(contract)
+    if width == 0:
+        full = torch.full((rows,), _NEG_INF, dtype=dtype, device=local_logits.device)
+        zeros = torch.zeros(rows, dtype=dtype, device=local_logits.device)
+        return pack_partial(full, zeros, zeros)
+    live = local_logits[:, :width].to(dtype)
+    row_max = torch.amax(live, dim=1)  # NaN propagates; an all -inf row gives -inf
+    # exp(-inf - -inf) is NaN: shift an all -inf row by 0 instead (its terms are all 0).
+    shift = torch.where(row_max == _NEG_INF, 0.0, row_max)
+    sum_exp = tree_sum(torch.exp(live - shift.unsqueeze(1)))
+    owned, local = _owned_local_targets(targets, contract)
+    target_logit = live.gather(1, local.unsqueeze(1)).squeeze(1)
+    target_logit = torch.where(owned, target_logit, 0.0)
+    return pack_partial(row_max, sum_exp, target_logit)
+
+
+def _forward(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial, one all-gather, merge: ``(selected_logp, lse)`` in the compute dtype."""
+    partial = _local_partial(local_logits, targets, contract)
+    partials = [partial] if group is None else group.all_gather(partial)
+    return merge_partials(partials, owner_ranks(targets, contract), active)
+
+
+def _local_grad(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    lse: torch.Tensor,
+    grad_selected: torch.Tensor,
+    contract: LogprobContract,
+) -> torch.Tensor:
+    """``g * ([v == target] - exp(x - LSE))`` on live columns of active rows, else exactly 0."""
+    dtype = _compute_dtype(local_logits.dtype)
+    grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
+    width = _live_width(contract)
+    if width > 0:
+        live = local_logits[:, :width].to(dtype)
+        owned, local = _owned_local_targets(targets, contract)
+        columns = torch.arange(width, device=live.device)
+        one_hot = (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
+        probs = torch.exp(live - lse.unsqueeze(1))
+        g = grad_selected.to(dtype).unsqueeze(1)
+        local_grad = g * (one_hot.to(dtype) - probs)
+        grad[:, :width] = torch.where(active.unsqueeze(1), local_grad, 0.0)
+    return grad.to(local_logits.dtype)

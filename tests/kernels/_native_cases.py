@@ -1,0 +1,133 @@
+"""Shared builders for the torch_native tests: contracts, shard layouts, inputs, bit checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+import tp_logprob as tpl
+from tp_logprob.kernels.checks import TORCH_DTYPES
+from tp_logprob.oracle import exact_selected_logprob, tolerance
+
+REAL = 19
+PADDED = 24
+
+# Shard layouts of the padded vocabulary [0, 24) with real vocabulary [0, 19):
+# even splits, width-1 shards, shards straddling the padding boundary and shards
+# made only of padding columns.
+LAYOUTS: dict[str, tuple[tuple[int, int], ...]] = {
+    "tp1": ((0, 24),),
+    "tp2-width1": ((0, 1), (1, 24)),
+    "tp2-padding-shard": ((0, 19), (19, 24)),
+    "tp3-uneven": ((0, 10), (10, 11), (11, 24)),
+    "tp3-padding-shard": ((0, 8), (8, 19), (19, 24)),
+    "tp4-even": ((0, 6), (6, 12), (12, 18), (18, 24)),
+    "tp4-width1-padding": ((0, 1), (1, 2), (2, 20), (20, 24)),
+    "tp8-even": tpl.even_shard_bounds(24, 8),
+    "tp8-mixed": ((0, 1), (1, 2), (2, 3), (3, 10), (10, 18), (18, 19), (19, 20), (20, 24)),
+}
+
+
+def make_contract(
+    bounds: tuple[tuple[int, int], ...] = LAYOUTS["tp1"],
+    *,
+    num_tokens: int = 4,
+    active_mask: Any = None,
+    dtype: str = "fp32",
+    role: str = "infer",
+    real: int = REAL,
+    padded: int | None = None,
+    output_dtype: str = "fp32",
+    export_lse: bool = True,
+    ignore_index: int = -100,
+) -> tpl.LogprobContract:
+    """Rank 0's contract for ``bounds``; use ``with_rank`` for the others."""
+    padded = bounds[-1][1] if padded is None else padded
+    return tpl.LogprobContract(
+        role=role,
+        dtype=dtype,
+        mask=tpl.MaskSpec(num_tokens, active_mask, ignore_index=ignore_index),
+        sharding=tpl.ShardingSpec(0, len(bounds), bounds, real, padded),
+        reduction=tpl.ReductionSpec("fixed_topology"),
+        output=tpl.LogprobOutputSpec(output_dtype),
+        export_lse=export_lse,
+    )
+
+
+def random_inputs(
+    seed: int,
+    num_tokens: int,
+    *,
+    dtype: str = "fp32",
+    real: int = REAL,
+    padded: int = PADDED,
+    scale: float = 4.0,
+    active_mask: Any = None,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full ``[N, padded]`` logits of ``dtype`` and targets (``ignore_index`` where inactive)."""
+    rng = np.random.default_rng(seed)
+    logits = torch.from_numpy(rng.normal(0.0, scale, (num_tokens, padded)).astype(np.float32))
+    targets = torch.from_numpy(rng.integers(0, real, num_tokens))
+    if active_mask is not None:
+        targets[~torch.as_tensor(np.asarray(active_mask))] = ignore_index
+    return logits.to(TORCH_DTYPES[tpl.LogprobDType(dtype)]), targets
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bit pattern, so NaN payloads and signed zeros compare exactly."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    return tensor.detach().contiguous().view(ints)
+
+
+def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
+    same = bits(actual) == bits(expected)
+    if not bool(same.all()):
+        rows = torch.nonzero(~same).flatten().tolist()
+        raise AssertionError(
+            f"{what}: bits differ at rows {rows[:8]}: {actual[rows[:8]].tolist()} vs "
+            f"{expected[rows[:8]].tolist()}"
+        )
+
+
+def as_float64(tensor: torch.Tensor) -> np.ndarray:
+    """Exact float64 copy of a bf16/fp16/fp32 tensor, for the oracle."""
+    return tensor.detach().to(torch.float64).numpy()
+
+
+def oracle_report(
+    result: tpl.LogprobResult,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    active_mask: Any,
+    num_shards: int,
+    dtype: str,
+    real: int = REAL,
+) -> str | None:
+    """None when fp32 outputs are within the oracle's tolerance table, else the bad rows."""
+    x = as_float64(logits)
+    want_selected, want_lse = exact_selected_logprob(
+        x, targets.numpy(), active_mask=active_mask, real_vocab_size=real
+    )
+    live = x[:, :real]
+    with np.errstate(invalid="ignore"):
+        row_max = np.where(np.isnan(live).any(axis=1), np.nan, live.max(axis=1))
+    table = tolerance(dtype, real, num_shards=num_shards)
+    got_selected = result.selected_logp.double().numpy()
+    got_lse = result.lse.double().numpy()
+    bad = table.violations(
+        got_selected, got_lse, want_selected, want_lse, row_max=row_max, active_mask=active_mask
+    )
+    if not bad.any():
+        return None
+    rows = np.flatnonzero(bad)[:5].tolist()
+    lines = [f"{int(bad.sum())} of {bad.size} rows outside {table}"]
+    lines += [
+        f"  row {i}: selected {got_selected[i]!r} want {want_selected[i]!r}; "
+        f"lse {got_lse[i]!r} want {want_lse[i]!r}"
+        for i in rows
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""The command line: ``python -m tp_logprob backends``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tp_logprob as tpl
+from tp_logprob.__main__ import main
+from tp_logprob.kernels.builtin import TORCH_NATIVE
+
+HEADER = ["backend", "kind", "roles", "dtypes", "tp", "padding", "mask", "modes", "lse"]
+
+
+def test_backends_prints_a_capability_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["backends", "--platform", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "platform: cpu"
+    assert lines[1].split()[: len(HEADER)] == HEADER and lines[1].split()[-1] == "determinism"
+    row = next(line.split() for line in lines if line.startswith("torch_native"))
+    assert row == [
+        "torch_native",
+        "production",
+        "infer,train",
+        "bf16,fp16,fp32",
+        "any",
+        "yes",
+        "all_active,per_token",
+        "yes",
+        "fixed_topology",
+    ]
+
+
+def test_backends_json_lists_capabilities_and_failures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["backends", "--platform", "cpu", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["platform"] == "cpu" and document["failures"] == {}
+    by_id = {entry["backend_id"]: entry for entry in document["backends"]}
+    assert by_id["torch_native"] == TORCH_NATIVE.to_dict()
+
+
+def test_backends_load_reports_a_broken_backend(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cpu", lambda: lambda *a: None, TORCH_NATIVE)
+
+    def broken() -> None:
+        raise ImportError("no module named fastkernel")
+
+    capability = dataclasses.replace(TORCH_NATIVE, backend_id="fast")
+    registry.register_logprob_backend("cpu", broken, capability)
+    monkeypatch.setattr(sys.modules["tp_logprob.registry"], "registry", registry)
+    assert main(["backends", "--platform", "cpu"]) == 0  # nothing loaded, nothing failed yet
+    assert main(["backends", "--platform", "cpu", "--load"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED fast: factory failed: ImportError: no module named fastkernel" in out
+    assert "FAILED torch_native" not in out
+
+
+def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tp_logprob", "backends", "--platform", "cpu", "--load"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "torch_native" in done.stdout and "FAILED" not in done.stdout
