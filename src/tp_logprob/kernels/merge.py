@@ -32,14 +32,20 @@ def pack_partial(
 def merge_partials(
     partials: Sequence[torch.Tensor], owners: torch.Tensor, active: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold gathered partials into ``(selected_logp, lse)``, both fp32 ``[N]``.
+    """Fold gathered partials into ``(selected_logp, lse)`` in the partials' dtype, ``[N]``.
 
     ``M = max_r m_r``, ``S = sum_r s_r * exp(m_r - M)`` summed in rank order, and
     ``LSE = M + log S``. A shard whose max is ``-inf`` is the identity ``(-inf, 0)``
     and is skipped rather than evaluating ``exp(-inf - -inf)``.
+
+    The fold runs in float64 and rounds once at the end, and ``selected_logp`` is
+    formed as ``(t - M) - log S`` (Blanchard, Higham & Higham 2021), so a dominant
+    logit's logprob near 0 keeps its relative accuracy instead of inheriting one
+    ulp of LSE. It costs O(N * R) flops.
     """
     stacked = torch.stack(list(partials), dim=0)  # [R, N, 3]
-    maxima, sums = stacked[..., 0], stacked[..., 1]
+    wide = stacked.to(torch.promote_types(stacked.dtype, torch.float64))
+    maxima, sums = wide[..., 0], wide[..., 1]
     global_max = maxima[0]
     for rank_max in maxima[1:]:
         global_max = torch.maximum(global_max, rank_max)  # propagates NaN
@@ -48,16 +54,23 @@ def merge_partials(
         live = rank_max != float("-inf")
         scale = torch.exp(torch.where(live, rank_max - global_max, 0.0))
         total = total + torch.where(live, rank_sum * scale, 0.0)
-    lse = global_max + torch.log(total)
-    lse = torch.where(global_max == float("inf"), global_max, lse)
-    target_logit = stacked[..., 2].gather(0, owners.long().unsqueeze(0)).squeeze(0)
-    return finish_selected(target_logit, lse, active), lse
+    log_sum = torch.log(total)
+    lse = torch.where(global_max == float("inf"), global_max, global_max + log_sum)
+    target_logit = wide[..., 2].gather(0, owners.long().unsqueeze(0)).squeeze(0)
+    # (t - M) - log S rather than t - LSE: when the target is the maximum, t - M is
+    # exact and the logprob keeps its relative accuracy however large M is. With
+    # M = +inf, S is NaN (inf - inf), so the result is NaN as DESIGN requires.
+    selected = finish_selected(target_logit - global_max, log_sum, active)
+    return selected.to(stacked.dtype), lse.to(stacked.dtype)
 
 
 def finish_selected(
     target_logit: torch.Tensor, lse: torch.Tensor, active: torch.Tensor
 ) -> torch.Tensor:
-    """``target - LSE`` with DESIGN's special values; exactly 0.0 on inactive rows."""
+    """``target - lse`` with DESIGN's special values; exactly 0.0 on inactive rows.
+
+    Also takes the split form ``(target - M, log S)``, which the merge uses.
+    """
     selected = target_logit - lse
     selected = torch.where(lse == float("inf"), float("nan"), selected)
     return torch.where(active, selected, 0.0)

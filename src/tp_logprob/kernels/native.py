@@ -205,6 +205,9 @@ def _local_grad(
         columns = torch.arange(width, device=live.device)
         one_hot = (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
         probs = torch.exp(live - lse.unsqueeze(1))
+        # A row whose selected_logp is NaN (LSE NaN, +inf or -inf) gets NaN on every live
+        # column, as torch's log_softmax backward gives; exp(x - inf) alone would give 0.
+        probs = torch.where(torch.isfinite(lse).unsqueeze(1), probs, float("nan"))
         g = grad_selected.to(dtype).unsqueeze(1)
         local_grad = g * (one_hot.to(dtype) - probs)
         grad[:, :width] = torch.where(active.unsqueeze(1), local_grad, 0.0)

@@ -1,0 +1,109 @@
+"""The op front shared by the Triton backends, and their autograd Function.
+
+``run_op`` checks the inputs (``check_op_inputs``), prepares them once, and runs
+a backend's forward. For the ``train`` role with logits that require grad it goes
+through :class:`TritonLogprobFunction`, whose backward launches
+``logprob_grad_kernel`` from the merged fp32 LSE saved by the forward: no extra
+collective. Only ``selected_logp`` is differentiable; ``lse`` is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+
+from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.kernels.checks import check_op_inputs
+from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
+from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, prepare
+from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
+
+__all__ = ["ForwardFn", "TritonLogprobFunction", "logprob_grad", "run_op"]
+
+ForwardFn = Callable[[RankInputs, LogprobContract, Any], Outputs]
+"""A backend's forward: ``(inputs, contract, group) -> Outputs``."""
+
+
+def run_op(
+    forward: ForwardFn,
+    local_logits: Any,
+    targets: Any,
+    contract: Any,
+    group: Any,
+) -> LogprobResult:
+    """Check, prepare and run ``forward``, differentiably for the ``train`` role."""
+    active = check_op_inputs(local_logits, targets, contract, group)
+    inputs = prepare(local_logits, targets, active, contract)
+    wants_grad = torch.is_grad_enabled() and local_logits.requires_grad
+    if contract.role is LogprobRole.TRAIN and wants_grad:
+        selected, lse = TritonLogprobFunction.apply(  # type: ignore[no-untyped-call]
+            local_logits, inputs, contract, group, forward
+        )
+        return LogprobResult(selected, lse if contract.export_lse else None)
+    outputs = forward(inputs, contract, group)
+    return LogprobResult(outputs.selected, outputs.lse)
+
+
+class TritonLogprobFunction(torch.autograd.Function):
+    """``(local_logits, ...) -> (selected_logp, lse)``, differentiable in ``local_logits``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        local_logits: torch.Tensor,
+        inputs: RankInputs,
+        contract: LogprobContract,
+        group: Any,
+        forward: ForwardFn,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = forward(inputs, contract, group)
+        lse = outputs.lse32 if outputs.lse is None else outputs.lse
+        ctx.save_for_backward(inputs.logits, inputs.targets, inputs.active, outputs.lse32)
+        ctx.col_start, ctx.live_width = inputs.col_start, inputs.live_width
+        ctx.mark_non_differentiable(lse)
+        return outputs.selected, lse
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_selected: torch.Tensor, grad_lse: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        logits, targets, active, lse32 = ctx.saved_tensors
+        grad = logprob_grad(
+            logits, targets, active, lse32, grad_selected, ctx.col_start, ctx.live_width
+        )
+        return grad, None, None, None, None
+
+
+def logprob_grad(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    lse32: torch.Tensor,
+    grad_selected: torch.Tensor,
+    col_start: int,
+    live_width: int,
+) -> torch.Tensor:
+    """The local ``d loss / d logits`` in the logits dtype (contiguous ``[N, width]``)."""
+    rows, width = logits.shape
+    grad = torch.empty((rows, width), dtype=logits.dtype, device=logits.device)
+    config = launch_config(platform_of(logits), KernelKind.TILE, logits.dtype)
+    launch(
+        logprob_grad_kernel,
+        (rows, triton.cdiv(width, config.block)),
+        config,
+        logits,
+        logits,
+        logits.stride(0),
+        width,
+        live_width,
+        col_start,
+        targets,
+        active,
+        lse32,
+        grad_selected.contiguous(),
+        grad,
+    )
+    return grad

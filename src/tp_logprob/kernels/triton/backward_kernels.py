@@ -1,0 +1,57 @@
+"""The local logprob gradient, shared by both Triton backends.
+
+``logprob_grad_kernel``: one program per ``(row, BLOCK-wide column tile)`` writes
+``g * ([v == target] - exp(x - LSE))`` from the merged fp32 LSE saved by the
+forward, computed in fp32 and stored in the logits dtype; padding columns and
+inactive rows get exactly 0 (their logits are not loaded). Elementwise, so no
+collective and no reduction-order question. Traffic per row:
+``live_width * itemsize`` bytes read (active rows only), ``width * itemsize``
+bytes written, plus the row's LSE, gradient and target.
+"""
+
+# triton ships no type hints, and Triton types kernel parameters itself:
+# mypy: disable-error-code="untyped-decorator, no-untyped-def"
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tp_logprob.kernels.triton.common_kernels import round_for
+
+__all__ = ["logprob_grad_kernel"]
+
+
+@triton.jit
+def logprob_grad_kernel(
+    logits_ptr,
+    row_stride,
+    width,
+    live_width,
+    col_start,
+    targets_ptr,
+    active_ptr,
+    lse_ptr,
+    grad_out_ptr,
+    grad_ptr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = cols < width
+    active = tl.load(active_ptr + row) != 0
+    # A scalar bound rather than `vector & scalar`: the interpreter mistypes that mask.
+    live = cols < tl.where(active, live_width, 0)
+    x = tl.load(logits_ptr + row * row_stride + cols, mask=live, other=float("-inf"))
+    x = x.to(tl.float32)
+    lse = tl.load(lse_ptr + row)
+    grad_out = tl.load(grad_out_ptr + row, mask=active, other=0.0).to(tl.float32)
+    target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)
+    lse_finite = (lse > float("-inf")) & (lse < float("inf"))
+    prob = tl.exp(tl.where(lse_finite, x - tl.where(lse_finite, lse, 0.0), float("-inf")))
+    # A row whose selected_logp is NaN (LSE NaN, +inf or -inf) gets NaN on every live
+    # column, as torch's log_softmax backward gives; exp(x - inf) alone would give 0.
+    prob = tl.where(lse_finite, prob, float("nan"))
+    onehot = tl.where(cols == target - col_start, 1.0, 0.0)
+    grad = tl.where(live, grad_out * (onehot - prob), 0.0)
+    tl.store(grad_ptr + row * width + cols, round_for(grad_ptr, grad), mask=in_row)

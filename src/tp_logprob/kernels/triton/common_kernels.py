@@ -1,0 +1,134 @@
+"""``@triton.jit`` helpers shared by the kernel families (inlined where called; no kernels here).
+
+Gathered partials are fp32 ``[R, N, FIELDS]`` tensors with the row maximum in
+field 0 (NaN when the shard saw a NaN) and the owner's target logit in field
+``TARGET_FIELD`` (0.0 on other ranks). The kernels never compute ``inf - inf``,
+``log(0)`` or a NaN-to-integer cast, not even in lanes a ``tl.where`` discards:
+the GPU would not mind, but the interpreter warns, and the tests run with
+warnings as errors. (fp32 overflow to +-inf, as in ``x - M`` for ``|x|`` near the
+fp32 maximum, is IEEE behaviour the kernels rely on; see ``launch.py``.)
+"""
+
+# triton ships no type hints, and Triton types kernel parameters itself:
+# mypy: disable-error-code="untyped-decorator, no-untyped-def"
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = [
+    "gathered_max",
+    "owned_target_logit",
+    "owner_target_logit",
+    "round_for",
+    "store_results",
+]
+
+
+@triton.jit
+def owned_target_logit(row_ptr, targets_ptr, active_ptr, row, col_start, width):
+    """This rank's logit at an active row's target column when it owns the column, else 0.0.
+
+    An inactive row's target is never loaded.
+    """
+    active = tl.load(active_ptr + row) != 0
+    target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)
+    local = target - col_start
+    owned = active & (local >= 0) & (local < width)
+    return tl.load(row_ptr + local, mask=owned, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def gathered_max(ptr, rows, in_range, num_ranks, num_rows, FIELDS: tl.constexpr):
+    """``(M, has_nan)``: the max of field 0 over ranks with NaNs set aside, and whether one was NaN.
+
+    ``rows`` may be a scalar row or a block of rows; the maximum is exact, so the
+    rank order does not matter for it.
+    """
+    first = tl.load(ptr + rows * FIELDS, mask=in_range, other=float("-inf"))
+    has_nan = first != first
+    maximum = tl.where(has_nan, float("-inf"), first)
+    for rank in range(1, num_ranks):
+        value = tl.load(ptr + (rank * num_rows + rows) * FIELDS, mask=in_range, other=float("-inf"))
+        is_nan = value != value
+        has_nan = has_nan | is_nan
+        maximum = tl.maximum(maximum, tl.where(is_nan, float("-inf"), value))
+    return maximum, has_nan
+
+
+@triton.jit
+def owner_target_logit(
+    ptr,
+    boundaries_ptr,
+    rows,
+    in_range,
+    target,
+    num_ranks,
+    num_rows,
+    FIELDS: tl.constexpr,
+    TARGET_FIELD: tl.constexpr,
+):
+    """The gathered target logit of the rank whose shard holds ``target`` (shards ascend)."""
+    logit = tl.load(ptr + rows * FIELDS + TARGET_FIELD, mask=in_range, other=0.0)
+    for rank in range(1, num_ranks):
+        start = tl.load(boundaries_ptr + rank)
+        value = tl.load(
+            ptr + (rank * num_rows + rows) * FIELDS + TARGET_FIELD, mask=in_range, other=0.0
+        )
+        logit = tl.where(target >= start, value, logit)
+    return logit
+
+
+@triton.jit
+def store_results(
+    rows,
+    in_range,
+    active,
+    maximum,
+    has_nan,
+    total,
+    target_logit,
+    selected_ptr,
+    lse_ptr,
+    lse32_ptr,
+    STORE_LSE: tl.constexpr,
+):
+    """Write ``selected`` and ``lse`` from ``M``, ``S = sum exp(x - M)`` (fp64) and the target.
+
+    ``LSE = M + log S`` and ``selected = (target - M) - log S`` are formed in fp64 and
+    rounded once to fp32 (then to the output dtype at the store). Special values follow DESIGN
+    section 2: NaN anywhere live gives NaN; ``M = +inf`` gives ``lse = +inf``; an
+    all ``-inf`` row gives ``lse = -inf``; then ``selected`` is NaN; inactive rows
+    get exactly 0.0.
+    """
+    finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
+    shift = tl.where(finite, maximum, 0.0).to(tl.float64)
+    log_total = tl.log(tl.where(finite, total, 1.0))
+    lse64 = shift + log_total
+    special = tl.where(has_nan, float("nan"), maximum)
+    lse = tl.where(finite, lse64.to(tl.float32), special)
+    # (t - M) - log S rather than t - LSE: exact t - M keeps a near-0 logprob accurate.
+    relative = (target_logit.to(tl.float64) - shift) - log_total
+    selected = tl.where(finite, relative.to(tl.float32), float("nan"))
+    selected = tl.where(active, selected, 0.0)
+    tl.store(lse32_ptr + rows, lse, mask=in_range)
+    if STORE_LSE:
+        tl.store(lse_ptr + rows, round_for(lse_ptr, lse), mask=in_range)
+    tl.store(selected_ptr + rows, round_for(selected_ptr, selected), mask=in_range)
+
+
+@triton.jit
+def round_for(ptr, value):
+    """fp32 ``value`` rounded to ``ptr``'s element type, to nearest even.
+
+    bf16 is rounded with integer ops (the same bits as the GPU's ``cvt.rn.bf16.f32``)
+    because the interpreter's own fp32 -> bf16 cast truncates.
+    """
+    if ptr.dtype.element_ty == tl.bfloat16:
+        raw = value.to(tl.uint32, bitcast=True)
+        nearest_even = (raw + 0x7FFF + ((raw >> 16) & 1)) >> 16
+        half = tl.where(value != value, 0x7FC0, nearest_even).to(tl.uint16)
+        return half.to(tl.bfloat16, bitcast=True)
+    else:
+        return value.to(ptr.dtype.element_ty)

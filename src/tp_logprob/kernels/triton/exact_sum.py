@@ -1,0 +1,123 @@
+"""``triton_exact_sum``: bitwise equal results for every TP degree and shard layout.
+
+The row maxima are all-gathered first, so every rank knows the global ``M``
+(max is exact and order-free). Each rank then sums ``exp(x - M)``, each in
+``[0, 1]`` and computed elementwise, as int64 fixed point with ``K`` fractional
+bits (floored), ``K = 62 - ceil(log2(padded_vocab_size))`` (so
+``padded * 2^K <= 2^62``): integer sums are exact and associative, so the
+all-gathered total is the same integer however the vocabulary is split, and it
+is converted to floating point once. Quantization error: below
+``padded * 2^-K`` against ``S >= 1`` (``2^-26`` relative for a 152064-column
+vocabulary), under fp32's own rounding of ``exp``. Special values are resolved
+from the gathered maxima (NaN anywhere live, ``+inf``, all ``-inf``) exactly as
+in ``triton_online``.
+
+Cost over ``triton_online``: an extra all-gather (the row maxima, before the
+sums) and two passes over the local logits instead of one, so about twice the
+bytes read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+
+from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.kernels.triton.autograd import run_op
+from tp_logprob.kernels.triton.exact_sum_kernels import (
+    exact_max_kernel,
+    exact_merge_kernel,
+    exact_sum_kernel,
+)
+from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, allocate_outputs
+from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
+
+__all__ = ["exact_sum_forward", "fraction_bits", "triton_exact_sum_logprob"]
+
+_STAGE_FIELDS = 2
+
+
+def triton_exact_sum_logprob(
+    local_logits: Any, targets: Any, contract: Any, group: Any = None
+) -> LogprobResult:
+    """One rank's ``(selected_logp, lse)``, bitwise identical for every shard layout.
+
+    >>> # result = triton_exact_sum_logprob(local_logits, targets, contract, group=handle)
+    """
+    return run_op(exact_sum_forward, local_logits, targets, contract, group)
+
+
+def fraction_bits(padded_vocab_size: int) -> int:
+    """``K``: fractional bits of the fixed-point terms, so ``padded * 2^K <= 2^62``.
+
+    Each term is at most ``2^K``, so the sum over the whole vocabulary fits in int64.
+
+    >>> fraction_bits(152064)
+    44
+    """
+    return 62 - max(1, (padded_vocab_size - 1).bit_length())
+
+
+def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any) -> Outputs:
+    """Maxima, all-gather, fixed-point sums, all-gather, merge."""
+    logits, rows = inputs.logits, inputs.num_rows
+    platform = platform_of(logits)
+    row_config = launch_config(platform, KernelKind.ROW, logits.dtype)
+    stage = torch.empty((rows, _STAGE_FIELDS), dtype=torch.float32, device=logits.device)
+    launch(
+        exact_max_kernel,
+        (rows,),
+        row_config,
+        logits,
+        logits,
+        logits.stride(0),
+        inputs.width,
+        inputs.live_width,
+        inputs.col_start,
+        inputs.targets,
+        inputs.active,
+        stage,
+    )
+    gathered_stage = all_gather(stage, group)
+    num_ranks = gathered_stage.shape[0]
+    bits = fraction_bits(contract.sharding.padded_vocab_size)
+    sums = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    launch(
+        exact_sum_kernel,
+        (rows,),
+        row_config,
+        logits,
+        logits,
+        logits.stride(0),
+        inputs.live_width,
+        gathered_stage,
+        num_ranks,
+        rows,
+        sums,
+        float(2**bits),
+    )
+    gathered_sums = all_gather(sums, group)
+    outputs = allocate_outputs(contract, rows, logits.device)
+    merge_config = launch_config(platform, KernelKind.MERGE, logits.dtype)
+    lse = outputs.lse32 if outputs.lse is None else outputs.lse
+    launch(
+        exact_merge_kernel,
+        (triton.cdiv(rows, merge_config.block),),
+        merge_config,
+        logits,
+        gathered_stage,
+        gathered_sums,
+        inputs.boundaries,
+        num_ranks,
+        rows,
+        inputs.targets,
+        inputs.active,
+        outputs.selected,
+        lse,
+        outputs.lse32,
+        float(2.0**-bits),
+        STORE_LSE=lse is not outputs.lse32,
+    )
+    return outputs

@@ -1,0 +1,144 @@
+"""Fixed-point sums that do not depend on the shard layout (``triton_exact_sum``).
+
+Three kernels, with an all-gather after each of the first two:
+
+``exact_max_kernel``: one program per row takes the max over the row's live
+columns (per-lane maxima in ``BLOCK``-wide tiles, NaNs set aside and reported as
+``m = NaN``) and the owned target logit. Max is exact and order-free, so the
+gathered global ``M`` is the same for every layout. Traffic per row:
+``live_width * itemsize`` bytes read, 8 bytes written.
+
+``exact_sum_kernel``: one program per row folds the gathered maxima into ``M``
+and, when ``M`` is finite, turns each ``exp(x - M)`` (in ``[0, 1]``, elementwise
+so identical whatever the shard) into an int64 with ``K`` fractional bits
+(``floor(exp(x - M) * 2^K)``), and sums the integers. Integer addition is exact and
+associative, so a rank's partial sum, and the total over ranks, are the same
+integers for every split of the vocabulary. Traffic per row:
+``live_width * itemsize`` bytes read (again), 8 bytes written.
+
+``exact_merge_kernel``: one program per block of rows adds the gathered int64
+sums, converts once, ``S = S_int * 2^-K``, and writes ``LSE = M + log S`` (fp64,
+rounded once). Traffic per row: ``16 R`` bytes read plus target and flag.
+"""
+
+# triton ships no type hints, and Triton types kernel parameters itself:
+# mypy: disable-error-code="untyped-decorator, no-untyped-def"
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tp_logprob.kernels.triton.common_kernels import (
+    gathered_max,
+    owned_target_logit,
+    owner_target_logit,
+    store_results,
+)
+
+__all__ = ["STAGE_FIELDS", "exact_max_kernel", "exact_merge_kernel", "exact_sum_kernel"]
+
+STAGE_FIELDS = tl.constexpr(2)  # (m_r, t_r) per row, gathered before the sums
+
+
+@triton.jit
+def exact_max_kernel(
+    logits_ptr,
+    row_stride,
+    width,
+    live_width,
+    col_start,
+    targets_ptr,
+    active_ptr,
+    stage_ptr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * row_stride
+    offsets = tl.arange(0, BLOCK)
+    lane_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
+    for start in range(0, live_width, BLOCK):
+        cols = start + offsets
+        x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        lane_nans = lane_nans | (x != x)
+        lane_max = tl.maximum(lane_max, x)  # NaN-ignoring (maxnum), so the max is NaN-free
+    has_nan = tl.max(lane_nans.to(tl.int32), axis=0) > 0
+    base = stage_ptr + row * STAGE_FIELDS
+    tl.store(base, tl.where(has_nan, float("nan"), tl.max(lane_max, axis=0)))
+    tl.store(base + 1, owned_target_logit(row_ptr, targets_ptr, active_ptr, row, col_start, width))
+
+
+@triton.jit
+def exact_sum_kernel(
+    logits_ptr,
+    row_stride,
+    live_width,
+    stage_ptr,
+    num_ranks,
+    num_rows,
+    sums_ptr,
+    scale,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * row_stride
+    offsets = tl.arange(0, BLOCK)
+    maximum, has_nan = gathered_max(
+        stage_ptr, row, row < num_rows, num_ranks, num_rows, STAGE_FIELDS
+    )
+    finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
+    shift = tl.where(finite, maximum, 0.0)
+    # Rows whose M is not finite get their LSE from M alone: skip the pass.
+    limit = tl.where(finite, live_width, 0)
+    units = tl.zeros([BLOCK], dtype=tl.int64)
+    for start in range(0, limit, BLOCK):
+        cols = start + offsets
+        x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        # scale = 2^K: the product is exact, and the conversion truncates, i.e. floors.
+        units += (tl.exp(x - shift) * scale).to(tl.int64)
+    tl.store(sums_ptr + row, tl.sum(units, axis=0))
+
+
+@triton.jit
+def exact_merge_kernel(
+    stage_ptr,
+    sums_ptr,
+    boundaries_ptr,
+    num_ranks,
+    num_rows,
+    targets_ptr,
+    active_ptr,
+    selected_ptr,
+    lse_ptr,
+    lse32_ptr,
+    inv_scale,
+    STORE_LSE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_range = rows < num_rows
+    active = tl.load(active_ptr + rows, mask=in_range, other=0) != 0
+    target = tl.load(targets_ptr + rows, mask=in_range & active, other=-1).to(tl.int64)
+    maximum, has_nan = gathered_max(stage_ptr, rows, in_range, num_ranks, num_rows, STAGE_FIELDS)
+    units = tl.zeros([BLOCK], dtype=tl.int64)
+    for rank in range(num_ranks):
+        units += tl.load(sums_ptr + rank * num_rows + rows, mask=in_range, other=0)
+    # inv_scale = 2^-K: exact; the int64 -> fp64 conversion is the only rounding.
+    total = units.to(tl.float64) * inv_scale
+    target_logit = owner_target_logit(
+        stage_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, STAGE_FIELDS, 1
+    )
+    store_results(
+        rows,
+        in_range,
+        active,
+        maximum,
+        has_nan,
+        total,
+        target_logit,
+        selected_ptr,
+        lse_ptr,
+        lse32_ptr,
+        STORE_LSE,
+    )

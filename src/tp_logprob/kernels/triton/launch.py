@@ -1,0 +1,106 @@
+"""Per-platform launch configurations for the Triton kernels, in one table.
+
+A config depends only on the platform, the kind of kernel and the input dtype,
+never on the number of rows: that is what keeps the row kernels batch invariant
+(a row's reduction order is fixed by ``block`` and ``num_warps`` alone).
+
+- cuda: 8 warps of 32 lanes; 4096-column tiles for 16-bit inputs (16 elements,
+  two 16-byte loads per lane), 2048 for fp32.
+- rocm: 8 wavefronts of 64 lanes; tiles are multiples of 512 lanes, same sizes.
+- cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
+  the multi-tile loops. The interpreter keeps global state while it runs a grid,
+  so launches on CPU are serialized with a lock (ranks emulated as threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import torch
+from triton.runtime.interpreter import InterpretedFunction
+
+__all__ = ["KernelKind", "LaunchConfig", "launch", "launch_config", "platform_of"]
+
+
+class KernelKind(str, Enum):
+    """The shapes of work the kernels do."""
+
+    ROW = "row"  # one program per row, looping over column tiles (forward passes)
+    TILE = "tile"  # one program per (row, column tile) (backward)
+    MERGE = "merge"  # one program per block of rows (cross-rank merges)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """``block`` columns (rows for merges) per tile and ``num_warps`` per program."""
+
+    block: int
+    num_warps: int
+
+
+# (platform, kind) -> (block for 16-bit inputs, block for fp32 inputs, num_warps)
+_TABLE: dict[tuple[str, KernelKind], tuple[int, int, int]] = {
+    ("cuda", KernelKind.ROW): (4096, 2048, 8),
+    ("cuda", KernelKind.TILE): (4096, 2048, 8),
+    ("cuda", KernelKind.MERGE): (256, 256, 4),
+    ("rocm", KernelKind.ROW): (4096, 2048, 8),
+    ("rocm", KernelKind.TILE): (4096, 2048, 8),
+    ("rocm", KernelKind.MERGE): (256, 256, 4),
+    ("cpu", KernelKind.ROW): (16, 16, 1),
+    ("cpu", KernelKind.TILE): (16, 16, 1),
+    ("cpu", KernelKind.MERGE): (8, 8, 1),
+}
+
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def platform_of(tensor: torch.Tensor) -> str:
+    """``cpu`` for a CPU tensor (the interpreter), ``rocm`` on a HIP build, else ``cuda``."""
+    if tensor.device.type == "cpu":
+        return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def launch_config(platform: str, kind: KernelKind, dtype: torch.dtype) -> LaunchConfig:
+    """The fixed config for ``kind`` kernels over ``dtype`` inputs on ``platform``."""
+    block_16, block_32, num_warps = _TABLE[(platform, kind)]
+    return LaunchConfig(block_16 if dtype.itemsize <= 2 else block_32, num_warps)
+
+
+def launch(
+    kernel: Any,
+    grid: Sequence[int],
+    config: LaunchConfig,
+    device_tensor: torch.Tensor,
+    *args: Any,
+    **constexprs: Any,
+) -> None:
+    """Launch ``kernel[grid]`` with ``config``'s block and warps; an empty grid launches nothing."""
+    if min(grid) == 0:
+        return
+    with _launching(kernel, device_tensor):
+        kernel[tuple(grid)](*args, BLOCK=config.block, num_warps=config.num_warps, **constexprs)
+
+
+@contextlib.contextmanager
+def _launching(kernel: Any, tensor: torch.Tensor) -> Iterator[None]:
+    """Guard one kernel launch on ``tensor``'s device; on CPU, check and hold the interpreter."""
+    if tensor.device.type != "cpu":
+        yield
+        return
+    if not isinstance(kernel, InterpretedFunction):
+        raise RuntimeError(
+            "the Triton backends run on CPU tensors only through the Triton interpreter: "
+            "set TRITON_INTERPRET=1 before tp_logprob's Triton kernels are first imported"
+        )
+    # fp32 overflow to +-inf (x - M with |x| near the fp32 maximum) is IEEE behaviour the
+    # kernels rely on, silent on GPUs; numpy warns about it. Invalid operations (inf - inf)
+    # still warn: the kernels never perform one.
+    with _INTERPRETER_LOCK, np.errstate(over="ignore"):
+        yield

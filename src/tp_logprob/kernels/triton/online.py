@@ -1,0 +1,83 @@
+"""``triton_online``: the production one-pass backend (determinism scope ``fixed_topology``).
+
+Each rank reads its logits once (``online_partial_kernel``), all-gathers one fp32
+``[N, 3]`` partial per rank, and merges them in shard-index order
+(``online_merge_kernel``). Bitwise reproducible run to run and batch invariant
+for a fixed TP degree and shard layout; not bitwise across layouts (use
+``triton_exact_sum`` for that).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+
+from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.kernels.merge import PARTIAL_FIELDS
+from tp_logprob.kernels.triton.autograd import run_op
+from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, allocate_outputs
+from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
+from tp_logprob.kernels.triton.online_kernels import (
+    online_merge_kernel,
+    online_partial_kernel,
+)
+
+__all__ = ["online_forward", "online_merge", "triton_online_logprob"]
+
+
+def triton_online_logprob(
+    local_logits: Any, targets: Any, contract: Any, group: Any = None
+) -> LogprobResult:
+    """One rank's ``(selected_logp, lse)`` by the one-pass online-softmax Triton kernel.
+
+    >>> # result = triton_online_logprob(local_logits, targets, contract, group=handle)
+    """
+    return run_op(online_forward, local_logits, targets, contract, group)
+
+
+def online_forward(inputs: RankInputs, contract: LogprobContract, group: Any) -> Outputs:
+    """Partials, one all-gather, ordered merge."""
+    logits, rows = inputs.logits, inputs.num_rows
+    partial = torch.empty((rows, PARTIAL_FIELDS), dtype=torch.float32, device=logits.device)
+    launch(
+        online_partial_kernel,
+        (rows,),
+        launch_config(platform_of(logits), KernelKind.ROW, logits.dtype),
+        logits,
+        logits,
+        logits.stride(0),
+        inputs.width,
+        inputs.live_width,
+        inputs.col_start,
+        inputs.targets,
+        inputs.active,
+        partial,
+    )
+    return online_merge(all_gather(partial, group), inputs, contract)
+
+
+def online_merge(gathered: torch.Tensor, inputs: RankInputs, contract: LogprobContract) -> Outputs:
+    """Fold gathered ``[R, N, 3]`` partials (``merge.pack_partial``'s layout) in rank order."""
+    logits, rows = inputs.logits, inputs.num_rows
+    outputs = allocate_outputs(contract, rows, logits.device)
+    config = launch_config(platform_of(logits), KernelKind.MERGE, logits.dtype)
+    lse = outputs.lse32 if outputs.lse is None else outputs.lse
+    launch(
+        online_merge_kernel,
+        (triton.cdiv(rows, config.block),),
+        config,
+        logits,
+        gathered.contiguous(),
+        inputs.boundaries,
+        gathered.shape[0],
+        rows,
+        inputs.targets,
+        inputs.active,
+        outputs.selected,
+        lse,
+        outputs.lse32,
+        STORE_LSE=lse is not outputs.lse32,
+    )
+    return outputs

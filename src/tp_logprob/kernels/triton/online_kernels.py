@@ -1,0 +1,128 @@
+"""Online-softmax partials over a rank's columns, and their ordered merge (``triton_online``).
+
+``online_partial_kernel``: one program per row walks the row's live columns in
+fixed ``BLOCK``-wide tiles. Per tile it takes the tile max, raises the running
+max ``m`` and rescales per-lane fp32 sums by ``exp(m_old - m_new)``, so each
+column is read once and converted to fp32 in registers (no fp32 copy of the
+logits). Lanes are summed once at the end. NaNs are set aside and reported by
+returning ``m = NaN``; while ``m`` is ``-inf`` the sum stays 0, and once ``m = +inf``
+it stops changing (the merge reports ``lse = +inf`` from ``m`` alone), so no lane
+ever computes ``inf - inf``; a shard without a live column yields the identity
+``(-inf, 0)``.
+Padding columns are never loaded. Traffic per row: ``live_width * itemsize``
+bytes read (plus one element for an owned target), 12 bytes written.
+
+``online_merge_kernel``: one program per block of rows folds the gathered
+``[R, N, 3]`` partials in rank order: ``M = max m_r``,
+``S = sum_r s_r * exp(m_r - M)`` in fp64 over shards with a live column, then
+``LSE = M + log S``. Traffic per row: ``12 R`` bytes read, plus the target and the
+active flag; 4 bytes (fp32 LSE) plus the outputs written.
+
+Both are batch invariant: one program per row (or an elementwise block of rows),
+and ``BLOCK`` comes from the platform and dtype only.
+"""
+
+# triton ships no type hints, and Triton types kernel parameters itself:
+# mypy: disable-error-code="untyped-decorator, no-untyped-def"
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tp_logprob.kernels.triton.common_kernels import (
+    gathered_max,
+    owned_target_logit,
+    owner_target_logit,
+    store_results,
+)
+
+__all__ = ["PARTIAL_FIELDS", "online_merge_kernel", "online_partial_kernel"]
+
+PARTIAL_FIELDS = tl.constexpr(3)  # (m_r, s_r, t_r) per row: the layout of merge.pack_partial
+
+
+@triton.jit
+def online_partial_kernel(
+    logits_ptr,
+    row_stride,
+    width,
+    live_width,
+    col_start,
+    targets_ptr,
+    active_ptr,
+    partial_ptr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * row_stride
+    offsets = tl.arange(0, BLOCK)
+    running_max = float("-inf")
+    lane_sums = tl.zeros([BLOCK], dtype=tl.float32)
+    lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
+    for start in range(0, live_width, BLOCK):
+        cols = start + offsets
+        x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        is_nan = x != x
+        lane_nans = lane_nans | is_nan
+        x = tl.where(is_nan, float("-inf"), x)
+        new_max = tl.maximum(running_max, tl.max(x, axis=0))
+        # A uniform branch: rows whose max is +-inf skip the sums (see the docstring).
+        if (new_max > float("-inf")) & (new_max < float("inf")):
+            rescale = tl.exp(running_max - new_max)
+            lane_sums = lane_sums * rescale + tl.exp(x - new_max)
+        running_max = new_max
+    has_nan = tl.max(lane_nans.to(tl.int32), axis=0) > 0
+    base = partial_ptr + row * PARTIAL_FIELDS
+    tl.store(base, tl.where(has_nan, float("nan"), running_max))
+    tl.store(base + 1, tl.sum(lane_sums, axis=0))
+    tl.store(base + 2, owned_target_logit(row_ptr, targets_ptr, active_ptr, row, col_start, width))
+
+
+@triton.jit
+def online_merge_kernel(
+    partials_ptr,
+    boundaries_ptr,
+    num_ranks,
+    num_rows,
+    targets_ptr,
+    active_ptr,
+    selected_ptr,
+    lse_ptr,
+    lse32_ptr,
+    STORE_LSE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_range = rows < num_rows
+    active = tl.load(active_ptr + rows, mask=in_range, other=0) != 0
+    target = tl.load(targets_ptr + rows, mask=in_range & active, other=-1).to(tl.int64)
+    maximum, has_nan = gathered_max(
+        partials_ptr, rows, in_range, num_ranks, num_rows, PARTIAL_FIELDS
+    )
+    finite = (maximum > float("-inf")) & (maximum < float("inf"))
+    shift = tl.where(finite, maximum, 0.0).to(tl.float64)
+    total = tl.zeros([BLOCK], dtype=tl.float64)
+    for rank in range(num_ranks):
+        base = partials_ptr + (rank * num_rows + rows) * PARTIAL_FIELDS
+        rank_max = tl.load(base, mask=in_range, other=float("-inf"))
+        rank_sum = tl.load(base + 1, mask=in_range, other=0.0).to(tl.float64)
+        live = finite & (rank_max > float("-inf"))
+        scale = tl.exp(tl.where(live, rank_max.to(tl.float64) - shift, float("-inf")))
+        total += tl.where(live, rank_sum * scale, 0.0)
+    target_logit = owner_target_logit(
+        partials_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, PARTIAL_FIELDS, 2
+    )
+    store_results(
+        rows,
+        in_range,
+        active,
+        maximum,
+        has_nan,
+        total,
+        target_logit,
+        selected_ptr,
+        lse_ptr,
+        lse32_ptr,
+        STORE_LSE,
+    )

@@ -1,0 +1,135 @@
+"""Shared setup of the Triton backend tests: interpreter, skip, the two ops, oracle checks.
+
+Importing this module turns the Triton interpreter on (unless the environment
+already chose) before triton is first imported, and skips the importing test
+module cleanly when triton is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import tp_logprob as tpl
+from tp_logprob.emulate import run_tp
+from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.oracle import exact_selected_logprob, tolerance
+
+from ._native_cases import REAL, as_float64
+
+pytest.importorskip("triton", reason="the Triton backends need triton (on CPU, its interpreter)")
+
+_online = importlib.import_module("tp_logprob.kernels.triton.online")
+_exact_sum = importlib.import_module("tp_logprob.kernels.triton.exact_sum")
+_launch = importlib.import_module("tp_logprob.kernels.triton.launch")
+
+BACKENDS: dict[str, Any] = {
+    "triton_online": _online.triton_online_logprob,
+    "triton_exact_sum": _exact_sum.triton_exact_sum_logprob,
+}
+fraction_bits = _exact_sum.fraction_bits
+online_merge = _online.online_merge
+
+
+def row_block(dtype: str) -> int:
+    """The column tile of the row kernels on CPU (the tests span several tiles)."""
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return int(_launch.launch_config("cpu", _launch.KernelKind.ROW, torch_dtype).block)
+
+
+def backend_tolerance(backend: str, contract: tpl.LogprobContract, real: int = REAL) -> Any:
+    """The oracle's tolerance for ``backend``'s algorithm on ``contract``'s layout."""
+    sharding = contract.sharding
+    dtype = contract.dtype.value
+    if backend == "triton_exact_sum":
+        bits = fraction_bits(sharding.padded_vocab_size)
+        return tolerance(dtype, real, num_shards=sharding.tp_world_size, fixed_point_bits=bits)
+    widest = max(end - start for start, end in sharding.vocab_shard_bounds)
+    tiles = math.ceil(widest / row_block(dtype))
+    return tolerance(dtype, real, num_shards=sharding.tp_world_size, rescales=tiles + 1)
+
+
+def oracle_report(
+    backend: str,
+    result: tpl.LogprobResult,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: tpl.LogprobContract,
+    real: int = REAL,
+) -> str | None:
+    """None when ``result`` is within the oracle's tolerance, else the offending rows."""
+    mask = contract.mask.dense()
+    x = as_float64(logits)
+    want_selected, want_lse = exact_selected_logprob(
+        x, targets.numpy(), active_mask=mask, real_vocab_size=real
+    )
+    live = np.where(np.isfinite(x[:, :real]), x[:, :real], -np.inf)
+    row_max = live.max(axis=1)
+    got_selected = result.selected_logp.double().numpy()
+    got_lse = result.lse.double().numpy()
+    bad = backend_tolerance(backend, contract, real).violations(
+        got_selected, got_lse, want_selected, want_lse, row_max=row_max, active_mask=mask
+    )
+    if not bad.any():
+        return None
+    rows = np.flatnonzero(bad)[:5].tolist()
+    return f"{backend}: {int(bad.sum())} rows out of tolerance; first {rows}: " + "; ".join(
+        f"[{r}] selected {got_selected[r]!r} vs {want_selected[r]!r}, "
+        f"lse {got_lse[r]!r} vs {want_lse[r]!r}"
+        for r in rows
+    )
+
+
+def native_report(
+    backend: str,
+    result: tpl.LogprobResult,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: tpl.LogprobContract,
+    real: int = REAL,
+) -> str | None:
+    """None when ``result`` matches torch_native: the same NaN/inf, finite values within
+    twice the tolerance (each is within it of the exact value)."""
+    native = run_tp(torch_native_logprob, logits, targets, contract)[0]
+    tol = backend_tolerance(backend, contract, real)
+    mask = contract.mask.dense()
+    for name in ("selected_logp", "lse"):
+        got = getattr(result, name).double().numpy()
+        want = getattr(native, name).double().numpy()
+        special = ~np.isfinite(want)
+        same_special = (np.isnan(got) & np.isnan(want)) | (got == want)
+        finite_want = np.where(special, 0.0, want)
+        if name == "lse":
+            bound = tol.lse_bound(finite_want)
+        else:
+            native_lse = native.lse.double().numpy()
+            bound = tol.selected_bound(
+                finite_want, np.where(np.isfinite(native_lse), native_lse, 0)
+            )
+        with np.errstate(invalid="ignore"):
+            close = np.abs(got - want) <= 2 * bound
+        ok = np.where(special, same_special, close)
+        if name == "selected_logp":
+            ok = np.where(mask, ok, got == want)
+        if not ok.all():
+            rows = np.flatnonzero(~ok)[:5].tolist()
+            return f"{backend} vs torch_native, {name} rows {rows}: {got[rows]} vs {want[rows]}"
+    return None
+
+
+def bits_of(result: tpl.LogprobResult) -> tuple[list[int], list[int]]:
+    """The raw bits of both outputs (NaN payloads and signed zeros included)."""
+    view = {2: torch.int16, 4: torch.int32}[result.selected_logp.element_size()]
+    return (
+        result.selected_logp.contiguous().view(view).tolist(),
+        result.lse.contiguous().view(view).tolist(),
+    )
