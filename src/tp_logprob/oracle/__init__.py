@@ -1,0 +1,47 @@
+"""Ground truth for tp-logprob: an exact oracle and a fast float64 reference.
+
+* ``exact_*``: every float64 result is the true value correctly rounded
+  (mpmath, a Ziv loop over certified intervals);
+* ``reference_*``: vectorised float64 numpy, max-shifted, within a proven bound
+  of the exact value (``reference_error_bounds``);
+* ``ulp_distance`` and ``tolerance``: how far a backend may be from exact.
+
+Imports numpy and mpmath only (gmpy2 and ml_dtypes when installed), never torch
+or triton, so it can judge any backend.
+
+>>> from tp_logprob.oracle import exact_selected_logprob
+>>> sel, lse = exact_selected_logprob([[1.0, 2.0, 3.0]], [2])
+>>> float(lse[0])
+3.40760596444438
+"""
+
+from __future__ import annotations
+
+from tp_logprob.oracle.exact import (
+    exact_logprob_grad,
+    exact_logsumexp,
+    exact_selected_logprob,
+)
+from tp_logprob.oracle.reference import (
+    reference_error_bounds,
+    reference_logprob_grad,
+    reference_logsumexp,
+    reference_selected_logprob,
+    reference_sharded_logprob,
+)
+from tp_logprob.oracle.tolerance import LogprobTolerance, tolerance
+from tp_logprob.oracle.ulp import ulp_distance
+
+__all__ = [
+    "LogprobTolerance",
+    "exact_logprob_grad",
+    "exact_logsumexp",
+    "exact_selected_logprob",
+    "reference_error_bounds",
+    "reference_logprob_grad",
+    "reference_logsumexp",
+    "reference_selected_logprob",
+    "reference_sharded_logprob",
+    "tolerance",
+    "ulp_distance",
+]

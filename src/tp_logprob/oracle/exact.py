@@ -1,0 +1,177 @@
+"""Exact oracle: log-sum-exp, selected log-probabilities and gradients, correctly rounded.
+
+Every float64 returned here is the true real value (inputs taken exactly)
+rounded to nearest, ties to even. The values are enclosed in intervals that
+tighten as the working precision doubles (a Ziv loop); see
+:mod:`tp_logprob.oracle._exact_row` for the enclosure, its error bound and why
+the loop terminates. mpmath's raw ``libmp`` layer is used with an explicit
+precision, so no global mpmath state is read or changed.
+
+Semantics (DESIGN section 2): columns at or past ``real_vocab_size`` are ``-inf``
+whatever they hold; ``lse`` follows ``torch.logsumexp`` and an active token's
+``selected_logp`` follows ``torch.log_softmax(...).gather(...)`` on the live
+columns; inactive tokens get ``selected_logp = 0.0`` and their target is never
+read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from tp_logprob.oracle._exact_row import (
+    RowLSE,
+    certified_lse,
+    certified_probabilities,
+    certified_selected,
+    finite_part,
+    start_bits,
+)
+from tp_logprob.oracle._inputs import (
+    FloatArray,
+    as_active_mask,
+    as_float64,
+    as_real_vocab_size,
+    as_targets,
+    checked_targets,
+)
+
+_SPECIAL_LSE = {"nan": math.nan, "inf": math.inf, "empty": -math.inf}
+
+
+def exact_logsumexp(row: ArrayLike, *, real_vocab_size: int | None = None) -> float:
+    """``log(sum(exp(row[:real_vocab_size])))``, correctly rounded to float64.
+
+    ``row`` is 1-D (float16, bfloat16, float32 or float64, taken exactly).
+    NaN gives NaN, ``+inf`` gives ``+inf``, and a row with no finite live value
+    gives ``-inf``.
+
+    >>> exact_logsumexp([0.0, 0.0])
+    0.6931471805599453
+    """
+    return _logsumexp(row, real_vocab_size=real_vocab_size)
+
+
+def exact_selected_logprob(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    active_mask: ArrayLike | None = None,
+    real_vocab_size: int | None = None,
+) -> tuple[FloatArray, FloatArray]:
+    """Per-token ``(selected_logp, lse)``, each correctly rounded to float64.
+
+    ``logits`` is ``[N, V]``; ``targets`` holds ``N`` global column ids. An
+    active target outside ``[0, real_vocab_size)`` raises ``ValueError`` naming
+    the token, before anything is computed.
+
+    >>> sel, lse = exact_selected_logprob([[0.0, 0.0]], [1])
+    >>> float(sel[0]), float(lse[0])
+    (-0.6931471805599453, 0.6931471805599453)
+    """
+    return _selected_logprob(
+        logits, targets, active_mask=active_mask, real_vocab_size=real_vocab_size
+    )
+
+
+def exact_logprob_grad(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    active_mask: ArrayLike | None = None,
+    real_vocab_size: int | None = None,
+) -> FloatArray:
+    """``d selected_logp[t] / d logits[t, v] = [v == target] - exp(x_v - LSE)``, ``[N, V]``.
+
+    Each element is correctly rounded. Padding columns and inactive rows are
+    ``0.0``. In a row whose ``selected_logp`` is NaN (a NaN or ``+inf`` live
+    value, or no finite live value) every live column is NaN, as torch's
+    ``log_softmax`` backward gives; a ``-inf`` column contributes
+    ``[v == target]``.
+
+    >>> exact_logprob_grad([[0.0, 0.0]], [1]).tolist()
+    [[-0.5, 0.5]]
+    """
+    return _logprob_grad(logits, targets, active_mask=active_mask, real_vocab_size=real_vocab_size)
+
+
+def _logsumexp(row: ArrayLike, *, real_vocab_size: int | None, precision_scale: int = 1) -> float:
+    x = as_float64(row, "row", 1)
+    rv = as_real_vocab_size(real_vocab_size, x.shape[0])
+    special, finite = finite_part(x[:rv])
+    if special is not None:
+        return _SPECIAL_LSE[special]
+    engine = RowLSE(finite)
+    return certified_lse(engine, precision_scale * start_bits(engine.num_values))
+
+
+def _selected_logprob(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    active_mask: ArrayLike | None,
+    real_vocab_size: int | None,
+    precision_scale: int = 1,
+) -> tuple[FloatArray, FloatArray]:
+    x = as_float64(logits, "logits", 2)
+    n, v = x.shape
+    rv = as_real_vocab_size(real_vocab_size, v)
+    active = as_active_mask(active_mask, n)
+    t = checked_targets(as_targets(targets, n), active, rv)
+    selected = np.zeros(n)
+    lse = np.empty(n)
+    for i in range(n):
+        special, finite = finite_part(x[i, :rv])
+        if special is not None:
+            lse[i] = _SPECIAL_LSE[special]
+            if active[i]:
+                selected[i] = math.nan
+            continue
+        engine = RowLSE(finite)
+        first = precision_scale * start_bits(engine.num_values)
+        lse[i] = certified_lse(engine, first)
+        if active[i]:
+            target_value = float(x[i, t[i]])
+            selected[i] = (
+                -math.inf
+                if target_value == -math.inf
+                else certified_selected(engine, target_value, first)
+            )
+    return selected, lse
+
+
+def _logprob_grad(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    active_mask: ArrayLike | None,
+    real_vocab_size: int | None,
+    precision_scale: int = 1,
+) -> FloatArray:
+    x = as_float64(logits, "logits", 2)
+    n, v = x.shape
+    rv = as_real_vocab_size(real_vocab_size, v)
+    active = as_active_mask(active_mask, n)
+    t = checked_targets(as_targets(targets, n), active, rv)
+    grad = np.zeros((n, v))
+    for i in np.flatnonzero(active).tolist():
+        live = x[i, :rv]
+        special, finite = finite_part(live)
+        if special is not None:
+            grad[i, :rv] = math.nan
+            continue
+        engine = RowLSE(finite)
+        first = precision_scale * start_bits(engine.num_values)
+        target_value = float(live[t[i]])
+        target_index = (
+            None if target_value == -math.inf else int(np.searchsorted(engine.values, target_value))
+        )
+        neg_q, target_grad = certified_probabilities(engine, target_index, first)
+        is_finite = live > -math.inf
+        row = np.zeros(rv)
+        row[is_finite] = neg_q[np.searchsorted(engine.values, live[is_finite])]
+        row[t[i]] = 1.0 if target_grad is None else target_grad
+        grad[i, :rv] = row
+    return grad
