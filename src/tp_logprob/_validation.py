@@ -27,7 +27,7 @@ def check_int(name: str, value: object, *, min_value: int | None = None) -> int:
         or not hasattr(value, "__index__")
     ):
         raise LogprobContractError(f"{name}={value!r}: expected an int, got {type(value).__name__}")
-    result = operator.index(value)  # type: ignore[call-overload]
+    result = operator.index(value)
     if min_value is not None and result < min_value:
         raise LogprobContractError(f"{name}={result!r}: must be >= {min_value}")
     return result
