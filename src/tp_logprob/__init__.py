@@ -58,6 +58,7 @@ __all__ = [
     "even_shard_bounds",
     "preflight",
     "registry",
+    "resolve_and_preflight",
     "run_tp",
 ]
 
@@ -66,6 +67,7 @@ _LAZY = {
     "comm": ("tp_logprob.comm", None),
     "run_tp": ("tp_logprob.emulate", "run_tp"),
     "preflight": ("tp_logprob.preflight", "preflight"),
+    "resolve_and_preflight": ("tp_logprob.preflight", "resolve_and_preflight"),
 }
 
 
