@@ -87,3 +87,10 @@ def oracle_standalone(session: nox.Session) -> None:
         "assert not {'torch', 'triton', 'hypothesis'} & set(sys.modules), sorted(sys.modules); "
         "print('oracle ok without torch, triton or hypothesis')",
     )
+
+
+@nox.session(default=False)
+def mutants(session: nox.Session) -> None:
+    """Suite power: every planted-bug backend must fail the property suite, the controls pass."""
+    _install(session, "torch,test")
+    session.run("python", "benchmarks/suite_power.py", *session.posargs)

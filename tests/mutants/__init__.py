@@ -1,0 +1,182 @@
+"""Planted-bug backends: torch_native with one realistic bug each, which the suite must catch.
+
+Every mutant is exposed as ``tests.mutants.<module>:<name>``, an ``(op, capability)``
+pair that ``pytest --pyargs tp_logprob.properties --tp-logprob-backend=SPEC``
+loads, registered as ``mutant_<name>`` with torch_native's capability (or the
+false claim that is its bug). ``benchmarks/suite_power.py`` runs the suite on
+each of them and on the :data:`CONTROLS`, which must pass.
+
+Importing this package does not import torch; the mutant modules do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CONTROLS", "MUTANTS", "Mutant"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: its name, the module that plants it, and what the bug is."""
+
+    name: str
+    module: str
+    bug: str
+
+    @property
+    def spec(self) -> str:
+        """The ``--tp-logprob-backend`` value that loads it."""
+        return f"tests.mutants.{self.module}:{self.name}"
+
+    @property
+    def backend_id(self) -> str:
+        """The id it registers under."""
+        return f"mutant_{self.name}"
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "lse_average",
+        "merge_bugs",
+        "the merged LSE is the mean of the per-rank LSEs m_r + log s_r",
+    ),
+    Mutant(
+        "merge_no_rescale",
+        "merge_bugs",
+        "partials merged as S = sum s_r, without rescaling by exp(m_r - M)",
+    ),
+    Mutant(
+        "identity_nan",
+        "merge_bugs",
+        "the merge evaluates exp(m_r - M) for identity partials: exp(-inf - -inf) = NaN "
+        "when every m_r is -inf",
+    ),
+    Mutant(
+        "plus_inf_not_special",
+        "merge_bugs",
+        "no +inf special case in the merge: a +inf logit gives lse NaN instead of +inf",
+    ),
+    Mutant(
+        "owner_off_by_one",
+        "merge_bugs",
+        "the target's owner rank found with <= on the shard end: a target in a shard's "
+        "first column is taken from the previous rank (which does not hold it)",
+    ),
+    Mutant(
+        "reverse_merge_cross_tp",
+        "merge_bugs",
+        "merges in reverse rank order and claims cross_tp_bitwise (a fixed order is not "
+        "a fixed grouping across shard layouts)",
+    ),
+    Mutant(
+        "ring_order_merge",
+        "merge_bugs",
+        "each rank sums the partials in ring order starting from its own, so ranks can "
+        "disagree in the last bits (TP >= 3)",
+    ),
+    Mutant(
+        "rank1_lse_last_bit",
+        "merge_bugs",
+        "rank 1's lse is one ulp above the other ranks' (nextafter)",
+    ),
+    Mutant(
+        "partials_in_logits_dtype",
+        "merge_bugs",
+        "partials all-gathered in the logits dtype (bf16/fp16) to halve the traffic",
+    ),
+    Mutant(
+        "padding_not_masked",
+        "partial_bugs",
+        "padding columns not masked: max and sum over the whole shard",
+    ),
+    Mutant(
+        "padding_in_max_only",
+        "partial_bugs",
+        "padding masked in the sum but not in the max (the shift comes from padding)",
+    ),
+    Mutant(
+        "padding_last_rank_only",
+        "partial_bugs",
+        "claims supports_vocab_padding but masks padding only on the last rank "
+        "(Megatron's layout); padding in an earlier shard is summed",
+    ),
+    Mutant(
+        "last_column_dropped",
+        "partial_bugs",
+        "shard bound off by one: live end = min(end, real_vocab_size - 1), dropping the "
+        "last real column",
+    ),
+    Mutant(
+        "target_local_index",
+        "partial_bugs",
+        "the target logit gathered at the global id instead of id - shard start",
+    ),
+    Mutant(
+        "half_precision_accumulation",
+        "partial_bugs",
+        "exp and sum in the logits dtype (bf16/fp16) instead of fp32",
+    ),
+    Mutant(
+        "no_max_shift",
+        "partial_bugs",
+        "sum exp(x) without the max shift: overflows (or underflows) at large |logits|",
+    ),
+    Mutant(
+        "tiling_depends_on_n",
+        "partial_bugs",
+        "batches of fewer than 4 rows sum left to right, larger ones by a tree: a row's "
+        "bits depend on N",
+    ),
+    Mutant(
+        "inactive_not_zeroed",
+        "mask_bugs",
+        "the mask is not passed to the merge: inactive rows get target - LSE",
+    ),
+    Mutant(
+        "inactive_lse_zeroed",
+        "mask_bugs",
+        "inactive rows' lse set to 0 (it must stay the row's LSE)",
+    ),
+    Mutant(
+        "inactive_target_checked",
+        "mask_bugs",
+        "every target range-checked, inactive ones too: raises on an inactive out-of-range target",
+    ),
+    Mutant(
+        "check_after_collective",
+        "mask_bugs",
+        "inputs checked after the all-gather: a bad input on one rank hangs or crashes "
+        "instead of raising LogprobContractError",
+    ),
+    Mutant(
+        "grad_no_one_hot",
+        "grad_bugs",
+        "backward forgets the one-hot [v == target] term on the owner rank",
+    ),
+    Mutant(
+        "grad_local_lse",
+        "grad_bugs",
+        "backward uses this rank's own LSE (m_r + log s_r) instead of the merged one",
+    ),
+    Mutant(
+        "grad_padding_nonzero",
+        "grad_bugs",
+        "backward writes softmax gradients into the padding columns",
+    ),
+    Mutant(
+        "grad_ignores_upstream",
+        "grad_bugs",
+        "backward returns [v == target] - p without multiplying by the upstream gradient",
+    ),
+)
+"""Every planted bug, in the order the runner reports them."""
+
+CONTROLS: tuple[tuple[str, str], ...] = (
+    ("torch_native", "torch_native"),
+    ("control_native", "tests.mutants.control:control_native"),
+    ("my_kernel", "examples/my_kernel.py:register"),
+)
+"""``(name, spec)`` of the backends that must pass: the built-in torch_native,
+torch_native rebuilt by the mutants' own composition (loaded as module:attr),
+and the third-party example backend (loaded from its file)."""

@@ -1,0 +1,268 @@
+"""Each planted-bug backend really is a mutant: a hand-made case its bug changes.
+
+The suite's power is measured by ``benchmarks/suite_power.py`` (minutes); these
+fast tests keep the zoo honest: every mutant loads through the suite's own
+``module:attr`` loader with torch_native's capability (bar its declared lie), the
+control rebuilt from the same parts matches torch_native bit for bit, and each
+mutant differs from torch_native on a case designed for its bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import tp_logprob as tpl
+from tests.mutants import CONTROLS, MUTANTS
+from tests.mutants.control import control_native
+from tp_logprob.comm import CollectiveError, EmulatedGroup
+from tp_logprob.emulate import ReplicationError
+from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.properties._backends import resolve_backends
+
+_INF = float("inf")
+_V = 8
+
+
+def _contract(
+    bounds: tuple[tuple[int, int], ...] = ((0, _V),),
+    *,
+    rows: int = 1,
+    real: int | None = None,
+    mask: Any = None,
+    dtype: str = "fp32",
+    role: str = "infer",
+    scope: str = "fixed_topology",
+) -> tpl.LogprobContract:
+    padded = bounds[-1][1]
+    return tpl.LogprobContract(
+        role=tpl.LogprobRole(role),
+        dtype=tpl.LogprobDType(dtype),
+        mask=tpl.MaskSpec(rows, mask),
+        sharding=tpl.ShardingSpec(0, len(bounds), bounds, padded if real is None else real, padded),
+        reduction=tpl.ReductionSpec(tpl.DeterminismScope(scope)),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """Full logits (as nested lists or an array), targets and the contract."""
+
+    contract: tpl.LogprobContract
+    logits: Any
+    targets: list[int]
+
+    def tensors(self, *, grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.contract.dtype.value]
+        logits = torch.tensor(np.asarray(self.logits, dtype=np.float32)).to(dtype)
+        return logits.requires_grad_(grad), torch.tensor(self.targets)
+
+
+def _random(rows: int, columns: int, seed: int = 0) -> Any:
+    return np.random.default_rng(seed).standard_normal((rows, columns)).astype(np.float32)
+
+
+_RAMP = [[float(v) for v in range(_V)]]
+_TP2 = ((0, 4), (4, _V))
+_WIDE_ROWS = 64
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(torch.int32)
+
+
+def _outputs(op: Callable[..., Any], case: Case) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits, targets = case.tensors()
+    result = tpl.run_tp(op, logits, targets, case.contract)[0]
+    return result.selected_logp, result.lse
+
+
+def _gradient(op: Callable[..., Any], case: Case, weight: float = 1.0) -> torch.Tensor:
+    logits, targets = case.tensors(grad=True)
+    results = tpl.run_tp(op, logits, targets, case.contract)
+    sum(weight * result.selected_logp.sum() for result in results).backward()
+    assert logits.grad is not None
+    return logits.grad
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    return all(
+        (x is None and y is None) or torch.equal(_bits(x), _bits(y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+Pair = tuple[Callable[..., Any], Any]
+"""A backend as ``(op, capability)``."""
+
+NATIVE: Pair = (torch_native_logprob, TORCH_NATIVE)
+
+
+def _forward_differs(case: Case) -> Callable[[Pair], bool]:
+    return lambda pair: not _same_bits(_outputs(pair[0], case), _outputs(NATIVE[0], case))
+
+
+def _gradient_differs(case: Case, weight: float = 1.0) -> Callable[[Pair], bool]:
+    def differs(pair: Pair) -> bool:
+        mine, native = _gradient(pair[0], case, weight), _gradient(NATIVE[0], case, weight)
+        return not torch.equal(_bits(mine), _bits(native))
+
+    return differs
+
+
+def _raises(error: type[BaseException], case: Case) -> Callable[[Pair], bool]:
+    """The op raises ``error`` on a case torch_native serves."""
+
+    def differs(pair: Pair) -> bool:
+        try:
+            _outputs(pair[0], case)
+        except error:
+            return True
+        return False
+
+    return differs
+
+
+def _batch_dependent(case: Case) -> Callable[[Pair], bool]:
+    """Some row's bits differ between the whole batch and that row run alone."""
+
+    def differs(pair: Pair) -> bool:
+        op = pair[0]
+        logits, targets = case.tensors()
+        whole = op(logits, targets, case.contract)
+        alone = dataclasses.replace(case.contract, mask=tpl.MaskSpec(1))
+        rows = range(len(targets))
+        lse = torch.stack([op(logits[i : i + 1], targets[i : i + 1], alone).lse[0] for i in rows])
+        return not torch.equal(_bits(whole.lse), _bits(lse))
+
+    return differs
+
+
+def _false_cross_tp_claim(
+    case: Case, bounds: tuple[tuple[int, int], ...]
+) -> Callable[[Pair], bool]:
+    """The backend claims cross_tp_bitwise, yet ``case`` and its relayout to ``bounds`` differ."""
+
+    def differs(pair: Pair) -> bool:
+        op, capability = pair
+        if tpl.DeterminismScope.CROSS_TP_BITWISE not in capability.determinism_scopes:
+            return False
+        sharding = dataclasses.replace(
+            case.contract.sharding, tp_world_size=len(bounds), vocab_shard_bounds=bounds
+        )
+        relaid = dataclasses.replace(case.contract, sharding=sharding)
+        other = dataclasses.replace(case, contract=relaid)
+        return not _same_bits(_outputs(op, case), _outputs(op, other))
+
+    return differs
+
+
+def _lone_rank_with_bad_width(pair: Pair) -> bool:
+    """A bad width on one rank whose peer never arrives: a timeout, not LogprobContractError."""
+    contract = _contract(_TP2, rows=1)
+    try:
+        pair[0](
+            torch.zeros((1, 3)), torch.tensor([0]), contract, group=EmulatedGroup(2, timeout=0.2)[0]
+        )
+    except tpl.LogprobContractError:
+        return False
+    except CollectiveError:
+        return True
+    raise AssertionError("a shard of the wrong width was accepted")
+
+
+_PADDED = _contract(((0, 4), (4, 6), (6, _V)), real=5)
+_MASKED = _contract(rows=2, mask=[True, False])
+_TRAIN_TP2 = _contract(_TP2, role="train")
+_WIDE = _random(_WIDE_ROWS, 16)
+_WIDE_TARGETS = [0] * _WIDE_ROWS
+
+DEMOS: dict[str, Callable[[Pair], bool]] = {
+    # name -> does this backend show the bug on a case made for it? (never torch_native)
+    "lse_average": _forward_differs(Case(_contract(_TP2), _RAMP, [1])),
+    "merge_no_rescale": _forward_differs(Case(_contract(_TP2), _RAMP, [1])),
+    "identity_nan": _forward_differs(Case(_contract(), [[-_INF] * _V], [0])),
+    "plus_inf_not_special": _forward_differs(Case(_contract(), [[0.0, _INF, *[1.0] * 6]], [0])),
+    "owner_off_by_one": _forward_differs(Case(_contract(_TP2), _RAMP, [4])),
+    "reverse_merge_cross_tp": _false_cross_tp_claim(
+        Case(
+            _contract(((0, 16),), rows=_WIDE_ROWS, scope="cross_tp_bitwise"), _WIDE, _WIDE_TARGETS
+        ),
+        tpl.even_shard_bounds(16, 4),
+    ),
+    "ring_order_merge": _raises(
+        ReplicationError,
+        Case(_contract(tpl.even_shard_bounds(16, 4), rows=_WIDE_ROWS), _WIDE, _WIDE_TARGETS),
+    ),
+    "rank1_lse_last_bit": _raises(ReplicationError, Case(_contract(_TP2), _RAMP, [1])),
+    "partials_in_logits_dtype": _forward_differs(
+        Case(_contract(_TP2, dtype="bf16"), [[0.1 * v for v in range(_V)]], [1])
+    ),
+    "padding_not_masked": _forward_differs(Case(_PADDED, [[*range(5), 100.0, 100.0, 100.0]], [1])),
+    "padding_in_max_only": _forward_differs(Case(_PADDED, [[*range(5), 1e4, 1e4, 1e4]], [1])),
+    "padding_last_rank_only": _forward_differs(Case(_PADDED, [[*range(5), 3.0, 3.0, 3.0]], [1])),
+    "last_column_dropped": _forward_differs(Case(_contract(), _RAMP, [1])),
+    "target_local_index": _forward_differs(Case(_contract(_TP2), _RAMP, [5])),
+    "half_precision_accumulation": _forward_differs(
+        Case(_contract(dtype="bf16"), [[0.1 * v for v in range(_V)]], [1])
+    ),
+    "no_max_shift": _forward_differs(Case(_contract(), [[100.0] * _V], [0])),
+    "tiling_depends_on_n": _batch_dependent(
+        Case(_contract(((0, 16),), rows=_WIDE_ROWS), _WIDE, _WIDE_TARGETS)
+    ),
+    "inactive_not_zeroed": _forward_differs(Case(_MASKED, _RAMP * 2, [1, 3])),
+    "inactive_lse_zeroed": _forward_differs(Case(_MASKED, _RAMP * 2, [1, -100])),
+    "inactive_target_checked": _raises(
+        tpl.LogprobContractError, Case(_MASKED, _RAMP * 2, [1, -100])
+    ),
+    "check_after_collective": _lone_rank_with_bad_width,
+    "grad_no_one_hot": _gradient_differs(Case(_TRAIN_TP2, _RAMP, [5])),
+    "grad_local_lse": _gradient_differs(Case(_TRAIN_TP2, _RAMP, [1])),
+    "grad_padding_nonzero": _gradient_differs(
+        Case(dataclasses.replace(_PADDED, role=tpl.LogprobRole.TRAIN), [[*range(_V)]], [1])
+    ),
+    "grad_ignores_upstream": _gradient_differs(Case(_TRAIN_TP2, _RAMP, [1]), weight=2.0),
+}
+
+
+def _pair(name: str) -> Pair:
+    mutant = next(m for m in MUTANTS if m.name == name)
+    pair: Pair = getattr(importlib.import_module(f"tests.mutants.{mutant.module}"), name)
+    return pair
+
+
+def test_every_mutant_has_a_demo() -> None:
+    assert set(DEMOS) == {mutant.name for mutant in MUTANTS}
+    assert len(MUTANTS) >= 15
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_mutant_shows_its_bug(name: str) -> None:
+    assert DEMOS[name](_pair(name))
+
+
+@pytest.mark.parametrize("backend", ["torch_native", "control_native"])
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_unmutated_backends_do_not(name: str, backend: str) -> None:
+    """torch_native, and the control built from the mutants' parts, pass every demo."""
+    assert not DEMOS[name](NATIVE if backend == "torch_native" else control_native)
+
+
+@pytest.mark.parametrize("spec", [m.spec for m in MUTANTS] + [dict(CONTROLS)["control_native"]])
+def test_loads_through_the_suite_with_native_capability(spec: str) -> None:
+    (backend,) = resolve_backends([spec], "cpu")
+    claimed = dataclasses.replace(backend.capability, backend_id=TORCH_NATIVE.backend_id)
+    lies = {
+        field.name
+        for field in dataclasses.fields(claimed)
+        if getattr(claimed, field.name) != getattr(TORCH_NATIVE, field.name)
+    }
+    assert lies <= {"determinism_scopes"}, lies
+    assert backend.load_failure() is None
