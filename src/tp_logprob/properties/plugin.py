@@ -1,17 +1,90 @@
-"""pytest plugin (entry point ``pytest11``): options and Hypothesis profiles of the suite."""
+"""pytest plugin (entry point ``pytest11``): runs the property suite against chosen backends.
+
+``pytest --pyargs tp_logprob.properties [--tp-logprob-backend=ID|module:attr ...]``
+
+The plugin chooses the backends once (default: every backend registered on the
+platform), prints them with the platform, profile and seed in the report
+header, parametrizes every property over them, turns a failing property into a
+short report ending with the command that replays it, and prints a per-backend
+summary table at the end of the session (merged across pytest-xdist workers).
+
+Importing it imports neither torch nor triton; nothing is resolved until a
+session asks for the suite.
+"""
 
 from __future__ import annotations
 
 import os
+import random
+import shlex
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from tp_logprob.properties._report import LABEL_WIDTH, PropertyViolation, SuiteStats
 from tp_logprob.properties.profiles import CI_SEED, DEFAULT_PROFILE, register_profiles
+
+PROPERTIES_DIR = Path(__file__).resolve().parent
+BACKEND_FIXTURE = "tp_logprob_backend"
+_STATS_OUTPUT = "tp_logprob_stats"
+_SEED_INPUT = "tp_logprob_seed"
+
+
+@dataclass
+class _Suite:
+    """What one pytest session decided: backends, platform, profile, seed, stats."""
+
+    specs: list[str]
+    platform_option: str | None
+    profile: str
+    seed: int | str
+    stats: SuiteStats
+    _backends: list[Any] | None = None
+    _platform: str | None = None
+
+    @property
+    def platform(self) -> str:
+        if self._platform is None:
+            from tp_logprob.registry import detect_platform
+
+            self._platform = self.platform_option or detect_platform()
+        return self._platform
+
+    def backends(self) -> list[Any]:
+        if self._backends is None:
+            from tp_logprob.properties._backends import BackendSpecError, resolve_backends
+
+            try:
+                self._backends = resolve_backends(self.specs, self.platform)
+            except BackendSpecError as error:
+                raise pytest.UsageError(str(error)) from None
+        return self._backends
+
+
+_SUITE = pytest.StashKey[_Suite]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("tp-logprob")
+    group.addoption(
+        "--tp-logprob-backend",
+        action="append",
+        default=[],
+        metavar="ID|MODULE:ATTR",
+        help="backend to check (repeatable): a registered id, or module:attr naming "
+        "register(registry) or a (factory_or_op, capability) pair "
+        "(default: every backend registered on the platform)",
+    )
+    group.addoption(
+        "--tp-logprob-platform",
+        default=None,
+        choices=("cuda", "rocm", "cpu"),
+        help="platform whose backends to check (default: detected)",
+    )
     group.addoption(
         "--tp-logprob-profile",
         default=os.environ.get("TP_LOGPROB_PROFILE", DEFAULT_PROFILE),
@@ -20,14 +93,196 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    profile = config.getoption("--tp-logprob-profile")
-    if profile == "ci" and getattr(config.option, "hypothesis_seed", "") is None:
-        config.option.hypothesis_seed = str(CI_SEED)  # read by Hypothesis' own plugin
     register_profiles()
-    settings.load_profile(config.getoption("--tp-logprob-profile"))
+    profile = config.getoption("--tp-logprob-profile")
+    settings.load_profile(profile)
+    config.stash[_SUITE] = _Suite(
+        specs=list(config.getoption("--tp-logprob-backend")),
+        platform_option=config.getoption("--tp-logprob-platform"),
+        profile=profile,
+        seed=_session_seed(config, profile),
+        stats=SuiteStats(),
+    )
+    if config.stash[_SUITE].specs:
+        config.stash[_SUITE].backends()  # a bad --tp-logprob-backend is a usage error, once
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"tp-logprob: hypothesis profile {config.getoption('--tp-logprob-profile')}"
+def _session_seed(config: pytest.Config, profile: str) -> int | str:
+    """``--hypothesis-seed`` if given, :data:`CI_SEED` under ci, else a fresh random seed.
+
+    xdist workers take the controller's (see :func:`pytest_configure_node`).
+    """
+    given = config.getoption("hypothesis_seed", None)
+    worker_input = getattr(config, "workerinput", {})
+    if given is not None:
+        return int(given) if str(given).lstrip("-").isdigit() else str(given)
+    if _SEED_INPUT in worker_input:
+        return worker_input[_SEED_INPUT]  # type: ignore[no-any-return]
+    if profile == "ci":
+        return CI_SEED
+    return random.SystemRandom().randrange(2**32)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker draws from the session's seed."""
+    node.workerinput[_SEED_INPUT] = node.config.stash[_SUITE].seed
+
+
+def _suite_requested(config: pytest.Config) -> bool:
+    if config.getoption("--tp-logprob-backend"):
+        return True
+    for arg in config.args:
+        name = arg.split("::", 1)[0]
+        if name.startswith("tp_logprob.properties"):
+            return True
+        path = Path(name).resolve()
+        if (
+            path == PROPERTIES_DIR
+            or PROPERTIES_DIR in path.parents
+            or path in PROPERTIES_DIR.parents
+        ):
+            return True
+    return False
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    suite = config.stash[_SUITE]
+    if not _suite_requested(config):
+        return [f"tp-logprob: hypothesis profile {suite.profile}, seed {suite.seed}"]
+    names = ", ".join(
+        backend.backend_id
+        if backend.spec == backend.backend_id
+        else f"{backend.backend_id} ({backend.spec})"
+        for backend in suite.backends()
+    )
+    return [
+        f"tp-logprob: backends {names or 'none'}; platform {suite.platform}; "
+        f"profile {suite.profile}; seed {suite.seed}"
+    ]
+
+
+def _is_property(item: pytest.Item) -> bool:
+    return PROPERTIES_DIR in Path(str(item.path)).resolve().parents
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if BACKEND_FIXTURE not in metafunc.fixturenames:
+        return
+    backends = metafunc.config.stash[_SUITE].backends()
+    metafunc.parametrize(
+        BACKEND_FIXTURE,
+        backends,
+        ids=[backend.backend_id for backend in backends],
+        indirect=True,
+        scope="session",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Seed the properties (under ci, every Hypothesis test) from the session seed.
+
+    ``hypothesis.seed()`` and ``--hypothesis-seed`` would also switch the example
+    database off; setting the attribute ``seed()`` sets keeps it on, so a failure
+    found once is still replayed first on the next run.
+    """
+    suite = config.stash[_SUITE]
+    for item in items:
+        test = getattr(item, "obj", None)
+        if hasattr(test, "_hypothesis_internal_use_seed") and (
+            suite.profile == "ci" or _is_property(item)
+        ):
+            test._hypothesis_internal_use_seed = suite.seed  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="session")
+def tp_logprob_backend(request: pytest.FixtureRequest) -> Any:
+    """The backend under test (parametrized over ``--tp-logprob-backend``)."""
+    backend = request.param
+    failure = backend.load_failure()
+    if failure is not None:
+        pytest.fail(f"backend {backend.backend_id!r} could not be loaded: {failure}", pytrace=False)
+    return backend
+
+
+def suite_stats(config: pytest.Config) -> SuiteStats:
+    """This session's per-backend counters (for tools such as benchmarks/bench_suite.py)."""
+    return config.stash[_SUITE].stats
+
+
+@pytest.fixture(scope="session")
+def tp_logprob_suite(request: pytest.FixtureRequest) -> _Suite:
+    """The session's choices: every backend under test, the platform, and the stats."""
+    return request.config.stash[_SUITE]
+
+
+def replay_command(item: pytest.Item, suite: _Suite, spec: str | None) -> str:
+    """The pytest command that reruns ``item`` the way it just ran."""
+    parts = ["pytest", f"{item.path}::{item.name}"]
+    if spec is not None:
+        parts.append(f"--tp-logprob-backend={spec}")
+    parts += [
+        f"--tp-logprob-platform={suite.platform}",
+        f"--tp-logprob-profile={suite.profile}",
+        f"--hypothesis-seed={suite.seed}",
+    ]
+    return shlex.join(parts)
+
+
+def _violations(error: BaseException | None) -> list[PropertyViolation]:
+    if isinstance(error, PropertyViolation):
+        return [error]
+    inner_errors = getattr(error, "exceptions", None)  # an exception group (3.11+ or backport)
+    if isinstance(inner_errors, (list, tuple)):
+        return [found for inner in inner_errors for found in _violations(inner)]
+    return []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    params = getattr(item, "callspec", None)
+    backend = params.params.get(BACKEND_FIXTURE) if params is not None else None
+    if backend is None or report.when != "call":
+        return report
+    suite = item.config.stash[_SUITE]
+    if not report.skipped:
+        suite.stats.outcome(backend.backend_id, report.passed)
+    if report.passed or report.skipped:
+        return report
+    replay = f"  {'replay'.ljust(LABEL_WIDTH)}  {replay_command(item, suite, backend.spec)}"
+    violations = _violations(call.excinfo.value if call.excinfo else None)
+    if violations:
+        reports = [f"{found.prop}\n{found.report}" for found in violations]
+        report.longrepr = "\n\n".join(reports) + "\n" + replay
+    else:
+        report.sections.append(("tp-logprob replay", replay))
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_STATS_OUTPUT] = session.config.stash[_SUITE].stats.to_json()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: fold a finished worker's example counts and worst errors in."""
+    text = getattr(node, "workeroutput", {}).get(_STATS_OUTPUT)
+    if text:
+        node.config.stash[_SUITE].stats.merge_json(text)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    stats = config.stash[_SUITE].stats
+    if not stats.backends:
+        return
+    terminalreporter.section("tp-logprob property suite")
+    for line in stats.table():
+        terminalreporter.write_line(line)

@@ -3,7 +3,8 @@
 Hypothesis refuses ``derandomize=True`` together with a database, and its own ``ci``
 profile drops the database. Ours keeps the database (so a failure found once is
 replayed first next time) and derandomizes by pinning the seed instead: the plugin
-passes :data:`CI_SEED` as ``--hypothesis-seed`` unless one is given.
+seeds every test with :data:`CI_SEED` unless ``--hypothesis-seed`` is given (it sets
+the seed the way ``hypothesis.seed()`` does, minus switching the database off).
 """
 
 from __future__ import annotations
@@ -52,3 +53,12 @@ def register_profiles() -> None:
         phases=list(Phase),
         suppress_health_check=_SLOW_OK,
     )
+
+
+def scaled(fraction: float) -> settings:
+    """The active profile with ``fraction`` of its examples (at least 1).
+
+    For properties that run several backends or layouts per example; apply it as a
+    decorator, which reads the profile the plugin loaded before collection.
+    """
+    return settings(max_examples=max(1, round(settings().max_examples * fraction)))

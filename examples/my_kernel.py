@@ -1,0 +1,122 @@
+"""A third-party vocab-parallel logprob backend, verified by tp-logprob's property suite.
+
+This is what a kernel author outside this project writes: an op with the
+standard signature, a capability that says which contracts it serves, and a
+``register(registry)`` function the suite calls. Verify it with::
+
+    pytest --pyargs tp_logprob.properties --tp-logprob-backend=examples/my_kernel.py:register
+
+The algorithm is the plain one from DESIGN section 2, in torch: each rank
+reduces its live columns to ``(max, sum exp(x - max), target logit)``, the
+partials are all-gathered and merged in rank order. Role ``train`` goes through
+an autograd Function whose backward is ``[v == target] - exp(x - LSE)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import tp_logprob as tpl
+from tp_logprob.kernels.checks import check_op_inputs
+
+CAPABILITY = tpl.LogprobBackendCapability(
+    backend_id="my_kernel",
+    roles=frozenset({tpl.LogprobRole.TRAIN, tpl.LogprobRole.INFER}),
+    dtypes=frozenset({tpl.LogprobDType.FP32, tpl.LogprobDType.BF16, tpl.LogprobDType.FP16}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=True,
+    mask_modes=frozenset({tpl.MaskMode.ALL_ACTIVE, tpl.MaskMode.PER_TOKEN}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({tpl.DeterminismScope.FIXED_TOPOLOGY}),
+)
+
+
+def my_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: tpl.LogprobContract,
+    group: Any = None,
+) -> tpl.LogprobResult:
+    """One rank's ``(selected_logp, lse)``; every rank of ``group`` returns the same bits."""
+    active = check_op_inputs(local_logits, targets, contract, group)  # LogprobContractError
+    if contract.role is tpl.LogprobRole.TRAIN:
+        selected, lse = _Logprob.apply(local_logits, targets, active, contract, group)
+    else:
+        with torch.no_grad():
+            selected, lse = _forward(local_logits, targets, active, contract, group)
+    return tpl.LogprobResult(selected, lse if contract.export_lse else None)
+
+
+def _live(local_logits: torch.Tensor, contract: tpl.LogprobContract) -> tuple[torch.Tensor, int]:
+    """This rank's real (non-padding) columns in fp32, and the global id of the first."""
+    start, live_end = contract.sharding.live_bounds()
+    return local_logits[:, : live_end - start].float(), start
+
+
+def _forward(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    contract: tpl.LogprobContract,
+    group: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    live, start = _live(local_logits, contract)
+    rows = live.shape[0]
+    if live.shape[1] == 0:  # a shard of padding only: the identity partial (-inf, 0)
+        row_max = torch.full((rows,), float("-inf"), device=live.device)
+        sum_exp = torch.zeros(rows, device=live.device)
+    else:
+        row_max = live.amax(dim=1)
+        shift = torch.where(row_max == float("-inf"), 0.0, row_max)  # never -inf - -inf
+        sum_exp = torch.exp(live - shift[:, None]).sum(dim=1)
+    owned = (targets >= start) & (targets < start + live.shape[1])
+    local_target = (targets - start).clamp(0, max(live.shape[1] - 1, 0)).long()
+    picked = live.gather(1, local_target[:, None])[:, 0] if live.shape[1] else sum_exp
+    target_logit = torch.where(owned, picked, 0.0)
+    partial = torch.stack((row_max, sum_exp, target_logit), dim=1)
+    partials = [partial] if group is None else group.all_gather(partial)
+    maxima = torch.stack([p[:, 0] for p in partials])
+    merged_max = maxima.amax(dim=0)
+    total = torch.zeros(rows, device=live.device)
+    for p in partials:  # rank order, so every rank adds in the same order
+        alive = p[:, 0] != float("-inf")
+        total = total + torch.where(alive, p[:, 1] * torch.exp(p[:, 0] - merged_max), 0.0)
+    lse = torch.where(merged_max == float("inf"), merged_max, merged_max + torch.log(total))
+    ends = torch.tensor(
+        [end for _, end in contract.sharding.vocab_shard_bounds], device=live.device
+    )
+    owner = torch.bucketize(targets, ends, right=True).clamp(0, len(partials) - 1)
+    target = torch.stack([p[:, 2] for p in partials]).gather(0, owner[None, :].long())[0]
+    selected = torch.where(lse == float("inf"), float("nan"), target - lse)
+    return torch.where(active, selected, 0.0), lse
+
+
+class _Logprob(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, local_logits: Any, targets: Any, active: Any, contract: Any, group: Any
+    ) -> Any:
+        selected, lse = _forward(local_logits, targets, active, contract, group)
+        ctx.save_for_backward(local_logits, targets, active, lse)
+        ctx.contract = contract
+        ctx.mark_non_differentiable(lse)
+        return selected, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_selected: Any, _grad_lse: Any) -> Any:
+        local_logits, targets, active, lse = ctx.saved_tensors
+        live, start = _live(local_logits, ctx.contract)
+        grad = torch.zeros(local_logits.shape, device=local_logits.device)
+        columns = torch.arange(live.shape[1], device=live.device) + start
+        one_hot = (columns[None, :] == targets[:, None]).float()
+        live_grad = grad_selected[:, None] * (one_hot - torch.exp(live - lse[:, None]))
+        grad[:, : live.shape[1]] = torch.where(active[:, None], live_grad, 0.0)
+        return grad.to(local_logits.dtype), None, None, None, None
+
+
+def register(registry: tpl.KernelRegistry) -> None:
+    """Register ``my_kernel`` on every platform (the suite picks the one it runs on)."""
+    for platform in ("cpu", "cuda", "rocm"):
+        registry.register_logprob_backend(platform, lambda: my_logprob, CAPABILITY)

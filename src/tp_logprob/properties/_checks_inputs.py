@@ -1,0 +1,121 @@
+"""Case-level check of bad inputs: each raises LogprobContractError before any output exists.
+
+Every rank gets the bad input (through ``run_tp``), except for a wrong shard
+width, which is handed to a single rank whose peers never arrive: an op that
+reached a collective before checking its inputs times out instead of raising
+``LogprobContractError``.
+
+``params["kind"]`` names the bad input; the other params say exactly which one
+(the rank and width, the dtype, the targets shape, or the row and its target).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties._params import CheckInputError
+from tp_logprob.properties._report import SuiteStats, violation
+from tp_logprob.strategies import LogprobCase
+
+BAD_INPUT_KINDS = (
+    "active target outside the real vocabulary",
+    "wrong shard width",
+    "wrong logits dtype",
+    "wrong targets shape",
+)
+
+BAD_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+_PEER_TIMEOUT_S = 2.0
+
+
+def _need(params: Mapping[str, Any], key: str) -> Any:
+    value = params.get(key)
+    if value is None:
+        raise CheckInputError(f"params.{key}: required for kind {params['kind']!r}")
+    return value
+
+
+def _bad_call(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any]
+) -> tuple[Callable[[], Any], Any]:
+    """The bad call, not yet made, and the logits tensor it passes."""
+    import torch
+
+    from tp_logprob.comm import EmulatedGroup
+    from tp_logprob.emulate import run_tp
+
+    kind = params["kind"]
+    contract = case.contract
+    op = backend.op_for(contract)
+    logits, targets = case.torch_logits(backend.device), case.torch_targets(backend.device)
+    if kind == "wrong shard width":
+        sharding = contract.sharding
+        rank, width = _need(params, "rank"), _need(params, "width")
+        if not (0 <= rank < sharding.tp_world_size and 0 <= width <= sharding.padded_vocab_size):
+            raise CheckInputError(f"params: rank {rank} / width {width} do not fit the case")
+        local = torch.zeros((contract.num_tokens, width), dtype=logits.dtype, device=logits.device)
+        group = None
+        if sharding.tp_world_size > 1:
+            group = EmulatedGroup(sharding.tp_world_size, timeout=_PEER_TIMEOUT_S)[rank]
+        local_contract = contract.with_rank(rank)
+        return lambda: op(local, targets, local_contract, group=group), local
+    if kind == "wrong logits dtype":
+        name = _need(params, "dtype")
+        if name not in BAD_DTYPES:
+            raise CheckInputError(f"params.dtype={name!r}: expected one of {BAD_DTYPES}")
+        logits = logits.to(getattr(torch, name))
+    elif kind == "wrong targets shape":
+        shape = tuple(_need(params, "targets_shape"))
+        if any(size < 0 or size > 4096 for size in shape):
+            raise CheckInputError(f"params.targets_shape={list(shape)}: sizes out of range")
+        targets = torch.zeros(shape, dtype=torch.int64, device=logits.device)
+    elif kind == BAD_INPUT_KINDS[0]:
+        row, target = _need(params, "row"), _need(params, "target")
+        if not (0 <= row < contract.num_tokens and -(2**63) <= target < 2**63):
+            raise CheckInputError(f"params: row {row} / target {target} do not fit the case")
+        bad = np.array(case.targets)
+        bad[row] = target
+        targets = torch.from_numpy(bad).to(logits.device)
+    else:
+        raise CheckInputError(f"params.kind={kind!r}: expected one of {BAD_INPUT_KINDS}")
+    return lambda: run_tp(op, logits, targets, contract, timeout=_PEER_TIMEOUT_S), logits
+
+
+def check_bad_inputs(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
+    import torch
+
+    kind = params["kind"]
+    call, logits = _bad_call(backend, case, params)
+    original = logits.clone()
+    try:
+        result = call()
+    except LogprobContractError:
+        if not torch.equal(logits, original):  # no NaN: cases here hold no special values
+            raise violation(
+                f"bad inputs: {kind} raised, but only after writing into the logits",
+                case,
+                backend.backend_id,
+                [("observed", "the logits tensor changed during the rejected call")],
+            ) from None
+        return
+    except Exception as error:
+        raise violation(
+            f"bad inputs: {kind} raised {type(error).__name__}, not LogprobContractError",
+            case,
+            backend.backend_id,
+            [("error", f"{type(error).__name__}: {error}".splitlines()[0])],
+        ) from None
+    raise violation(
+        f"bad inputs: {kind} was accepted",
+        case,
+        backend.backend_id,
+        [("observed", f"returned {type(result).__name__} instead of raising LogprobContractError")],
+    )

@@ -1,0 +1,92 @@
+"""Capability truthfulness: every kind of contract a backend claims, run at least once.
+
+The Hypothesis properties draw their contracts from the capability, so a false
+claim fails them sooner or later; this sweep makes it sooner: one small case for
+every combination of claimed role, dtype, determinism scope, mask mode, padding
+and ``export_lse``, cycling through the claimed TP degrees.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    MaskMode,
+    MaskSpec,
+    ReductionSpec,
+    ShardingSpec,
+)
+from tp_logprob.properties.checks import run_check
+from tp_logprob.strategies import LogprobCase, round_to_dtype
+
+_PADDED, _PADDED_REAL, _ROWS = 24, 21, 5
+_PER_TOKEN_MASK = np.array([True, False, True, True, False])
+
+
+def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContract]:
+    """One rank-0 contract for every combination of contract kinds ``capability`` claims."""
+    scopes = [
+        scope
+        for scope in DeterminismScope
+        if any(offered.satisfies(scope) for offered in capability.determinism_scopes)
+    ]
+    worlds = sorted(w for w in (capability.tp_world_sizes or range(1, 9)) if w <= 8)
+    combos = itertools.product(
+        sorted(capability.roles, key=lambda m: m.value),
+        sorted(capability.dtypes, key=lambda m: m.value),
+        scopes,
+        sorted(capability.mask_modes, key=lambda m: m.value),
+        [False, True] if capability.supports_vocab_padding else [False],
+        [False, True] if capability.exports_vocab_lse else [False],
+    )
+    found = []
+    for index, (role, dtype, scope, mode, padding, export) in enumerate(combos):
+        world = worlds[index % len(worlds)]
+        # Balanced, generally uneven widths; with padding and TP=8 the last shard is all padding.
+        edges = [round(rank * _PADDED / world) for rank in range(world + 1)]
+        mask = None if mode is MaskMode.ALL_ACTIVE else _PER_TOKEN_MASK
+        found.append(
+            LogprobContract(
+                role=role,
+                dtype=dtype,
+                mask=MaskSpec(_ROWS, mask),
+                sharding=ShardingSpec(
+                    0,
+                    world,
+                    tuple(itertools.pairwise(edges)),
+                    _PADDED_REAL if padding else _PADDED,
+                    _PADDED,
+                ),
+                reduction=ReductionSpec(scope),
+                export_lse=export,
+            )
+        )
+    return found
+
+
+def _case(contract: LogprobContract, seed: int) -> LogprobCase:
+    rng = np.random.default_rng(seed)
+    real = contract.sharding.real_vocab_size
+    values = 3.0 * rng.standard_normal((_ROWS, _PADDED))
+    values[:, real:] = 1e4  # padding that would win the max if it were read
+    targets = np.where(
+        contract.mask.dense(), rng.integers(0, real, _ROWS), contract.mask.ignore_index
+    )
+    return LogprobCase(contract, round_to_dtype(values, contract.dtype), targets)
+
+
+def test_serves_every_claimed_contract_kind(tp_logprob_backend: Any, tp_logprob_suite: Any) -> None:
+    """Each claimed combination runs, agrees with the exact oracle, and (train) backprops."""
+    backend = tp_logprob_backend
+    contracts = claimed_contracts(backend.capability)
+    assert contracts, f"{backend.backend_id} claims no contract at all"
+    for seed, contract in enumerate(contracts):
+        case = _case(contract, seed)
+        tp_logprob_suite.stats.example(backend.backend_id)
+        run_check("claimed_contract", backend, case)

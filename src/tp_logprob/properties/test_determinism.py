@@ -1,0 +1,77 @@
+"""Determinism claims, checked bitwise: replication, run to run, batch, and across TP degrees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tp_logprob.contract import ShardingSpec
+from tp_logprob.properties._harness import draw_case
+from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.profiles import scaled
+from tp_logprob.strategies import shard_bounds
+
+
+@given(data=st.data())
+def test_outputs_replicated_across_ranks(
+    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+) -> None:
+    """Every rank returns the same bits, NaN payloads and signed zeros included."""
+    backend = tp_logprob_backend
+    case = draw_case(data, backend, tp_logprob_suite, special_values=True)
+    run_check("replicated", backend, case)
+
+
+@given(data=st.data())
+def test_run_to_run_bitwise(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """Running the same case twice gives the same bits."""
+    backend = tp_logprob_backend
+    case = draw_case(data, backend, tp_logprob_suite)
+    run_check("run_to_run", backend, case)
+
+
+@given(data=st.data())
+def test_batch_invariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """A row's bits do not depend on the other rows, their order, or N."""
+    backend = tp_logprob_backend
+    case = draw_case(data, backend, tp_logprob_suite)
+    rows = data.draw(
+        st.lists(
+            st.sampled_from(range(case.contract.num_tokens)),
+            min_size=1,
+            max_size=2 * case.contract.num_tokens,
+        ),
+        label="rows of the second batch, in order",
+    )
+    run_check("batch_invariance", backend, case, {"rows": np.array(rows, dtype=np.int64)})
+
+
+@st.composite
+def _relayout(draw: Any, sharding: ShardingSpec, tp_world_sizes: Any) -> dict[str, Any]:
+    worlds = [w for w in range(1, 9) if w <= sharding.padded_vocab_size]
+    if tp_world_sizes is not None:
+        worlds = [w for w in worlds if w in tp_world_sizes]
+    world = draw(st.sampled_from(worlds))
+    bounds = draw(
+        shard_bounds(sharding.padded_vocab_size, world, real_vocab_size=sharding.real_vocab_size)
+    )
+    return {
+        "tp_rank": draw(st.integers(0, world - 1)),
+        "vocab_shard_bounds": [list(pair) for pair in bounds],
+    }
+
+
+@scaled(0.6)
+@given(data=st.data())
+def test_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """Another TP degree and shard layout: bitwise for cross_tp_bitwise, else within tolerance."""
+    backend = tp_logprob_backend
+    case = draw_case(data, backend, tp_logprob_suite)
+    layout = data.draw(
+        _relayout(case.contract.sharding, backend.capability.tp_world_sizes),
+        label="second layout",
+    )
+    run_check("tp_consistency", backend, case, layout)

@@ -1,0 +1,94 @@
+"""Pinned cases: the ``@example`` of the data-driven properties, run on every backend.
+
+The properties draw through ``st.data()``, which ``@example`` cannot feed, so
+cases worth keeping forever (edge cases found by the suite, or that broke it)
+live here as literal cases, checked against the exact oracle and, for role
+``train``, the exact gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobRole,
+    MaskSpec,
+    ReductionSpec,
+    ShardingSpec,
+)
+from tp_logprob.properties.checks import run_check
+from tp_logprob.strategies import DTYPE_MAX, LogprobCase
+
+_INF = float("inf")
+_F32_MAX = DTYPE_MAX[LogprobDType.FP32]
+
+
+def _case(
+    rows: list[list[float]],
+    targets: list[int],
+    bounds: tuple[tuple[int, int], ...],
+    *,
+    real: int | None = None,
+    active: list[bool] | None = None,
+    dtype: str = "fp32",
+    role: str = "infer",
+    scope: str = "fixed_topology",
+) -> LogprobCase:
+    padded = bounds[-1][1]
+    contract = LogprobContract(
+        role=LogprobRole(role),
+        dtype=LogprobDType(dtype),
+        mask=MaskSpec(len(rows), None if active is None else np.array(active)),
+        sharding=ShardingSpec(0, len(bounds), bounds, padded if real is None else real, padded),
+        reduction=ReductionSpec(DeterminismScope(scope)),
+    )
+    return LogprobCase(contract, np.array(rows, dtype=np.float32), np.array(targets))
+
+
+PINNED = {
+    # The gradient bound once came out NaN here: 0 * expm1(huge LSE error).
+    "gradient where the LSE error bound is huge": _case(
+        [[1.357279e-29, 5.431321e25, 3.571237e32]], [0], ((0, 3),), role="train"
+    ),
+    # x_t - lse = -2 * fp32 max: finite exactly, -inf once rounded to fp32.
+    "selected_logp overflows fp32 to -inf": _case(
+        [[_F32_MAX, -_F32_MAX, 0.0]], [1], ((0, 1), (1, 3)), role="train"
+    ),
+    # Every live column -inf: lse -inf, selected NaN, no exp(-inf - -inf).
+    "all live columns -inf on every rank": _case(
+        [[-_INF, -_INF, 5.0], [0.0, -_INF, 1.0]], [0, 1], ((0, 1), (1, 2), (2, 3)), real=2
+    ),
+    # The row maximum sits in a shard made only of padding.
+    "maximum in an all-padding shard": _case(
+        [[0.5, -1.0, 2.0, 1e4, 3e38]], [2], ((0, 1), (1, 3), (3, 5)), real=3
+    ),
+    # Eight width-1 shards, the target in the last live one; an inactive garbage target.
+    "eight width-1 shards": _case(
+        [list(np.linspace(-3.0, 4.0, 8)), [1.0] * 8],
+        [7, 2**40],
+        tuple((c, c + 1) for c in range(8)),
+        active=[True, False],
+        role="train",
+    ),
+    # bf16 ties at the maximum across a shard boundary.
+    "bf16 tie at the maximum across shards": _case(
+        [[3.0, 7.0, 7.0, -2.0]], [2], ((0, 2), (2, 4)), dtype="bf16", role="train"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+def test_pinned_case(tp_logprob_backend: Any, tp_logprob_suite: Any, name: str) -> None:
+    """The exact oracle's values (and gradient, for train) on a case worth keeping."""
+    backend = tp_logprob_backend
+    case = PINNED[name]
+    if not backend.capability.supports(case.contract):
+        pytest.skip(f"{backend.backend_id} does not claim this contract")
+    tp_logprob_suite.stats.example(backend.backend_id)
+    run_check("pinned", backend, case, {"name": name}, stats=tp_logprob_suite.stats)

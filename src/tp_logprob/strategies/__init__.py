@@ -1,0 +1,61 @@
+"""Hypothesis strategies for vocab-parallel logprob contracts and inputs.
+
+Use them to test any kernel, not only tp-logprob's::
+
+    from hypothesis import given
+    from tp_logprob.strategies import cases
+
+    @given(cases(dtypes={"bf16"}, tp_world_sizes={1, 2, 4}))
+    def test_my_kernel(case):
+        ...  # case.contract, case.logits (float32 [N, padded]), case.targets (int64 [N])
+
+Everything shrinks toward TP=1, the even layout, no padding, every token active.
+Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from tp_logprob.strategies.cases import LogprobCase, cases
+from tp_logprob.strategies.contracts import (
+    LAYOUT_KINDS,
+    MASK_KINDS,
+    active_masks,
+    contracts,
+    ignore_indices,
+    shard_bounds,
+)
+from tp_logprob.strategies.logits import (
+    DTYPE_MAX,
+    DTYPE_SMALLEST_SUBNORMAL,
+    LOGIT_KINDS,
+    SPECIAL_KINDS,
+    logits,
+    round_to_dtype,
+)
+from tp_logprob.strategies.targets import (
+    ACTIVE_TARGET_KINDS,
+    INACTIVE_TARGET_KINDS,
+    shard_edge_columns,
+    targets,
+)
+
+__all__ = [
+    "ACTIVE_TARGET_KINDS",
+    "DTYPE_MAX",
+    "DTYPE_SMALLEST_SUBNORMAL",
+    "INACTIVE_TARGET_KINDS",
+    "LAYOUT_KINDS",
+    "LOGIT_KINDS",
+    "MASK_KINDS",
+    "SPECIAL_KINDS",
+    "LogprobCase",
+    "active_masks",
+    "cases",
+    "contracts",
+    "ignore_indices",
+    "logits",
+    "round_to_dtype",
+    "shard_bounds",
+    "shard_edge_columns",
+    "targets",
+]
