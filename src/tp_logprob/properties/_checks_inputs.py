@@ -33,6 +33,26 @@ BAD_DTYPES = ("float32", "bfloat16", "float16", "float64")
 _PEER_TIMEOUT_S = 2.0
 
 
+class CollectiveBeforeCheckError(RuntimeError):
+    """A backend reached its collective before rejecting a bad input."""
+
+
+class _LoneRank:
+    """One rank's group whose peers are absent: a collective fails at once, not on timeout.
+
+    A backend must reject a bad shard width before any collective, so reaching
+    ``all_gather`` is itself the bug, and waiting for the peers would only cost time.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def all_gather(self, tensor: Any) -> list[Any]:
+        raise CollectiveBeforeCheckError(
+            f"rank {self.rank} reached all_gather before rejecting its bad input"
+        )
+
+
 def _need(params: Mapping[str, Any], key: str) -> Any:
     value = params.get(key)
     if value is None:
@@ -46,7 +66,6 @@ def _bad_call(
     """The bad call, not yet made, and the logits tensor it passes."""
     import torch
 
-    from tp_logprob.comm import EmulatedGroup
     from tp_logprob.emulate import run_tp
 
     kind = params["kind"]
@@ -59,9 +78,7 @@ def _bad_call(
         if not (0 <= rank < sharding.tp_world_size and 0 <= width <= sharding.padded_vocab_size):
             raise CheckInputError(f"params: rank {rank} / width {width} do not fit the case")
         local = torch.zeros((contract.num_tokens, width), dtype=logits.dtype, device=logits.device)
-        group = None
-        if sharding.tp_world_size > 1:
-            group = EmulatedGroup(sharding.tp_world_size, timeout=_PEER_TIMEOUT_S)[rank]
+        group = None if sharding.tp_world_size == 1 else _LoneRank(rank, sharding.tp_world_size)
         local_contract = contract.with_rank(rank)
         return lambda: op(local, targets, local_contract, group=group), local
     if kind == "wrong logits dtype":

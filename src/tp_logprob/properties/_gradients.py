@@ -20,10 +20,20 @@ from tp_logprob.properties._harness import allowed_error, exact_outputs, execute
 from tp_logprob.properties._report import SuiteStats, format_value, violation
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, LogprobCase
 
-__all__ = ["check_gradient", "gradient_bound"]
+__all__ = ["check_gradient", "gradient_bound", "upstream_weights"]
 
 Floats = npt.NDArray[np.float64]
 _U32 = 2.0**-24
+_UPSTREAM = np.array([1.0, -2.0, 0.5, 0.0, -0.25, 4.0])
+
+
+def upstream_weights(rows: int) -> Floats:
+    """Per-row upstream gradients: signed powers of two and 0, so scaling is exact.
+
+    A backward that ignores the incoming gradient passes a check that always
+    backprops ``sum(selected_logp)``; these weights catch it.
+    """
+    return _UPSTREAM[np.arange(rows) % _UPSTREAM.size]
 
 
 def gradient_bound(case: LogprobCase, exact: Floats) -> Floats:
@@ -52,12 +62,18 @@ def gradient_bound(case: LogprobCase, exact: Floats) -> Floats:
 def check_gradient(
     prop: str, case: LogprobCase, backend: Any, stats: SuiteStats | None = None
 ) -> None:
-    """Backprop every rank's (replicated) loss, as TP training does; compare with exact."""
+    """Backprop every rank's (replicated) weighted loss, as TP training does; compare.
+
+    The loss is ``sum(w * selected_logp)`` with :func:`upstream_weights`, so the
+    expected gradient is ``w[:, None] * exact``.
+    """
     import torch
 
     logits = case.torch_logits(backend.device).requires_grad_(True)
     outputs = execute(backend, case, logits=logits)
-    total = sum(result.selected_logp.sum() for result in outputs.results)
+    weights = upstream_weights(case.contract.num_tokens)
+    upstream = torch.from_numpy(weights).to(device=logits.device, dtype=torch.float32)
+    total = sum((upstream * result.selected_logp).sum() for result in outputs.results)
     if isinstance(total, torch.Tensor) and total.requires_grad:
         torch.autograd.backward(total)
     grad = logits.grad
@@ -81,7 +97,12 @@ def check_gradient(
         active_mask=case.active,
         real_vocab_size=contract.sharding.real_vocab_size,
     )
-    bound = gradient_bound(case, exact)
+    unit_bound = gradient_bound(case, exact)
+    exact = weights[:, None] * exact
+    # Power-of-two weights scale the error exactly, except on the subnormal grid.
+    slack = np.where(unit_bound > 0, DTYPE_SMALLEST_SUBNORMAL[contract.dtype], 0.0)
+    scale = np.abs(weights)[:, None]
+    bound = scale * np.where(scale == 0.0, 0.0, unit_bound) + slack  # 0 * inf is NaN
     error = np.abs(observed - exact)
     ulps = np.asarray(ulp_distance(exact, observed, contract.dtype.value), dtype=np.float64)
     bad = ~(error <= bound)

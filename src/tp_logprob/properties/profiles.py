@@ -21,6 +21,9 @@ DEFAULT_PROFILE = "dev"
 CI_SEED = 20261130
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+# The explain phase reruns variants of a shrunk failure to annotate it; on a failing
+# backend it can cost minutes, so the fast profiles skip it (thorough keeps it).
+_FAST_PHASES = [phase for phase in Phase if phase is not Phase.explain]
 
 
 def _database_dir() -> Path:
@@ -35,6 +38,7 @@ def register_profiles() -> None:
         max_examples=25,
         deadline=None,
         database=database,
+        phases=_FAST_PHASES,
         suppress_health_check=_SLOW_OK,
     )
     settings.register_profile(
@@ -42,6 +46,8 @@ def register_profiles() -> None:
         max_examples=25,
         deadline=None,
         database=database,
+        phases=_FAST_PHASES,
+        report_multiple_bugs=False,
         print_blob=True,
         suppress_health_check=_SLOW_OK,
     )

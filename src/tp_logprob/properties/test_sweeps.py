@@ -1,0 +1,144 @@
+"""Fixed sweeps that complement the drawn properties where random draws rarely bite.
+
+Small drawn cases seldom put two summation orders on opposite sides of a rounding:
+a reverse-order merge or an N-dependent tiling then survives most seeds. These
+sweeps use wide random rows (64 x 64, where reordering a sum changes its bits in
+a large share of rows) and compare every layout and batch shape bitwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobRole,
+    MaskMode,
+    MaskSpec,
+    ReductionSpec,
+    ShardingSpec,
+    even_shard_bounds,
+)
+from tp_logprob.properties._harness import check_bitwise, check_close, exact_outputs, execute
+from tp_logprob.strategies import LogprobCase, round_to_dtype
+
+ROWS = 64
+PADDED = 64
+REAL = 61
+LAYOUTS = {
+    "tp1": ((0, 64),),
+    "tp2-even": even_shard_bounds(64, 2),
+    "tp3-uneven": ((0, 21), (21, 22), (22, 64)),
+    "tp4-width1": ((0, 1), (1, 30), (30, 61), (61, 64)),
+    "tp8-even": even_shard_bounds(64, 8),
+    "tp8-mixed": ((0, 1), (1, 2), (2, 9), (9, 30), (30, 31), (31, 50), (50, 61), (61, 64)),
+}
+
+
+def _contract(
+    capability: LogprobBackendCapability,
+    bounds: tuple[tuple[int, int], ...],
+    scope: DeterminismScope,
+    num_tokens: int = ROWS,
+) -> LogprobContract:
+    """A contract of ``bounds`` that ``capability`` claims, or skip the test."""
+    role = LogprobRole.INFER if LogprobRole.INFER in capability.roles else LogprobRole.TRAIN
+    dtype = LogprobDType.FP32 if LogprobDType.FP32 in capability.dtypes else min(capability.dtypes)
+    mask = None if MaskMode.ALL_ACTIVE in capability.mask_modes else np.ones(num_tokens, bool)
+    real = REAL if capability.supports_vocab_padding else PADDED
+    contract = LogprobContract(
+        role=role,
+        dtype=dtype,
+        mask=MaskSpec(num_tokens, mask),
+        sharding=ShardingSpec(0, len(bounds), bounds, real, PADDED),
+        reduction=ReductionSpec(scope),
+        export_lse=capability.exports_vocab_lse,
+    )
+    reasons = capability.incompatibilities(contract)
+    if reasons:
+        pytest.skip(f"{capability.backend_id} does not claim this sweep's contract: {reasons[0]}")
+    return contract
+
+
+def _case(contract: LogprobContract, seed: int = 0) -> LogprobCase:
+    rng = np.random.default_rng(seed)
+    logits = round_to_dtype(rng.normal(0.0, 3.0, (contract.num_tokens, PADDED)), contract.dtype)
+    targets = rng.integers(0, contract.sharding.real_vocab_size, contract.num_tokens)
+    return LogprobCase(contract, logits.astype(np.float32), targets)
+
+
+def test_cross_tp_bitwise_sweep(tp_logprob_backend: Any) -> None:
+    """A cross_tp_bitwise claim: the same bits at TP 1, 2, 3, 4, 8, even and uneven."""
+    backend = tp_logprob_backend
+    scope = DeterminismScope.CROSS_TP_BITWISE
+    if not any(s.satisfies(scope) for s in backend.capability.determinism_scopes):
+        pytest.skip(f"{backend.backend_id} does not claim cross_tp_bitwise")
+    first = _case(_contract(backend.capability, LAYOUTS["tp1"], scope))
+    baseline = execute(backend, first)
+    for name, bounds in LAYOUTS.items():
+        case = first.replace(contract=_contract(backend.capability, bounds, scope))
+        check_bitwise(
+            f"cross-TP bitwise sweep: {name} differs from tp1",
+            case,
+            backend.backend_id,
+            baseline,
+            execute(backend, case),
+            labels=("tp1", name),
+        )
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp3-uneven"])
+def test_batch_invariance_sweep(tp_logprob_backend: Any, layout: str) -> None:
+    """Each row alone, and in batches of 2, 5 and 64, gives the same bits."""
+    backend = tp_logprob_backend
+    scope = DeterminismScope.FIXED_TOPOLOGY
+    full = _case(_contract(backend.capability, LAYOUTS[layout], scope), seed=1)
+    whole = execute(backend, full)
+    for size in (1, 2, 5):
+        for start in range(0, ROWS, 13):
+            rows = np.arange(start, min(start + size, ROWS))
+            contract = _contract(backend.capability, LAYOUTS[layout], scope, len(rows))
+            part = LogprobCase(contract, full.logits[rows], full.targets[rows])
+            observed = execute(backend, part)
+            expected = type(whole)(
+                whole.selected[rows], None if whole.lse is None else whole.lse[rows], None
+            )
+            check_bitwise(
+                f"batch invariance sweep: rows {rows.tolist()} alone vs in the batch of {ROWS}",
+                part,
+                backend.backend_id,
+                expected,
+                observed,
+                labels=(f"in batch of {ROWS}", f"in batch of {len(rows)}"),
+            )
+
+
+def test_special_rows_with_lse(tp_logprob_backend: Any) -> None:
+    """NaN, +inf and all -inf rows with the LSE exported, against the oracle, at TP 3."""
+    backend = tp_logprob_backend
+    inf, nan = float("inf"), float("nan")
+    contract = _contract(
+        backend.capability, LAYOUTS["tp3-uneven"], DeterminismScope.FIXED_TOPOLOGY, 4
+    )
+    base = _case(contract, seed=2)
+    logits = np.array(base.logits)
+    logits[0, 40] = inf  # +inf in a live column of the last rank
+    logits[1, 3] = nan  # NaN on the first rank
+    logits[2, :] = -inf  # no finite live value
+    logits[3, 21] = inf  # +inf in the width-1 shard
+    case = base.replace(logits=logits)
+    selected, lse = exact_outputs(case)
+    check_close(
+        "special rows sweep: NaN/inf pattern differs from the oracle",
+        case,
+        backend.backend_id,
+        execute(backend, case),
+        selected,
+        lse,
+    )
