@@ -243,8 +243,9 @@ def report(
         "",
         "`wall s` is the time to kill: the whole pytest process (about 3-4 s of start-up",
         "and imports included, and every property that passed before the failing one);",
-        "`test s` is the failing property's own time, shrinking and Hypothesis' explain",
-        f"phase included. {args.jobs} run(s) in parallel on {os.cpu_count()} cores that",
+        "`test s` is the failing property's own time, shrinking included (the ci",
+        f"profile skips Hypothesis' explain phase). {args.jobs} run(s) in parallel on "
+        f"{os.cpu_count()} cores that",
         "other jobs also used, so times are under load and vary by a factor of ~2.",
         "",
         "## Mutants (must be killed)",
