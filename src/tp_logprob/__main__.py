@@ -14,6 +14,7 @@ from typing import Any
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.registry import PLATFORMS, detect_platform
+from tp_logprob.replay.cli import add_commands
 
 __all__ = ["build_parser", "main"]
 
@@ -31,8 +32,14 @@ _COLUMNS = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status.
+
+    Only a real command line (``argv`` None) may re-execute itself, e.g. to switch
+    the Triton interpreter on before triton is imported.
+    """
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.may_exec = argv is None
     status: int = args.handler(args)
     return status
 
@@ -62,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="import every backend now and report those that fail to load (exit status 1)",
     )
     backends.set_defaults(handler=_backends)
+    add_commands(commands)
     return parser
 
 

@@ -75,7 +75,10 @@ def _bad_call(
     if kind == "wrong shard width":
         sharding = contract.sharding
         rank, width = _need(params, "rank"), _need(params, "width")
-        if not (0 <= rank < sharding.tp_world_size and 0 <= width <= sharding.padded_vocab_size):
+        # One column too many is a bad width too, even for a shard of the whole vocabulary.
+        if not (
+            0 <= rank < sharding.tp_world_size and 0 <= width <= sharding.padded_vocab_size + 1
+        ):
             raise CheckInputError(f"params: rank {rank} / width {width} do not fit the case")
         local = torch.zeros((contract.num_tokens, width), dtype=logits.dtype, device=logits.device)
         group = None if sharding.tp_world_size == 1 else _LoneRank(rank, sharding.tp_world_size)

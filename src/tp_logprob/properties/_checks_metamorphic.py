@@ -48,7 +48,7 @@ def check_inactive_rows(
     backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
 ) -> None:
     """Row ``params["flipped"]`` (if any) made inactive, and every inactive row's target
-    replaced by ``params["targets"]``: inactive rows give +0.0, other rows do not move."""
+    replaced by ``params["inactive_targets"]``: inactive rows give +0.0, other rows do not move."""
     contract = case.contract
     active = case.active
     flipped = params.get("flipped")
@@ -56,7 +56,7 @@ def check_inactive_rows(
         if not (0 <= flipped < contract.num_tokens and active[flipped]):
             raise CheckInputError(f"params.flipped={flipped!r}: not an active row of the case")
         active[flipped] = False
-    targets = np.where(active, case.targets, params["targets"])
+    targets = np.where(active, case.targets, params["inactive_targets"])
     mask = MaskSpec(contract.num_tokens, active, ignore_index=contract.mask.ignore_index)
     changed = case.replace(contract=dataclasses.replace(contract, mask=mask), targets=targets)
     before, after = execute(backend, case), execute(backend, changed)

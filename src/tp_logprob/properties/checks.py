@@ -103,7 +103,7 @@ _CHECKS = (
         PropertySpec(
             {"flipped": "int"},
             optional=frozenset({"flipped"}),
-            arrays={"targets": ArraySpec("int64", _rows)},
+            arrays={"inactive_targets": ArraySpec("int64", _rows)},
         ),
     ),
     PropertyCheck(
@@ -148,6 +148,7 @@ class FailureRecord:
     backend: Any
     case: LogprobCase
     params: dict[str, Any]
+    error: BaseException
 
 
 def run_check(
@@ -169,7 +170,7 @@ def run_check(
     try:
         PROPERTY_CHECKS[name](backend, case, drawn, **context)
     except Exception as error:
-        setattr(error, FAILURE_ATTRIBUTE, FailureRecord(name, backend, case, drawn))
+        setattr(error, FAILURE_ATTRIBUTE, FailureRecord(name, backend, case, drawn, error))
         raise
 
 

@@ -32,6 +32,7 @@ PROPERTIES_DIR = Path(__file__).resolve().parent
 BACKEND_FIXTURE = "tp_logprob_backend"
 _STATS_OUTPUT = "tp_logprob_stats"
 _SEED_INPUT = "tp_logprob_seed"
+DEFAULT_ARTIFACTS_DIR = ".tp_logprob/failures"
 
 
 @dataclass
@@ -43,6 +44,7 @@ class _Suite:
     profile: str
     seed: int | str
     stats: SuiteStats
+    artifacts: str = DEFAULT_ARTIFACTS_DIR
     _backends: list[Any] | None = None
     _platform: str | None = None
 
@@ -86,6 +88,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="platform whose backends to check (default: detected)",
     )
     group.addoption(
+        "--tp-logprob-artifacts",
+        default=os.environ.get("TP_LOGPROB_ARTIFACTS", DEFAULT_ARTIFACTS_DIR),
+        metavar="DIR",
+        help="where a failing property writes its replayable artifacts "
+        f"(default: $TP_LOGPROB_ARTIFACTS or {DEFAULT_ARTIFACTS_DIR})",
+    )
+    group.addoption(
         "--tp-logprob-profile",
         default=os.environ.get("TP_LOGPROB_PROFILE", DEFAULT_PROFILE),
         choices=("dev", "ci", "thorough"),
@@ -103,6 +112,7 @@ def pytest_configure(config: pytest.Config) -> None:
         profile=profile,
         seed=_session_seed(config, profile),
         stats=SuiteStats(),
+        artifacts=config.getoption("--tp-logprob-artifacts"),
     )
     if config.stash[_SUITE].specs:
         config.stash[_SUITE].backends()  # a bad --tp-logprob-backend is a usage error, once
@@ -254,6 +264,7 @@ def pytest_runtest_makereport(
     if report.passed or report.skipped:
         return report
     replay = f"  {'replay'.ljust(LABEL_WIDTH)}  {replay_command(item, suite, backend.spec)}"
+    replay += _write_artifacts(item, suite, call.excinfo.value if call.excinfo else None)
     violations = _violations(call.excinfo.value if call.excinfo else None)
     if violations:
         reports = [f"{found.prop}\n{found.report}" for found in violations]
@@ -261,6 +272,36 @@ def pytest_runtest_makereport(
     else:
         report.sections.append(("tp-logprob replay", replay))
     return report
+
+
+def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | None) -> str:
+    """Write the failing examples tagged on ``error``; the report lines that name them.
+
+    Only the exceptions of Hypothesis' final runs reach here, so each artifact is
+    a minimal (shrunk) example, not an intermediate failure.
+    """
+    from tp_logprob.properties.checks import failure_record
+    from tp_logprob.replay.artifacts import write_artifact
+
+    lines = ""
+    for record in failure_record(error):
+        try:
+            path = write_artifact(
+                suite.artifacts,
+                prop=record.prop,
+                backend=record.backend,
+                case=record.case,
+                params=record.params,
+                failure=record.error,
+                seed=suite.seed,
+                test=item.nodeid,
+            )
+        except (OSError, ValueError) as write_error:
+            lines += f"\n  {'artifact'.ljust(LABEL_WIDTH)}  not written: {write_error}"
+            continue
+        command = shlex.join(["python", "-m", "tp_logprob", "replay", str(path)])
+        lines += f"\n  {'artifact'.ljust(LABEL_WIDTH)}  {command}"
+    return lines
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -9,11 +9,9 @@ the seed the way ``hypothesis.seed()`` does, minus switching the database off).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+
+from tp_logprob.replay.databases import example_database
 
 __all__ = ["CI_SEED", "DEFAULT_PROFILE", "register_profiles"]
 
@@ -26,13 +24,14 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 _FAST_PHASES = [phase for phase in Phase if phase is not Phase.explain]
 
 
-def _database_dir() -> Path:
-    return Path(os.environ.get("TP_LOGPROB_HYPOTHESIS_DB", ".tp_logprob/hypothesis"))
-
-
 def register_profiles() -> None:
-    """Register the three profiles; idempotent."""
-    database = DirectoryBasedExampleDatabase(_database_dir())
+    """Register the three profiles; idempotent.
+
+    The database is the local directory one, multiplexed with a shared one when
+    ``TP_LOGPROB_SHARED_DB`` or ``TP_LOGPROB_HYPOTHESIS_REDIS`` is set (see
+    :mod:`tp_logprob.replay.databases`).
+    """
+    database = example_database()
     settings.register_profile(
         "dev",
         max_examples=25,

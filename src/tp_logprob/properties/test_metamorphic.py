@@ -57,7 +57,7 @@ def test_inactive_rows(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
     targets = np.array(case.targets)
     for row in np.flatnonzero(~active).tolist():
         targets[row] = data.draw(_GARBAGE_TARGETS, label=f"garbage target of inactive row {row}")
-    run_check("inactive_rows", backend, case, {"flipped": flipped, "targets": targets})
+    run_check("inactive_rows", backend, case, {"flipped": flipped, "inactive_targets": targets})
 
 
 _PRECISION_BITS = {LogprobDType.FP32: 24, LogprobDType.BF16: 8, LogprobDType.FP16: 11}

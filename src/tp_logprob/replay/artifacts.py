@@ -1,0 +1,386 @@
+"""Failure artifacts: one failing example as ``<name>.npz`` (arrays) + ``<name>.json`` (the rest).
+
+The name is the sha256 of the case's content, the property and the backend id,
+so the same failure found twice (or by two xdist workers at once) is one
+artifact, and a tampered one no longer matches its name. Writes go through a
+temporary file and an atomic :func:`os.replace`; the ``.json`` is written last.
+
+Artifacts are data only. :func:`load_artifact` refuses anything that does not
+fit the schema (sizes, types, ranges, array dtypes and shapes against the
+contract, the mask digest, the content hash) with :class:`ArtifactError`; it
+never unpickles, and it never imports a module named inside an artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform as platform_module
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tp_logprob.contract import LogprobContract, MaskMode
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties._params import PropertySpec
+from tp_logprob.properties.checks import PROPERTY_CHECKS
+from tp_logprob.replay.schema import ArtifactError, check_document
+from tp_logprob.strategies import LogprobCase, round_to_dtype
+
+__all__ = [
+    "ARTIFACT_FORMAT",
+    "SCHEMA_VERSION",
+    "ArtifactError",
+    "FailureArtifact",
+    "artifact_paths",
+    "atomic_write",
+    "content_name",
+    "load_artifact",
+    "write_artifact",
+]
+
+ARTIFACT_FORMAT = "tp-logprob-failure"
+SCHEMA_VERSION = 1
+MAX_JSON_BYTES = 1 << 20
+MAX_NPZ_BYTES = 256 << 20
+_CASE_ARRAYS = ("logits", "targets", "mask")
+_PACKAGES = ("tp-logprob", "torch", "triton", "hypothesis", "numpy", "mpmath")
+
+
+@dataclass(frozen=True)
+class FailureArtifact:
+    """A loaded, validated artifact: the case, the property, what it drew, and provenance."""
+
+    name: str
+    prop: str
+    backend_id: str
+    backend_spec: str
+    capability: dict[str, Any]
+    case: LogprobCase
+    params: dict[str, Any]
+    document: dict[str, Any]
+    json_path: Path
+
+    @property
+    def npz_path(self) -> Path:
+        return self.json_path.with_suffix(".npz")
+
+
+def _split_params(
+    params: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
+    scalars: dict[str, Any] = {}
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for key, value in params.items():
+        if isinstance(value, np.ndarray):
+            arrays[key] = np.ascontiguousarray(value)
+        elif isinstance(value, np.generic):
+            scalars[key] = value.item()
+        elif isinstance(value, tuple):
+            scalars[key] = [list(v) if isinstance(v, tuple) else v for v in value]
+        else:
+            scalars[key] = value
+    return scalars, arrays
+
+
+def _case_arrays(case: LogprobCase) -> dict[str, np.ndarray[Any, Any]]:
+    return {
+        "logits": np.ascontiguousarray(case.logits, dtype=np.float32),
+        "targets": np.ascontiguousarray(case.targets, dtype=np.int64),
+        "mask": np.ascontiguousarray(case.active, dtype=np.bool_),
+    }
+
+
+def content_name(
+    prop: str,
+    backend_id: str,
+    contract: LogprobContract,
+    scalars: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray[Any, Any]],
+) -> str:
+    """sha256 of the canonical content: property, backend id, contract, params and array bytes."""
+    header = {
+        "format": ARTIFACT_FORMAT,
+        "property": prop,
+        "backend_id": backend_id,
+        "contract": contract.to_dict(),
+        "params": {key: scalars[key] for key in sorted(scalars) if scalars[key] is not None},
+    }
+    hasher = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
+    for key in sorted(arrays):
+        array = np.ascontiguousarray(arrays[key])
+        hasher.update(f"\0{key}:{array.dtype.str}:{list(array.shape)}\0".encode())
+        hasher.update(array.tobytes())
+    return hasher.hexdigest()
+
+
+def _environment() -> dict[str, Any]:
+    packages: dict[str, str | None] = {}
+    for package in _PACKAGES:
+        try:
+            packages[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            packages[package] = None
+    return {
+        "python": platform_module.python_version(),
+        "machine": platform_module.platform(),
+        "packages": packages,
+    }
+
+
+def write_artifact(
+    directory: str | os.PathLike[str],
+    *,
+    prop: str,
+    backend: Any,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    failure: BaseException | str,
+    seed: int | str | None = None,
+    test: str | None = None,
+) -> Path:
+    """Write one failing example; return the ``.json`` path (existing if already written)."""
+    if prop not in PROPERTY_CHECKS:
+        raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(PROPERTY_CHECKS)})")
+    scalars, extra = _split_params(params)
+    if set(extra) & set(_CASE_ARRAYS):
+        raise ValueError(f"params: array names {sorted(extra)} collide with {_CASE_ARRAYS}")
+    arrays = {**_case_arrays(case), **extra}
+    name = content_name(prop, backend.backend_id, case.contract, scalars, arrays)
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path = folder / f"{name}.json"
+    if json_path.exists():
+        return json_path  # same name, same content: keep the first
+    message = str(failure) if isinstance(failure, str) else _failure_text(failure)
+    document = {
+        "format": ARTIFACT_FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "property": prop,
+        "backend": {
+            "id": backend.backend_id,
+            "spec": backend.spec,
+            "capability": backend.capability.to_dict(),
+        },
+        "platform": backend.platform,
+        "contract": case.contract.to_dict(),
+        "params": scalars,
+        "arrays": {
+            key: {"dtype": array.dtype.name, "shape": list(array.shape)}
+            for key, array in sorted(arrays.items())
+        },
+        "test": test,
+        "hypothesis_seed": seed,
+        "environment": _environment(),
+        "failure": {
+            "type": "str" if isinstance(failure, str) else type(failure).__name__,
+            "summary": message[:20_000],
+        },
+    }
+    buffer = io.BytesIO()
+    np.savez(buffer, allow_pickle=False, **arrays)
+    atomic_write(folder / f"{name}.npz", buffer.getvalue())
+    text = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    atomic_write(json_path, text.encode())
+    return json_path
+
+
+def _failure_text(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if not text.strip() or "\n" not in text else text
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def artifact_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """The ``.json`` files ``path`` names: itself (``.json``, ``.npz``, a stem) or a folder's."""
+    target = Path(path)
+    if target.is_dir():
+        return sorted(p for p in target.glob("*.json") if not p.name.startswith("."))
+    if target.suffix in (".json", ".npz"):
+        return [target.with_suffix(".json")]
+    return [target.with_name(target.name + ".json")]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+    except OSError as error:
+        raise ArtifactError(path, f"cannot read: {error.strerror or error}") from None
+    if size > MAX_JSON_BYTES:
+        raise ArtifactError(path, f"{size} bytes; an artifact's JSON is at most {MAX_JSON_BYTES}")
+
+    def no_constants(token: str) -> Any:
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        if len(keys) != len(set(keys)):
+            raise ValueError(f"duplicate keys in an object: {sorted(keys)}")
+        return dict(pairs)
+
+    try:
+        document = json.loads(
+            path.read_bytes().decode("utf-8"),
+            parse_constant=no_constants,
+            object_pairs_hook=unique_keys,
+        )
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ArtifactError(path, f"not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ArtifactError(path, "not a JSON object")
+    return document
+
+
+def _expected_nbytes(dtype: np.dtype[Any], shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def _read_npz(
+    path: Path, declared: Mapping[str, Mapping[str, Any]]
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The arrays of ``path``, each exactly as ``declared`` (dtype, shape), without pickle."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as error:
+        raise ArtifactError(path, f"cannot read: {error.strerror or error}") from None
+    if size > MAX_NPZ_BYTES:
+        raise ArtifactError(path, f"{size} bytes; an artifact's arrays are at most {MAX_NPZ_BYTES}")
+    if magic != b"PK\x03\x04":
+        raise ArtifactError(path, "not an .npz (zip) file; pickles and other formats are refused")
+    wanted = {f"{key}.npy": key for key in declared}
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename: info for info in archive.infolist()}
+            if set(members) != set(wanted):
+                raise ArtifactError(
+                    path, f"holds {sorted(members)}, the JSON declares {sorted(wanted)}"
+                )
+            for member, key in wanted.items():
+                dtype = np.dtype(declared[key]["dtype"])
+                shape = tuple(declared[key]["shape"])
+                limit = _expected_nbytes(dtype, shape) + 4096  # the .npy header
+                if members[member].file_size > limit:
+                    raise ArtifactError(path, f"{member}: larger than its declared shape allows")
+                with archive.open(member) as stream:
+                    array = np.lib.format.read_array(
+                        io.BytesIO(stream.read(limit + 1)), allow_pickle=False
+                    )
+                if array.dtype != dtype or array.shape != shape:
+                    raise ArtifactError(
+                        path,
+                        f"{key}: {array.dtype} {list(array.shape)}, the JSON declares "
+                        f"{dtype} {list(shape)}",
+                    )
+                arrays[key] = array
+    except ArtifactError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as error:
+        raise ArtifactError(path, f"unreadable arrays: {error}") from None
+    return arrays
+
+
+def load_artifact(path: str | os.PathLike[str]) -> FailureArtifact:
+    """Load and validate one artifact (its ``.json`` or ``.npz`` path, or the stem).
+
+    Raises :class:`ArtifactError` saying what is wrong; nothing in the artifact runs.
+    """
+    json_path = artifact_paths(path)[0]
+    document = _read_json(json_path)
+    check_document(json_path, document, PROPERTY_CHECKS, ARTIFACT_FORMAT, SCHEMA_VERSION)
+    if document["name"] != json_path.stem:
+        raise ArtifactError(
+            json_path, f"name={document['name']!r} does not match the file name {json_path.stem!r}"
+        )
+    arrays = _read_npz(json_path.with_suffix(".npz"), document["arrays"])
+    contract = _contract(json_path, document, arrays)
+    try:
+        case = LogprobCase(contract, arrays["logits"], arrays["targets"])
+    except LogprobContractError as error:
+        raise ArtifactError(json_path, f"case: {error}") from None
+    exact = round_to_dtype(case.logits, contract.dtype)
+    if not np.array_equal(exact, case.logits, equal_nan=True):
+        raise ArtifactError(json_path, f"logits: values not representable in {contract.dtype}")
+    prop = document["property"]
+    spec: PropertySpec = PROPERTY_CHECKS[prop].spec
+    scalars = document["params"]
+    problems = spec.param_problems(scalars)
+    extras = {key: value for key, value in arrays.items() if key not in _CASE_ARRAYS}
+    if set(extras) != set(spec.arrays):
+        problems.append(f"arrays: {sorted(extras)}, property {prop!r} takes {sorted(spec.arrays)}")
+    else:
+        problems += [
+            spec.arrays[key].problem(key, value, contract)
+            for key, value in extras.items()
+            if spec.arrays[key].problem(key, value, contract)
+        ]
+    if problems:
+        raise ArtifactError(json_path, "; ".join(problems))
+    backend = document["backend"]
+    name = content_name(prop, backend["id"], contract, scalars, arrays)
+    if name != document["name"]:
+        raise ArtifactError(
+            json_path,
+            f"content hash {name[:16]}... does not match the name {document['name'][:16]}...: "
+            "the artifact was changed or corrupted after it was written",
+        )
+    return FailureArtifact(
+        name=name,
+        prop=prop,
+        backend_id=backend["id"],
+        backend_spec=backend["spec"],
+        capability=backend["capability"],
+        case=case,
+        params={**scalars, **extras},
+        document=document,
+        json_path=json_path,
+    )
+
+
+def _contract(
+    path: Path, document: Mapping[str, Any], arrays: Mapping[str, np.ndarray[Any, Any]]
+) -> LogprobContract:
+    data = document["contract"]
+    mask = arrays["mask"]
+    rows = data["mask"]["num_tokens"]
+    for key, dtype, shape in (
+        ("logits", np.float32, (rows, data["sharding"]["padded_vocab_size"])),
+        ("targets", np.int64, (rows,)),
+        ("mask", np.bool_, (rows,)),
+    ):
+        if arrays[key].dtype != dtype or arrays[key].shape != shape:
+            raise ArtifactError(
+                path,
+                f"{key}: {arrays[key].dtype} {list(arrays[key].shape)}, the contract needs "
+                f"{np.dtype(dtype)} {list(shape)}",
+            )
+    per_token = data["mask"]["mode"] == MaskMode.PER_TOKEN.value
+    if not per_token and not mask.all():
+        raise ArtifactError(path, "mask: the contract has no mask but the array has inactive rows")
+    try:
+        return LogprobContract.from_dict(data, mask if per_token else None)
+    except LogprobContractError as error:
+        raise ArtifactError(path, f"contract: {error}") from None

@@ -1,0 +1,195 @@
+"""The ``replay``, ``pin`` and ``report`` commands (wired into ``python -m tp_logprob``).
+
+Handlers import the property suite lazily, so ``python -m tp_logprob backends``
+stays light. The Triton backends run on CPU only through the interpreter, which
+must be switched on before triton is imported: when a command needs them and
+``TRITON_INTERPRET`` is unset, the command line re-executes itself with
+``TRITON_INTERPRET=1`` (called in-process, it says how to run instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_commands"]
+
+EXIT_BAD = 2
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``replay``, ``pin`` and ``report`` to the CLI's subparsers."""
+    replay = commands.add_parser(
+        "replay",
+        help="rerun recorded failing examples (artifacts) on a backend",
+        description="Rerun the property recorded in each artifact under PATH. Exit 0 if every "
+        "run passes now, 1 if a property still fails (with a drift report), 2 on a bad artifact.",
+    )
+    replay.add_argument("paths", nargs="+", metavar="PATH", help="an artifact or a folder of them")
+    _backend_options(replay, required=False)
+    replay.add_argument(
+        "--all-backends", action="store_true", help="replay on every backend registered here"
+    )
+    replay.set_defaults(handler=_replay)
+    pin = commands.add_parser(
+        "pin",
+        help="copy validated artifacts into tests/regressions",
+        description="Validate each artifact under PATH and copy it to the regression folder.",
+    )
+    pin.add_argument("paths", nargs="+", metavar="PATH")
+    pin.add_argument("--to", default="tests/regressions", metavar="DIR")
+    pin.set_defaults(handler=_pin)
+    report = commands.add_parser(
+        "report",
+        help="measure a backend's drift from the exact oracle per dtype and TP degree",
+        description="Run a backend on artifact cases or generated ones and compare with the "
+        "exact oracle: a markdown table on stdout, optionally JSON and a PNG histogram.",
+    )
+    _backend_options(report, required=True)
+    source = report.add_mutually_exclusive_group()
+    source.add_argument("--cases", nargs="+", metavar="DIR", help="artifacts whose cases to run")
+    source.add_argument("--generate", type=int, default=None, metavar="N", help="N cases (24)")
+    report.add_argument("--seed", type=int, default=0, help="seed of the generated cases")
+    report.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    report.add_argument("--plot", metavar="FILE.png", help="also draw a histogram (matplotlib)")
+    report.set_defaults(handler=_report)
+
+
+def _backend_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        required=required,
+        metavar="ID|MODULE:ATTR",
+        help="backend to run (repeatable): a registered id or module:attr",
+    )
+    parser.add_argument("--platform", choices=("cuda", "rocm", "cpu"), default=None)
+
+
+def _recorded_backends(paths: Sequence[str]) -> set[str]:
+    """Backend ids recorded in the artifacts (read as plain JSON; validation comes later)."""
+    from tp_logprob.replay.artifacts import artifact_paths
+
+    found = set()
+    for file in (file for path in paths for file in artifact_paths(path)):
+        try:
+            backend = json.loads(file.read_text(encoding="utf-8"))["backend"]["id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(backend, str):
+            found.add(backend)
+    return found
+
+
+def _interpreter_problem(args: argparse.Namespace, wanted: set[str]) -> int | None:
+    """Switch the Triton interpreter on (by re-executing) if this run needs it; else None."""
+    from tp_logprob.registry import detect_platform
+
+    if os.environ.get("TRITON_INTERPRET") is not None or importlib.util.find_spec("triton") is None:
+        return None
+    if (args.platform or detect_platform()) != "cpu":
+        return None
+    if not (getattr(args, "all_backends", False) or any(w.startswith("triton") for w in wanted)):
+        return None
+    command = [sys.executable, "-m", "tp_logprob", *args.argv]
+    if args.may_exec and "triton" not in sys.modules:
+        print(
+            "tp-logprob: the Triton backends need TRITON_INTERPRET=1 on CPU; re-running with it",
+            file=sys.stderr,
+        )
+        os.environ["TRITON_INTERPRET"] = "1"
+        sys.stdout.flush()
+        os.execv(sys.executable, command)
+    print(
+        "tp-logprob: the Triton backends run on CPU only through the interpreter; run: "
+        f"TRITON_INTERPRET=1 {' '.join(command[1:])}",
+        file=sys.stderr,
+    )
+    return EXIT_BAD
+
+
+def _replay(args: argparse.Namespace) -> int:
+    wanted = set(args.backend) if args.backend else _recorded_backends(args.paths)
+    problem = _interpreter_problem(args, wanted)
+    if problem is not None:
+        return problem
+    from tp_logprob.registry import detect_platform
+    from tp_logprob.replay.runner import replay_paths
+
+    return replay_paths(
+        args.paths,
+        args.platform or detect_platform(),
+        args.backend,
+        all_backends=args.all_backends,
+        out=sys.stdout,
+    )
+
+
+def _pin(args: argparse.Namespace) -> int:
+    from tp_logprob.replay.artifacts import ArtifactError
+    from tp_logprob.replay.pin import pin
+
+    try:
+        pinned = [artifact for path in args.paths for artifact in pin(path, args.to)]
+    except ArtifactError as error:
+        print(f"BAD   {error}", file=sys.stderr)
+        return EXIT_BAD
+    for artifact in pinned:
+        print(f"pinned {artifact.json_path} ({artifact.prop} on {artifact.backend_id})")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    problem = _interpreter_problem(args, set(args.backend))
+    if problem is not None:
+        return problem
+    from tp_logprob.properties._backends import BackendSpecError, resolve_backends
+    from tp_logprob.registry import detect_platform
+    from tp_logprob.replay.artifacts import ArtifactError
+    from tp_logprob.replay.report import build_report, generate_cases, load_cases, plot_report
+
+    platform = args.platform or detect_platform()
+    try:
+        backends = resolve_backends(args.backend, platform)
+    except BackendSpecError as error:
+        print(str(error).replace("--tp-logprob-backend", "--backend"), file=sys.stderr)
+        return EXIT_BAD
+    status = 0
+    for backend in backends:
+        failure = backend.load_failure()
+        if failure is not None:
+            print(f"backend {backend.backend_id!r} could not be loaded: {failure}", file=sys.stderr)
+            return EXIT_BAD
+        if args.cases:
+            try:
+                cases = load_cases(args.cases)
+            except ArtifactError as error:
+                print(f"BAD   {error}", file=sys.stderr)
+                return EXIT_BAD
+            source = f"{len(cases)} artifact cases from {', '.join(args.cases)}"
+        else:
+            count = 24 if args.generate is None else args.generate
+            cases = generate_cases(backend.capability, count, args.seed)
+            source = f"{len(cases)} generated cases, seed {args.seed}"
+        report = build_report(backend, cases, source)
+        print(report.markdown())
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n"
+            )
+        if args.plot:
+            try:
+                plot_report(report, args.plot)
+            except RuntimeError as error:
+                print(str(error), file=sys.stderr)
+                return EXIT_BAD
+        if any(entry["out_of_tolerance"] for entry in report.summary()):
+            status = 1
+    return status

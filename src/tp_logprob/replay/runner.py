@@ -1,0 +1,150 @@
+"""Replay: rerun a recorded property on its case, on the recorded backend or others.
+
+A backend recorded as a registered id is looked up in the registry; one recorded
+as ``module:attr`` must be named again with ``--backend``, because replay never
+imports a module named inside an artifact.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from tp_logprob.properties._backends import BackendSpecError, BackendUnderTest, resolve_backends
+from tp_logprob.properties._params import CheckInputError
+from tp_logprob.properties._report import PropertyViolation
+from tp_logprob.properties.checks import PROPERTY_CHECKS
+from tp_logprob.replay.artifacts import (
+    ArtifactError,
+    FailureArtifact,
+    artifact_paths,
+    load_artifact,
+)
+from tp_logprob.replay.drift import format_rows, measure, worst_rows
+
+__all__ = ["Outcome", "ReplayResult", "replay", "replay_paths", "select_backends"]
+
+EXIT_PASSED, EXIT_FAILED, EXIT_BAD_ARTIFACT = 0, 1, 2
+
+
+class Outcome(str, enum.Enum):
+    """How one replay on one backend ended."""
+
+    PASSED = "PASS"
+    FAILED = "FAIL"
+    SKIPPED = "SKIP"
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One artifact replayed on one backend."""
+
+    artifact: FailureArtifact
+    backend_id: str
+    outcome: Outcome
+    detail: str = ""
+
+
+class BackendChoiceError(ValueError):
+    """The backend to replay on cannot be chosen without importing what the artifact names."""
+
+
+def select_backends(
+    artifact: FailureArtifact,
+    platform: str,
+    specs: Sequence[str] = (),
+    *,
+    all_backends: bool = False,
+) -> list[BackendUnderTest]:
+    """The backends to replay ``artifact`` on: ``specs``, all registered, or the recorded one."""
+    try:
+        if specs:
+            return resolve_backends(list(specs), platform)
+        if all_backends:
+            return resolve_backends([], platform)
+        if ":" in artifact.backend_spec:
+            raise BackendChoiceError(
+                f"{artifact.json_path}: backend {artifact.backend_id!r} was loaded from "
+                f"{artifact.backend_spec!r}; replay never imports a module named in an "
+                f"artifact. Name it yourself: --backend {artifact.backend_spec}"
+            )
+        return resolve_backends([artifact.backend_id], platform)
+    except BackendSpecError as error:
+        raise BackendChoiceError(str(error).replace("--tp-logprob-backend", "--backend")) from None
+
+
+def replay(artifact: FailureArtifact, backend: BackendUnderTest) -> ReplayResult:
+    """Rerun the artifact's property on ``backend``; SKIP if it does not claim the contract."""
+    reasons = backend.capability.incompatibilities(artifact.case.contract)
+    if reasons:
+        return ReplayResult(artifact, backend.backend_id, Outcome.SKIPPED, "; ".join(reasons))
+    failure = backend.load_failure()
+    if failure is not None:
+        return ReplayResult(artifact, backend.backend_id, Outcome.FAILED, f"not loaded: {failure}")
+    try:
+        PROPERTY_CHECKS[artifact.prop](backend, artifact.case, artifact.params)
+    except CheckInputError as error:
+        raise ArtifactError(artifact.json_path, str(error)) from None
+    except PropertyViolation as violation:
+        return ReplayResult(artifact, backend.backend_id, Outcome.FAILED, str(violation))
+    except Exception as error:
+        return ReplayResult(
+            artifact, backend.backend_id, Outcome.FAILED, f"{type(error).__name__}: {error}"
+        )
+    return ReplayResult(artifact, backend.backend_id, Outcome.PASSED)
+
+
+def drift_report(artifact: FailureArtifact, backend: BackendUnderTest) -> list[str]:
+    """Observed vs exact on the artifact's case: the worst rows by error / tolerance."""
+    try:
+        errors = measure(backend, artifact.case)
+    except Exception as error:  # the property may fail before any output exists
+        return [f"drift vs exact: unavailable ({type(error).__name__}: {error})".splitlines()[0]]
+    lines = ["drift vs exact (worst rows by error / tolerance, fp32 ulps):"]
+    lines += [f"  {line}" for line in format_rows(worst_rows(errors))]
+    return lines
+
+
+def replay_paths(
+    paths: Sequence[str],
+    platform: str,
+    specs: Sequence[str] = (),
+    *,
+    all_backends: bool = False,
+    out: TextIO,
+) -> int:
+    """Replay every artifact under ``paths``; print one line per run (and reports); exit status.
+
+    0: every run passed (or was skipped); 1: a property still fails; 2: an artifact
+    was refused or its backend could not be chosen.
+    """
+    status = EXIT_PASSED
+    files = [file for path in paths for file in artifact_paths(path)]
+    if not files:
+        print(f"no artifacts under {', '.join(paths)}", file=out)
+        return EXIT_PASSED
+    for file in files:
+        try:
+            artifact = load_artifact(file)
+            backends = select_backends(artifact, platform, specs, all_backends=all_backends)
+            results = [replay(artifact, backend) for backend in backends]
+        except (ArtifactError, BackendChoiceError) as error:
+            print(f"BAD   {error}", file=out)
+            status = EXIT_BAD_ARTIFACT
+            continue
+        for result, backend in zip(results, backends, strict=True):
+            print(
+                f"{result.outcome.value}  {artifact.name[:12]}  {artifact.prop} on "
+                f"{result.backend_id} (recorded on {artifact.backend_id})",
+                file=out,
+            )
+            if result.outcome is Outcome.SKIPPED:
+                print(f"      not applicable: {result.detail}", file=out)
+            if result.outcome is Outcome.FAILED:
+                for line in [*result.detail.splitlines(), *drift_report(artifact, backend)]:
+                    print(f"      {line}", file=out)
+                if status == EXIT_PASSED:
+                    status = EXIT_FAILED
+    return status

@@ -1,0 +1,124 @@
+"""Failure artifacts: written once and atomically, loaded only when valid, replayed anywhere."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests._artifact_cases import MUTANT, backend, padding_case, write_padding_artifact
+from tp_logprob.__main__ import main
+from tp_logprob.properties._backends import resolve_backends
+from tp_logprob.properties.checks import run_check
+from tp_logprob.replay.artifacts import ArtifactError, load_artifact
+from tp_logprob.replay.pin import pin
+from tp_logprob.replay.runner import Outcome, replay, replay_paths
+
+
+def test_artifact_round_trip(tmp_path: Path) -> None:
+    path = write_padding_artifact(tmp_path)
+    artifact = load_artifact(path)
+    assert artifact.name == path.stem and len(artifact.name) == 64
+    assert artifact.case == padding_case()
+    np.testing.assert_array_equal(artifact.params["padding"], np.float32([[1e30], [np.nan]]))
+    document = json.loads(path.read_text())
+    assert document["backend"]["spec"] == MUTANT
+    assert document["hypothesis_seed"] == 1234 and document["platform"] == "cpu"
+    assert document["contract"] == padding_case().contract.to_dict()
+    assert set(document["environment"]["packages"]) >= {"torch", "triton", "hypothesis"}
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".npz"]
+
+
+def test_same_case_same_name_and_concurrent_writers(tmp_path: Path) -> None:
+    paths: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: paths.append(write_padding_artifact(tmp_path)))
+        for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(paths)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [paths[0].name, paths[0].stem + ".npz"]
+    load_artifact(paths[0])
+    other = write_padding_artifact(tmp_path, spec="torch_native")
+    assert other != paths[0]  # the backend is part of the content
+
+
+def test_run_check_tags_the_failing_case() -> None:
+    case = padding_case()
+    params = {"padding": np.array([[1e30], [np.nan]], np.float32)}
+    with pytest.raises(AssertionError) as caught:
+        run_check("padding_ignored", backend(MUTANT), case, params)
+    record = caught.value.tp_logprob_failure  # type: ignore[attr-defined]
+    assert record.prop == "padding_ignored" and record.case == case
+    run_check("padding_ignored", backend("torch_native"), case, params)
+
+
+def test_replay_passes_on_the_fixed_backend_and_fails_on_the_buggy_one(tmp_path: Path) -> None:
+    artifact = load_artifact(write_padding_artifact(tmp_path))
+    assert replay(artifact, backend("torch_native")).outcome is Outcome.PASSED
+    failed = replay(artifact, backend(MUTANT))
+    assert failed.outcome is Outcome.FAILED
+    assert "padding independence" in failed.detail
+    out = io.StringIO()
+    assert replay_paths([str(tmp_path)], "cpu", [MUTANT], out=out) == 1
+    assert "drift vs exact" in out.getvalue() and "tolerance ulp" in out.getvalue()
+
+
+def test_recorded_module_backend_must_be_named_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_padding_artifact(tmp_path)
+    assert main(["replay", str(tmp_path), "--platform", "cpu"]) == 2
+    out = capsys.readouterr().out
+    assert "never imports a module named in an artifact" in out
+    assert f"--backend {MUTANT}" in out
+    assert main(["replay", str(tmp_path), "--platform", "cpu", "--backend", "torch_native"]) == 0
+    assert main(["replay", str(tmp_path), "--platform", "cpu", "--backend", MUTANT]) == 1
+
+
+def test_replay_of_a_registered_backend_and_all_backends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_padding_artifact(tmp_path, spec="torch_native")
+    assert main(["replay", str(tmp_path), "--platform", "cpu"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    status = main(["replay", str(tmp_path), "--platform", "cpu", "--all-backends"])
+    if os.environ.get("TRITON_INTERPRET") is None and importlib.util.find_spec("triton"):
+        # In-process, the interpreter cannot be switched on after the fact: say how instead.
+        assert status == 2
+        assert "TRITON_INTERPRET=1 -m tp_logprob replay" in capsys.readouterr().err
+    else:
+        assert status == 0
+        assert capsys.readouterr().out.count("PASS") == len(resolve_backends([], "cpu"))
+
+
+def test_pin_copies_a_validated_pair(tmp_path: Path) -> None:
+    source = write_padding_artifact(tmp_path / "failures")
+    pinned = pin(source, tmp_path / "regressions")
+    assert [a.json_path for a in pinned] == [tmp_path / "regressions" / source.name]
+    assert (tmp_path / "regressions" / source.with_suffix(".npz").name).read_bytes() == (
+        source.with_suffix(".npz").read_bytes()
+    )
+    source.with_suffix(".npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(ArtifactError):
+        pin(source, tmp_path / "elsewhere")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_pinned_regressions_fail_on_their_planted_bug() -> None:
+    """The pinned padding artifact still catches the mutant it was found on (exit 1)."""
+    regressions = Path(__file__).resolve().parent / "regressions"
+    out = io.StringIO()
+    assert replay_paths([str(regressions)], "cpu", ["torch_native"], out=out) == 0
+    padding = [p for p in regressions.glob("*.json") if "padding_ignored" in p.read_text()]
+    assert padding
+    assert replay_paths([str(padding[0])], "cpu", [MUTANT], out=io.StringIO()) == 1

@@ -1,0 +1,82 @@
+"""End to end: the suite writes one artifact per failing property; the CLI replays it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._artifact_cases import MUTANT, padding_case
+from tp_logprob.kernels.builtin import TRITON_ONLINE
+from tp_logprob.properties._backends import BackendUnderTest
+from tp_logprob.registry import registry
+from tp_logprob.replay.artifacts import load_artifact, write_artifact
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_failing_property_writes_one_shrunk_artifact(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "TP_LOGPROB_HYPOTHESIS_DB": str(tmp_path / "db"),
+        "TP_LOGPROB_ARTIFACTS": str(tmp_path / "failures"),
+    }
+    env.pop("TRITON_INTERPRET", None)
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "tp_logprob.properties.test_metamorphic",
+        "-k",
+        "padding_is_ignored",
+        f"--tp-logprob-backend={MUTANT}",
+        "--tp-logprob-platform=cpu",
+        "--tp-logprob-profile=ci",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
+    run = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 1, run.stdout[-2000:]
+    written = sorted((tmp_path / "failures").iterdir())
+    assert [p.suffix for p in written] == [".json", ".npz"], written
+    artifact = load_artifact(written[0])
+    assert artifact.prop == "padding_ignored" and artifact.backend_spec == MUTANT
+    assert f"python -m tp_logprob replay {written[0]}" in run.stdout
+    document = json.loads(written[0].read_text())
+    assert document["test"].endswith("test_padding_is_ignored[mutant_padding_not_masked]")
+    assert "padding independence" in document["failure"]["summary"]
+
+
+@pytest.mark.triton
+def test_triton_artifact_replays_on_cpu_through_the_interpreter(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    backend = BackendUnderTest("triton_online", TRITON_ONLINE, registry, "cuda")
+    path = write_artifact(
+        tmp_path,
+        prop="oracle",
+        backend=backend,
+        case=padding_case(),
+        params={},
+        failure="recorded on a GPU",
+    )
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-m", "tp_logprob", "replay", str(path), "--platform", "cpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "TRITON_INTERPRET=1" in run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("PASS") and "oracle on triton_online" in run.stdout
