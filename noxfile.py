@@ -90,6 +90,19 @@ def oracle_standalone(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def replay(session: nox.Session) -> None:
+    """Replay recorded failures and pinned regressions on every backend available here."""
+    _install(session, "torch,triton,test")
+    _cpu_interpreter_env(session)
+    found = [path for path in (".tp_logprob/failures", "tests/regressions") if Path(path).exists()]
+    paths = session.posargs or found
+    if paths:
+        session.run("python", "-m", "tp_logprob", "replay", *paths, "--all-backends")
+    else:
+        session.log("nothing to replay: no .tp_logprob/failures or tests/regressions")
+
+
+@nox.session(default=False)
 def mutants(session: nox.Session) -> None:
     """Suite power: every planted-bug backend must fail the property suite, the controls pass."""
     _install(session, "torch,test")
