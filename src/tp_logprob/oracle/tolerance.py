@@ -209,14 +209,14 @@ class LogprobTolerance:
         es = np.asarray(exact_selected, dtype=np.float64)
         el = np.asarray(exact_lse, dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
-            lse_bad = ~_within(
+            lse_bad = ~within_tolerance(
                 np.asarray(kernel_lse, np.float64), el, self.lse_bound(el, row_max=row_max)
             )
             finite_lse = np.where(np.isfinite(el), el, 0.0)
             sel_bound = self.selected_bound(
                 np.where(np.isfinite(es), es, 0.0), finite_lse, row_max=row_max
             )
-            sel_bad = ~_within(np.asarray(kernel_selected, np.float64), es, sel_bound)
+            sel_bad = ~within_tolerance(np.asarray(kernel_selected, np.float64), es, sel_bound)
         if active_mask is not None:
             active = np.asarray(active_mask, dtype=np.bool_)
             ks = np.asarray(kernel_selected, np.float64)
@@ -224,9 +224,14 @@ class LogprobTolerance:
         return np.asarray(lse_bad | sel_bad, dtype=np.bool_)
 
 
-def _within(
+def within_tolerance(
     kernel: NDArray[np.float64], exact: NDArray[np.float64], bound: NDArray[np.float64]
 ) -> NDArray[np.bool_]:
+    """Elementwise: equal special values, or finite and ``|kernel - exact| <= bound``.
+
+    An fp32 result that overflowed to an infinity of the right sign counts as
+    within when the exact value plus the bound reaches fp32's overflow threshold.
+    """
     same_special = (np.isnan(exact) & np.isnan(kernel)) | (np.isinf(exact) & (kernel == exact))
     finite = np.isfinite(exact)
     close = finite & np.isfinite(kernel) & (np.abs(kernel - exact) <= bound)

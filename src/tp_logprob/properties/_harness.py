@@ -23,8 +23,8 @@ from hypothesis.errors import InvalidArgument
 
 from tp_logprob.contract import LogprobContract, MaskSpec
 from tp_logprob.oracle.exact import exact_selected_logprob
-from tp_logprob.oracle.tolerance import _within as within_bound
 from tp_logprob.oracle.tolerance import tolerance
+from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.properties._report import SuiteStats, format_value, violation
 from tp_logprob.strategies import LogprobCase, cases, contracts

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tp_logprob.oracle.tolerance import _within as within_bound
+from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.properties._harness import _row_max, _ulp, _ulps, allowed_error, exact_outputs
 from tp_logprob.properties._harness import execute as execute_case
 from tp_logprob.strategies import LogprobCase
