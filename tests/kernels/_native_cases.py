@@ -131,3 +131,27 @@ def oracle_report(
         for i in rows
     ]
     return "\n".join(lines)
+
+
+NAN, INF = float("nan"), float("inf")
+
+# Special-value rows shared by every backend's tests: 8 live logits (the tests lay
+# them out on a tp=2 layout ((0, 4), (4, 8)), padding columns holding NaN and +inf),
+# the target, whether active, and the expected (selected, lse); "finite" means a
+# finite value, compared with float64 torch.
+SPECIAL_CASES = {
+    "nan-in-live-column": ([0, 1, NAN, 2, 0, 0, 0, 0], 0, True, "nan", "nan"),
+    "nan-in-target-column": ([0, 1, 2, 3, NAN, 0, 0, 0], 4, True, "nan", "nan"),
+    "+inf-in-live-column": ([0, 1, 2, 3, 0, INF, 0, 0], 0, True, "nan", INF),
+    "+inf-target": ([0, 1, 2, 3, 0, INF, 0, 0], 5, True, "nan", INF),
+    "+inf-in-both-shards": ([INF, 1, 2, 3, 0, INF, 0, 0], 1, True, "nan", INF),
+    "+inf-and-nan": ([INF, 1, 2, 3, 0, NAN, 0, 0], 1, True, "nan", "nan"),
+    "-inf-target-finite-max": ([0, 1, -INF, 3, 0, 2, 0, 0], 2, True, -INF, "finite"),
+    "all-live-minus-inf": ([-INF] * 8, 3, True, "nan", -INF),
+    "one-shard-all-minus-inf": ([-INF] * 4 + [1, 2, 3, 4], 6, True, "finite", "finite"),
+    "one-finite-column": ([-INF] * 7 + [5.0], 7, True, 0.0, 5.0),
+    "huge-finite-logits": ([3e38, -3e38, 3e38, 0, 1, 2, 3, 3e38], 0, True, "finite", "finite"),
+    "inactive-row-with-nan": ([0, 1, NAN, 2, 0, 0, 0, 0], -100, False, 0.0, "nan"),
+    "inactive-row-all-minus-inf": ([-INF] * 8, -100, False, 0.0, -INF),
+    "inactive-row-with-+inf": ([0, INF, 0, 0, 0, 0, 0, 0], -100, False, 0.0, INF),
+}
