@@ -67,7 +67,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy: strict on the contract and registry, checked elsewhere."""
+    """mypy: strict on the contract, registry, oracle and strategies; checked elsewhere."""
     _install(session, "torch,test")
     session.install("mypy>=1.10")
     session.run("mypy", "src/tp_logprob", *session.posargs)
