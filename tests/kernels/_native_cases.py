@@ -9,7 +9,7 @@ import torch
 
 import tp_logprob as tpl
 from tp_logprob.kernels.checks import TORCH_DTYPES
-from tp_logprob.oracle import exact_selected_logprob, tolerance
+from tp_logprob.oracle import exact_selected_logprob
 
 REAL = 19
 PADDED = 24
@@ -103,11 +103,10 @@ def oracle_report(
     targets: torch.Tensor,
     *,
     active_mask: Any,
-    num_shards: int,
-    dtype: str,
+    table: Any,
     real: int = REAL,
 ) -> str | None:
-    """None when fp32 outputs are within the oracle's tolerance table, else the bad rows."""
+    """None when fp32 outputs are within ``table`` (a ``tolerance(...)``), else the bad rows."""
     x = as_float64(logits)
     want_selected, want_lse = exact_selected_logprob(
         x, targets.numpy(), active_mask=active_mask, real_vocab_size=real
@@ -115,7 +114,6 @@ def oracle_report(
     live = x[:, :real]
     with np.errstate(invalid="ignore"):
         row_max = np.where(np.isnan(live).any(axis=1), np.nan, live.max(axis=1))
-    table = tolerance(dtype, real, num_shards=num_shards)
     got_selected = result.selected_logp.double().numpy()
     got_lse = result.lse.double().numpy()
     bad = table.violations(

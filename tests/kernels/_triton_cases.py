@@ -22,9 +22,10 @@ import torch
 import tp_logprob as tpl
 from tp_logprob.emulate import run_tp
 from tp_logprob.kernels.native import torch_native_logprob
-from tp_logprob.oracle import exact_selected_logprob, tolerance
+from tp_logprob.oracle import tolerance
 
-from ._native_cases import REAL, as_float64
+from ._native_cases import REAL
+from ._native_cases import oracle_report as shared_oracle_report
 
 pytest.importorskip("triton", reason="the Triton backends need triton (on CPU, its interpreter)")
 
@@ -66,27 +67,16 @@ def oracle_report(
     contract: tpl.LogprobContract,
     real: int = REAL,
 ) -> str | None:
-    """None when ``result`` is within the oracle's tolerance, else the offending rows."""
-    mask = contract.mask.dense()
-    x = as_float64(logits)
-    want_selected, want_lse = exact_selected_logprob(
-        x, targets.numpy(), active_mask=mask, real_vocab_size=real
+    """None when ``result`` is within ``backend``'s oracle tolerance, else the offending rows."""
+    report = shared_oracle_report(
+        result,
+        logits,
+        targets,
+        active_mask=contract.mask.dense(),
+        table=backend_tolerance(backend, contract, real),
+        real=real,
     )
-    live = np.where(np.isfinite(x[:, :real]), x[:, :real], -np.inf)
-    row_max = live.max(axis=1)
-    got_selected = result.selected_logp.double().numpy()
-    got_lse = result.lse.double().numpy()
-    bad = backend_tolerance(backend, contract, real).violations(
-        got_selected, got_lse, want_selected, want_lse, row_max=row_max, active_mask=mask
-    )
-    if not bad.any():
-        return None
-    rows = np.flatnonzero(bad)[:5].tolist()
-    return f"{backend}: {int(bad.sum())} rows out of tolerance; first {rows}: " + "; ".join(
-        f"[{r}] selected {got_selected[r]!r} vs {want_selected[r]!r}, "
-        f"lse {got_lse[r]!r} vs {want_lse[r]!r}"
-        for r in rows
-    )
+    return None if report is None else f"{backend}: {report}"
 
 
 def native_report(
