@@ -50,6 +50,11 @@ def _check_platform(platform: object) -> str:
     return platform
 
 
+def _resolve_platform(platform: object) -> str:
+    """The detected platform for None, else ``platform`` checked."""
+    return detect_platform() if platform is None else _check_platform(platform)
+
+
 @dataclass(frozen=True)
 class LogprobDispatchProvenance:
     """Why this backend was chosen: enough to audit a run after the fact."""
@@ -139,20 +144,20 @@ class KernelRegistry:
 
     def backends(self, platform: str | None = None) -> tuple[LogprobBackendCapability, ...]:
         """The capabilities registered on ``platform`` (the detected one by default)."""
-        platform = detect_platform() if platform is None else _check_platform(platform)
+        platform = _resolve_platform(platform)
         with self._lock:
             return tuple(entry.capability for entry in self._entries[platform].values())
 
     def failures(self, platform: str | None = None) -> dict[str, str]:
         """Backends whose factory raised, with the error."""
-        platform = detect_platform() if platform is None else _check_platform(platform)
+        platform = _resolve_platform(platform)
         with self._lock:
             entries = list(self._entries[platform].items())
         return {name: entry.failure for name, entry in entries if entry.failure is not None}
 
     def load_backends(self, platform: str | None = None) -> dict[str, str | None]:
         """Run every factory on ``platform`` now: backend id -> its failure, or None if loaded."""
-        platform = detect_platform() if platform is None else _check_platform(platform)
+        platform = _resolve_platform(platform)
         with self._lock:
             entries = list(self._entries[platform].items())
         return {
@@ -177,7 +182,7 @@ class KernelRegistry:
         """
         check_instance("contract", contract, LogprobContract)
         preflighted = check_bool("preflighted", preflighted)
-        platform = detect_platform() if platform is None else _check_platform(platform)
+        platform = _resolve_platform(platform)
         if not isinstance(requested_backend, str):
             raise LogprobContractError(f"requested_backend={requested_backend!r}: expected a str")
         request = requested_backend.strip()
