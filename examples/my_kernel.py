@@ -27,7 +27,7 @@ CAPABILITY = tpl.LogprobBackendCapability(
     dtypes=frozenset({tpl.LogprobDType.FP32, tpl.LogprobDType.BF16, tpl.LogprobDType.FP16}),
     cp_world_sizes=frozenset({1}),
     supports_vocab_padding=True,
-    mask_modes=frozenset({tpl.MaskMode.ALL_ACTIVE, tpl.MaskMode.PER_TOKEN}),
+    mask_modes=frozenset({tpl.MaskMode.EXPLICIT_ACTIVE_MASK}),
     exports_vocab_lse=True,
     determinism_scopes=frozenset({tpl.DeterminismScope.FIXED_TOPOLOGY}),
 )

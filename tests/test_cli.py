@@ -14,6 +14,7 @@ from tp_logprob.__main__ import main
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 
 HEADER = ["backend", "kind", "roles", "dtypes", "tp", "padding", "mask", "modes", "lse"]
+HEADER += ["temperature", "entropy"]
 
 
 def test_backends_prints_a_capability_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -29,7 +30,9 @@ def test_backends_prints_a_capability_table(capsys: pytest.CaptureFixture[str]) 
         "bf16,fp16,fp32",
         "any",
         "yes",
-        "all_active,per_token",
+        "explicit_active_mask,ignore_index",
+        "yes",
+        "yes",
         "yes",
         "fixed_topology",
     ]

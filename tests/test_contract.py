@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import pickle
 import re
 
 import numpy as np
@@ -42,7 +44,7 @@ def test_valid_contract_coerces_strings_to_enums() -> None:
     assert contract.role is tpl.LogprobRole.TRAIN
     assert contract.dtype is tpl.LogprobDType.BF16
     assert contract.reduction.determinism_scope is tpl.DeterminismScope.FIXED_TOPOLOGY
-    assert contract.mask_mode is tpl.MaskMode.PER_TOKEN
+    assert contract.mask_mode is tpl.MaskMode.EXPLICIT_ACTIVE_MASK
     assert contract.sharding.local_bounds == (0, 5)
     assert contract.sharding.live_bounds(1) == (5, 7)
 
@@ -149,7 +151,7 @@ def test_invalid_mask_names_field_and_value(overrides: dict[str, object], messag
 )
 def test_mask_accepts_every_container(mask: object) -> None:
     spec = tpl.MaskSpec(num_tokens=3, active_mask=mask)
-    assert spec.active_count == 2
+    assert spec.active_token_count == 2
     assert spec == tpl.MaskSpec(num_tokens=3, active_mask=[True, False, True])
     assert not spec.active_mask.flags.writeable
 
@@ -158,7 +160,7 @@ def test_mask_is_a_copy() -> None:
     source = np.array([True, True])
     spec = tpl.MaskSpec(num_tokens=2, active_mask=source)
     source[0] = False
-    assert spec.active_count == 2
+    assert spec.active_token_count == 2
 
 
 INVALID_CONTRACT = [
@@ -174,7 +176,71 @@ INVALID_CONTRACT = [
         "mask.ignore_index=3: lies inside [0, real_vocab_size=7)",
         id="ignore-inside-vocab",
     ),
+    pytest.param(
+        {"temperature": 0.0},
+        "temperature=0.0: must be a finite float > 0; greedy decoding (T=0) has no logprob",
+        id="temperature-zero",
+    ),
+    pytest.param({"temperature": -0.5}, "temperature=-0.5: must be", id="temperature-negative"),
+    pytest.param({"temperature": math.nan}, "temperature=nan: must be", id="temperature-nan"),
+    pytest.param({"temperature": math.inf}, "temperature=inf: must be", id="temperature-inf"),
+    pytest.param({"temperature": True}, "temperature=True: expected a", id="temperature-bool"),
+    pytest.param({"temperature": "0.7"}, "temperature='0.7': expected", id="temperature-str"),
+    pytest.param({"temperature": 1e-50}, "temperature=1e-50: rounds to 0.0", id="temperature-tiny"),
+    pytest.param({"temperature": 1e39}, "temperature=1e+39: rounds to inf", id="temperature-huge"),
+    pytest.param({"export_entropy": 1}, "export_entropy=1: expected a bool", id="entropy-int"),
 ]
+
+
+def test_temperature_and_entropy_defaults_and_provenance() -> None:
+    plain = make_contract()
+    assert plain.temperature == 1.0 and plain.export_entropy is False
+    hot = make_contract(temperature=0.7, export_entropy=True)
+    assert hot.temperature_fp32 == float(np.float32(0.7)) != 0.7
+    data = hot.to_dict()
+    assert (data["temperature"], data["export_entropy"]) == (0.7, True)
+    assert hot.cross_rank_fingerprint() != plain.cross_rank_fingerprint()
+    assert make_contract(temperature=0.7).cross_rank_fingerprint() != (
+        hot.cross_rank_fingerprint()
+    )
+    assert "T=0.7 +entropy" in hot.describe()
+    assert tpl.LogprobContract.from_dict(data, hot.mask.active_mask) == hot
+
+
+def test_schema_one_documents_load_without_temperature_or_entropy() -> None:
+    contract = make_contract()
+    data = contract.to_dict()
+    mask = data["mask"]
+    old = {**data, "schema": 1}
+    del old["temperature"], old["export_entropy"]
+    old["mask"] = {
+        "num_tokens": mask["num_tokens"],
+        "mode": "per_token",
+        "active_count": mask["active_token_count"],
+        "ignore_index": mask["ignore_index"],
+        "sha256": mask["active_mask_sha256"],
+    }
+    assert tpl.LogprobContract.from_dict(old, contract.mask.active_mask) == contract
+
+
+def test_result_unpacks_as_a_pair_without_entropy_and_a_triple_with_it() -> None:
+    selected, lse = tpl.LogprobResult("s", "l")
+    assert (selected, lse) == ("s", "l")
+    result = tpl.LogprobResult("s", None, "h")
+    selected, lse, entropy = result
+    assert (result.selected_logp, result.lse, result.entropy) == ("s", None, "h")
+    assert tpl.LogprobResult("s", "l").entropy is None
+    assert pickle.loads(pickle.dumps(result)) == result
+    assert isinstance(pickle.loads(pickle.dumps(result)), tpl.LogprobResult)
+
+
+def test_mask_mode_is_what_a_backend_needs() -> None:
+    assert tpl.MaskSpec(3).mode is tpl.MaskMode.IGNORE_INDEX
+    assert tpl.MaskSpec(3, [True, True, True]).mode is tpl.MaskMode.IGNORE_INDEX
+    assert tpl.MaskSpec(3, [True, False, True]).mode is tpl.MaskMode.EXPLICIT_ACTIVE_MASK
+    explicit, ignore = tpl.MaskMode.EXPLICIT_ACTIVE_MASK, tpl.MaskMode.IGNORE_INDEX
+    assert explicit.serves(ignore) and explicit.serves(explicit)
+    assert ignore.serves(ignore) and not ignore.serves(explicit)
 
 
 @pytest.mark.parametrize(("overrides", "message"), INVALID_CONTRACT)
@@ -231,9 +297,10 @@ def test_to_dict_is_json_and_carries_mask_digest_not_mask() -> None:
     data = contract.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert data["schema"] == CONTRACT_SCHEMA_VERSION
-    assert data["mask"]["active_count"] == 2
-    assert len(data["mask"]["sha256"]) == 64
-    assert "active_mask" not in json.dumps(data)
+    assert data["mask"]["active_token_count"] == 2
+    assert data["mask"]["mode"] == "explicit_active_mask" and data["mask"]["explicit"]
+    assert len(data["mask"]["active_mask_sha256"]) == 64
+    assert '"active_mask":' not in json.dumps(data)
     assert data["sharding"]["local_bounds"] == [0, 5]
 
 

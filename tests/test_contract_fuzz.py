@@ -31,8 +31,8 @@ ANYTHING = st.recursive(
             "fp32",
             "fixed_topology",
             "cross_tp_bitwise",
-            "all_active",
-            "per_token",
+            "explicit_active_mask",
+            "ignore_index",
             "auto",
         ]
     ),
@@ -40,7 +40,7 @@ ANYTHING = st.recursive(
         st.lists(inner, max_size=4)
         | st.tuples(inner, inner)
         | st.frozensets(
-            st.integers(0, 9) | st.sampled_from(["train", "bf16", "per_token", "fixed_topology"]),
+            st.integers(0, 9) | st.sampled_from(["train", "bf16", "ignore_index", "fixed_topology"]),
             max_size=3,
         )
     ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import subprocess
 import sys
@@ -23,7 +25,7 @@ def capability(backend_id: str = "mine", **overrides: Any) -> tpl.LogprobBackend
         "roles": {"train", "infer"},
         "dtypes": {"bf16", "fp16", "fp32"},
         "supports_vocab_padding": True,
-        "mask_modes": {"all_active", "per_token"},
+        "mask_modes": {"explicit_active_mask"},
         "exports_vocab_lse": True,
         "determinism_scopes": {"fixed_topology"},
     }
@@ -87,15 +89,29 @@ def test_incompatibilities_lists_every_reason() -> None:
         dtypes={"fp32"},
         tp_world_sizes={1},
         supports_vocab_padding=False,
-        mask_modes={"all_active"},
+        mask_modes={"ignore_index"},
         exports_vocab_lse=False,
     )
     reasons = narrow.incompatibilities(make_contract(reduction=tpl.ReductionSpec()))
     assert len(reasons) == 7, reasons
     joined = "\n".join(reasons)
-    for fragment in ("role 'train'", "dtype 'bf16'", "tp_world_size 2", "padding", "per_token"):
+    for fragment in ("role 'train'", "dtype 'bf16'", "tp_world_size 2", "padding", "explicit_active_mask"):
         assert fragment in joined
     assert "export_lse" in joined and "cross_tp_bitwise" in joined
+
+
+def test_temperature_entropy_and_mask_mode_rejections_name_the_field() -> None:
+    plain = capability(mask_modes={"ignore_index"})
+    contract = make_contract(reduction=tpl.ReductionSpec("fixed_topology"))
+    hot = dataclasses.replace(contract, temperature=0.6, export_entropy=True)
+    reasons = "\n".join(plain.incompatibilities(hot))
+    assert "temperature=0.6 requested but supports_temperature=False" in reasons
+    assert "export_entropy requested but exports_entropy=False" in reasons
+    assert "inactive tokens, whose targets need not hold ignore_index" in reasons
+    able = capability(supports_temperature=True, exports_entropy=True)
+    assert able.incompatibilities(hot) == ()
+    all_active = dataclasses.replace(contract, mask=tpl.MaskSpec(contract.num_tokens))
+    assert plain.incompatibilities(dataclasses.replace(all_active, temperature=1.0)) == ()
 
 
 def test_cross_tp_bitwise_serves_fixed_topology_but_not_back() -> None:

@@ -86,7 +86,7 @@ REFUSALS = {
     "logit changed after writing": (_edit_arrays(_logit_changed), "content hash"),
     "mask flipped (digest)": (
         _edit_arrays(lambda a: a.__setitem__("mask", np.array([True, True]))),
-        "mask.sha256",
+        "mask.active_mask_sha256",
     ),
     "extra pickled member": (_pickled_npz, "holds"),
     "pickled object array": (_pickled_mask, "arrays.mask.dtype"),

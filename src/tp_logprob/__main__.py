@@ -27,6 +27,8 @@ _COLUMNS = (
     "padding",
     "mask modes",
     "lse",
+    "temperature",
+    "entropy",
     "determinism",
 )
 
@@ -108,6 +110,8 @@ def _row(capability: LogprobBackendCapability) -> tuple[str, ...]:
         "yes" if info["supports_vocab_padding"] else "no",
         ",".join(info["mask_modes"]) or "-",
         "yes" if info["exports_vocab_lse"] else "no",
+        "yes" if info["supports_temperature"] else "no",
+        "yes" if info["exports_entropy"] else "no",
         ",".join(info["determinism_scopes"]),
     )
 

@@ -6,10 +6,14 @@ argument as ``name=value!r`` so a caller can find the bad field at a glance.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from collections.abc import Iterable
 from enum import Enum
 from typing import TypeVar
+
+import numpy as np
 
 from tp_logprob.errors import LogprobContractError
 
@@ -88,3 +92,27 @@ def check_instance(name: str, value: object, kind: type[object]) -> None:
         raise LogprobContractError(
             f"{name}={value!r}: expected a {kind.__name__}, got {type(value).__name__}"
         )
+
+
+def check_temperature(value: object) -> float:
+    """Return the sampling temperature as a float: finite, ``> 0``, and so after fp32 rounding.
+
+    Kernels divide by ``fp32(T)``, so a value that rounds to 0 or to infinity in
+    fp32 is refused as well as 0, negatives, NaN, infinities and bools.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise LogprobContractError(
+            f"temperature={value!r}: expected a finite float > 0, got {type(value).__name__}"
+        )
+    temperature = float(value)
+    greedy = "; greedy decoding (T=0) has no logprob to compare" if temperature == 0 else ""
+    if not (math.isfinite(temperature) and temperature > 0.0):
+        raise LogprobContractError(f"temperature={value!r}: must be a finite float > 0{greedy}")
+    with np.errstate(over="ignore"):
+        as_fp32 = float(np.float32(temperature))
+    if not 0.0 < as_fp32 < math.inf:
+        raise LogprobContractError(
+            f"temperature={value!r}: rounds to {as_fp32!r} in fp32; kernels divide by fp32(T), "
+            "which must be finite and > 0"
+        )
+    return temperature

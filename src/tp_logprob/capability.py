@@ -48,7 +48,11 @@ class LogprobBackendCapability:
     """The contracts one backend serves on one platform.
 
     ``tp_world_sizes`` / ``cp_world_sizes`` of None mean any size. A backend that
-    offers ``cross_tp_bitwise`` also meets ``fixed_topology`` requests.
+    offers ``cross_tp_bitwise`` also meets ``fixed_topology`` requests, and one with
+    ``explicit_active_mask`` also serves masks that need only ``ignore_index``.
+    ``supports_temperature`` means the op divides ``fp32(x) / fp32(T)`` as the
+    contract says (any backend serves ``temperature=1.0``); ``exports_entropy``
+    means it returns ``entropy`` when ``export_entropy=True``.
     """
 
     backend_id: str
@@ -61,6 +65,8 @@ class LogprobBackendCapability:
     exports_vocab_lse: bool = False
     determinism_scopes: frozenset[DeterminismScope] = frozenset()
     implementation_kind: ImplementationKind = ImplementationKind.PRODUCTION
+    supports_temperature: bool = False
+    exports_entropy: bool = False
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -80,6 +86,8 @@ class LogprobBackendCapability:
             "implementation_kind": check_enum(
                 "implementation_kind", self.implementation_kind, ImplementationKind
             ),
+            "supports_temperature": check_bool("supports_temperature", self.supports_temperature),
+            "exports_entropy": check_bool("exports_entropy", self.exports_entropy),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -105,12 +113,26 @@ class LogprobBackendCapability:
                 f"vocabulary padding (real {sharding.real_vocab_size} < padded "
                 f"{sharding.padded_vocab_size}) not supported"
             )
-        if contract.mask_mode not in self.mask_modes:
+        needed = contract.mask_mode
+        if not any(mode.serves(needed) for mode in self.mask_modes):
+            inactive = contract.num_tokens - contract.mask.active_token_count
+            why = (
+                f" ({inactive} inactive tokens, whose targets need not hold ignore_index)"
+                if needed is MaskMode.EXPLICIT_ACTIVE_MASK
+                else ""
+            )
             reasons.append(
-                f"mask mode {contract.mask_mode.value!r} not in {_names(self.mask_modes)}"
+                f"mask mode {needed.value!r}{why} not served by mask_modes "
+                f"{_names(self.mask_modes)}"
             )
         if contract.export_lse and not self.exports_vocab_lse:
             reasons.append("export_lse requested but the backend does not export the LSE")
+        if contract.temperature != 1.0 and not self.supports_temperature:
+            reasons.append(
+                f"temperature={contract.temperature!r} requested but supports_temperature=False"
+            )
+        if contract.export_entropy and not self.exports_entropy:
+            reasons.append("export_entropy requested but exports_entropy=False")
         requested = contract.reduction.determinism_scope
         if not any(scope.satisfies(requested) for scope in self.determinism_scopes):
             reasons.append(
@@ -136,6 +158,8 @@ class LogprobBackendCapability:
             "exports_vocab_lse": self.exports_vocab_lse,
             "determinism_scopes": _names(self.determinism_scopes),
             "implementation_kind": self.implementation_kind.value,
+            "supports_temperature": self.supports_temperature,
+            "exports_entropy": self.exports_entropy,
         }
 
 

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,7 @@ from tp_logprob._validation import (
     check_enum,
     check_instance,
     check_int,
+    check_temperature,
 )
 from tp_logprob.errors import LogprobContractError, LogprobDispatchError
 
@@ -46,7 +47,11 @@ __all__ = [
     "even_shard_bounds",
 ]
 
-CONTRACT_SCHEMA_VERSION = 1
+CONTRACT_SCHEMA_VERSION = 2
+"""Version 2 added ``temperature``, ``export_entropy`` and the RL-Kernel mask vocabulary;
+version 1 documents (no temperature, no entropy) still load."""
+
+_READABLE_SCHEMAS = (1, 2)
 
 
 class LogprobRole(str, Enum):
@@ -83,20 +88,66 @@ _SCOPE_STRENGTH = {DeterminismScope.FIXED_TOPOLOGY: 0, DeterminismScope.CROSS_TP
 
 
 class MaskMode(str, Enum):
-    """``all_active``: no mask was given. ``per_token``: a per-token active mask was given."""
+    """How a backend learns which tokens are inactive.
 
-    ALL_ACTIVE = "all_active"
-    PER_TOKEN = "per_token"
-
-
-class LogprobResult(NamedTuple):
-    """What every backend op returns: fp32 ``selected_logp[N]`` and ``lse[N]``, replicated.
-
-    ``lse`` is None when the contract has ``export_lse=False``.
+    ``explicit_active_mask``: from a per-token active mask, so an inactive token's
+    target may hold anything. ``ignore_index``: only from ``target == ignore_index``,
+    so such a backend can serve a contract only when every token is active (the
+    contract never promises that inactive targets hold ``ignore_index``).
     """
 
-    selected_logp: Any
-    lse: Any
+    EXPLICIT_ACTIVE_MASK = "explicit_active_mask"
+    IGNORE_INDEX = "ignore_index"
+
+    def serves(self, required: MaskMode) -> bool:
+        """Whether a backend offering ``self`` serves a mask that needs ``required``."""
+        return self is MaskMode.EXPLICIT_ACTIVE_MASK or required is MaskMode.IGNORE_INDEX
+
+
+class LogprobResult(tuple):  # type: ignore[type-arg]
+    """What every backend op returns: fp32 ``selected_logp[N]``, ``lse[N]`` and ``entropy[N]``.
+
+    It iterates as ``(selected_logp, lse)``, or as ``(selected_logp, lse, entropy)``
+    when entropy was computed, so ``selected_logp, lse = op(...)`` keeps working for
+    contracts without ``export_entropy``. The attributes are always there: ``lse``
+    is None with ``export_lse=False`` and ``entropy`` is None unless the contract
+    has ``export_entropy=True``.
+
+    >>> LogprobResult(1.0, 2.0)
+    LogprobResult(selected_logp=1.0, lse=2.0, entropy=None)
+    >>> selected_logp, lse, entropy = LogprobResult(1.0, 2.0, 0.5)
+    """
+
+    __slots__ = ()
+    _fields = ("selected_logp", "lse", "entropy")
+
+    def __new__(cls, selected_logp: Any, lse: Any, entropy: Any = None) -> LogprobResult:
+        values = (selected_logp, lse) if entropy is None else (selected_logp, lse, entropy)
+        return super().__new__(cls, values)
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return tuple(self)
+
+    @property
+    def selected_logp(self) -> Any:
+        """fp32 ``[N]`` log-probability of each token's target; 0.0 on inactive tokens."""
+        return self[0]
+
+    @property
+    def lse(self) -> Any:
+        """fp32 ``[N]`` log-sum-exp of each row, or None (``export_lse=False``)."""
+        return self[1]
+
+    @property
+    def entropy(self) -> Any:
+        """fp32 ``[N]`` entropy of each row's softmax, or None (no ``export_entropy``)."""
+        return self[2] if len(self) > 2 else None
+
+    def __repr__(self) -> str:
+        return (
+            f"LogprobResult(selected_logp={self.selected_logp!r}, lse={self.lse!r}, "
+            f"entropy={self.entropy!r})"
+        )
 
 
 def even_shard_bounds(padded_vocab_size: int, tp_world_size: int) -> tuple[tuple[int, int], ...]:
@@ -286,17 +337,23 @@ class MaskSpec:
 
     @property
     def mode(self) -> MaskMode:
-        """``all_active`` when no mask was given, else ``per_token``."""
-        return MaskMode.ALL_ACTIVE if self.active_mask is None else MaskMode.PER_TOKEN
+        """The mask mode a backend needs: ``explicit_active_mask`` when a token is inactive.
+
+        With every token active there is nothing to skip, so ``ignore_index``
+        (which an ``explicit_active_mask`` backend serves too).
+        """
+        if self.active_token_count < self.num_tokens:
+            return MaskMode.EXPLICIT_ACTIVE_MASK
+        return MaskMode.IGNORE_INDEX
 
     @property
-    def active_count(self) -> int:
+    def active_token_count(self) -> int:
         """How many tokens are active."""
         mask = self.active_mask
         return self.num_tokens if mask is None else int(np.count_nonzero(mask))
 
     @property
-    def digest(self) -> str:
+    def active_mask_sha256(self) -> str:
         """sha256 of the mask (and token count): provenance without the per-token data."""
         return self._digest
 
@@ -309,15 +366,14 @@ class MaskSpec:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MaskSpec):
             return NotImplemented
-        return (self.num_tokens, self.ignore_index, self.mode, self.digest) == (
+        return (self.num_tokens, self.ignore_index, self._digest) == (
             other.num_tokens,
             other.ignore_index,
-            other.mode,
-            other.digest,
+            other._digest,
         )
 
     def __hash__(self) -> int:
-        return hash((self.num_tokens, self.ignore_index, self.mode, self.digest))
+        return hash((self.num_tokens, self.ignore_index, self._digest))
 
 
 def _mask_digest(mask: npt.NDArray[np.bool_] | None, num_tokens: int) -> str:
@@ -370,6 +426,8 @@ class LogprobContract:
     reduction: ReductionSpec
     output: LogprobOutputSpec = field(default_factory=LogprobOutputSpec)
     export_lse: bool = True
+    temperature: float = 1.0
+    export_entropy: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", check_enum("role", self.role, LogprobRole))
@@ -379,6 +437,10 @@ class LogprobContract:
         check_instance("reduction", self.reduction, ReductionSpec)
         check_instance("output", self.output, LogprobOutputSpec)
         object.__setattr__(self, "export_lse", check_bool("export_lse", self.export_lse))
+        object.__setattr__(self, "temperature", check_temperature(self.temperature))
+        object.__setattr__(
+            self, "export_entropy", check_bool("export_entropy", self.export_entropy)
+        )
         ignore_index, real = self.mask.ignore_index, self.sharding.real_vocab_size
         if 0 <= ignore_index < real:
             raise LogprobContractError(
@@ -393,8 +455,13 @@ class LogprobContract:
 
     @property
     def mask_mode(self) -> MaskMode:
-        """Whether a per-token mask was given."""
+        """The mask mode a backend needs for this contract (see :attr:`MaskSpec.mode`)."""
         return self.mask.mode
+
+    @property
+    def temperature_fp32(self) -> float:
+        """``fp32(temperature)``: the divisor of ``z = fp32(x) / T``, exact as a Python float."""
+        return float(np.float32(self.temperature))
 
     def with_rank(self, tp_rank: int) -> LogprobContract:
         """The same invocation as seen by another tensor-parallel rank."""
@@ -411,9 +478,10 @@ class LogprobContract:
             "mask": {
                 "num_tokens": self.mask.num_tokens,
                 "mode": self.mask.mode.value,
-                "active_count": self.mask.active_count,
+                "explicit": self.mask.active_mask is not None,
+                "active_token_count": self.mask.active_token_count,
                 "ignore_index": self.mask.ignore_index,
-                "sha256": self.mask.digest,
+                "active_mask_sha256": self.mask.active_mask_sha256,
             },
             "sharding": {
                 "tp_rank": sharding.tp_rank,
@@ -428,6 +496,8 @@ class LogprobContract:
             "reduction": {"determinism_scope": self.reduction.determinism_scope.value},
             "output": {"dtype": self.output.dtype.value},
             "export_lse": self.export_lse,
+            "temperature": self.temperature,
+            "export_entropy": self.export_entropy,
         }
 
     @classmethod
@@ -435,12 +505,14 @@ class LogprobContract:
         """Rebuild a contract from :meth:`to_dict` output and the mask it digests.
 
         Raises :class:`LogprobContractError` when a field is missing or malformed, or
-        when ``active_mask`` does not match the recorded digest.
+        when ``active_mask`` does not match the recorded digest. Schema 1 documents
+        (before temperature and entropy) load with ``temperature=1.0`` and no entropy.
         """
         try:
-            if data["schema"] != CONTRACT_SCHEMA_VERSION:
+            schema = data["schema"]
+            if schema not in _READABLE_SCHEMAS:
                 raise LogprobContractError(
-                    f"schema={data['schema']!r}: expected {CONTRACT_SCHEMA_VERSION}"
+                    f"schema={schema!r}: expected one of {list(_READABLE_SCHEMAS)}"
                 )
             mask_data, sharding_data = data["mask"], data["sharding"]
             mask = MaskSpec(
@@ -448,9 +520,11 @@ class LogprobContract:
                 active_mask=active_mask,
                 ignore_index=mask_data["ignore_index"],
             )
-            if mask.digest != mask_data["sha256"]:
+            digest_key = "active_mask_sha256" if schema >= 2 else "sha256"
+            if mask.active_mask_sha256 != mask_data[digest_key]:
                 raise LogprobContractError(
-                    f"mask.sha256={mask_data['sha256']!r}: does not match the given active_mask"
+                    f"mask.{digest_key}={mask_data[digest_key]!r}: does not match the given "
+                    "active_mask"
                 )
             sharding = ShardingSpec(
                 tp_rank=sharding_data["tp_rank"],
@@ -471,6 +545,8 @@ class LogprobContract:
                 reduction=ReductionSpec(data["reduction"]["determinism_scope"]),
                 output=LogprobOutputSpec(data["output"]["dtype"]),
                 export_lse=data["export_lse"],
+                temperature=data["temperature"] if schema >= 2 else 1.0,
+                export_entropy=data["export_entropy"] if schema >= 2 else False,
             )
         except (KeyError, TypeError) as error:
             raise LogprobContractError(
@@ -491,9 +567,11 @@ class LogprobContract:
     def describe(self) -> str:
         """The contract in one line, for reports."""
         s = self.sharding
+        extras = "" if self.temperature == 1.0 else f" T={self.temperature!r}"
+        extras += " +entropy" if self.export_entropy else ""
         return (
             f"{self.role.value} {self.dtype.value} N={self.num_tokens} "
-            f"(active {self.mask.active_count}) tp={s.tp_rank}/{s.tp_world_size} "
+            f"(active {self.mask.active_token_count}) tp={s.tp_rank}/{s.tp_world_size} "
             f"bounds={list(s.vocab_shard_bounds)} real={s.real_vocab_size} "
-            f"padded={s.padded_vocab_size} {self.reduction.determinism_scope.value}"
+            f"padded={s.padded_vocab_size} {self.reduction.determinism_scope.value}{extras}"
         )

@@ -120,11 +120,12 @@ def _reraise_first(errors: list[BaseException | None]) -> None:
 
 
 def _as_result(rank: int, result: object) -> LogprobResult:
-    if isinstance(result, tuple) and len(result) == 2:
+    """Any op's return as a LogprobResult: plain ``(selected, lse)`` pairs still count."""
+    if isinstance(result, tuple) and len(result) in (2, 3):
         return LogprobResult(*result)
     raise ReplicationError(
         f"rank {rank}: op returned {type(result).__name__}, expected a "
-        "LogprobResult(selected_logp, lse)"
+        "LogprobResult(selected_logp, lse[, entropy])"
     )
 
 

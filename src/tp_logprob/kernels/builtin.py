@@ -35,6 +35,8 @@ def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapab
         mask_modes=frozenset(MaskMode),
         exports_vocab_lse=True,
         determinism_scopes=frozenset({scope}),
+        supports_temperature=True,
+        exports_entropy=True,
     )
 
 

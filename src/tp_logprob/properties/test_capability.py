@@ -50,7 +50,7 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
         world = worlds[index % len(worlds)]
         # Balanced, generally uneven widths; with padding and TP=8 the last shard is all padding.
         edges = [round(rank * _PADDED / world) for rank in range(world + 1)]
-        mask = None if mode is MaskMode.ALL_ACTIVE else _PER_TOKEN_MASK
+        mask = None if mode is MaskMode.IGNORE_INDEX else _PER_TOKEN_MASK
         found.append(
             LogprobContract(
                 role=role,

@@ -46,7 +46,7 @@ def test_inactive_rows(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
     """Inactive rows give exactly +0.0, their targets are never read, and the other rows
     are unaffected when one more row is made inactive."""
     backend = tp_logprob_backend
-    case = draw_case(data, backend, tp_logprob_suite, mask_modes={"per_token"})
+    case = draw_case(data, backend, tp_logprob_suite, mask_modes={"explicit_active_mask"})
     active = case.active
     flipped = None
     if active.any():

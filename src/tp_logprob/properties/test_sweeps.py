@@ -50,7 +50,7 @@ def _contract(
     """A contract of ``bounds`` that ``capability`` claims, or skip the test."""
     role = LogprobRole.INFER if LogprobRole.INFER in capability.roles else LogprobRole.TRAIN
     dtype = LogprobDType.FP32 if LogprobDType.FP32 in capability.dtypes else min(capability.dtypes)
-    mask = None if MaskMode.ALL_ACTIVE in capability.mask_modes else np.ones(num_tokens, bool)
+    mask = None if MaskMode.IGNORE_INDEX in capability.mask_modes else np.ones(num_tokens, bool)
     real = REAL if capability.supports_vocab_padding else PADDED
     contract = LogprobContract(
         role=role,

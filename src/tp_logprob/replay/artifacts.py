@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tp_logprob.contract import LogprobContract, MaskMode
+from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.properties._params import PropertySpec
 from tp_logprob.properties.checks import PROPERTY_CHECKS
@@ -102,16 +102,20 @@ def _case_arrays(case: LogprobCase) -> dict[str, np.ndarray[Any, Any]]:
 def content_name(
     prop: str,
     backend_id: str,
-    contract: LogprobContract,
+    contract: Mapping[str, Any],
     scalars: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray[Any, Any]],
 ) -> str:
-    """sha256 of the canonical content: property, backend id, contract, params and array bytes."""
+    """sha256 of the canonical content: property, backend id, contract, params and array bytes.
+
+    ``contract`` is the recorded ``LogprobContract.to_dict()``, hashed as written, so
+    artifacts from an older contract schema keep their names.
+    """
     header = {
         "format": ARTIFACT_FORMAT,
         "property": prop,
         "backend_id": backend_id,
-        "contract": contract.to_dict(),
+        "contract": dict(contract),
         "params": {key: scalars[key] for key in sorted(scalars) if scalars[key] is not None},
     }
     hasher = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
@@ -154,7 +158,7 @@ def write_artifact(
     if set(extra) & set(_CASE_ARRAYS):
         raise ValueError(f"params: array names {sorted(extra)} collide with {_CASE_ARRAYS}")
     arrays = {**_case_arrays(case), **extra}
-    name = content_name(prop, backend.backend_id, case.contract, scalars, arrays)
+    name = content_name(prop, backend.backend_id, case.contract.to_dict(), scalars, arrays)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     json_path = folder / f"{name}.json"
@@ -340,7 +344,7 @@ def load_artifact(path: str | os.PathLike[str]) -> FailureArtifact:
     if problems:
         raise ArtifactError(json_path, "; ".join(problems))
     backend = document["backend"]
-    name = content_name(prop, backend["id"], contract, scalars, arrays)
+    name = content_name(prop, backend["id"], document["contract"], scalars, arrays)
     if name != document["name"]:
         raise ArtifactError(
             json_path,
@@ -377,7 +381,8 @@ def _contract(
                 f"{key}: {arrays[key].dtype} {list(arrays[key].shape)}, the contract needs "
                 f"{np.dtype(dtype)} {list(shape)}",
             )
-    per_token = data["mask"]["mode"] == MaskMode.PER_TOKEN.value
+    # Schema 1 said whether a mask was given through its mode; schema 2 says it directly.
+    per_token = data["mask"].get("explicit", data["mask"]["mode"] == "per_token")
     if not per_token and not mask.all():
         raise ArtifactError(path, "mask: the contract has no mask but the array has inactive rows")
     try:

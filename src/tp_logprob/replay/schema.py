@@ -53,6 +53,13 @@ def _is_str(value: object, longest: int = 500) -> bool:
     return isinstance(value, str) and 0 < len(value) <= longest
 
 
+# Schema-1 mask modes: "per_token" was an explicit mask; "all_active" meant no mask,
+# which every backend that declared it served, as an ignore-index backend does.
+_MASK_MODE_NAMES = {"per_token": "explicit_active_mask", "all_active": "ignore_index"}
+
+_CONTRACT_MASK_MODES = ("all_active", "per_token", "explicit_active_mask", "ignore_index")
+
+
 def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
     """Rebuild a recorded capability; its constructor validates every field."""
 
@@ -66,10 +73,13 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         tp_world_sizes=sizes("tp_world_sizes"),
         cp_world_sizes=sizes("cp_world_sizes"),
         supports_vocab_padding=data["supports_vocab_padding"],
-        mask_modes=frozenset(data["mask_modes"]),
         exports_vocab_lse=data["exports_vocab_lse"],
         determinism_scopes=frozenset(data["determinism_scopes"]),
         implementation_kind=data["implementation_kind"],
+        # Recorded before temperature and entropy existed: the backend claimed neither.
+        supports_temperature=data.get("supports_temperature", False),
+        exports_entropy=data.get("exports_entropy", False),
+        mask_modes=frozenset(_MASK_MODE_NAMES.get(mode, mode) for mode in data["mask_modes"]),
     )
 
 
@@ -108,8 +118,8 @@ def _contract_problems(contract: object) -> list[str]:
         problems.append(f"contract.mask.num_tokens={rows!r}: expected an int in [0, 2^20]")
     if not _is_int(padded, 1, 1 << 24):
         problems.append(f"contract.sharding.padded_vocab_size={padded!r}: expected [1, 2^24]")
-    if mode not in ("all_active", "per_token"):
-        problems.append(f"contract.mask.mode={mode!r}: expected all_active or per_token")
+    if mode not in _CONTRACT_MASK_MODES:
+        problems.append(f"contract.mask.mode={mode!r}: expected one of {_CONTRACT_MASK_MODES}")
     return problems
 
 

@@ -53,9 +53,12 @@ padding columns (needs ``real_vocab_size < padded_vocab_size`` and TP >= 2).
 """
 
 MASK_KINDS = ("no_mask", "all_active", "none_active", "random", "runs")
-"""Active masks :func:`active_masks` draws. ``no_mask`` is ``active_mask=None``
-(mode ``all_active``); the others are explicit per-token masks; ``runs``
-alternates inactive and active stretches like prompt / response segments."""
+"""Active masks :func:`active_masks` draws. ``no_mask`` is ``active_mask=None``;
+the others are explicit per-token masks; ``runs`` alternates inactive and active
+stretches like prompt / response segments. ``no_mask`` and ``all_active`` leave
+every token active, so they need only mask mode ``ignore_index``."""
+
+_EVERY_TOKEN_ACTIVE = frozenset({"no_mask", "all_active"})
 
 MAX_TP_WORLD_SIZE = 8
 
@@ -180,15 +183,17 @@ def active_masks(
 ) -> st.SearchStrategy[npt.NDArray[np.bool_] | None]:
     """``active_mask`` values for :class:`~tp_logprob.MaskSpec`: None or a bool array.
 
-    Draws every kind in :data:`MASK_KINDS`; ``mask_modes`` keeps ``all_active``
-    (None only) or ``per_token`` (arrays only). Shrinks toward None.
+    Draws every kind in :data:`MASK_KINDS` that a backend offering ``mask_modes``
+    serves: with only ``ignore_index``, masks that leave every token active.
+    Shrinks toward None.
     """
     n = _non_negative("num_tokens", num_tokens)
     modes = _enum_filter("mask_modes", mask_modes, MaskMode)
     kinds = tuple(
         kind
         for kind in MASK_KINDS
-        if (MaskMode.ALL_ACTIVE if kind == "no_mask" else MaskMode.PER_TOKEN) in modes
+        if MaskMode.EXPLICIT_ACTIVE_MASK in modes
+        or (MaskMode.IGNORE_INDEX in modes and kind in _EVERY_TOKEN_ACTIVE)
     )
     if not kinds:
         raise InvalidArgument(f"mask_modes={mask_modes!r}: leaves no mask kind to draw")
