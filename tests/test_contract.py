@@ -200,9 +200,7 @@ def test_temperature_and_entropy_defaults_and_provenance() -> None:
     data = hot.to_dict()
     assert (data["temperature"], data["export_entropy"]) == (0.7, True)
     assert hot.cross_rank_fingerprint() != plain.cross_rank_fingerprint()
-    assert make_contract(temperature=0.7).cross_rank_fingerprint() != (
-        hot.cross_rank_fingerprint()
-    )
+    assert make_contract(temperature=0.7).cross_rank_fingerprint() != (hot.cross_rank_fingerprint())
     assert "T=0.7 +entropy" in hot.describe()
     assert tpl.LogprobContract.from_dict(data, hot.mask.active_mask) == hot
 
@@ -227,7 +225,7 @@ def test_result_unpacks_as_a_pair_without_entropy_and_a_triple_with_it() -> None
     selected, lse = tpl.LogprobResult("s", "l")
     assert (selected, lse) == ("s", "l")
     result = tpl.LogprobResult("s", None, "h")
-    selected, lse, entropy = result
+    selected, lse, _entropy = result
     assert (result.selected_logp, result.lse, result.entropy) == ("s", None, "h")
     assert tpl.LogprobResult("s", "l").entropy is None
     assert pickle.loads(pickle.dumps(result)) == result

@@ -40,7 +40,8 @@ ANYTHING = st.recursive(
         st.lists(inner, max_size=4)
         | st.tuples(inner, inner)
         | st.frozensets(
-            st.integers(0, 9) | st.sampled_from(["train", "bf16", "ignore_index", "fixed_topology"]),
+            st.integers(0, 9)
+            | st.sampled_from(["train", "bf16", "ignore_index", "fixed_topology"]),
             max_size=3,
         )
     ),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import re
 import subprocess
 import sys
@@ -95,7 +94,13 @@ def test_incompatibilities_lists_every_reason() -> None:
     reasons = narrow.incompatibilities(make_contract(reduction=tpl.ReductionSpec()))
     assert len(reasons) == 7, reasons
     joined = "\n".join(reasons)
-    for fragment in ("role 'train'", "dtype 'bf16'", "tp_world_size 2", "padding", "explicit_active_mask"):
+    for fragment in (
+        "role 'train'",
+        "dtype 'bf16'",
+        "tp_world_size 2",
+        "padding",
+        "explicit_active_mask",
+    ):
         assert fragment in joined
     assert "export_lse" in joined and "cross_tp_bitwise" in joined
 

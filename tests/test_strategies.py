@@ -131,9 +131,7 @@ _capabilities = st.builds(
     tp_world_sizes=st.none() | st.frozensets(st.integers(1, 8), min_size=1),
     cp_world_sizes=st.none() | st.just(frozenset({1})),
     supports_vocab_padding=st.booleans(),
-    mask_modes=st.frozensets(
-        st.sampled_from(["explicit_active_mask", "ignore_index"]), min_size=1
-    ),
+    mask_modes=st.frozensets(st.sampled_from(["explicit_active_mask", "ignore_index"]), min_size=1),
     exports_vocab_lse=st.booleans(),
     determinism_scopes=st.frozensets(
         st.sampled_from(["fixed_topology", "cross_tp_bitwise"]), min_size=1
@@ -154,11 +152,15 @@ def test_contracts_from_a_capability_are_all_supported(data: Any) -> None:
     [
         ("tp 8", lambda c: c.sharding.tp_world_size == 8),
         ("padding", lambda c: c.sharding.has_padding),
-        ("no active token", lambda c: c.mask.active_mask is not None and not c.mask.active_token_count),
+        (
+            "no active token",
+            lambda c: c.mask.active_mask is not None and not c.mask.active_token_count,
+        ),
         (
             "every token active, explicit mask",
-            lambda c: c.mask.active_mask is not None
-            and c.mask.active_token_count == c.num_tokens > 1,
+            lambda c: (
+                c.mask.active_mask is not None and c.mask.active_token_count == c.num_tokens > 1
+            ),
         ),
         ("positive ignore_index", lambda c: c.mask.ignore_index >= c.sharding.real_vocab_size),
         (
