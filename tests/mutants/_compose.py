@@ -4,8 +4,10 @@ A backend op is ``check -> forward -> (train: autograd with backward = grad)``,
 exactly as ``tp_logprob.kernels.native`` composes it; :func:`mutant` takes any of
 the three steps as an argument (default: native's own) and returns the
 ``(op, capability)`` pair that ``--tp-logprob-backend=module:attr`` accepts, with
-the capability torch_native declares. The unmutated composition is the control
-``tests.mutants.control:control_native``, which must pass the whole suite.
+the capability torch_native declares, less temperature and entropy: the base-op
+mutants predate them, and a mutant claims them only by passing
+``supports_temperature=True, exports_entropy=True``. The unmutated composition is
+the control ``tests.mutants.control:control_native``, which must pass the whole suite.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels import native
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs, owner_ranks
-from tp_logprob.kernels.merge import merge_partials
+from tp_logprob.kernels.merge import merge_entropy, merge_partials
 
 __all__ = ["Forward", "Grad", "MutantPair", "compose", "forward_from", "mutant"]
 
-Forward = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-"""``forward(local_logits, targets, active, contract, group) -> (selected, lse)``, compute dtype."""
+Forward = Callable[..., tuple[torch.Tensor, ...]]
+"""``forward(local_logits, targets, active, contract, group) -> (selected, lse, entropy)``,
+compute dtype; ``entropy`` is empty unless the contract exports it."""
 
 Grad = Callable[..., torch.Tensor]
-"""``grad(local_logits, targets, active, lse, grad_selected, contract) -> d loss / d logits``."""
+"""``grad(local_logits, targets, active, lse, grad_selected, contract[, entropy, grad_entropy])
+-> d loss / d logits``; the entropy arguments are passed only when the contract exports it."""
 
 Check = Callable[..., torch.Tensor]
 """``check(local_logits, targets, contract, group) -> active mask``; raises on bad input."""
@@ -41,6 +45,7 @@ def forward_from(
     partial: Callable[..., torch.Tensor] = native._local_partial,
     merge: Callable[..., tuple[torch.Tensor, torch.Tensor]] = merge_partials,
     owners: Callable[..., torch.Tensor] = owner_ranks,
+    entropy_merge: Callable[..., torch.Tensor] = merge_entropy,
 ) -> Forward:
     """native's forward (partial, one all-gather, merge) with some steps replaced."""
 
@@ -50,12 +55,20 @@ def forward_from(
         active: torch.Tensor,
         contract: LogprobContract,
         group: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         mine = partial(local_logits, targets, contract)
         partials = [mine] if group is None else group.all_gather(mine)
-        return merge(partials, owners(targets, contract), active)
+        selected, lse = merge(partials, owners(targets, contract), active)
+        if not contract.export_entropy:
+            return selected, lse, selected.new_empty(0)
+        return selected, lse, entropy_merge(partials, active)
 
     return forward
+
+
+def _triple(outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A forward's outputs with an empty entropy added to a ``(selected, lse)`` pair."""
+    return outputs if len(outputs) == 3 else (*outputs, outputs[0].new_empty(0))
 
 
 class _MutantFunction(torch.autograd.Function):
@@ -72,19 +85,22 @@ class _MutantFunction(torch.autograd.Function):
         output_dtype: torch.dtype,
         forward: Forward,
         grad: Grad,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        selected, lse = forward(local_logits, targets, active, contract, group)
-        ctx.save_for_backward(local_logits, targets, active, lse)
+    ) -> tuple[torch.Tensor, ...]:
+        selected, lse, entropy = _triple(forward(local_logits, targets, active, contract, group))
+        ctx.save_for_backward(local_logits, targets, active, lse, entropy)
         ctx.contract, ctx.grad = contract, grad
-        lse_out = lse.to(output_dtype)
-        ctx.mark_non_differentiable(lse_out)
-        return selected.to(output_dtype), lse_out
+        lse_out, entropy_out = lse.to(output_dtype), entropy.to(output_dtype)
+        frozen = (lse_out,) if contract.export_entropy else (lse_out, entropy_out)
+        ctx.mark_non_differentiable(*frozen)
+        return selected.to(output_dtype), lse_out, entropy_out
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        local_logits, targets, active, lse = ctx.saved_tensors
-        grad = ctx.grad(local_logits, targets, active, lse, grads[0], ctx.contract)
-        return (grad, *([None] * 7))
+        local_logits, targets, active, lse, entropy = ctx.saved_tensors
+        args = (local_logits, targets, active, lse, grads[0], ctx.contract)
+        if ctx.contract.export_entropy:
+            args += (entropy, grads[2])
+        return (ctx.grad(*args), *([None] * 7))
 
 
 def compose(
@@ -97,7 +113,8 @@ def compose(
 ) -> MutantPair:
     """The ``(op, capability)`` pair of a native-built backend registered as ``backend_id``.
 
-    ``claims`` override fields of torch_native's capability (the lie some mutants tell).
+    ``claims`` override fields of torch_native's capability (the lie some mutants
+    tell); temperature and entropy are claimed only when ``claims`` says so.
     """
 
     def op(
@@ -109,17 +126,22 @@ def compose(
         active = check(local_logits, targets, contract, group)
         output_dtype = TORCH_DTYPES[contract.output.dtype]
         if contract.role is LogprobRole.TRAIN:
-            apply: Callable[..., tuple[torch.Tensor, torch.Tensor]] = _MutantFunction.apply
-            selected, lse = apply(
+            apply: Callable[..., tuple[torch.Tensor, ...]] = _MutantFunction.apply
+            selected, lse, entropy = apply(
                 local_logits, targets, active, contract, group, output_dtype, forward, grad
             )
         else:
             with torch.no_grad():
-                selected, lse = forward(local_logits, targets, active, contract, group)
-                selected, lse = selected.to(output_dtype), lse.to(output_dtype)
-        return LogprobResult(selected, lse if contract.export_lse else None)
+                outputs = _triple(forward(local_logits, targets, active, contract, group))
+                selected, lse, entropy = (t.to(output_dtype) for t in outputs)
+        return LogprobResult(
+            selected,
+            lse if contract.export_lse else None,
+            entropy if contract.export_entropy else None,
+        )
 
     op.__qualname__ = op.__name__ = backend_id
+    claims = {"supports_temperature": False, "exports_entropy": False, **claims}
     capability = dataclasses.replace(TORCH_NATIVE, backend_id=backend_id, **claims)
     return op, capability
 

@@ -9,4 +9,4 @@ from __future__ import annotations
 
 from tests.mutants._compose import compose
 
-control_native = compose("control_native")
+control_native = compose("control_native", supports_temperature=True, exports_entropy=True)

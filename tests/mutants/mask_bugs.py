@@ -33,7 +33,7 @@ def _forward_masking_lse(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    selected, lse = _forward(local_logits, targets, active, contract, group)
+    selected, lse, _ = _forward(local_logits, targets, active, contract, group)
     return selected, torch.where(active, lse, 0.0)  # BUG: an inactive row's lse is its LSE too
 
 

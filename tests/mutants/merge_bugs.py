@@ -146,7 +146,7 @@ def _forward_rank1_last_bit(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    selected, lse = _forward(local_logits, targets, active, contract, group)
+    selected, lse, _ = _forward(local_logits, targets, active, contract, group)
     if contract.sharding.tp_rank == 1:  # BUG: rank 1's log differs in the last bit
         lse = torch.nextafter(lse, torch.full_like(lse, _INF))
     return selected, lse

@@ -2,8 +2,9 @@
 
 Every rank runs this on the same gathered partials in the same order, so every
 rank gets the same bits. Each partial is an fp32 ``[N, 3]`` tensor of
-``(m_r, s_r, t_r)``: the shard's max and ``sum exp(x - m_r)`` over live columns,
+``(m_r, s_r, t_r)``: the shard's max and ``sum exp(z - m_r)`` over live columns,
 and the target logit where rank r owns the target column (anything elsewhere).
+With entropy a fourth field carries ``q_r = sum exp(z - m_r) (z - m_r)``.
 """
 
 from __future__ import annotations
@@ -12,21 +13,35 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["PARTIAL_FIELDS", "finish_selected", "merge_partials", "pack_partial"]
+__all__ = [
+    "ENTROPY_FIELD",
+    "PARTIAL_FIELDS",
+    "finish_selected",
+    "merge_entropy",
+    "merge_partials",
+    "pack_partial",
+]
 
 PARTIAL_FIELDS = 3
+ENTROPY_FIELD = 3
+"""Index of ``q_r`` in a partial that carries entropy (``PARTIAL_FIELDS + 1`` fields)."""
 
 
 def pack_partial(
-    row_max: torch.Tensor, sum_exp: torch.Tensor, target_logit: torch.Tensor
+    row_max: torch.Tensor,
+    sum_exp: torch.Tensor,
+    target_logit: torch.Tensor,
+    entropy_sum: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Stack one rank's fp32 partial for the all-gather: a single collective per call.
 
     float64 partials stay float64 (for gradcheck through the real code path).
     """
     dtype = torch.promote_types(row_max.dtype, torch.float32)
-    parts = (row_max.to(dtype), sum_exp.to(dtype), target_logit.to(dtype))
-    return torch.stack(parts, dim=1).contiguous()
+    fields = [row_max, sum_exp, target_logit]
+    if entropy_sum is not None:
+        fields.append(entropy_sum)
+    return torch.stack([field.to(dtype) for field in fields], dim=1).contiguous()
 
 
 def merge_partials(
@@ -74,3 +89,32 @@ def finish_selected(
     selected = target_logit - lse
     selected = torch.where(lse == float("inf"), float("nan"), selected)
     return torch.where(active, selected, 0.0)
+
+
+def merge_entropy(partials: Sequence[torch.Tensor], active: torch.Tensor) -> torch.Tensor:
+    """Fold gathered ``[N, 4]`` partials into ``entropy = log S - Q / S``, in rank order.
+
+    ``Q = sum_r exp(m_r - M) (q_r + (m_r - M) s_r)`` re-centres each shard's
+    ``sum exp(z - m_r) (z - m_r)`` on the global max; shards without a live
+    column are skipped. Runs in float64 and rounds once. NaN for rows with a NaN,
+    a ``+inf`` or no finite live logit (``M`` not finite); exactly 0.0 when inactive.
+    """
+    stacked = torch.stack(list(partials), dim=0)  # [R, N, 4]
+    wide = stacked.to(torch.promote_types(stacked.dtype, torch.float64))
+    maxima, sums, shifted = wide[..., 0], wide[..., 1], wide[..., ENTROPY_FIELD]
+    global_max = maxima[0]
+    for rank_max in maxima[1:]:
+        global_max = torch.maximum(global_max, rank_max)  # propagates NaN
+    finite = torch.isfinite(global_max)
+    total = torch.zeros_like(global_max)
+    moment = torch.zeros_like(global_max)
+    for rank_max, rank_sum, rank_moment in zip(maxima, sums, shifted, strict=True):
+        live = finite & (rank_max != float("-inf"))
+        gap = torch.where(live, rank_max - global_max, 0.0)
+        scale = torch.exp(gap)
+        total = total + torch.where(live, rank_sum * scale, 0.0)
+        moment = moment + torch.where(live, scale * (rank_moment + gap * rank_sum), 0.0)
+    safe_total = torch.where(finite, total, 1.0)
+    entropy = torch.log(safe_total) - moment / safe_total
+    entropy = torch.where(finite, entropy, float("nan"))
+    return torch.where(active, entropy, 0.0).to(stacked.dtype)
