@@ -1,10 +1,13 @@
 """Ground truth for tp-logprob: an exact oracle and a fast float64 reference.
 
-* ``exact_*``: every float64 result is the true value correctly rounded
+* ``exact_*`` (log-sum-exp, selected log-probability, entropy, their gradients):
+  every float64 result is the true value correctly rounded
   (mpmath, a Ziv loop over certified intervals);
 * ``reference_*``: vectorised float64 numpy, max-shifted, within a proven bound
   of the exact value (``reference_error_bounds``);
-* ``ulp_distance`` and ``tolerance``: how far a backend may be from exact.
+* ``ulp_distance`` and ``tolerance``: how far a backend may be from exact;
+* ``apply_temperature``: the ``z = fp32(x) / fp32(T)`` every function takes
+  through its ``temperature`` keyword.
 
 Imports numpy and mpmath only (gmpy2 and ml_dtypes when installed), never torch
 or triton, so it can judge any backend.
@@ -18,6 +21,8 @@ or triton, so it can judge any backend.
 from __future__ import annotations
 
 from tp_logprob.oracle.exact import (
+    exact_entropy,
+    exact_entropy_grad,
     exact_logprob_grad,
     exact_logsumexp,
     exact_selected_logprob,
@@ -29,18 +34,32 @@ from tp_logprob.oracle.reference import (
     reference_selected_logprob,
     reference_sharded_logprob,
 )
+from tp_logprob.oracle.reference_entropy import (
+    reference_entropy,
+    reference_entropy_error_bounds,
+    reference_entropy_grad,
+    reference_sharded_entropy,
+)
+from tp_logprob.oracle.temperature import apply_temperature
 from tp_logprob.oracle.tolerance import LogprobTolerance, tolerance
 from tp_logprob.oracle.ulp import ulp_distance
 
 __all__ = [
     "LogprobTolerance",
+    "apply_temperature",
+    "exact_entropy",
+    "exact_entropy_grad",
     "exact_logprob_grad",
     "exact_logsumexp",
     "exact_selected_logprob",
+    "reference_entropy",
+    "reference_entropy_error_bounds",
+    "reference_entropy_grad",
     "reference_error_bounds",
     "reference_logprob_grad",
     "reference_logsumexp",
     "reference_selected_logprob",
+    "reference_sharded_entropy",
     "reference_sharded_logprob",
     "tolerance",
     "ulp_distance",

@@ -70,7 +70,8 @@ _EXP_GUARD = 4
 # see the termination argument in the module docstring).
 MAX_BITS = 1 << 16
 # exp(d) for d below this (in float64) is under 2**-1095: it rounds to 0 even
-# after division by S >= 1, and 1 - it rounds to 1.
+# after division by S >= 1, and (1 - it) / T rounds as 1 / T does (1 / T is
+# a power of two or at least 2**-78 relative away from a rounding boundary).
 _UNDERFLOW_D = -760.0
 
 
@@ -256,32 +257,53 @@ def certified_selected(row: RowLSE, target_value: float, first_bits: int) -> flo
     raise _no_convergence("selected log-probability")
 
 
-def certified_probabilities(
-    row: RowLSE, target_index: int | None, first_bits: int
-) -> tuple[FloatArray, float | None]:
-    """``-exp(v - LSE)`` for each distinct value ``v`` of the row, correctly rounded.
+def divided(iv: Interval, scale: float, bits: int) -> Interval:
+    """An interval holding ``q / scale`` for ``q`` in ``iv`` and a positive float ``scale``."""
+    if scale == 1.0:
+        return iv
+    t = from_float(scale)
+    wp = bits + _EXP_GUARD
+    lo = widen(mpf_div(iv.lo, t, wp, "f"), wp, up=False)
+    hi = widen(mpf_div(iv.hi, t, wp, "c"), wp, up=True)
+    return Interval(lo, hi)
 
-    Also returns ``1 - exp(values[target_index] - LSE)`` correctly rounded when
-    ``target_index`` is given (the gradient at the target column).
+
+def underflow_cutoff(base: float, scale: float) -> float:
+    """Differences ``d`` below this give results that round to zero even after ``/ scale``."""
+    return base + min(0.0, math.log(scale))
+
+
+def certified_probabilities(
+    row: RowLSE, target_index: int | None, first_bits: int, scale: float = 1.0
+) -> tuple[FloatArray, float | None]:
+    """``-exp(v - LSE) / scale`` for each distinct value ``v`` of the row, correctly rounded.
+
+    Also returns ``(1 - exp(values[target_index] - LSE)) / scale`` correctly
+    rounded when ``target_index`` is given (the gradient at the target column).
+    ``scale`` is the fp32 temperature (the chain rule's ``1 / T``), taken exactly.
     """
     neg_q = np.full(len(row.counts), -0.0)
-    pending = set(np.flatnonzero(row.approx_d >= _UNDERFLOW_D).tolist())
+    cutoff = underflow_cutoff(_UNDERFLOW_D, scale)
+    pending = set(np.flatnonzero(row.approx_d >= cutoff).tolist())
     target_grad: float | None = None
-    if target_index is not None and row.approx_d[target_index] < _UNDERFLOW_D:
-        target_grad = 1.0
+    if target_index is not None and row.approx_d[target_index] < cutoff:
+        # 1 - p with p < 2**-1095: the quotient rounds as 1 / scale does, and
+        # IEEE float64 division rounds that correctly.
+        target_grad = 1.0 / scale
     need_target = target_index is not None and target_grad is None
     for bits in precisions(first_bits):
         if not pending and not need_target:
             break
         s = row.sum_interval(bits)
         for i in sorted(pending):
-            q_lo, q_hi = row.quotient_interval(i, s, bits).rounded()
+            q_lo, q_hi = divided(row.quotient_interval(i, s, bits), scale, bits).rounded()
             if same_float(q_lo, q_hi):
                 neg_q[i] = -q_lo  # -q < 0, so a zero here is -0.0
                 pending.discard(i)
         if need_target and target_index is not None:
             q = row.quotient_interval(target_index, s, bits)
-            lo, hi = Interval(mpf_sub(ONE, q.hi, 0), mpf_sub(ONE, q.lo, 0)).rounded()
+            one_minus = Interval(mpf_sub(ONE, q.hi, 0), mpf_sub(ONE, q.lo, 0))
+            lo, hi = divided(one_minus, scale, bits).rounded()
             if same_float(lo, hi):
                 target_grad = lo
                 need_target = False

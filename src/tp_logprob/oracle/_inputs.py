@@ -68,8 +68,11 @@ def as_float64(value: ArrayLike, name: str, ndim: int) -> FloatArray:
     return np.ascontiguousarray(as_exact_array(value, name, ndim), dtype=np.float64)
 
 
-def as_exact_array(value: ArrayLike, name: str, ndim: int) -> NDArray[Any]:
-    """``value`` as an array of ``ndim`` dimensions whose dtype widens exactly to float64."""
+def as_exact_array(value: ArrayLike, name: str, ndim: int | None) -> NDArray[Any]:
+    """``value`` as an array whose dtype widens exactly to float64.
+
+    ``ndim`` is the required number of dimensions (None accepts any).
+    """
     arr = np.asarray(value)
     if arr.dtype not in _EXACT_DTYPES:
         accepted = "float16, float32, float64" + (" or bfloat16" if _BFLOAT16 is not None else "")
@@ -77,7 +80,7 @@ def as_exact_array(value: ArrayLike, name: str, ndim: int) -> NDArray[Any]:
             f"{name} has dtype {arr.dtype}; expected {accepted} "
             "(values are taken exactly, so other dtypes are refused rather than rounded)"
         )
-    if arr.ndim != ndim:
+    if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
     return arr
 

@@ -28,6 +28,7 @@ LN2 = math.log(2.0)
 mpf_add = libmp.mpf_add
 mpf_sub = libmp.mpf_sub
 mpf_neg = libmp.mpf_neg
+mpf_mul = libmp.mpf_mul
 mpf_exp = libmp.mpf_exp
 mpf_log = libmp.mpf_log
 mpf_div = libmp.mpf_div

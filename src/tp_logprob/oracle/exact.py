@@ -1,4 +1,4 @@
-"""Exact oracle: log-sum-exp, selected log-probabilities and gradients, correctly rounded.
+"""Exact oracle: log-sum-exp, selected log-probabilities, entropy and gradients, correctly rounded.
 
 Every float64 returned here is the true real value (inputs taken exactly)
 rounded to nearest, ties to even. The values are enclosed in intervals that
@@ -10,8 +10,11 @@ precision, so no global mpmath state is read or changed.
 Semantics (DESIGN section 2): columns at or past ``real_vocab_size`` are ``-inf``
 whatever they hold; ``lse`` follows ``torch.logsumexp`` and an active token's
 ``selected_logp`` follows ``torch.log_softmax(...).gather(...)`` on the live
-columns; inactive tokens get ``selected_logp = 0.0`` and their target is never
-read.
+columns; inactive tokens get ``selected_logp = 0.0`` (and ``entropy = 0.0``) and
+their target is never read. Every function takes ``temperature``: it works on
+``z = fp32(x) / fp32(T)`` (:func:`tp_logprob.oracle.apply_temperature`) and is
+exact with respect to that ``z``; gradients are with respect to ``x``, the
+exact ``d/dz`` divided by ``fp32(T)`` and rounded once.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tp_logprob.oracle._exact_entropy import (
+    RowEntropy,
+    certified_entropy,
+    certified_entropy_grad,
+)
 from tp_logprob.oracle._exact_row import (
     RowLSE,
     certified_lse,
@@ -30,6 +38,7 @@ from tp_logprob.oracle._exact_row import (
     start_bits,
 )
 from tp_logprob.oracle._inputs import (
+    BoolArray,
     FloatArray,
     as_active_mask,
     as_float64,
@@ -37,11 +46,14 @@ from tp_logprob.oracle._inputs import (
     as_targets,
     checked_targets,
 )
+from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
 _SPECIAL_LSE = {"nan": math.nan, "inf": math.inf, "empty": -math.inf}
 
 
-def exact_logsumexp(row: ArrayLike, *, real_vocab_size: int | None = None) -> float:
+def exact_logsumexp(
+    row: ArrayLike, *, real_vocab_size: int | None = None, temperature: float = 1.0
+) -> float:
     """``log(sum(exp(row[:real_vocab_size])))``, correctly rounded to float64.
 
     ``row`` is 1-D (float16, bfloat16, float32 or float64, taken exactly).
@@ -51,7 +63,7 @@ def exact_logsumexp(row: ArrayLike, *, real_vocab_size: int | None = None) -> fl
     >>> exact_logsumexp([0.0, 0.0])
     0.6931471805599453
     """
-    return _logsumexp(row, real_vocab_size=real_vocab_size)
+    return _logsumexp(row, real_vocab_size=real_vocab_size, temperature=temperature)
 
 
 def exact_selected_logprob(
@@ -60,6 +72,7 @@ def exact_selected_logprob(
     *,
     active_mask: ArrayLike | None = None,
     real_vocab_size: int | None = None,
+    temperature: float = 1.0,
 ) -> tuple[FloatArray, FloatArray]:
     """Per-token ``(selected_logp, lse)``, each correctly rounded to float64.
 
@@ -72,7 +85,11 @@ def exact_selected_logprob(
     (-0.6931471805599453, 0.6931471805599453)
     """
     return _selected_logprob(
-        logits, targets, active_mask=active_mask, real_vocab_size=real_vocab_size
+        logits,
+        targets,
+        active_mask=active_mask,
+        real_vocab_size=real_vocab_size,
+        temperature=temperature,
     )
 
 
@@ -82,8 +99,9 @@ def exact_logprob_grad(
     *,
     active_mask: ArrayLike | None = None,
     real_vocab_size: int | None = None,
+    temperature: float = 1.0,
 ) -> FloatArray:
-    """``d selected_logp[t] / d logits[t, v] = [v == target] - exp(x_v - LSE)``, ``[N, V]``.
+    """``d selected_logp[t] / d logits[t, v] = ([v == target] - exp(z_v - LSE)) / T``, ``[N, V]``.
 
     Each element is correctly rounded. Padding columns and inactive rows are
     ``0.0``. In a row whose ``selected_logp`` is NaN (a NaN or ``+inf`` live
@@ -94,12 +112,68 @@ def exact_logprob_grad(
     >>> exact_logprob_grad([[0.0, 0.0]], [1]).tolist()
     [[-0.5, 0.5]]
     """
-    return _logprob_grad(logits, targets, active_mask=active_mask, real_vocab_size=real_vocab_size)
+    return _logprob_grad(
+        logits,
+        targets,
+        active_mask=active_mask,
+        real_vocab_size=real_vocab_size,
+        temperature=temperature,
+    )
 
 
-def _logsumexp(row: ArrayLike, *, real_vocab_size: int | None, precision_scale: int = 1) -> float:
+def exact_entropy(
+    logits: ArrayLike,
+    *,
+    active_mask: ArrayLike | None = None,
+    real_vocab_size: int | None = None,
+    temperature: float = 1.0,
+) -> FloatArray:
+    """Per-token softmax entropy ``LSE(z) - sum_v p_v z_v``, correctly rounded to float64.
+
+    Over the live columns of ``z``: a ``-inf`` value contributes exactly 0, one
+    finite live value gives ``0.0``, and a NaN or ``+inf`` live value, or no
+    finite live value, gives NaN. Inactive tokens give ``0.0``.
+
+    >>> exact_entropy([[0.0, 0.0], [5.0, -float("inf")]]).tolist()
+    [0.6931471805599453, 0.0]
+    """
+    return _entropy(
+        logits, active_mask=active_mask, real_vocab_size=real_vocab_size, temperature=temperature
+    )
+
+
+def exact_entropy_grad(
+    logits: ArrayLike,
+    *,
+    active_mask: ArrayLike | None = None,
+    real_vocab_size: int | None = None,
+    temperature: float = 1.0,
+) -> FloatArray:
+    """``d entropy[t] / d logits[t, v] = -p_v (z_v - LSE + entropy) / T``, ``[N, V]``.
+
+    Each element is correctly rounded. Padding columns, ``-inf`` columns and
+    inactive rows are ``0.0``; a row whose entropy is NaN is NaN on every live
+    column (as :func:`exact_logprob_grad` does for NaN rows).
+
+    >>> exact_entropy_grad([[0.0, 0.0]]).tolist()
+    [[0.0, 0.0]]
+    """
+    return _entropy_grad(
+        logits, active_mask=active_mask, real_vocab_size=real_vocab_size, temperature=temperature
+    )
+
+
+def _logsumexp(
+    row: ArrayLike,
+    *,
+    real_vocab_size: int | None,
+    temperature: float = 1.0,
+    precision_scale: int = 1,
+) -> float:
+    t32 = checked_temperature(temperature)
     x = as_float64(row, "row", 1)
     rv = as_real_vocab_size(real_vocab_size, x.shape[0])
+    x = scaled_live(x, rv, t32, "row")
     special, finite = finite_part(x[:rv])
     if special is not None:
         return _SPECIAL_LSE[special]
@@ -113,13 +187,16 @@ def _selected_logprob(
     *,
     active_mask: ArrayLike | None,
     real_vocab_size: int | None,
+    temperature: float = 1.0,
     precision_scale: int = 1,
 ) -> tuple[FloatArray, FloatArray]:
+    t32 = checked_temperature(temperature)
     x = as_float64(logits, "logits", 2)
     n, v = x.shape
     rv = as_real_vocab_size(real_vocab_size, v)
     active = as_active_mask(active_mask, n)
     t = checked_targets(as_targets(targets, n), active, rv)
+    x = scaled_live(x, rv, t32, "logits")
     selected = np.zeros(n)
     lse = np.empty(n)
     for i in range(n):
@@ -148,13 +225,16 @@ def _logprob_grad(
     *,
     active_mask: ArrayLike | None,
     real_vocab_size: int | None,
+    temperature: float = 1.0,
     precision_scale: int = 1,
 ) -> FloatArray:
+    t32 = checked_temperature(temperature)
     x = as_float64(logits, "logits", 2)
     n, v = x.shape
     rv = as_real_vocab_size(real_vocab_size, v)
     active = as_active_mask(active_mask, n)
     t = checked_targets(as_targets(targets, n), active, rv)
+    x = scaled_live(x, rv, t32, "logits")
     grad = np.zeros((n, v))
     for i in np.flatnonzero(active).tolist():
         live = x[i, :rv]
@@ -168,10 +248,70 @@ def _logprob_grad(
         target_index = (
             None if target_value == -math.inf else int(np.searchsorted(engine.values, target_value))
         )
-        neg_q, target_grad = certified_probabilities(engine, target_index, first)
+        neg_q, target_grad = certified_probabilities(engine, target_index, first, t32)
         is_finite = live > -math.inf
         row = np.zeros(rv)
         row[is_finite] = neg_q[np.searchsorted(engine.values, live[is_finite])]
-        row[t[i]] = 1.0 if target_grad is None else target_grad
+        row[t[i]] = 1.0 / t32 if target_grad is None else target_grad
+        grad[i, :rv] = row
+    return grad
+
+
+def _entropy_rows(
+    logits: ArrayLike,
+    active_mask: ArrayLike | None,
+    real_vocab_size: int | None,
+    temperature: float,
+) -> tuple[FloatArray, int, BoolArray, float]:
+    t32 = checked_temperature(temperature)
+    x = as_float64(logits, "logits", 2)
+    n, v = x.shape
+    rv = as_real_vocab_size(real_vocab_size, v)
+    active = as_active_mask(active_mask, n)
+    return scaled_live(x, rv, t32, "logits"), rv, active, t32
+
+
+def _entropy(
+    logits: ArrayLike,
+    *,
+    active_mask: ArrayLike | None,
+    real_vocab_size: int | None,
+    temperature: float = 1.0,
+    precision_scale: int = 1,
+) -> FloatArray:
+    x, rv, active, _ = _entropy_rows(logits, active_mask, real_vocab_size, temperature)
+    out = np.zeros(x.shape[0])
+    for i in np.flatnonzero(active).tolist():
+        special, finite = finite_part(x[i, :rv])
+        if special is not None:
+            out[i] = math.nan
+            continue
+        engine = RowEntropy(finite)
+        out[i] = certified_entropy(engine, precision_scale * start_bits(engine.num_values))
+    return out
+
+
+def _entropy_grad(
+    logits: ArrayLike,
+    *,
+    active_mask: ArrayLike | None,
+    real_vocab_size: int | None,
+    temperature: float = 1.0,
+    precision_scale: int = 1,
+) -> FloatArray:
+    x, rv, active, t32 = _entropy_rows(logits, active_mask, real_vocab_size, temperature)
+    grad = np.zeros(x.shape)
+    for i in np.flatnonzero(active).tolist():
+        live = x[i, :rv]
+        special, finite = finite_part(live)
+        if special is not None:
+            grad[i, :rv] = math.nan
+            continue
+        engine = RowEntropy(finite)
+        first = precision_scale * start_bits(engine.num_values)
+        per_value = certified_entropy_grad(engine, first, t32)
+        is_finite = live > -math.inf
+        row = np.zeros(rv)
+        row[is_finite] = per_value[np.searchsorted(engine.values, live[is_finite])]
         grad[i, :rv] = row
     return grad

@@ -1,6 +1,8 @@
 """Float64 numpy reference: fast, vectorised, max-shifted, within a proven bound of exact.
 
-Same signatures and semantics as :mod:`tp_logprob.oracle.exact`. Rows are
+Same signatures and semantics as :mod:`tp_logprob.oracle.exact` (``temperature``
+included: the logits are ``z = fp32(x) / fp32(T)``, formed exactly as the exact
+oracle forms them, and gradients are divided by ``fp32(T)``). Rows are
 processed in chunks of about a million values so the float64 working copy stays
 in cache. For each shard of columns (one shard, ``[0, real_vocab_size)``, for
 the unsharded functions) the partial is ``m = max x`` and
@@ -44,6 +46,7 @@ from tp_logprob.oracle._inputs import (
     as_targets,
     checked_targets,
 )
+from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 from tp_logprob.oracle.tolerance import ErrorModel
 
 _U64 = 2.0**-53
@@ -51,14 +54,18 @@ _U64 = 2.0**-53
 _CHUNK_VALUES = 1 << 20
 
 
-def reference_logsumexp(row: ArrayLike, *, real_vocab_size: int | None = None) -> float:
+def reference_logsumexp(
+    row: ArrayLike, *, real_vocab_size: int | None = None, temperature: float = 1.0
+) -> float:
     """``log(sum(exp(row[:real_vocab_size])))`` in float64, max-shifted.
 
     >>> reference_logsumexp([0.0, 0.0])
     0.6931471805599453
     """
+    t32 = checked_temperature(temperature)
     x = as_exact_array(row, "row", 1)
     rv = as_real_vocab_size(real_vocab_size, x.shape[0])
+    x = scaled_live(x, rv, t32, "row")
     _, lse = _merged(x[None, :], [(0, rv)] if rv else [])
     return float(lse[0])
 
@@ -69,6 +76,7 @@ def reference_selected_logprob(
     *,
     active_mask: ArrayLike | None = None,
     real_vocab_size: int | None = None,
+    temperature: float = 1.0,
 ) -> tuple[FloatArray, FloatArray]:
     """Per-token ``(selected_logp, lse)`` in float64 (see :func:`exact_selected_logprob`).
 
@@ -76,7 +84,7 @@ def reference_selected_logprob(
     >>> float(sel[0]), float(lse[0])
     (-0.6931471805599453, 0.6931471805599453)
     """
-    x, t, active, rv = _prepare(logits, targets, active_mask, real_vocab_size)
+    x, t, active, rv, _ = _prepare(logits, targets, active_mask, real_vocab_size, temperature)
     return _selected(x, t, active, [(0, rv)] if rv else [])
 
 
@@ -87,6 +95,7 @@ def reference_sharded_logprob(
     *,
     active_mask: ArrayLike | None = None,
     real_vocab_size: int | None = None,
+    temperature: float = 1.0,
 ) -> tuple[FloatArray, FloatArray]:
     """``(selected_logp, lse)`` through per-shard float64 partials merged in shard order.
 
@@ -99,7 +108,7 @@ def reference_sharded_logprob(
     >>> float(lse[0])
     0.6931471805599453
     """
-    x, t, active, rv = _prepare(logits, targets, active_mask, real_vocab_size)
+    x, t, active, rv, _ = _prepare(logits, targets, active_mask, real_vocab_size, temperature)
     bounds = as_shard_bounds(vocab_shard_bounds, x.shape[1])
     live = [(a, min(b, rv)) for a, b in bounds]
     return _selected(x, t, active, live)
@@ -111,13 +120,14 @@ def reference_logprob_grad(
     *,
     active_mask: ArrayLike | None = None,
     real_vocab_size: int | None = None,
+    temperature: float = 1.0,
 ) -> FloatArray:
-    """``[v == target] - exp(x_v - lse)`` in float64, ``[N, V]`` (see :func:`exact_logprob_grad`).
+    """``([v == target] - exp(z_v - lse)) / T`` in float64, ``[N, V]`` (``exact_logprob_grad``).
 
     >>> reference_logprob_grad([[0.0, 0.0]], [1]).tolist()
     [[-0.5, 0.5]]
     """
-    x, t, active, rv = _prepare(logits, targets, active_mask, real_vocab_size)
+    x, t, active, rv, t32 = _prepare(logits, targets, active_mask, real_vocab_size, temperature)
     n, v = x.shape
     grad = np.zeros((n, v))
     rows = np.flatnonzero(active)
@@ -132,6 +142,8 @@ def reference_logprob_grad(
         np.negative(block, out=block)
         block[np.arange(rows.size), t[rows]] = 1.0 - np.exp(target_logit - lse)
     block[np.isnan(selected)] = math.nan
+    if t32 != 1.0:
+        block /= t32
     grad[rows, :rv] = block
     return grad
 
@@ -145,7 +157,16 @@ def reference_error_bounds(
     row_max: ArrayLike | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Bounds on ``|reference - true|`` for ``(selected, lse)`` (module docstring)."""
-    model = ErrorModel(
+    model = reference_model(num_values, num_shards)
+    s = np.asarray(selected, dtype=np.float64)
+    e = np.asarray(lse, dtype=np.float64)
+    log_sum = model.log_sum_upper(e, row_max)
+    return model.selected_error(s, e, log_sum), model.lse_error(e, log_sum)
+
+
+def reference_model(num_values: int, num_shards: int) -> ErrorModel:
+    """The float64 rounding model of the references (module docstring)."""
+    return ErrorModel(
         unit=_U64,
         exp_rel=2.0 * _U64,
         arg_rel=_U64,
@@ -156,10 +177,6 @@ def reference_error_bounds(
         num_shards=num_shards,
         rescales=1,
     )
-    s = np.asarray(selected, dtype=np.float64)
-    e = np.asarray(lse, dtype=np.float64)
-    log_sum = model.log_sum_upper(e, row_max)
-    return model.selected_error(s, e, log_sum), model.lse_error(e, log_sum)
 
 
 def _prepare(
@@ -167,13 +184,15 @@ def _prepare(
     targets: ArrayLike,
     active_mask: ArrayLike | None,
     real_vocab_size: int | None,
-) -> tuple[NDArray[np.floating], IntArray, BoolArray, int]:
+    temperature: float,
+) -> tuple[NDArray[np.floating], IntArray, BoolArray, int, float]:
+    t32 = checked_temperature(temperature)
     x = as_exact_array(logits, "logits", 2)
     n, v = x.shape
     rv = as_real_vocab_size(real_vocab_size, v)
     active = as_active_mask(active_mask, n)
     t = checked_targets(as_targets(targets, n), active, rv)
-    return x, t, active, rv
+    return scaled_live(x, rv, t32, "logits"), t, active, rv, t32
 
 
 def _selected(

@@ -16,7 +16,11 @@ the max-shifted algorithm with fp32 unit roundoff ``u = 2^-24``:
   or the bound of :meth:`ErrorModel.selected_error` for ``(x_t - M) - L_hat``
   (the larger of the two is used).
 
-The ``2^-53`` terms cover the oracle's own rounding to float64.
+The ``2^-53`` terms cover the oracle's own rounding to float64. The fp32
+entropy bound (:meth:`LogprobTolerance.entropy_bound`) uses the same model for
+``S`` and adds the rounding of ``Q = sum exp(d) d``; its derivation is the
+section "Entropy" of ``docs/tolerances.md``. Temperature needs no term of its
+own: every bound is for ``z = fp32(x) / fp32(T)``, the oracle's exact input.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tp_logprob.oracle._entropy_error import entropy_error, ratio_upper
 from tp_logprob.oracle._inputs import format_name
 
 _U32 = 2.0**-24
@@ -156,11 +161,12 @@ class ErrorModel:
 
 @dataclass(frozen=True)
 class LogprobTolerance:
-    """Absolute bounds on ``|kernel - exact|`` for fp32 ``lse`` and ``selected_logp``.
+    """Absolute bounds on ``|kernel - exact|`` for fp32 ``lse``, ``selected_logp`` and entropy.
 
-    Built by :func:`tolerance`. :meth:`lse_bound` and :meth:`selected_bound` take
-    the exact (oracle) values, because the bounds grow with their magnitudes;
-    :meth:`violations` applies them row by row, special values included.
+    Built by :func:`tolerance`. :meth:`lse_bound`, :meth:`selected_bound` and
+    :meth:`entropy_bound` take the exact (oracle) values, because the bounds grow
+    with their magnitudes; :meth:`violations` applies them row by row, special
+    values included.
     """
 
     dtype: str
@@ -189,6 +195,32 @@ class LogprobTolerance:
         bound = self.model.selected_error(s, e, log_sum) + _U64 * np.abs(s)
         return np.asarray(bound, dtype=np.float64)
 
+    def entropy_bound(
+        self,
+        entropy: ArrayLike,
+        *,
+        lse: ArrayLike | None = None,
+        row_max: ArrayLike | None = None,
+    ) -> NDArray[np.float64]:
+        """Bound on ``|entropy_kernel - entropy_exact|`` for each row (``entropy`` = exact).
+
+        ``entropy`` holds the exact finite entropies. ``lse`` (the exact lse) and
+        ``row_max`` (the row's maximum live ``z``), given together, tighten the
+        bound through ``log S = lse - row_max``; otherwise ``log S <= min(H, log n)``.
+        The model covers per-shard partials merged once, an online softmax with
+        rescaled per-lane accumulators (``rescales``) and the fixed-point sums
+        (``fixed_point_bits``), with the final ``log S - Q / S`` formed in float64
+        and rounded once to fp32 (``docs/tolerances.md``, "Entropy").
+
+        >>> tol = tolerance("bf16", 32000, num_shards=8)
+        >>> print(f"{tol.entropy_bound([3.5])[0]:.2e}")
+        1.53e-02
+        """
+        h = np.asarray(entropy, dtype=np.float64)
+        log_sum, rho = ratio_upper(self.model, h, lse, row_max)
+        bound = entropy_error(self.model, h, log_sum, rho) + _U64 * np.abs(h)
+        return np.asarray(bound, dtype=np.float64)
+
     def violations(
         self,
         kernel_selected: ArrayLike,
@@ -198,6 +230,8 @@ class LogprobTolerance:
         *,
         row_max: ArrayLike | None = None,
         active_mask: ArrayLike | None = None,
+        kernel_entropy: ArrayLike | None = None,
+        exact_entropy: ArrayLike | None = None,
     ) -> NDArray[np.bool_]:
         """Rows where the kernel is out of tolerance (True = violation).
 
@@ -205,7 +239,14 @@ class LogprobTolerance:
         accepts a kernel value within the bound, or an fp32 overflow to the
         infinity of the same sign when the bound reaches past the fp32 range.
         Inactive tokens (``active_mask`` False) must have ``selected`` exactly 0.
+        With ``kernel_entropy`` and ``exact_entropy`` (given together) the
+        entropy is judged too, by :meth:`entropy_bound` (tightened by the exact
+        lse and ``row_max`` when ``row_max`` is given), and inactive tokens must
+        have entropy exactly 0.
         """
+        entropy_bad = self._entropy_violations(
+            kernel_entropy, exact_entropy, exact_lse, row_max, active_mask
+        )
         es = np.asarray(exact_selected, dtype=np.float64)
         el = np.asarray(exact_lse, dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -221,7 +262,38 @@ class LogprobTolerance:
             active = np.asarray(active_mask, dtype=np.bool_)
             ks = np.asarray(kernel_selected, np.float64)
             sel_bad = np.where(active, sel_bad, ks != 0.0)
-        return np.asarray(lse_bad | sel_bad, dtype=np.bool_)
+        return np.asarray(lse_bad | sel_bad | entropy_bad, dtype=np.bool_)
+
+    def _entropy_violations(
+        self,
+        kernel_entropy: ArrayLike | None,
+        exact_entropy: ArrayLike | None,
+        exact_lse: ArrayLike,
+        row_max: ArrayLike | None,
+        active_mask: ArrayLike | None,
+    ) -> NDArray[np.bool_] | bool:
+        if kernel_entropy is None and exact_entropy is None:
+            return False
+        if kernel_entropy is None or exact_entropy is None:
+            raise ValueError("kernel_entropy and exact_entropy must be given together")
+        ke = np.asarray(kernel_entropy, np.float64)
+        eh = np.asarray(exact_entropy, np.float64)
+        finite = np.isfinite(eh)
+        h = np.where(finite, eh, 0.0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if row_max is None:
+                bound = self.entropy_bound(h)
+            else:
+                el = np.asarray(exact_lse, np.float64)
+                m = np.asarray(row_max, np.float64)
+                usable = np.isfinite(el) & np.isfinite(m)
+                bound = self.entropy_bound(
+                    h, lse=np.where(usable, el, np.inf), row_max=np.where(usable, m, 0.0)
+                )
+            bad = ~within_tolerance(ke, eh, bound)
+        if active_mask is not None:
+            bad = np.where(np.asarray(active_mask, dtype=np.bool_), bad, ke != 0.0)
+        return np.asarray(bad, dtype=np.bool_)
 
 
 def within_tolerance(
