@@ -4,10 +4,11 @@ Goals: one bf16 row of 152,064 columns certified (correctly rounded LSE) in
 under 0.1 s and at least 3x faster than a plain per-element mpmath exp + fsum at
 113 bits; the float64 reference at 200 MB/s or more of fp32 logits on
 [64, 152064]. The tolerance section prints, per vocabulary size and TP degree,
-the bound next to the worst error measured for plain fp32 implementations
-(numbers quoted in docs/tolerances.md).
+the bound next to the worst error measured for plain fp32 implementations, for
+the LSE and (section entropy) the softmax entropy (numbers quoted in
+docs/tolerances.md).
 
-Run: PYTHONPATH=src python benchmarks/bench_oracle.py [--section exact|reference|tolerance]
+Run: PYTHONPATH=src python benchmarks/bench_oracle.py [--section exact|reference|tolerance|entropy]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import mpmath
 import numpy as np
 
 from tp_logprob.oracle import (
+    exact_entropy,
     exact_logprob_grad,
     exact_logsumexp,
     exact_selected_logprob,
@@ -157,9 +159,62 @@ def bench_tolerance(repeats: int) -> None:
                     print("  " + " | ".join(f"{c!s:>11s}" for c in cells))
 
 
+def _fp32_entropy(row: np.ndarray, shards: int, order: str) -> tuple[float, float, float]:
+    """Plain fp32 per-shard (m, s, q), merged in float64; returns (entropy, lse, max)."""
+    big_m, total_s, total_q = -math.inf, 0.0, 0.0
+    parts = []
+    for k in range(shards):
+        xs = row[k * row.size // shards : (k + 1) * row.size // shards]
+        m = xs.max()
+        d = (xs - m).astype(F32)
+        e = np.exp(d)
+        t = (e * d).astype(F32)
+        if order == "sequential":
+            s, q = np.cumsum(e, dtype=F32)[-1], np.cumsum(t, dtype=F32)[-1]
+        else:
+            s, q = e.sum(dtype=F32), t.sum(dtype=F32)
+        parts.append((float(m), float(s), float(q)))
+        big_m = max(big_m, float(m))
+    for m, s, q in parts:
+        scale = math.exp(m - big_m)
+        total_s += s * scale
+        total_q += scale * (q + (m - big_m) * s)
+    h = float(F32(math.log(total_s) - total_q / total_s))
+    return h, big_m + math.log(total_s), big_m
+
+
+def bench_entropy(repeats: int) -> None:
+    print("tolerance: fp32 entropy error against the bound (lse and row max given)")
+    header = ["V", "TP", "rows", "order", "worst |err|", "bound", "err/bound"]
+    print("  " + " | ".join(f"{h:>11s}" for h in header))
+    for size in (32, 1024, 32_000, VOCAB):
+        for shards in (1, 8):
+            tol = tolerance("bf16", size, num_shards=shards, max_shard_size=-(-size // shards))
+            rows = {
+                "bf16 normal*3": [bf16_row(100 + k, size) for k in range(repeats)],
+                "half-ulp": [_half_ulp_row(size)],
+            }
+            for label, batch in rows.items():
+                for order in ("pairwise", "sequential"):
+                    worst = (0.0, 1.0)
+                    for row in batch:
+                        want = exact_entropy(row[None, :])
+                        lse = exact_logsumexp(row)
+                        got, _, _ = _fp32_entropy(row, shards, order)
+                        bound = float(
+                            tol.entropy_bound(want, lse=[lse], row_max=[float(row.max())])[0]
+                        )
+                        err = abs(got - float(want[0]))
+                        if err / bound >= worst[0] / worst[1]:
+                            worst = (err, bound)
+                    cells = [size, shards, label, order]
+                    cells += [f"{worst[0]:.3e}", f"{worst[1]:.3e}", f"{worst[0] / worst[1]:.3f}"]
+                    print("  " + " | ".join(f"{c!s:>11s}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--section", choices=["exact", "reference", "tolerance", "all"])
+    parser.add_argument("--section", choices=["exact", "reference", "tolerance", "entropy", "all"])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     section = args.section or "all"
@@ -169,6 +224,8 @@ def main() -> None:
         bench_reference(args.repeat)
     if section in ("tolerance", "all"):
         bench_tolerance(args.repeat)
+    if section in ("entropy", "all"):
+        bench_entropy(args.repeat)
 
 
 if __name__ == "__main__":
