@@ -3,8 +3,9 @@
 ``run_op`` checks the inputs (``check_op_inputs``), prepares them once, and runs
 a backend's forward. For the ``train`` role with logits that require grad it goes
 through :class:`TritonLogprobFunction`, whose backward launches
-``logprob_grad_kernel`` from the merged fp32 LSE saved by the forward: no extra
-collective. Only ``selected_logp`` is differentiable; ``lse`` is not.
+``logprob_grad_kernel`` from the merged fp32 LSE (and entropy) saved by the
+forward: no extra collective. ``selected_logp`` and ``entropy`` are
+differentiable; ``lse`` is not.
 """
 
 from __future__ import annotations
@@ -39,16 +40,23 @@ def run_op(
     inputs = prepare(local_logits, targets, active, contract)
     wants_grad = torch.is_grad_enabled() and local_logits.requires_grad
     if contract.role is LogprobRole.TRAIN and wants_grad:
-        selected, lse = TritonLogprobFunction.apply(  # type: ignore[no-untyped-call]
+        selected, lse, entropy = TritonLogprobFunction.apply(  # type: ignore[no-untyped-call]
             local_logits, inputs, contract, group, forward
         )
-        return LogprobResult(selected, lse if contract.export_lse else None)
+        return LogprobResult(
+            selected,
+            lse if contract.export_lse else None,
+            entropy if contract.export_entropy else None,
+        )
     outputs = forward(inputs, contract, group)
-    return LogprobResult(outputs.selected, outputs.lse)
+    return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
 
 
 class TritonLogprobFunction(torch.autograd.Function):
-    """``(local_logits, ...) -> (selected_logp, lse)``, differentiable in ``local_logits``."""
+    """``(local_logits, ...) -> (selected_logp, lse, entropy)``, differentiable in ``local_logits``.
+
+    Without ``export_entropy`` the entropy output is an empty, non-differentiable placeholder.
+    """
 
     @staticmethod
     def forward(
@@ -58,21 +66,34 @@ class TritonLogprobFunction(torch.autograd.Function):
         contract: LogprobContract,
         group: Any,
         forward: ForwardFn,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         outputs = forward(inputs, contract, group)
-        lse = outputs.lse32 if outputs.lse is None else outputs.lse
-        ctx.save_for_backward(inputs.logits, inputs.targets, inputs.active, outputs.lse32)
-        ctx.col_start, ctx.live_width = inputs.col_start, inputs.live_width
-        ctx.mark_non_differentiable(lse)
-        return outputs.selected, lse
+        lse = outputs.lse_target()
+        if outputs.entropy is None or outputs.entropy32 is None:
+            entropy = entropy32 = outputs.selected.new_empty(0)
+            frozen: tuple[torch.Tensor, ...] = (lse, entropy)
+        else:
+            entropy, entropy32 = outputs.entropy, outputs.entropy32
+            frozen = (lse,)
+        ctx.save_for_backward(
+            inputs.logits, inputs.targets, inputs.active, outputs.lse32, entropy32
+        )
+        ctx.inputs = inputs
+        ctx.entropy = contract.export_entropy
+        ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
+        return outputs.selected, lse, entropy
 
     @staticmethod
     def backward(
-        ctx: Any, grad_selected: torch.Tensor, grad_lse: torch.Tensor | None
+        ctx: Any,
+        grad_selected: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        grad_entropy: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, ...]:
-        logits, targets, active, lse32 = ctx.saved_tensors
+        logits, targets, active, lse32, entropy32 = ctx.saved_tensors
+        entropy_grads = (entropy32, grad_entropy) if ctx.entropy else None
         grad = logprob_grad(
-            logits, targets, active, lse32, grad_selected, ctx.col_start, ctx.live_width
+            logits, targets, active, lse32, grad_selected, ctx.inputs, entropy_grads
         )
         return grad, None, None, None, None
 
@@ -83,13 +104,20 @@ def logprob_grad(
     active: torch.Tensor,
     lse32: torch.Tensor,
     grad_selected: torch.Tensor,
-    col_start: int,
-    live_width: int,
+    inputs: RankInputs,
+    entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """The local ``d loss / d logits`` in the logits dtype (contiguous ``[N, width]``)."""
+    """The local ``d loss / d logits`` in the logits dtype (contiguous ``[N, width]``).
+
+    ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported.
+    """
     rows, width = logits.shape
     grad = torch.empty((rows, width), dtype=logits.dtype, device=logits.device)
     config = launch_config(platform_of(logits), KernelKind.TILE, logits.dtype)
+    if entropy_grads is None or entropy_grads[1] is None:
+        entropy32, grad_entropy, with_entropy = lse32, lse32, False
+    else:
+        entropy32, grad_entropy, with_entropy = entropy_grads[0], entropy_grads[1], True
     launch(
         logprob_grad_kernel,
         (rows, triton.cdiv(width, config.block)),
@@ -98,12 +126,17 @@ def logprob_grad(
         logits,
         logits.stride(0),
         width,
-        live_width,
-        col_start,
+        inputs.live_width,
+        inputs.col_start,
         targets,
         active,
         lse32,
         grad_selected.contiguous(),
         grad,
+        entropy32,
+        grad_entropy.contiguous(),
+        inputs.temperature,
+        SCALE=inputs.scale,
+        ENTROPY=with_entropy,
     )
     return grad

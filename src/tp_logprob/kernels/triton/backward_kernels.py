@@ -1,12 +1,16 @@
 """The local logprob gradient, shared by both Triton backends.
 
 ``logprob_grad_kernel``: one program per ``(row, BLOCK-wide column tile)`` writes
-``g * ([v == target] - exp(x - LSE))`` from the merged fp32 LSE saved by the
-forward, computed in fp32 and stored in the logits dtype; padding columns and
-inactive rows get exactly 0 (their logits are not loaded). Elementwise, so no
-collective and no reduction-order question. Traffic per row:
+``(g ([v == target] - p) - h p (z - LSE + H)) / T`` with ``z = x / T`` and
+``p = exp(z - LSE)``, from the merged fp32 LSE (and entropy ``H``) saved by the
+forward; ``g`` and ``h`` are the upstream gradients of ``selected_logp`` and
+``entropy`` (the entropy term only with ``ENTROPY``, the divisions by ``T`` only
+with ``SCALE``, both IEEE ``div_rn``). Computed in fp32 and stored in the logits
+dtype; padding columns and inactive rows get exactly 0 (their logits are not
+loaded), and a ``-inf`` column's entropy term is 0, never ``0 * -inf``.
+Elementwise, so no collective and no reduction-order question. Traffic per row:
 ``live_width * itemsize`` bytes read (active rows only), ``width * itemsize``
-bytes written, plus the row's LSE, gradient and target.
+bytes written, plus the row's LSE, gradients, entropy and target.
 """
 
 # triton ships no type hints, and Triton types kernel parameters itself:
@@ -17,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tp_logprob.kernels.triton.common_kernels import round_for
+from tp_logprob.kernels.triton.common_kernels import round_for, scaled
 
 __all__ = ["logprob_grad_kernel"]
 
@@ -34,6 +38,11 @@ def logprob_grad_kernel(
     lse_ptr,
     grad_out_ptr,
     grad_ptr,
+    entropy_ptr,
+    grad_entropy_ptr,
+    temperature,
+    SCALE: tl.constexpr,
+    ENTROPY: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -43,15 +52,24 @@ def logprob_grad_kernel(
     # A scalar bound rather than `vector & scalar`: the interpreter mistypes that mask.
     live = cols < tl.where(active, live_width, 0)
     x = tl.load(logits_ptr + row * row_stride + cols, mask=live, other=float("-inf"))
-    x = x.to(tl.float32)
+    z = scaled(x.to(tl.float32), temperature, SCALE)
     lse = tl.load(lse_ptr + row)
     grad_out = tl.load(grad_out_ptr + row, mask=active, other=0.0).to(tl.float32)
     target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)
     lse_finite = (lse > float("-inf")) & (lse < float("inf"))
-    prob = tl.exp(tl.where(lse_finite, x - tl.where(lse_finite, lse, 0.0), float("-inf")))
+    centred = z - tl.where(lse_finite, lse, 0.0)
+    prob = tl.exp(tl.where(lse_finite, centred, float("-inf")))
     # A row whose selected_logp is NaN (LSE NaN, +inf or -inf) gets NaN on every live
     # column, as torch's log_softmax backward gives; exp(x - inf) alone would give 0.
     prob = tl.where(lse_finite, prob, float("nan"))
     onehot = tl.where(cols == target - col_start, 1.0, 0.0)
-    grad = tl.where(live, grad_out * (onehot - prob), 0.0)
+    grad = grad_out * (onehot - prob)
+    if ENTROPY:
+        entropy = tl.load(entropy_ptr + row)
+        grad_entropy = tl.load(grad_entropy_ptr + row, mask=active, other=0.0).to(tl.float32)
+        # p (z - LSE + H) is 0 where p is 0: a -inf column never gives 0 * -inf.
+        finite_centred = tl.where(centred > float("-inf"), centred, 0.0)
+        spread = prob * (finite_centred + entropy)
+        grad -= grad_entropy * tl.where(prob == 0.0, 0.0, spread)
+    grad = tl.where(live, scaled(grad, temperature, SCALE), 0.0)
     tl.store(grad_ptr + row * width + cols, round_for(grad_ptr, grad), mask=in_row)

@@ -3,10 +3,14 @@
 Gathered partials are fp32 ``[R, N, FIELDS]`` tensors with the row maximum in
 field 0 (NaN when the shard saw a NaN) and the owner's target logit in field
 ``TARGET_FIELD`` (0.0 on other ranks). The kernels never compute ``inf - inf``,
-``log(0)`` or a NaN-to-integer cast, not even in lanes a ``tl.where`` discards:
+``log(0)``, ``0 * -inf`` or a NaN-to-integer cast, not even in lanes a ``tl.where`` discards:
 the GPU would not mind, but the interpreter warns, and the tests run with
 warnings as errors. (fp32 overflow to +-inf, as in ``x - M`` for ``|x|`` near the
 fp32 maximum, is IEEE behaviour the kernels rely on; see ``launch.py``.)
+
+Temperature: every kernel that reads logits forms ``z = x / T`` with
+``tl.math.div_rn`` (``div.rn.f32``, the IEEE division the contract names), not
+``x / T``, which Triton lowers to the approximate ``div.full.f32`` on NVIDIA.
 """
 
 # triton ships no type hints, and Triton types kernel parameters itself:
@@ -18,17 +22,37 @@ import triton
 import triton.language as tl
 
 __all__ = [
+    "entropy_term",
     "gathered_max",
     "owned_target_logit",
     "owner_target_logit",
     "round_for",
+    "scaled",
+    "store_entropy",
     "store_results",
 ]
 
 
 @triton.jit
-def owned_target_logit(row_ptr, targets_ptr, active_ptr, row, col_start, width):
-    """This rank's logit at an active row's target column when it owns the column, else 0.0.
+def scaled(x, temperature, SCALE: tl.constexpr):
+    """``z = x / T`` by IEEE division (``div.rn.f32``) when ``SCALE``, else ``x`` unchanged."""
+    if SCALE:
+        return tl.math.div_rn(x, temperature)
+    else:
+        return x
+
+
+@triton.jit
+def entropy_term(weight, shifted):
+    """``exp(d) * d`` given ``weight = exp(d)``: exactly 0 where ``d = -inf``, never NaN."""
+    return weight * tl.where(shifted > float("-inf"), shifted, 0.0)
+
+
+@triton.jit
+def owned_target_logit(
+    row_ptr, targets_ptr, active_ptr, row, col_start, width, temperature, SCALE: tl.constexpr
+):
+    """This rank's ``z`` at an active row's target column when it owns the column, else 0.0.
 
     An inactive row's target is never loaded.
     """
@@ -36,7 +60,8 @@ def owned_target_logit(row_ptr, targets_ptr, active_ptr, row, col_start, width):
     target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)
     local = target - col_start
     owned = active & (local >= 0) & (local < width)
-    return tl.load(row_ptr + local, mask=owned, other=0.0).to(tl.float32)
+    logit = tl.load(row_ptr + local, mask=owned, other=0.0).to(tl.float32)
+    return scaled(logit, temperature, SCALE)
 
 
 @triton.jit
@@ -132,3 +157,32 @@ def round_for(ptr, value):
         return half.to(tl.bfloat16, bitcast=True)
     else:
         return value.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def store_entropy(
+    rows,
+    in_range,
+    active,
+    maximum,
+    has_nan,
+    total,
+    moment,
+    entropy_ptr,
+    entropy32_ptr,
+    STORE_ENTROPY: tl.constexpr,
+):
+    """Write ``entropy = log S - Q / S`` (fp64, rounded once) from ``S`` and ``Q``, both
+    relative to the global max ``M``.
+
+    NaN when ``M`` is not finite (a NaN, a ``+inf`` or no finite live logit);
+    exactly 0.0 on inactive rows.
+    """
+    finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
+    safe_total = tl.where(finite, total, 1.0)
+    entropy64 = tl.log(safe_total) - moment / safe_total
+    entropy = tl.where(finite, entropy64.to(tl.float32), float("nan"))
+    entropy = tl.where(active, entropy, 0.0)
+    tl.store(entropy32_ptr + rows, entropy, mask=in_range)
+    if STORE_ENTROPY:
+        tl.store(entropy_ptr + rows, round_for(entropy_ptr, entropy), mask=in_range)

@@ -12,9 +12,15 @@ vocabulary), under fp32's own rounding of ``exp``. Special values are resolved
 from the gathered maxima (NaN anywhere live, ``+inf``, all ``-inf``) exactly as
 in ``triton_online``.
 
+Temperature divides each logit (``z = x / T``, IEEE ``div_rn``) in both passes;
+entropy adds a second fixed-point sum, of ``exp(z - M) (z - M)`` (each in
+``[-1/e, 0]``), in the same second pass, so it is bitwise layout independent too.
+
 Cost over ``triton_online``: an extra all-gather (the row maxima, before the
 sums) and two passes over the local logits instead of one, so about twice the
-bytes read.
+bytes read. Bytes per row (``w`` live columns, ``b`` the item size, ``R`` the TP
+degree): read ``2 w b + b`` + ``8 R`` (maxima and targets) + ``8 R`` (sums; ``16 R``
+with entropy) + 9; written 8 (stage) + 8 (sums; 16 with entropy) + the outputs.
 """
 
 from __future__ import annotations
@@ -79,11 +85,14 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
         inputs.targets,
         inputs.active,
         stage,
+        inputs.temperature,
+        SCALE=inputs.scale,
     )
     gathered_stage = all_gather(stage, group)
     num_ranks = gathered_stage.shape[0]
     bits = fraction_bits(contract.sharding.padded_vocab_size)
-    sums = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    sum_fields = 1 + int(contract.export_entropy)
+    sums = torch.empty((rows, sum_fields), dtype=torch.int64, device=logits.device)
     launch(
         exact_sum_kernel,
         (rows,),
@@ -97,11 +106,16 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
         rows,
         sums,
         float(2**bits),
+        inputs.temperature,
+        SCALE=inputs.scale,
+        ENTROPY=contract.export_entropy,
+        SUM_FIELDS=sum_fields,
     )
     gathered_sums = all_gather(sums, group)
     outputs = allocate_outputs(contract, rows, logits.device)
     merge_config = launch_config(platform, KernelKind.MERGE, logits.dtype)
-    lse = outputs.lse32 if outputs.lse is None else outputs.lse
+    lse = outputs.lse_target()
+    entropy, entropy32 = outputs.entropy_targets()
     launch(
         exact_merge_kernel,
         (triton.cdiv(rows, merge_config.block),),
@@ -117,7 +131,12 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
         outputs.selected,
         lse,
         outputs.lse32,
+        entropy,
+        entropy32,
         float(2.0**-bits),
         STORE_LSE=lse is not outputs.lse32,
+        ENTROPY=contract.export_entropy,
+        STORE_ENTROPY=entropy is not entropy32,
+        SUM_FIELDS=sum_fields,
     )
     return outputs

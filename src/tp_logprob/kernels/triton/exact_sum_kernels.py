@@ -2,9 +2,10 @@
 
 Three kernels, with an all-gather after each of the first two:
 
-``exact_max_kernel``: one program per row takes the max over the row's live
-columns (per-lane maxima in ``BLOCK``-wide tiles, NaNs set aside and reported as
-``m = NaN``) and the owned target logit. Max is exact and order-free, so the
+``exact_max_kernel``: one program per row takes the max of ``z = x / T`` (IEEE
+division, only when ``T != 1``) over the row's live columns (per-lane maxima in
+``BLOCK``-wide tiles, NaNs set aside and reported as ``m = NaN``) and the owned
+target's ``z``. Max is exact and order-free, so the
 gathered global ``M`` is the same for every layout. Traffic per row:
 ``live_width * itemsize`` bytes read, 8 bytes written.
 
@@ -13,12 +14,17 @@ and, when ``M`` is finite, turns each ``exp(x - M)`` (in ``[0, 1]``, elementwise
 so identical whatever the shard) into an int64 with ``K`` fractional bits
 (``floor(exp(x - M) * 2^K)``), and sums the integers. Integer addition is exact and
 associative, so a rank's partial sum, and the total over ranks, are the same
-integers for every split of the vocabulary. Traffic per row:
-``live_width * itemsize`` bytes read (again), 8 bytes written.
+integers for every split of the vocabulary. With entropy it also sums
+``exp(d) d`` (``d = z - M``, in ``[-1/e, 0]``, 0 for ``d = -inf``) the same way,
+truncated toward zero to ``K`` fractional bits: the entropy is bitwise layout
+independent too. Traffic per row: ``live_width * itemsize`` bytes read (again),
+8 bytes written (16 with entropy).
 
 ``exact_merge_kernel``: one program per block of rows adds the gathered int64
 sums, converts once, ``S = S_int * 2^-K``, and writes ``LSE = M + log S`` (fp64,
-rounded once). Traffic per row: ``16 R`` bytes read plus target and flag.
+rounded once), and with entropy ``Q = Q_int * 2^-K`` and
+``entropy = log S - Q / S``. Traffic per row: ``16 R`` bytes read (``24 R`` with
+entropy) plus target and flag.
 """
 
 # triton ships no type hints, and Triton types kernel parameters itself:
@@ -30,9 +36,12 @@ import triton
 import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import (
+    entropy_term,
     gathered_max,
     owned_target_logit,
     owner_target_logit,
+    scaled,
+    store_entropy,
     store_results,
 )
 
@@ -51,6 +60,8 @@ def exact_max_kernel(
     targets_ptr,
     active_ptr,
     stage_ptr,
+    temperature,
+    SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -61,12 +72,16 @@ def exact_max_kernel(
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
         x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        x = scaled(x, temperature, SCALE)
         lane_nans = lane_nans | (x != x)
         lane_max = tl.maximum(lane_max, x)  # NaN-ignoring (maxnum), so the max is NaN-free
     has_nan = tl.max(lane_nans.to(tl.int32), axis=0) > 0
     base = stage_ptr + row * STAGE_FIELDS
     tl.store(base, tl.where(has_nan, float("nan"), tl.max(lane_max, axis=0)))
-    tl.store(base + 1, owned_target_logit(row_ptr, targets_ptr, active_ptr, row, col_start, width))
+    target = owned_target_logit(
+        row_ptr, targets_ptr, active_ptr, row, col_start, width, temperature, SCALE
+    )
+    tl.store(base + 1, target)
 
 
 @triton.jit
@@ -79,6 +94,10 @@ def exact_sum_kernel(
     num_rows,
     sums_ptr,
     scale,
+    temperature,
+    SCALE: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    SUM_FIELDS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -92,12 +111,20 @@ def exact_sum_kernel(
     # Rows whose M is not finite get their LSE from M alone: skip the pass.
     limit = tl.where(finite, live_width, 0)
     units = tl.zeros([BLOCK], dtype=tl.int64)
+    moment_units = tl.zeros([BLOCK], dtype=tl.int64)
     for start in range(0, limit, BLOCK):
         cols = start + offsets
         x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        shifted = scaled(x, temperature, SCALE) - shift
+        weights = tl.exp(shifted)
         # scale = 2^K: the product is exact, and the conversion truncates, i.e. floors.
-        units += (tl.exp(x - shift) * scale).to(tl.int64)
-    tl.store(sums_ptr + row, tl.sum(units, axis=0))
+        units += (weights * scale).to(tl.int64)
+        if ENTROPY:
+            # exp(d) d lies in [-1/e, 0]: truncation toward zero, exact sums again.
+            moment_units += (entropy_term(weights, shifted) * scale).to(tl.int64)
+    tl.store(sums_ptr + row * SUM_FIELDS, tl.sum(units, axis=0))
+    if ENTROPY:
+        tl.store(sums_ptr + row * SUM_FIELDS + 1, tl.sum(moment_units, axis=0))
 
 
 @triton.jit
@@ -112,8 +139,13 @@ def exact_merge_kernel(
     selected_ptr,
     lse_ptr,
     lse32_ptr,
+    entropy_ptr,
+    entropy32_ptr,
     inv_scale,
     STORE_LSE: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    STORE_ENTROPY: tl.constexpr,
+    SUM_FIELDS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -122,10 +154,27 @@ def exact_merge_kernel(
     target = tl.load(targets_ptr + rows, mask=in_range & active, other=-1).to(tl.int64)
     maximum, has_nan = gathered_max(stage_ptr, rows, in_range, num_ranks, num_rows, STAGE_FIELDS)
     units = tl.zeros([BLOCK], dtype=tl.int64)
+    moment_units = tl.zeros([BLOCK], dtype=tl.int64)
     for rank in range(num_ranks):
-        units += tl.load(sums_ptr + rank * num_rows + rows, mask=in_range, other=0)
+        base = sums_ptr + (rank * num_rows + rows) * SUM_FIELDS
+        units += tl.load(base, mask=in_range, other=0)
+        if ENTROPY:
+            moment_units += tl.load(base + 1, mask=in_range, other=0)
     # inv_scale = 2^-K: exact; the int64 -> fp64 conversion is the only rounding.
     total = units.to(tl.float64) * inv_scale
+    if ENTROPY:
+        store_entropy(
+            rows,
+            in_range,
+            active,
+            maximum,
+            has_nan,
+            total,
+            moment_units.to(tl.float64) * inv_scale,
+            entropy_ptr,
+            entropy32_ptr,
+            STORE_ENTROPY,
+        )
     target_logit = owner_target_logit(
         stage_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, STAGE_FIELDS, 1
     )

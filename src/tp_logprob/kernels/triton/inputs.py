@@ -35,6 +35,12 @@ class RankInputs:
     col_start: int
     live_width: int
     boundaries: torch.Tensor
+    temperature: float = 1.0
+
+    @property
+    def scale(self) -> bool:
+        """Whether kernels divide by the temperature (``T != 1``; ``x / 1`` is exact anyway)."""
+        return self.temperature != 1.0
 
     @property
     def num_rows(self) -> int:
@@ -46,15 +52,30 @@ class RankInputs:
 
 
 class Outputs(NamedTuple):
-    """A forward's results: ``selected`` and ``lse`` in the output dtype, ``lse32`` in fp32.
+    """A forward's results: ``selected``, ``lse`` and ``entropy`` in the output dtype, and
+    the fp32 ``lse32`` and ``entropy32`` the backward reads.
 
-    ``lse`` is None when the contract does not export it; ``lse32`` is the merged
-    LSE the backward reads (the same tensor as ``lse`` for fp32 outputs).
+    ``lse`` is None when the contract does not export it, ``entropy`` (and
+    ``entropy32``) when it does not export entropy; for fp32 outputs ``lse`` is
+    ``lse32`` and ``entropy`` is ``entropy32``.
     """
 
     selected: torch.Tensor
     lse: torch.Tensor | None
     lse32: torch.Tensor
+    entropy: torch.Tensor | None = None
+    entropy32: torch.Tensor | None = None
+
+    def lse_target(self) -> torch.Tensor:
+        """Where a merge kernel writes the LSE in the output dtype (``lse32`` when not exported)."""
+        return self.lse32 if self.lse is None else self.lse
+
+    def entropy_targets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(entropy, entropy32)`` for a merge kernel; ``lse32`` stands in (unwritten) when the
+        contract has no entropy, since a kernel argument must be a tensor."""
+        if self.entropy is None or self.entropy32 is None:
+            return self.lse32, self.lse32
+        return self.entropy, self.entropy32
 
 
 def prepare(
@@ -74,6 +95,7 @@ def prepare(
         col_start=start,
         live_width=live_end - start,
         boundaries=_boundaries(sharding.vocab_shard_bounds, logits.device),
+        temperature=contract.temperature_fp32,
     )
 
 
@@ -89,13 +111,21 @@ def allocate_outputs(contract: LogprobContract, num_rows: int, device: torch.dev
     dtype = _OUTPUT_DTYPES[contract.output.dtype]
     lse32 = torch.empty(num_rows, dtype=torch.float32, device=device)
     selected = torch.empty(num_rows, dtype=dtype, device=device)
-    if not contract.export_lse:
-        lse = None
-    elif dtype == torch.float32:
-        lse = lse32
-    else:
-        lse = torch.empty(num_rows, dtype=dtype, device=device)
-    return Outputs(selected, lse, lse32)
+    lse = _exported(contract.export_lse, lse32, dtype)
+    entropy32 = torch.empty(num_rows, dtype=torch.float32, device=device)
+    entropy = _exported(contract.export_entropy, entropy32, dtype)
+    if entropy is None:
+        return Outputs(selected, lse, lse32)
+    return Outputs(selected, lse, lse32, entropy, entropy32)
+
+
+def _exported(wanted: bool, fp32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The output-dtype twin of an fp32 output: None, ``fp32`` itself, or a new tensor."""
+    if not wanted:
+        return None
+    if dtype == torch.float32:
+        return fp32
+    return torch.empty(fp32.shape, dtype=dtype, device=fp32.device)
 
 
 def all_gather(tensor: torch.Tensor, group: Any) -> torch.Tensor:

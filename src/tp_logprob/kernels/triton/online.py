@@ -1,8 +1,17 @@
 """``triton_online``: the production one-pass backend (determinism scope ``fixed_topology``).
 
 Each rank reads its logits once (``online_partial_kernel``), all-gathers one fp32
-``[N, 3]`` partial per rank, and merges them in shard-index order
-(``online_merge_kernel``). Bitwise reproducible run to run and batch invariant
+``[N, 3]`` partial per rank (``[N, 4]`` with entropy), and merges them in
+shard-index order (``online_merge_kernel``). Temperature and entropy cost no
+extra pass: ``z = x / T`` is formed in registers, and entropy is one more fp32
+accumulator per lane.
+
+Bytes per row, with ``w`` the rank's live columns, ``b`` the logits' item size,
+``R`` the TP degree and ``o`` the output item size: read ``w b + b`` (the owned
+target) + ``12 R`` (``16 R`` with entropy) + 9 (target and active flag);
+written ``12`` (``16``) to the partial, ``4 + o`` for ``lse32`` and
+``selected_logp``, ``o`` for an exported ``lse`` of 16 bits, and with entropy
+``4`` (+ ``o`` for 16-bit outputs). Bitwise reproducible run to run and batch invariant
 for a fixed TP degree and shard layout; not bitwise across layouts (use
 ``triton_exact_sum`` for that).
 """
@@ -40,7 +49,8 @@ def triton_online_logprob(
 def online_forward(inputs: RankInputs, contract: LogprobContract, group: Any) -> Outputs:
     """Partials, one all-gather, ordered merge."""
     logits, rows = inputs.logits, inputs.num_rows
-    partial = torch.empty((rows, PARTIAL_FIELDS), dtype=torch.float32, device=logits.device)
+    fields = PARTIAL_FIELDS + int(contract.export_entropy)
+    partial = torch.empty((rows, fields), dtype=torch.float32, device=logits.device)
     launch(
         online_partial_kernel,
         (rows,),
@@ -54,16 +64,21 @@ def online_forward(inputs: RankInputs, contract: LogprobContract, group: Any) ->
         inputs.targets,
         inputs.active,
         partial,
+        inputs.temperature,
+        SCALE=inputs.scale,
+        ENTROPY=contract.export_entropy,
+        FIELDS=fields,
     )
     return online_merge(all_gather(partial, group), inputs, contract)
 
 
 def online_merge(gathered: torch.Tensor, inputs: RankInputs, contract: LogprobContract) -> Outputs:
-    """Fold gathered ``[R, N, 3]`` partials (``merge.pack_partial``'s layout) in rank order."""
+    """Fold gathered ``[R, N, 3 or 4]`` partials (``merge.pack_partial``'s layout) in rank order."""
     logits, rows = inputs.logits, inputs.num_rows
     outputs = allocate_outputs(contract, rows, logits.device)
     config = launch_config(platform_of(logits), KernelKind.MERGE, logits.dtype)
-    lse = outputs.lse32 if outputs.lse is None else outputs.lse
+    lse = outputs.lse_target()
+    entropy, entropy32 = outputs.entropy_targets()
     launch(
         online_merge_kernel,
         (triton.cdiv(rows, config.block),),
@@ -78,6 +93,11 @@ def online_merge(gathered: torch.Tensor, inputs: RankInputs, contract: LogprobCo
         outputs.selected,
         lse,
         outputs.lse32,
+        entropy,
+        entropy32,
         STORE_LSE=lse is not outputs.lse32,
+        ENTROPY=contract.export_entropy,
+        STORE_ENTROPY=entropy is not entropy32,
+        FIELDS=gathered.shape[2],
     )
     return outputs

@@ -1,22 +1,28 @@
 """Online-softmax partials over a rank's columns, and their ordered merge (``triton_online``).
 
 ``online_partial_kernel``: one program per row walks the row's live columns in
-fixed ``BLOCK``-wide tiles. Per tile it takes the tile max, raises the running
-max ``m`` and rescales per-lane fp32 sums by ``exp(m_old - m_new)``, so each
-column is read once and converted to fp32 in registers (no fp32 copy of the
-logits). Lanes are summed once at the end. NaNs are set aside and reported by
+fixed ``BLOCK``-wide tiles. Per tile it forms ``z = x / T`` (IEEE division, only
+when ``T != 1``), takes the tile max, raises the running max ``m`` and rescales
+per-lane fp32 sums by ``exp(m_old - m_new)``, so each column is read once and
+converted to fp32 in registers (no fp32 copy of the logits). With entropy a
+second per-lane accumulator carries ``q = sum exp(z - m)(z - m)``, rescaled as
+``q <- exp(m_old - m_new) (q + (m_old - m_new) s)``: same single pass, no second
+read of the logits. Lanes are summed once at the end. NaNs are set aside and reported by
 returning ``m = NaN``; while ``m`` is ``-inf`` the sum stays 0, and once ``m = +inf``
 it stops changing (the merge reports ``lse = +inf`` from ``m`` alone), so no lane
 ever computes ``inf - inf``; a shard without a live column yields the identity
 ``(-inf, 0)``.
 Padding columns are never loaded. Traffic per row: ``live_width * itemsize``
-bytes read (plus one element for an owned target), 12 bytes written.
+bytes read (plus one element for an owned target), 12 bytes written (16 with
+entropy).
 
 ``online_merge_kernel``: one program per block of rows folds the gathered
-``[R, N, 3]`` partials in rank order: ``M = max m_r``,
+``[R, N, 3]`` partials (``[R, N, 4]`` with entropy) in rank order: ``M = max m_r``,
 ``S = sum_r s_r * exp(m_r - M)`` in fp64 over shards with a live column, then
-``LSE = M + log S``. Traffic per row: ``12 R`` bytes read, plus the target and the
-active flag; 4 bytes (fp32 LSE) plus the outputs written.
+``LSE = M + log S``; with entropy ``Q = sum_r exp(m_r - M) (q_r + (m_r - M) s_r)``
+and ``entropy = log S - Q / S``. Traffic per row: ``12 R`` bytes read (``16 R``
+with entropy), plus the target and the active flag; 4 bytes (fp32 LSE; 8 with
+the fp32 entropy) plus the outputs written.
 
 Both are batch invariant: one program per row (or an elementwise block of rows),
 and ``BLOCK`` comes from the platform and dtype only.
@@ -31,15 +37,19 @@ import triton
 import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import (
+    entropy_term,
     gathered_max,
     owned_target_logit,
     owner_target_logit,
+    scaled,
+    store_entropy,
     store_results,
 )
 
-__all__ = ["PARTIAL_FIELDS", "online_merge_kernel", "online_partial_kernel"]
+__all__ = ["online_merge_kernel", "online_partial_kernel"]
 
-PARTIAL_FIELDS = tl.constexpr(3)  # (m_r, s_r, t_r) per row: the layout of merge.pack_partial
+# Partials are (m_r, s_r, t_r[, q_r]) per row, the layout of merge.pack_partial:
+# FIELDS is 3, or 4 with ENTROPY.
 
 
 @triton.jit
@@ -52,6 +62,10 @@ def online_partial_kernel(
     targets_ptr,
     active_ptr,
     partial_ptr,
+    temperature,
+    SCALE: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    FIELDS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -59,10 +73,12 @@ def online_partial_kernel(
     offsets = tl.arange(0, BLOCK)
     running_max = float("-inf")
     lane_sums = tl.zeros([BLOCK], dtype=tl.float32)
+    lane_moments = tl.zeros([BLOCK], dtype=tl.float32)
     lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
         x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        x = scaled(x, temperature, SCALE)
         is_nan = x != x
         lane_nans = lane_nans | is_nan
         x = tl.where(is_nan, float("-inf"), x)
@@ -70,13 +86,27 @@ def online_partial_kernel(
         # A uniform branch: rows whose max is +-inf skip the sums (see the docstring).
         if (new_max > float("-inf")) & (new_max < float("inf")):
             rescale = tl.exp(running_max - new_max)
-            lane_sums = lane_sums * rescale + tl.exp(x - new_max)
+            shifted = x - new_max
+            weights = tl.exp(shifted)
+            if ENTROPY:
+                # Where the old sums are dropped (m_old = -inf, or exp(m_old - m_new)
+                # underflowed to 0) a gap of 0 keeps gap * s from overflowing into 0 * -inf.
+                gap = tl.where(rescale > 0.0, running_max - new_max, 0.0)
+                lane_moments = rescale * (lane_moments + gap * lane_sums) + entropy_term(
+                    weights, shifted
+                )
+            lane_sums = lane_sums * rescale + weights
         running_max = new_max
     has_nan = tl.max(lane_nans.to(tl.int32), axis=0) > 0
-    base = partial_ptr + row * PARTIAL_FIELDS
+    base = partial_ptr + row * FIELDS
     tl.store(base, tl.where(has_nan, float("nan"), running_max))
     tl.store(base + 1, tl.sum(lane_sums, axis=0))
-    tl.store(base + 2, owned_target_logit(row_ptr, targets_ptr, active_ptr, row, col_start, width))
+    target = owned_target_logit(
+        row_ptr, targets_ptr, active_ptr, row, col_start, width, temperature, SCALE
+    )
+    tl.store(base + 2, target)
+    if ENTROPY:
+        tl.store(base + 3, tl.sum(lane_moments, axis=0))
 
 
 @triton.jit
@@ -90,29 +120,51 @@ def online_merge_kernel(
     selected_ptr,
     lse_ptr,
     lse32_ptr,
+    entropy_ptr,
+    entropy32_ptr,
     STORE_LSE: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    STORE_ENTROPY: tl.constexpr,
+    FIELDS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = rows < num_rows
     active = tl.load(active_ptr + rows, mask=in_range, other=0) != 0
     target = tl.load(targets_ptr + rows, mask=in_range & active, other=-1).to(tl.int64)
-    maximum, has_nan = gathered_max(
-        partials_ptr, rows, in_range, num_ranks, num_rows, PARTIAL_FIELDS
-    )
+    maximum, has_nan = gathered_max(partials_ptr, rows, in_range, num_ranks, num_rows, FIELDS)
     finite = (maximum > float("-inf")) & (maximum < float("inf"))
     shift = tl.where(finite, maximum, 0.0).to(tl.float64)
     total = tl.zeros([BLOCK], dtype=tl.float64)
+    moment = tl.zeros([BLOCK], dtype=tl.float64)
     for rank in range(num_ranks):
-        base = partials_ptr + (rank * num_rows + rows) * PARTIAL_FIELDS
+        base = partials_ptr + (rank * num_rows + rows) * FIELDS
         rank_max = tl.load(base, mask=in_range, other=float("-inf"))
         rank_sum = tl.load(base + 1, mask=in_range, other=0.0).to(tl.float64)
         live = finite & (rank_max > float("-inf"))
-        scale = tl.exp(tl.where(live, rank_max.to(tl.float64) - shift, float("-inf")))
+        gap = tl.where(live, rank_max.to(tl.float64) - shift, float("-inf"))
+        scale = tl.exp(gap)
         total += tl.where(live, rank_sum * scale, 0.0)
+        if ENTROPY:
+            rank_moment = tl.load(base + 3, mask=in_range, other=0.0).to(tl.float64)
+            safe_gap = tl.where(live, gap, 0.0)
+            moment += tl.where(live, scale * (rank_moment + safe_gap * rank_sum), 0.0)
     target_logit = owner_target_logit(
-        partials_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, PARTIAL_FIELDS, 2
+        partials_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, FIELDS, 2
     )
+    if ENTROPY:
+        store_entropy(
+            rows,
+            in_range,
+            active,
+            maximum,
+            has_nan,
+            total,
+            moment,
+            entropy_ptr,
+            entropy32_ptr,
+            STORE_ENTROPY,
+        )
     store_results(
         rows,
         in_range,
