@@ -220,7 +220,7 @@ def _forward(
     active: torch.Tensor,
     contract: LogprobContract,
     group: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Partial, one all-gather, merge: ``(selected_logp, lse, entropy)`` in the compute dtype.
 
     ``entropy`` is an empty tensor unless the contract exports it.

@@ -14,6 +14,8 @@ from tp_logprob.properties._harness import (
     allowed_error,
     check_bitwise,
     check_close,
+    entropy_error,
+    exact_entropy_of,
     exact_outputs,
     execute,
     select_rows,
@@ -101,6 +103,7 @@ def check_tp_consistency(
         return
     selected, lse = exact_outputs(case)
     first_selected_error, first_lse_error = allowed_error(case, selected, lse)
+    entropy_bound = entropy_error(case, exact_entropy_of(case), lse)
     check_close(
         f"TP consistency: layout {layouts[1]} is out of tolerance of {layouts[0]}",
         other,
@@ -111,6 +114,8 @@ def check_tp_consistency(
         expected_name=layouts[0],
         extra_selected=first_selected_error,
         extra_lse=first_lse_error,
+        expected_entropy=first.entropy,
+        extra_entropy=entropy_bound,
         count_ulps=False,
         inactive_zero=False,
     )

@@ -5,9 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from tp_logprob.oracle.reference import reference_error_bounds, reference_selected_logprob
+from tp_logprob.oracle.reference_entropy import reference_entropy, reference_entropy_error_bounds
 from tp_logprob.properties._gradients import check_gradient
-from tp_logprob.properties._harness import allowed_error, check_close, exact_outputs, execute
+from tp_logprob.properties._harness import (
+    allowed_error,
+    check_close,
+    entropy_error,
+    exact_entropy_of,
+    exact_outputs,
+    execute,
+    row_max_of_z,
+)
 from tp_logprob.properties._report import SuiteStats
 from tp_logprob.strategies import LogprobCase
 
@@ -39,15 +50,43 @@ def check_special_values(
     _against_exact("special values: NaN/inf pattern differs from the oracle", backend, case, stats)
 
 
+def check_entropy_nan_free(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Rows full of ``-inf`` logits and garbage padding: entropy and its gradient are finite
+    (and within tolerance) wherever the exact values are finite."""
+    _against_exact(
+        "entropy NaN-freedom: -inf logits or padding broke entropy", backend, case, stats
+    )
+    if case.contract.role.value == "train":
+        check_gradient("entropy NaN-freedom (gradient)", case, backend, stats)
+
+
 def check_reference(
     backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
 ) -> None:
     """Within tolerance of the float64 reference (plus its own bound)."""
     real = case.contract.sharding.real_vocab_size
+    temperature = case.contract.temperature
     selected, lse = reference_selected_logprob(
-        case.logits, case.targets, active_mask=case.active, real_vocab_size=real
+        case.logits,
+        case.targets,
+        active_mask=case.active,
+        real_vocab_size=real,
+        temperature=temperature,
     )
     extra_selected, extra_lse = reference_error_bounds(selected, lse, real)
+    entropy = reference_entropy(
+        case.logits, active_mask=case.active, real_vocab_size=real, temperature=temperature
+    )
+    exact_lse = exact_outputs(case)[1]
+    usable = np.isfinite(exact_lse) & np.isfinite(entropy)
+    extra_entropy = reference_entropy_error_bounds(
+        np.where(usable, entropy, 0.0),
+        real,
+        lse=np.where(usable, exact_lse, 0.0),
+        row_max=np.where(usable, row_max_of_z(case), 0.0),
+    )
     check_close(
         "reference agreement: output outside the tolerance table",
         case,
@@ -58,6 +97,8 @@ def check_reference(
         expected_name="reference",
         extra_selected=extra_selected,
         extra_lse=extra_lse,
+        expected_entropy=entropy,
+        extra_entropy=extra_entropy,
         stats=stats,
     )
 
@@ -123,6 +164,9 @@ def check_backends_agree(
     mine = execute(backend, case)
     selected, lse = exact_outputs(case)
     selected_error, lse_error = allowed_error(case, selected, lse)
+    entropy_bound = (
+        entropy_error(case, exact_entropy_of(case), lse) if mine.entropy is not None else 0.0
+    )
     for other in serving:
         theirs = execute(other, case)
         check_close(
@@ -135,6 +179,8 @@ def check_backends_agree(
             expected_name=other.backend_id,
             extra_selected=selected_error,
             extra_lse=lse_error,
+            expected_entropy=theirs.entropy,
+            extra_entropy=entropy_bound,
             count_ulps=False,
             inactive_zero=False,
         )

@@ -1,10 +1,13 @@
-"""The backward check: ``d selected_logp / d logits`` against the exact oracle.
+"""The backward check: ``d (w selected_logp + v entropy) / d logits`` against the exact oracle.
 
-The bound follows the forward error: a backend computes
-``p_hat = exp(x - lse_hat)`` from an LSE within the table's ``E_lse``, so
-``|p_hat - p| <= p (expm1(E_lse) + u (|x - lse| + 8))`` (argument rounding and a few
-ulps of exp), ``1 - p_hat`` adds one rounding at the target column, and the final
-cast to the logits dtype adds at most one ulp of that dtype.
+The bound follows the forward error, in ``z = x / T``: a backend computes
+``p_hat = exp(z - lse_hat)`` from an LSE within the table's ``E_lse``, so
+``|p_hat - p| <= p (expm1(E_lse) + u (|z - lse| + 8))`` (argument rounding and a few
+ulps of exp), ``1 - p_hat`` adds one rounding at the target column. The entropy
+term ``-p (z - lse + H)`` adds ``p`` times the error of ``c = z - lse + H``
+(``E_lse + E_H`` and two roundings) plus ``|c|`` times the error of ``p``. The
+division by ``T`` adds one rounding, and the final cast to the logits dtype at
+most one ulp of that dtype.
 """
 
 from __future__ import annotations
@@ -14,17 +17,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
-from tp_logprob.properties._harness import allowed_error, exact_outputs, execute, row_summary
+from tp_logprob.properties._harness import (
+    allowed_error,
+    entropy_error,
+    exact_entropy_of,
+    exact_outputs,
+    execute,
+    row_summary,
+)
 from tp_logprob.properties._report import SuiteStats, format_value, violation
-from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, LogprobCase
+from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCase
 
-__all__ = ["check_gradient", "gradient_bound", "upstream_weights"]
+__all__ = ["check_gradient", "entropy_weights", "gradient_bound", "upstream_weights"]
 
 Floats = npt.NDArray[np.float64]
 _U32 = 2.0**-24
+_SUBNORMAL_EXP_ERROR = 4.0 * 2.0**-149  # exp within a few ulps where its result is subnormal
 _UPSTREAM = np.array([1.0, -2.0, 0.5, 0.0, -0.25, 4.0])
+_UPSTREAM_ENTROPY = np.array([-0.5, 0.0, 2.0, 1.0, 0.25, -4.0, -1.0])
 
 
 def upstream_weights(rows: int) -> Floats:
@@ -36,27 +49,83 @@ def upstream_weights(rows: int) -> Floats:
     return _UPSTREAM[np.arange(rows) % _UPSTREAM.size]
 
 
-def gradient_bound(case: LogprobCase, exact: Floats) -> Floats:
-    """Per-element bound on ``|grad_backend - grad_exact|``; 0 where the gradient must be 0."""
+def entropy_weights(rows: int) -> Floats:
+    """Per-row upstream gradients of entropy, a pattern other than :func:`upstream_weights`'."""
+    return _UPSTREAM_ENTROPY[np.arange(rows) % _UPSTREAM_ENTROPY.size]
+
+
+def gradient_bound(
+    case: LogprobCase,
+    exact: Floats,
+    entropy_grad: Floats | None = None,
+    weights: tuple[Floats, Floats] | None = None,
+) -> Floats:
+    """Per-element bound on ``|grad_backend - grad_exact|``; 0 where the gradient must be 0.
+
+    ``exact`` is ``d selected / d x``; ``entropy_grad`` (``d entropy / d x``) adds the
+    entropy term. ``weights = (w, v)`` are the per-row upstream gradients of the two
+    (default: 1 for selected, 0 for entropy).
+    """
     contract = case.contract
     real = contract.sharding.real_vocab_size
+    temperature = contract.temperature_fp32
+    w, v = weights if weights is not None else (np.ones(len(exact)), np.zeros(len(exact)))
+    w, v = np.abs(w)[:, None], np.abs(v)[:, None]
     selected, lse = exact_outputs(case)
     _, lse_error = allowed_error(case, selected, lse)
-    x = case.logits.astype(np.float64)
-    columns = np.arange(x.shape[1])
+    z = apply_temperature(case.logits, temperature)
+    columns = np.arange(z.shape[1])
     is_target = columns[None, :] == case.targets[:, None]
-    probability = np.where(is_target, 1.0 - exact, -exact)
+    # d selected / dz = [v == target] - p; exact is that divided by T.
+    probability = np.where(is_target, 1.0 - exact * temperature, -exact * temperature)
     with np.errstate(invalid="ignore", over="ignore"):
-        distance = np.where(np.isfinite(x), np.abs(x - lse[:, None]), 0.0)
+        distance = np.where(np.isfinite(z), np.abs(z - lse[:, None]), 0.0)
         relative = np.expm1(lse_error)[:, None] + _U32 * (distance + 8.0)
         # p == 0 stays 0 (p_hat underflows too) even where the LSE bound is huge.
         spread = np.where(probability == 0.0, 0.0, np.abs(probability) * relative * 1.01)
-        bound = spread + np.where(is_target, _U32, 0.0)
-    finite = np.where(np.isfinite(exact), exact, 0.0)
+        # A zero weight zeroes its term even where the term's bound is inf (0 * inf is NaN).
+        bound = np.where(w == 0.0, 0.0, w * (spread + np.where(is_target, _U32, 0.0)))
+        if entropy_grad is not None:
+            entropy_term = _entropy_term_bound(case, lse, lse_error, distance, relative)
+            bound = bound + np.where(v == 0.0, 0.0, v * entropy_term)
+        if temperature != 1.0:
+            size = _weighted_size(w, exact, v, entropy_grad)
+            bound = bound / temperature * (1.0 + 2.0 * _U32) + _U32 * np.nan_to_num(size)
+        size = _weighted_size(w, exact, v, entropy_grad)
+    finite = np.where(np.isfinite(size), size, 0.0)
     cast = np.ldexp(1.0, ulp_exponent(np.abs(finite) + bound, contract.dtype.value))
     bound = bound + cast + DTYPE_SMALLEST_SUBNORMAL[contract.dtype]
     live_active = case.active[:, None] & (columns[None, :] < real)
     return np.where(live_active, bound, 0.0)
+
+
+def _weighted_size(w: Floats, exact: Floats, v: Floats, entropy_grad: Floats | None) -> Floats:
+    """``|w| |exact| + |v| |entropy_grad|``, with a zero weight contributing 0 even beside NaN."""
+    size = np.where(w == 0.0, 0.0, w * np.abs(exact))
+    if entropy_grad is not None:
+        size = size + np.where(v == 0.0, 0.0, v * np.abs(entropy_grad))
+    return np.asarray(size, dtype=np.float64)
+
+
+def _entropy_term_bound(
+    case: LogprobCase, lse: Floats, lse_error: Floats, distance: Floats, relative: Floats
+) -> Floats:
+    """Bound on the error of ``p (z - lse + H)`` in z space (see the module docstring)."""
+    entropy = exact_entropy_of(case)
+    entropy_error_bound = entropy_error(case, entropy, lse)
+    z = apply_temperature(case.logits, case.contract.temperature_fp32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.where(np.isfinite(z), np.exp(z - lse[:, None]), 0.0)
+        centred = np.abs(np.where(np.isfinite(z), z - lse[:, None], 0.0) + entropy[:, None])
+        spread_c = (lse_error + entropy_error_bound)[:, None] + _U32 * (
+            distance + centred + np.abs(entropy)[:, None]
+        )
+        term = p * ((1.0 + relative) * spread_c + relative * centred + 2.0 * _U32 * centred)
+        # A subnormal p_hat carries an absolute error of a few fp32 subnormal ulps, which
+        # |c| amplifies: the relative bound above does not cover it.
+        term = term + _SUBNORMAL_EXP_ERROR * centred
+    # Unknown (NaN) where relative is inf and |c| is 0: no bound, as for the selected term.
+    return np.where(p == 0.0, 0.0, np.nan_to_num(term * 1.01, nan=np.inf))
 
 
 def check_gradient(
@@ -71,9 +140,16 @@ def check_gradient(
 
     logits = case.torch_logits(backend.device).requires_grad_(True)
     outputs = execute(backend, case, logits=logits)
-    weights = upstream_weights(case.contract.num_tokens)
+    contract = case.contract
+    weights = upstream_weights(contract.num_tokens)
+    entropy_w = entropy_weights(contract.num_tokens) * contract.export_entropy
     upstream = torch.from_numpy(weights).to(device=logits.device, dtype=torch.float32)
-    total = sum((upstream * result.selected_logp).sum() for result in outputs.results)
+    upstream_h = torch.from_numpy(entropy_w).to(device=logits.device, dtype=torch.float32)
+    total = sum(
+        (upstream * result.selected_logp).sum()
+        + (0.0 if result.entropy is None else (upstream_h * result.entropy).sum())
+        for result in outputs.results
+    )
     if isinstance(total, torch.Tensor) and total.requires_grad:
         torch.autograd.backward(total)
     grad = logits.grad
@@ -90,30 +166,48 @@ def check_gradient(
         if grad is None
         else grad.detach().float().cpu().numpy().astype(np.float64)
     )
-    contract = case.contract
+    real = contract.sharding.real_vocab_size
     exact = exact_logprob_grad(
         case.logits,
         case.targets,
         active_mask=case.active,
-        real_vocab_size=contract.sharding.real_vocab_size,
+        real_vocab_size=real,
+        temperature=contract.temperature,
     )
-    unit_bound = gradient_bound(case, exact)
-    exact = weights[:, None] * exact
+    entropy_grad = None
+    if contract.export_entropy:
+        entropy_grad = exact_entropy_grad(
+            case.logits,
+            active_mask=case.active,
+            real_vocab_size=real,
+            temperature=contract.temperature,
+        )
+    bound = gradient_bound(case, exact, entropy_grad, (weights, entropy_w))
+    with np.errstate(invalid="ignore"):
+        exact = weights[:, None] * exact
+        if entropy_grad is not None:
+            exact = exact + entropy_w[:, None] * entropy_grad
     # Power-of-two weights scale the error exactly, except on the subnormal grid.
-    slack = np.where(unit_bound > 0, DTYPE_SMALLEST_SUBNORMAL[contract.dtype], 0.0)
-    scale = np.abs(weights)[:, None]
-    bound = scale * np.where(scale == 0.0, 0.0, unit_bound) + slack  # 0 * inf is NaN
+    bound = bound + np.where(bound > 0, DTYPE_SMALLEST_SUBNORMAL[contract.dtype], 0.0)
     error = np.abs(observed - exact)
     ulps = np.asarray(ulp_distance(exact, observed, contract.dtype.value), dtype=np.float64)
-    bad = ~(error <= bound)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # Large T^-1 can push a gradient past the logits dtype's range: IEEE overflow to
+        # the infinity of the right sign is then the correct result.
+        overflow = (
+            np.isinf(observed)
+            & (np.sign(observed) == np.sign(exact))
+            & (np.abs(exact) + bound >= DTYPE_MAX[contract.dtype])
+        )
+    bad = ~(error <= bound) & ~(np.isnan(exact) & np.isnan(observed)) & ~overflow
     if stats is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             used = np.where(bound > 0, error / bound, 0.0)
         stats.error(backend.backend_id, prop, 0.0, float(np.max(used[~bad], initial=0.0)))
     if bad.any():
-        row, column = np.unravel_index(
-            int(np.argmax(np.where(bad, error - bound, -np.inf))), bad.shape
-        )
+        with np.errstate(invalid="ignore"):
+            excess = np.nan_to_num(np.where(bad, error - bound, -np.inf), nan=np.inf)
+        row, column = np.unravel_index(int(np.argmax(excess)), bad.shape)
         where = _describe_position(case, int(row), int(column))
         raise violation(
             f"{prop}: gradient outside its bound",
@@ -131,7 +225,8 @@ def check_gradient(
                 ("row", row_summary(case, int(row))),
             ],
         )
-    sums = observed.sum(axis=1)
+    finite_rows = np.all(np.isfinite(observed), axis=1)  # NaN and overflow: judged above
+    sums = np.where(np.asarray(finite_rows)[:, None], observed, 0.0).sum(axis=1)
     over = np.abs(sums) > bound.sum(axis=1)
     if over.any():
         first = int(np.flatnonzero(over)[0])

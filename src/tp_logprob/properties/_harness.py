@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from tp_logprob.contract import LogprobContract, MaskSpec
+from tp_logprob.oracle import apply_temperature, exact_entropy
 from tp_logprob.oracle.exact import exact_selected_logprob
 from tp_logprob.oracle.tolerance import tolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
@@ -37,8 +38,11 @@ __all__ = [
     "cases_for",
     "check_close",
     "draw_case",
+    "entropy_error",
+    "exact_entropy_of",
     "exact_outputs",
     "execute",
+    "row_max_of_z",
     "row_summary",
     "select_rows",
     "sub_batch",
@@ -54,11 +58,15 @@ softmax over blocks of at least 16 columns) plus the cross-rank merge."""
 
 @dataclass(frozen=True)
 class Outputs:
-    """One run's replicated outputs as float64 copies of the fp32 values."""
+    """One run's replicated outputs as float64 copies of the fp32 values.
+
+    ``entropy`` is None unless the contract has ``export_entropy``.
+    """
 
     selected: Floats
     lse: Floats | None
     results: Any  # the per-rank LogprobResults, for gradients
+    entropy: Floats | None = None
 
 
 def execute(backend: Any, case: LogprobCase, *, logits: Any = None) -> Outputs:
@@ -90,7 +98,8 @@ def execute(backend: Any, case: LogprobCase, *, logits: Any = None) -> Outputs:
             [("problem", "; ".join(problems))],
         )
     lse = None if first.lse is None else _numpy(first.lse)
-    return Outputs(_numpy(first.selected_logp), lse, results)
+    entropy = None if first.entropy is None else _numpy(first.entropy)
+    return Outputs(_numpy(first.selected_logp), lse, results, entropy)
 
 
 def _numpy(tensor: Any) -> Floats:
@@ -101,15 +110,14 @@ def _structure_problems(result: Any, contract: LogprobContract) -> list[str]:
     rows = contract.num_tokens
     problems = []
     fields = [
-        ("selected_logp", result.selected_logp, True),
-        ("lse", result.lse, contract.export_lse),
+        ("selected_logp", result.selected_logp, True, ""),
+        ("lse", result.lse, contract.export_lse, "export_lse"),
+        ("entropy", result.entropy, contract.export_entropy, "export_entropy"),
     ]
-    for name, value, wanted in fields:
+    for name, value, wanted, flag in fields:
         if not wanted:
             if value is not None:
-                problems.append(
-                    f"{name} should be None (export_lse=False), got {type(value).__name__}"
-                )
+                problems.append(f"{name} should be None ({flag}=False), got {type(value).__name__}")
             continue
         shape = tuple(getattr(value, "shape", ()))
         dtype = str(getattr(value, "dtype", type(value).__name__))
@@ -133,8 +141,11 @@ def suite_tolerance(contract: LogprobContract) -> Any:
     )
 
 
-def _row_max(case: LogprobCase) -> Floats:
-    live = case.logits[:, : case.contract.sharding.real_vocab_size].astype(np.float64)
+def row_max_of_z(case: LogprobCase) -> Floats:
+    """Each row's max live ``z = fp32(x) / fp32(T)``: the magnitude the bounds scale with."""
+    live = apply_temperature(
+        case.logits[:, : case.contract.sharding.real_vocab_size], case.contract.temperature
+    )
     with np.errstate(invalid="ignore"):
         return live.max(axis=1) if live.shape[1] else np.full(live.shape[0], -np.inf)
 
@@ -172,6 +183,8 @@ def check_close(
     expected_name: str = "exact",
     extra_selected: Floats | float = 0.0,
     extra_lse: Floats | float = 0.0,
+    expected_entropy: Floats | str | None = "exact",
+    extra_entropy: Floats | float = 0.0,
     stats: SuiteStats | None = None,
     count_ulps: bool = True,
     inactive_zero: bool = True,
@@ -179,13 +192,16 @@ def check_close(
     """Raise unless ``observed`` is within tolerance of the expected values, row by row.
 
     NaN and infinities must match exactly. With ``inactive_zero`` inactive rows
-    must be exactly +0.0; without it (comparing two runs) they are not compared,
-    since that rule has its own property. ``extra_*`` widen the bound (for an
-    expected value that is itself inexact). With ``count_ulps`` the ulp errors
-    feed ``hypothesis.target`` and ``stats``.
+    must be exactly +0.0 (``selected_logp`` and ``entropy``); without it
+    (comparing two runs) they are not compared, since that rule has its own
+    property. ``extra_*`` widen the bound (for an expected value that is itself
+    inexact). When the run returned entropy it is compared with
+    ``expected_entropy``: ``"exact"`` (the oracle's, for ``case``), an array, or
+    None to skip it. With ``count_ulps`` the ulp errors feed
+    ``hypothesis.target`` and ``stats``.
     """
     active = case.active
-    live_max = _row_max(case)
+    live_max = row_max_of_z(case)
     row_max = np.where(np.isfinite(live_max), live_max, 0.0)
     exact_lse = np.asarray(expected_lse, dtype=np.float64)
     exact_sel = np.asarray(expected_selected, dtype=np.float64)
@@ -195,6 +211,12 @@ def check_close(
     ]
     if observed.lse is not None:
         fields.append(("lse", observed.lse, exact_lse, lse_bound + extra_lse, np.ones_like(active)))
+    if observed.entropy is not None and expected_entropy is not None:
+        if isinstance(expected_entropy, str):
+            expected_entropy = exact_entropy_of(case)
+        exact_h = np.asarray(expected_entropy, dtype=np.float64)
+        bound_h = entropy_error(case, exact_h, exact_lse) + extra_entropy
+        fields.append(("entropy", observed.entropy, exact_h, bound_h, active))
     for name, value, exact, bound, rows in fields:
         with np.errstate(invalid="ignore"):
             scale = np.fmax(np.fmax(np.abs(exact), np.abs(exact_lse)), np.abs(row_max))
@@ -206,7 +228,7 @@ def check_close(
             _record(prop, backend_id, name, errors[rows], used[rows], stats)
         with np.errstate(invalid="ignore", over="ignore"):
             bad = ~within_bound(value, exact, bound) & rows
-        if name == "selected_logp" and inactive_zero:
+        if name in ("selected_logp", "entropy") and inactive_zero:
             bad |= ~active & ((value != 0.0) | np.signbit(value))
         if bad.any():
             ratio = np.where(bad, np.nan_to_num(used, nan=np.inf), -1.0)
@@ -254,7 +276,7 @@ def _mismatch_lines(
     column = (
         f"column {target_id} (target)" if active and name == "selected_logp" else "all live columns"
     )
-    exact_zero = name == "selected_logp" and not active
+    exact_zero = name in ("selected_logp", "entropy") and not active
     state = "active" if active else "inactive"
     tolerance = "exactly +0.0 required" if exact_zero else f"tolerance {bounds[row]:.4g} ulp"
     return [
@@ -293,6 +315,8 @@ def check_bitwise(
     pairs = [("selected_logp", first.selected, second.selected)]
     if first.lse is not None and second.lse is not None:
         pairs.append(("lse", first.lse, second.lse))
+    if first.entropy is not None and second.entropy is not None:
+        pairs.append(("entropy", first.entropy, second.entropy))
     for name, a, b in pairs:
         differ = np.flatnonzero(_bits(a) != _bits(b))
         if differ.size:
@@ -318,7 +342,8 @@ def _bits(values: Floats) -> npt.NDArray[np.uint32]:
 def select_rows(outputs: Outputs, rows: Any) -> Outputs:
     """The outputs of ``rows`` only (in that order)."""
     lse = None if outputs.lse is None else outputs.lse[rows]
-    return Outputs(outputs.selected[rows], lse, outputs.results)
+    entropy = None if outputs.entropy is None else outputs.entropy[rows]
+    return Outputs(outputs.selected[rows], lse, outputs.results, entropy)
 
 
 def sub_batch(case: LogprobCase, rows: Any) -> LogprobCase:
@@ -336,7 +361,7 @@ def sub_batch(case: LogprobCase, rows: Any) -> LogprobCase:
 def allowed_error(case: LogprobCase, selected: Floats, lse: Floats) -> tuple[Floats, Floats]:
     """The tolerance table's bounds ``(selected, lse)`` at the exact values of ``case``."""
     tol = suite_tolerance(case.contract)
-    row_max = _row_max(case)
+    row_max = row_max_of_z(case)
     finite_lse = np.where(np.isfinite(lse), lse, 0.0)
     finite_sel = np.where(np.isfinite(selected), selected, 0.0)
     return (
@@ -345,13 +370,36 @@ def allowed_error(case: LogprobCase, selected: Floats, lse: Floats) -> tuple[Flo
     )
 
 
+def entropy_error(case: LogprobCase, entropy: Floats, lse: Floats) -> Floats:
+    """The tolerance table's entropy bound at the exact ``entropy`` and ``lse`` of ``case``."""
+    finite_h = np.where(np.isfinite(entropy), entropy, 0.0)
+    finite_lse = np.where(np.isfinite(lse), lse, 0.0)
+    row_max = row_max_of_z(case)
+    usable = np.isfinite(lse) & np.isfinite(row_max)
+    bound = suite_tolerance(case.contract).entropy_bound(
+        finite_h, lse=np.where(usable, finite_lse, 0.0), row_max=np.where(usable, row_max, 0.0)
+    )
+    return np.asarray(bound, dtype=np.float64)
+
+
 def exact_outputs(case: LogprobCase) -> tuple[Floats, Floats]:
-    """The exact oracle's ``(selected_logp, lse)`` for ``case``."""
+    """The exact oracle's ``(selected_logp, lse)`` for ``case`` (on ``z = x / T``)."""
     return exact_selected_logprob(
         case.logits,
         case.targets,
         active_mask=case.active,
         real_vocab_size=case.contract.sharding.real_vocab_size,
+        temperature=case.contract.temperature,
+    )
+
+
+def exact_entropy_of(case: LogprobCase) -> Floats:
+    """The exact oracle's entropy of every row of ``case`` (0.0 on inactive rows)."""
+    return exact_entropy(
+        case.logits,
+        active_mask=case.active,
+        real_vocab_size=case.contract.sharding.real_vocab_size,
+        temperature=case.contract.temperature,
     )
 
 

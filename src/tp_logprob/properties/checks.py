@@ -116,6 +116,17 @@ _CHECKS = (
         _checks_metamorphic.check_vocabulary_permutation,
         PropertySpec(arrays={"order": ArraySpec("int64", _live)}),
     ),
+    PropertyCheck("entropy_nan_free", _checks_values.check_entropy_nan_free),
+    PropertyCheck(
+        "temperature_power_of_two",
+        _checks_metamorphic.check_temperature_power_of_two,
+        PropertySpec({"exponent": "int"}),
+    ),
+    PropertyCheck(
+        "neg_inf_columns_ignored",
+        _checks_metamorphic.check_neg_inf_columns_ignored,
+        PropertySpec({"columns": "int"}),
+    ),
     PropertyCheck("replicated", _checks_determinism.check_replicated),
     PropertyCheck("run_to_run", _checks_determinism.check_run_to_run),
     PropertyCheck(

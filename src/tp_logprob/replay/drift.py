@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
-from tp_logprob.properties._harness import _row_max, _ulp, _ulps, allowed_error, exact_outputs
+from tp_logprob.properties._harness import _ulp, _ulps, allowed_error, exact_outputs, row_max_of_z
 from tp_logprob.properties._harness import execute as execute_case
 from tp_logprob.strategies import LogprobCase
 
@@ -54,7 +54,7 @@ def measure(backend: Any, case: LogprobCase) -> list[RowErrors]:
     outputs = execute_case(backend, case)
     exact_selected, exact_lse = exact_outputs(case)
     selected_bound, lse_bound = allowed_error(case, exact_selected, exact_lse)
-    live_max = _row_max(case)
+    live_max = row_max_of_z(case)
     row_max = np.where(np.isfinite(live_max), live_max, 0.0)
     active = case.active
     found = []

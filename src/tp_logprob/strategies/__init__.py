@@ -23,6 +23,7 @@ from tp_logprob.strategies.contracts import (
     contracts,
     ignore_indices,
     shard_bounds,
+    temperatures,
 )
 from tp_logprob.strategies.logits import (
     DTYPE_MAX,
@@ -58,4 +59,5 @@ __all__ = [
     "shard_bounds",
     "shard_edge_columns",
     "targets",
+    "temperatures",
 ]

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from tp_logprob._validation import check_temperature
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
@@ -32,6 +33,7 @@ from tp_logprob.contract import (
 from tp_logprob.errors import LogprobContractError
 
 __all__ = [
+    "temperatures",
     "LAYOUT_KINDS",
     "MASK_KINDS",
     "Bounds",
@@ -227,6 +229,8 @@ def _contract(
     tokens: tuple[int, int],
     vocab: tuple[int, int],
     layouts: tuple[str, ...] | None,
+    temperature: st.SearchStrategy[float],
+    export_entropy: tuple[bool, ...],
 ) -> LogprobContract:
     world = draw(st.sampled_from(worlds))
     padded = draw(st.integers(max(world, vocab[0], 1 + (False not in padding)), vocab[1]))
@@ -243,6 +247,33 @@ def _contract(
         sharding=ShardingSpec(draw(st.integers(0, world - 1)), world, bounds, real, padded),
         reduction=ReductionSpec(draw(st.sampled_from(scopes))),
         export_lse=draw(st.sampled_from(export_lse)),
+        temperature=draw(temperature),
+        export_entropy=draw(st.sampled_from(export_entropy)),
+    )
+
+
+_FP32_TINIEST_NORMAL = 2.0**-126
+_FP32_LARGEST = float(np.finfo(np.float32).max)
+
+
+def temperatures() -> st.SearchStrategy[float]:
+    """Valid sampling temperatures, shrinking toward 1.0.
+
+    Draws rollout-engine values (0.6, 0.7, ...), exact powers of two, and the
+    extremes: ``T`` so tiny that ``z = x / T`` overflows to ``+-inf`` and so huge
+    that ``z`` underflows to 0 or a subnormal. Every value is finite and ``> 0``
+    in fp32, as the contract requires.
+
+    >>> from hypothesis import find
+    >>> find(temperatures(), lambda t: True)
+    1.0
+    """
+    return st.one_of(
+        st.just(1.0),
+        st.sampled_from([0.6, 0.7, 0.8, 0.9, 1.2, 1.5]),
+        st.integers(-20, 20).map(lambda k: 2.0**k),
+        st.sampled_from([_FP32_TINIEST_NORMAL, 1e-30, 1e-20, 1e20, 1e30, _FP32_LARGEST]),
+        st.floats(min_value=_FP32_TINIEST_NORMAL, max_value=_FP32_LARGEST, allow_subnormal=False),
     )
 
 
@@ -256,6 +287,8 @@ def contracts(
     mask_modes: Iterable[MaskMode | str] | None = None,
     padding: bool | None = None,
     export_lse: bool | None = None,
+    temperature: float | st.SearchStrategy[float] | None = None,
+    export_entropy: bool | None = None,
     layouts: Iterable[str] | None = None,
     min_num_tokens: int = 1,
     max_num_tokens: int = 8,
@@ -268,6 +301,9 @@ def contracts(
     contracts ``cap`` claims to serve, so a backend tested on them is tested on
     every kind of contract it claims. ``padding=True`` forces
     ``real_vocab_size < padded_vocab_size``, ``False`` forbids it, None draws both.
+    ``temperature`` is a fixed value or a strategy (default :func:`temperatures`;
+    1.0 only for a capability without ``supports_temperature``), and
+    ``export_entropy`` None draws both (False only without ``exports_entropy``).
     TP degrees are 1..8 unless ``tp_world_sizes`` says otherwise; shapes stay
     small by default (raise ``max_num_tokens`` / ``max_padded_vocab_size``).
 
@@ -294,6 +330,16 @@ def contracts(
     world_set = _world_filter(tp_world_sizes)
     padding_set = {True, False} if padding is None else {bool(padding)}
     export_set = {True, False} if export_lse is None else {bool(export_lse)}
+    entropy_set = {True, False} if export_entropy is None else {bool(export_entropy)}
+    fixed_temperature = None
+    if temperature is None:
+        temperature = temperatures()
+    elif not isinstance(temperature, st.SearchStrategy):
+        try:
+            fixed_temperature = check_temperature(temperature)
+        except LogprobContractError as error:
+            raise InvalidArgument(str(error)) from None
+        temperature = st.just(fixed_temperature)
     if capability is not None:
         if not isinstance(capability, LogprobBackendCapability):
             raise InvalidArgument(f"capability={capability!r}: expected a LogprobBackendCapability")
@@ -316,6 +362,15 @@ def contracts(
             padding_set.discard(True)
         if not capability.exports_vocab_lse:
             export_set.discard(True)
+        if not capability.exports_entropy:
+            entropy_set.discard(True)
+        if not capability.supports_temperature:
+            if fixed_temperature not in (None, 1.0):
+                raise InvalidArgument(
+                    f"temperature={fixed_temperature!r}: capability="
+                    f"{capability.backend_id!r} does not support temperature"
+                )
+            temperature = st.just(1.0)
     world_set = {world for world in world_set if world <= vocab_range[1]}
     if True in padding_set and vocab_range[1] < 2:
         padding_set.discard(True)
@@ -327,6 +382,7 @@ def contracts(
         ("tp_world_sizes", world_set),
         ("padding", padding_set),
         ("export_lse", export_set),
+        ("export_entropy", entropy_set),
     ):
         if not chosen:
             raise InvalidArgument(
@@ -347,6 +403,8 @@ def contracts(
         tokens=token_range,
         vocab=vocab_range,
         layouts=layouts,
+        temperature=temperature,
+        export_entropy=tuple(sorted(entropy_set)),
     )
 
 
