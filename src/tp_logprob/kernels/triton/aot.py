@@ -1,0 +1,357 @@
+"""Ahead-of-time compilation of every recorded Triton launch for every GPU target, on a CPU.
+
+The launches come from :mod:`.recorder` (the backends' real launch path, so no
+hand-written signature list can drift). For each launch and target, the JIT's
+own binder turns the recorded arguments into the signature, constexprs and
+alignment attributes it would pick on that GPU, and ``triton.compile`` lowers the
+``ASTSource`` to a cubin (NVIDIA ``sm_80``, ``sm_90``, ``sm_100``; the ``ptxas``
+in the Triton wheel) or an hsaco (AMD ``gfx942``, ``gfx950``; LLVM and lld are
+linked into Triton). Equal specializations are compiled once; Triton's cache
+(``TRITON_CACHE_DIR``) makes reruns cheap. :mod:`.resources` reads each binary.
+
+This module needs the real compiler: run it where ``TRITON_INTERPRET`` is unset
+(under the interpreter ``@triton.jit`` yields objects that cannot be compiled).
+
+Run: ``python -m tp_logprob.kernels.triton.aot [--matrix ci|full] [--jobs N]
+[--json PATH] [--markdown PATH]``; it exits 1 when a gate fails (see :func:`gate_failures`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "GATED_LAYOUTS",
+    "MATRICES",
+    "TARGETS",
+    "CompiledLaunch",
+    "Matrix",
+    "compile_matrix",
+    "gate_failures",
+    "main",
+]
+
+# name -> (Triton backend, arch, threads per warp)
+TARGETS: dict[str, tuple[str, Any, int]] = {
+    "sm_80": ("cuda", 80, 32),
+    "sm_90": ("cuda", 90, 32),
+    "sm_100": ("cuda", 100, 32),
+    "gfx942": ("hip", "gfx942", 64),
+    "gfx950": ("hip", "gfx950", 64),
+}
+_PLATFORM = {"cuda": "cuda", "hip": "rocm"}
+GATED_LAYOUTS = ("aligned", "aligned-2gib")  # where per-element loads must be vectorized
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """Which recorded launches to compile: (layout, logits dtype) pairs and target-id dtypes."""
+
+    name: str
+    cases: tuple[tuple[str, str], ...]
+    target_dtypes: tuple[str, ...]
+    exhaustive: bool  # every combination of contract options, or each option alone
+    description: str
+
+
+_ALL_DTYPES = ("bf16", "fp16", "fp32")
+MATRICES = {
+    "full": Matrix(
+        "full",
+        tuple(
+            (layout, dtype)
+            for layout in ("aligned", "aligned-2gib", "padded", "unaligned")
+            for dtype in _ALL_DTYPES
+        ),
+        ("int64", "int32"),
+        True,
+        "every layout x logits dtype x combination of contract options, int64 and int32 targets",
+    ),
+    "ci": Matrix(
+        "ci",
+        (("aligned", "bf16"), ("aligned-2gib", "bf16"), ("unaligned", "fp32")),
+        ("int64",),
+        False,
+        "aligned bf16 (4096-column tiles) and unaligned fp32 (2048-column tiles), both roles, "
+        "each other contract option changed alone, int64 targets: every kernel, launch "
+        "config and constexpr on every target",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class CompiledLaunch:
+    """One recorded launch compiled for one target: its resources, or the compile error."""
+
+    kernel: str
+    target: str
+    layout: str
+    dtype: str
+    contract: str
+    backend: str
+    reads_logits: bool
+    num_warps: int
+    block: int
+    resources: Any  # resources.Resources, or None when compiling failed
+    error: str | None
+
+
+def compile_matrix(
+    matrix: Matrix, targets: Sequence[str] = tuple(TARGETS), jobs: int = 1
+) -> list[CompiledLaunch]:
+    """Record, specialize and compile ``matrix`` for ``targets``; one row per launch x target."""
+    import torch
+
+    from tp_logprob.kernels.triton import recorder
+
+    layouts = sorted({layout for layout, _ in matrix.cases})
+    platforms = sorted({_PLATFORM[TARGETS[name][0]] for name in targets})
+    launches = recorder.record(
+        platforms,
+        layouts,
+        tuple(getattr(torch, name) for name in matrix.target_dtypes),
+        exhaustive=matrix.exhaustive,
+    )
+    wanted = set(matrix.cases)
+    launches = [item for item in launches if (item.layout, item.dtype) in wanted]
+    print(f"recorded {len(launches)} launches", file=sys.stderr)
+    _check_compilable(launches)
+    pending: dict[str, _Job] = {}
+    placed: list[tuple[Any, str, str]] = []
+    for launch in launches:
+        for target in targets:
+            if _PLATFORM[TARGETS[target][0]] != launch.platform:
+                continue
+            job = _job(launch, target)
+            pending.setdefault(job.key, job)
+            placed.append((launch, target, job.key))
+    results = dict(zip(pending, _run_jobs(list(pending.values()), jobs), strict=True))
+    seen: set[tuple[Any, ...]] = set()
+    rows = []
+    for launch, target, key in placed:
+        resources, error = results[key]
+        row = CompiledLaunch(
+            kernel=launch.name,
+            target=target,
+            layout=launch.layout,
+            dtype=launch.dtype,
+            contract=launch.contract,
+            backend=launch.backend,
+            reads_logits=launch.reads_logits,
+            num_warps=launch.num_warps,
+            block=dict(launch.constexprs)["BLOCK"],
+            resources=resources,
+            error=error,
+        )
+        identity = (row.kernel, row.target, row.layout, row.dtype, row.contract, key)
+        if identity not in seen:
+            seen.add(identity)
+            rows.append(row)
+    return rows
+
+
+def gate_failures(rows: Iterable[CompiledLaunch]) -> list[str]:
+    """Every gate violation, one line per kernel x target x layout x dtype and finding.
+
+    Gates: every launch compiles for every target; no spills; in the aligned layouts,
+    every kernel that reads the logits loads them 128 bits at a time; no fp64 in the
+    loops of a kernel that reads the logits; no approximate fp32 division there (the
+    contract's ``fp32(x) / T`` is IEEE; NVIDIA only, where PTX names the two apart).
+    """
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for row in rows:
+        where = f"{row.kernel} on {row.target}, {row.layout} {row.dtype}"
+        for gate, detail in _violations(row):
+            found.setdefault((gate, where, detail), []).append(row.contract)
+    return [
+        f"{gate}: {where}, {len(contracts)} launch(es) (e.g. {contracts[0]}): {detail}"
+        for (gate, where, detail), contracts in found.items()
+    ]
+
+
+def _violations(row: CompiledLaunch) -> list[tuple[str, str]]:
+    if row.error is not None:
+        return [("compile", row.error)]
+    res = row.resources
+    found = []
+    if res.spills:
+        found.append(
+            ("spills", f"{res.spill_bytes} spill bytes, {res.spill_registers} spilled registers")
+        )
+    if not row.reads_logits:
+        return found
+    if row.layout in GATED_LAYOUTS and not res.vectorized:
+        found.append(
+            (
+                "vectorized loads",
+                f"widest global load in the element code is {res.widest_load_bits} bits",
+            )
+        )
+    if res.fp64_in_loop:
+        found.append(("fp64 in loop", ", ".join(res.fp64_in_loop)))
+    if res.approx_div_f32:
+        found.append(("approximate fp32 division", f"{res.approx_div_f32} div.full/div.approx"))
+    return found
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A picklable compile job: the kernel by module and name, args as recorded, one target."""
+
+    key: str
+    module: str
+    name: str
+    target: str
+    args: tuple[Any, ...]
+    constexprs: tuple[tuple[str, Any], ...]
+    num_warps: int
+
+
+class _TensorStandIn:
+    """What the JIT's binder reads from a tensor argument: dtype, alignment, buffer size."""
+
+    def __init__(self, arg: Any) -> None:
+        self.dtype = arg.dtype
+        self._data_ptr = 4096 + arg.data_ptr_mod_16
+        self._nbytes = arg.nbytes
+
+    def data_ptr(self) -> int:
+        return self._data_ptr
+
+    def ptr_range(self) -> int:
+        return self._nbytes
+
+
+def _check_compilable(launches: Sequence[Any]) -> None:
+    for launch in launches:
+        if not hasattr(launch.kernel, "params"):
+            raise RuntimeError(
+                f"{launch.name} is {type(launch.kernel).__name__}, not a JITFunction: "
+                "compile where TRITON_INTERPRET is unset"
+            )
+
+
+def _job(launch: Any, target: str) -> _Job:
+    kernel = launch.kernel
+    signature, constexprs, attrs, options = _specialize(
+        kernel, launch.args, launch.constexprs, launch.num_warps, target
+    )
+    key = repr((kernel.__module__, kernel.__name__, target, signature, constexprs, attrs, options))
+    return _Job(
+        key,
+        kernel.__module__,
+        kernel.__name__,
+        target,
+        launch.args,
+        launch.constexprs,
+        launch.num_warps,
+    )
+
+
+def _gpu_target(target: str) -> Any:
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget(*TARGETS[target])
+
+
+def _specialize(
+    kernel: Any,
+    args: tuple[Any, ...],
+    constexprs: tuple[tuple[str, Any], ...],
+    num_warps: int,
+    target: str,
+) -> tuple[dict[str, Any], dict[Any, Any], dict[Any, Any], Any]:
+    """The ``(signature, constexprs, attrs, options)`` the JIT would pick on ``target``."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from tp_logprob.kernels.triton.recorder import TensorArg
+
+    backend = make_backend(_gpu_target(target))
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    values = [_TensorStandIn(arg) if isinstance(arg, TensorArg) else arg for arg in args]
+    kwargs = {**dict(constexprs), "num_warps": num_warps}
+    bound, specialization, options = binder(*values, **kwargs)
+    options, signature, constexpr_values, attrs = kernel._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
+    return signature, constexpr_values, attrs, options
+
+
+def _run_jobs(jobs: list[_Job], workers: int) -> list[tuple[Any, str | None]]:
+    started = time.perf_counter()
+    print(f"compiling {len(jobs)} kernel specializations with {workers} worker(s)", file=sys.stderr)
+    if workers <= 1:
+        return [_compile(job) for job in jobs]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        results = list(pool.map(_compile, jobs, chunksize=4))
+    print(f"compiled in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return results
+
+
+def _compile(job: _Job) -> tuple[Any, str | None]:
+    """Compile one job and read its resources; a compile error is returned, not raised."""
+    import importlib
+
+    import triton
+    from triton.compiler import ASTSource
+
+    from tp_logprob.kernels.triton.resources import analyze
+
+    kernel = getattr(importlib.import_module(job.module), job.name)
+    signature, constexprs, attrs, options = _specialize(
+        kernel, job.args, job.constexprs, job.num_warps, job.target
+    )
+    target = _gpu_target(job.target)
+    try:
+        compiled = triton.compile(
+            ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+        )
+    except Exception as error:  # the report names the kernel, target and error
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        return None, f"{type(error).__name__}: {' / '.join(lines[:3])}"
+    return analyze(compiled, target.backend), None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Compile the matrix, print the gates, write the reports; 1 when a gate fails."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--matrix", choices=sorted(MATRICES), default="full")
+    parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=list(TARGETS))
+    parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    parser.add_argument("--json", help="write every compiled launch and the gates as JSON")
+    parser.add_argument("--markdown", help="write the readiness report (docs/gpu-readiness.md)")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        parser.error("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
+    # The GPU runs pin Triton 3.9's default (FP fusion on) the same way; it warns when unset.
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    from tp_logprob.kernels.triton import readiness
+
+    matrix = MATRICES[args.matrix]
+    started = time.perf_counter()
+    rows = compile_matrix(matrix, args.targets, args.jobs)
+    elapsed = time.perf_counter() - started
+    failures = gate_failures(rows)
+    report = readiness.Report(matrix, tuple(args.targets), rows, failures, elapsed, sys.argv)
+    if args.json:
+        readiness.write_json(report, args.json)
+    if args.markdown:
+        readiness.write_markdown(report, args.markdown)
+    print(readiness.headline(report))
+    for failure in failures:
+        print(f"GATE FAILED: {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,282 @@
+"""The GPU-readiness report: gates, per-kernel resources and the roofline, as JSON and markdown.
+
+Built from :func:`tp_logprob.kernels.triton.aot.compile_matrix`'s rows;
+``nox -s compile`` writes the markdown to ``docs/gpu-readiness.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tp_logprob.kernels.triton import traffic
+from tp_logprob.kernels.triton.recorder import LAYOUTS
+
+__all__ = ["Report", "headline", "summary", "write_json", "write_markdown"]
+
+_MAX_LISTED_FAILURES = 40
+
+
+@dataclass(frozen=True)
+class Report:
+    """One compile run: what was compiled, the rows, the gate failures, how long it took."""
+
+    matrix: Any  # aot.Matrix
+    targets: tuple[str, ...]
+    rows: Sequence[Any]  # aot.CompiledLaunch
+    failures: Sequence[str]
+    elapsed_s: float
+    argv: Sequence[str]
+
+
+def summary(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per kernel x target x layout: variants and the worst value of each resource."""
+    groups: dict[tuple[str, str, str], list[Any]] = {}
+    for row in rows:
+        groups.setdefault((row.kernel, row.target, row.layout), []).append(row)
+    order = {name: index for index, name in enumerate(LAYOUTS)}
+    table = []
+    for (kernel, target, layout), members in sorted(
+        groups.items(), key=lambda item: (item[0][0], item[0][1], order[item[0][2]])
+    ):
+        built = [row.resources for row in members if row.error is None]
+        table.append(
+            {
+                "kernel": kernel,
+                "target": target,
+                "layout": layout,
+                "dtypes": sorted({row.dtype for row in members}),
+                "launches": len(members),
+                "errors": sum(row.error is not None for row in members),
+                "reads_logits": any(row.reads_logits for row in members),
+                "registers": max((r.registers for r in built), default=None),
+                "spill_bytes": max((r.spill_bytes for r in built), default=None),
+                "spill_registers": max((r.spill_registers for r in built), default=None),
+                "shared_bytes": max((r.shared_bytes for r in built), default=None),
+                "narrowest_widest_load_bits": min((r.widest_load_bits for r in built), default=0),
+                "vectorized": bool(built) and all(r.vectorized for r in built),
+                "fp64_in_loop": sorted({op for r in built for op in r.fp64_in_loop}),
+                "approx_div_f32": max((r.approx_div_f32 for r in built), default=0),
+                "ieee_div_f32": max((r.ieee_div_f32 for r in built), default=0),
+            }
+        )
+    return table
+
+
+def headline(report: Report) -> str:
+    """Max registers per target kind, spills, which kernels vectorize, gate status."""
+    built = [row for row in report.rows if row.error is None]
+    nvidia = [row.resources.registers for row in built if row.target.startswith("sm_")]
+    amd = [row.resources.registers for row in built if row.target.startswith("gfx")]
+    spilled = sum(row.resources.spills for row in built)
+    readers = sorted({row.kernel for row in report.rows if row.reads_logits})
+    vector = [
+        kernel
+        for kernel in readers
+        if all(
+            row.resources is not None and row.resources.vectorized
+            for row in report.rows
+            if row.kernel == kernel and row.layout in ("aligned", "aligned-2gib")
+        )
+    ]
+    kernels = len({row.kernel for row in report.rows})
+    specializations = len(report.rows)
+    lines = [
+        f"{kernels} kernels, {specializations} launch x target rows "
+        f"({report.matrix.name} matrix) in {report.elapsed_s:.0f} s",
+        f"max registers/thread: NVIDIA {max(nvidia, default=0)}, AMD {max(amd, default=0)} VGPRs; "
+        f"rows with spills: {spilled}",
+        f"128-bit loads in the aligned layouts: {', '.join(vector) or 'none'}"
+        f" (of {len(readers)} kernels that read the logits)",
+        f"gates: {'PASS' if not report.failures else f'{len(report.failures)} FAILED'}",
+    ]
+    return "\n".join(lines)
+
+
+def write_json(report: Report, path: str | Path) -> None:
+    rows = [
+        {
+            "kernel": row.kernel,
+            "target": row.target,
+            "layout": row.layout,
+            "dtype": row.dtype,
+            "contract": row.contract,
+            "backend": row.backend,
+            "reads_logits": row.reads_logits,
+            "num_warps": row.num_warps,
+            "block": row.block,
+            "error": row.error,
+            "resources": None if row.resources is None else row.resources.to_dict(),
+        }
+        for row in report.rows
+    ]
+    document = {
+        "matrix": report.matrix.name,
+        "targets": list(report.targets),
+        "elapsed_s": report.elapsed_s,
+        "versions": _versions(),
+        "gates_passed": not report.failures,
+        "failures": list(report.failures),
+        "summary": summary(report.rows),
+        "rows": rows,
+    }
+    Path(path).write_text(json.dumps(document, indent=1) + "\n")
+
+
+def write_markdown(report: Report, path: str | Path) -> None:
+    Path(path).write_text(_markdown(report))
+
+
+def _markdown(report: Report) -> str:
+    versions = _versions()
+    out = [
+        "# GPU readiness: every Triton kernel compiled for every target",
+        "",
+        "Generated by `nox -s compile` (`python -m tp_logprob.kernels.triton.aot "
+        f"--matrix {report.matrix.name} --markdown docs/gpu-readiness.md`); do not edit by hand.",
+        f"Triton {versions['triton']}, ptxas {versions['ptxas']}, on {versions['machine']}, "
+        f"no GPU; {len(report.rows)} launch x target rows compiled in {report.elapsed_s:.0f} s.",
+        "",
+        "Every launch comes from the backends' real launch path "
+        "(`tp_logprob.kernels.triton.recorder`): each Triton backend's forward and `train` "
+        "backward run on tiny CPU tensors with `launch` recorded instead of run and the "
+        "platform forced to cuda or rocm, so the launch table picks the configs; every "
+        "contract variant (role, dtypes, determinism scope, export flags, temperature) and "
+        f"TP=1 and TP=2. Matrix `{report.matrix.name}`: {report.matrix.description}. "
+        "The JIT's own binder picks each specialization; `triton.compile` builds it "
+        "(`tp_logprob.kernels.triton.aot`), and `tp_logprob.kernels.triton.resources` "
+        "reads the cubin (`cuobjdump -res-usage`) and PTX, or the AMDGCN.",
+        "",
+        "## Headline",
+        "",
+        *[f"- {line}" for line in headline(report).splitlines()],
+        "",
+        "## Gates",
+        "",
+        "- every launch compiles for every target (`sm_80`, `sm_90`, `sm_100`, `gfx942`, "
+        "`gfx950`);",
+        "- zero spills everywhere;",
+        "- in the aligned layouts, every kernel that reads the logits loads them 128 bits "
+        "at a time in its element code (`ld.global.v4` in PTX; `global_load_dwordx4` or "
+        "`buffer_load_dwordx4` in AMDGCN);",
+        "- no fp64 instruction in the loops of a kernel that reads the logits (fp64 is "
+        "fine in the per-row merges);",
+        "- no approximate fp32 division (`div.full.f32`) where the logits are read: the "
+        "contract's `fp32(x) / T` is IEEE `div.rn.f32` (NVIDIA; AMD not checked).",
+        "",
+    ]
+    if not report.failures:
+        out += ["All gates pass.", ""]
+    else:
+        out += [f"**{len(report.failures)} gate failures:**", ""]
+        out += [f"- {line}" for line in report.failures[:_MAX_LISTED_FAILURES]]
+        if len(report.failures) > _MAX_LISTED_FAILURES:
+            out.append(f"- ... and {len(report.failures) - _MAX_LISTED_FAILURES} more")
+        out.append("")
+    out += _layouts_section()
+    out += _resources_section(report)
+    out += _roofline_section()
+    return "\n".join(out)
+
+
+def _layouts_section() -> list[str]:
+    lines = ["## Layouts (JIT specializations)", ""]
+    lines += [f"- `{layout.name}`: {layout.description}" for layout in LAYOUTS.values()]
+    return [*lines, ""]
+
+
+def _resources_section(report: Report) -> list[str]:
+    lines = [
+        "## Resources per kernel x target x layout",
+        "",
+        "Worst case over the layout's launches (dtypes and contract variants). Registers: "
+        "per thread (AMD: VGPRs + AGPRs). Shared: bytes the launch requests. Widest load: "
+        "the narrowest, over the launches, of the widest global load in the element code "
+        "(loop bodies, or the whole kernel when it has no loop). fp32 div: IEEE / approximate "
+        "count in the element code (NVIDIA).",
+        "",
+        "| kernel | target | layout | dtypes | launches | registers | spills | shared B "
+        "| widest load | 128-bit | fp64 in loop | fp32 div |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|---|---|",
+    ]
+    for item in summary(report.rows):
+        if item["errors"]:
+            lines.append(
+                f"| {item['kernel']} | {item['target']} | {item['layout']} | "
+                f"{'/'.join(item['dtypes'])} | {item['launches']} | "
+                f"**{item['errors']} failed to compile** | | | | | | |"
+            )
+            continue
+        spills = item["spill_bytes"] + item["spill_registers"]
+        fp64 = ", ".join(item["fp64_in_loop"]) or "no"
+        div = (
+            "-"
+            if item["target"].startswith("gfx")
+            else (f"{item['ieee_div_f32']} / {item['approx_div_f32']}")
+        )
+        lines.append(
+            f"| {item['kernel']} | {item['target']} | {item['layout']} | "
+            f"{'/'.join(item['dtypes'])} | {item['launches']} | {item['registers']} | "
+            f"{spills} | {item['shared_bytes']} | {item['narrowest_widest_load_bits']} | "
+            f"{'yes' if item['vectorized'] else 'no'} | {fp64} | {div} |"
+        )
+    return [*lines, ""]
+
+
+def _roofline_section() -> list[str]:
+    shape = traffic.BENCH_SHAPE
+    names = list(traffic.PEAK_BANDWIDTH)
+    lines = [
+        "## Roofline at the bench shape",
+        "",
+        f"N={shape.rows}, V={shape.vocab}, bf16 logits, TP={shape.tp}, fp32 outputs. Bytes "
+        "per row from `tp_logprob.kernels.triton.traffic` (one function per backend); "
+        "predicted time = N x bytes per row / peak HBM bandwidth "
+        f"({', '.join(f'{n} {bw / 1e12:.2f} TB/s' for n, bw in traffic.PEAK_BANDWIDTH.items())}"
+        "). `benchmarks/bench_kernels.py` prints measured / predicted on a GPU.",
+        "",
+        "| backend | kernels | read B/row | written B/row | "
+        + " | ".join(f"{name} ms" for name in names)
+        + " |",
+        f"|---|---|---:|---:|{'---:|' * len(names)}",
+    ]
+    for backend, stages in traffic.TRAFFIC.items():
+        read = sum(stage.read for stage in stages(shape))
+        written = sum(stage.written for stage in stages(shape))
+        times = " | ".join(
+            f"{traffic.predicted_seconds(backend, shape, bw) * 1e3:.3f}"
+            for bw in traffic.PEAK_BANDWIDTH.values()
+        )
+        kernels = ", ".join(stage.kernel for stage in stages(shape))
+        lines.append(f"| {backend} | {kernels} | {read} | {written} | {times} |")
+    return [*lines, ""]
+
+
+def _versions() -> dict[str, str]:
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = {}
+    for label, capability in (("sm_80", 80), ("sm_90+", 90)):
+        try:
+            out = subprocess.run(
+                [get_ptxas(capability).path, "--version"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            found = re.search(r"release ([\d.]+)", out)
+            ptxas[label] = found.group(1) if found else "unknown"
+        except (OSError, subprocess.CalledProcessError):
+            ptxas[label] = "unknown"
+    return {
+        "triton": triton.__version__,
+        "ptxas": ", ".join(f"{version} ({label})" for label, version in ptxas.items()),
+        "machine": f"{platform.machine()} {platform.system()}",
+    }

@@ -1,0 +1,190 @@
+"""Static resources and code-quality facts of one compiled kernel, read from its artifacts.
+
+:func:`analyze` reads a ``triton.compile`` result for NVIDIA (PTX, and the cubin
+through ``cuobjdump -res-usage``, and its SASS ``STL`` stores when it uses local
+memory) or AMD (the AMDGCN text and its metadata notes):
+
+- registers per thread (NVIDIA ``REG``; AMD VGPRs, AGPRs included) and spills
+  (NVIDIA local-memory store bytes in the SASS; AMD VGPR/SGPR spill counts and scratch bytes);
+- shared memory the launch requests (``metadata.shared``);
+- the widest global load in the *element code*: the loop bodies of a kernel with
+  loops (a per-row kernel's column-tile loop), or the whole kernel when it has
+  none (a one-tile-per-program kernel). 128 bits is ``ld.global.v4.b32`` in PTX,
+  ``global_load_dwordx4`` (or ``buffer_load_dwordx4``, the same width through AMD's
+  buffer ops) in AMDGCN;
+- fp64 instructions in loop bodies, and fp32 divisions in the element code by kind
+  (PTX's IEEE ``div.rn.f32`` against the approximate ``div.full.f32``/``div.approx``).
+
+Loop bodies are the basic blocks LLVM's asm printer annotates as loop members
+(``=>This Inner Loop Header`` / ``in Loop: Header=...`` on the block label), in
+PTX and AMDGCN alike.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Resources", "analyze", "element_lines", "loop_lines"]
+
+_PTX_BLOCK = re.compile(r"^(?:\$L__BB\d+_\d+:|// %bb\.\d+:)")
+_GCN_BLOCK = re.compile(r"^(?:\.LBB\d+_\d+:|; %bb\.\d+:)")
+_FUNCTION_END = re.compile(r"^(?:\.Lfunc_end|\$L__func_end|\})")
+_PTX_LOAD = re.compile(r"\bld\.global((?:\.[\w:]+)*)\s")
+_GCN_LOAD = re.compile(r"^\s*(?:global|buffer)_load_(\w+)")
+_GCN_LOAD_BITS = {
+    "ubyte": 8, "sbyte": 8, "ushort": 16, "sshort": 16, "short_d16": 16, "short_d16_hi": 16,
+    "dword": 32, "dwordx2": 64, "dwordx3": 96, "dwordx4": 128,
+    "b8": 8, "u8": 8, "i8": 8, "b16": 16, "u16": 16, "i16": 16, "b32": 32, "b64": 64,
+    "b96": 96, "b128": 128,
+}  # fmt: skip
+_PTX_OPCODE = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)")
+_PTX_APPROX_DIV = re.compile(r"^div\.(?:full|approx)(?:\.ftz)?\.f32$")
+_PTX_IEEE_DIV = re.compile(r"^div\.rn(?:\.ftz)?\.f32$")
+_RES_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+_STL = re.compile(r"\bSTL((?:\.\w+)*)\s")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one compiled kernel uses and how its element code looks (see the module docstring)."""
+
+    registers: int
+    scalar_registers: int | None  # AMD SGPRs; None on NVIDIA
+    spill_bytes: int
+    spill_registers: int  # AMD VGPR + SGPR spill counts; 0 on NVIDIA
+    shared_bytes: int
+    widest_load_bits: int  # widest global load in the element code (0: none)
+    fp64_in_loop: tuple[str, ...]  # the fp64 opcodes found in loop bodies
+    approx_div_f32: int  # approximate fp32 divisions in the element code (NVIDIA)
+    ieee_div_f32: int  # IEEE fp32 divisions in the element code (NVIDIA)
+
+    @property
+    def vectorized(self) -> bool:
+        return self.widest_load_bits >= 128
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_bytes > 0 or self.spill_registers > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "vectorized": self.vectorized, "spills": self.spills}
+
+
+def analyze(compiled: Any, backend: str) -> Resources:
+    """The :class:`Resources` of ``compiled`` (a ``triton.compile`` result) for ``backend``."""
+    if backend == "cuda":
+        return _analyze_nvidia(compiled)
+    return _analyze_amd(compiled)
+
+
+def loop_lines(lines: list[str], block: re.Pattern[str]) -> list[str]:
+    """Lines of the basic blocks LLVM marks as loop members (``block`` matches a block start)."""
+    inside, found = False, []
+    for line in lines:
+        if block.match(line):
+            inside = "Loop Header" in line or "in Loop:" in line
+        elif _FUNCTION_END.match(line):
+            inside = False
+        if inside:
+            found.append(line)
+    return found
+
+
+def element_lines(lines: list[str], block: re.Pattern[str]) -> list[str]:
+    """Loop bodies when the kernel has loops, else every line (one tile per program)."""
+    return loop_lines(lines, block) or lines
+
+
+def _analyze_nvidia(compiled: Any) -> Resources:
+    ptx = compiled.asm["ptx"].splitlines()
+    registers, stack, local = _res_usage(compiled.asm["cubin"], compiled.metadata.name)
+    name = compiled.metadata.name
+    spill = _local_store_bytes(compiled.asm["cubin"], name) if stack or local else 0
+    element = element_lines(ptx, _PTX_BLOCK)
+    opcodes = [found.group(1) for line in element if (found := _PTX_OPCODE.match(line))]
+    loop_opcodes = [
+        found.group(1) for line in loop_lines(ptx, _PTX_BLOCK) if (found := _PTX_OPCODE.match(line))
+    ]
+    return Resources(
+        registers=registers,
+        scalar_registers=None,
+        spill_bytes=spill,
+        spill_registers=0,
+        shared_bytes=int(compiled.metadata.shared),
+        widest_load_bits=max((_ptx_load_bits(line) for line in element), default=0),
+        fp64_in_loop=tuple(sorted({op for op in loop_opcodes if ".f64" in op})),
+        approx_div_f32=sum(bool(_PTX_APPROX_DIV.match(op)) for op in opcodes),
+        ieee_div_f32=sum(bool(_PTX_IEEE_DIV.match(op)) for op in opcodes),
+    )
+
+
+def _analyze_amd(compiled: Any) -> Resources:
+    text = compiled.asm["amdgcn"]
+    lines = text.splitlines()
+    notes = {key: int(value) for key, value in re.findall(r"^\s+\.(\w+):\s+(\d+)\s*$", text, re.M)}
+    element = element_lines(lines, _GCN_BLOCK)
+    loop_ops = [line.split()[0] for line in loop_lines(lines, _GCN_BLOCK) if line.strip()]
+    widest = 0
+    for line in element:
+        found = _GCN_LOAD.match(line)
+        if found:
+            widest = max(widest, _GCN_LOAD_BITS.get(found.group(1), 0))
+    return Resources(
+        registers=notes.get("vgpr_count", 0) + notes.get("agpr_count", 0),
+        scalar_registers=notes.get("sgpr_count"),
+        spill_bytes=notes.get("private_segment_fixed_size", 0),
+        spill_registers=notes.get("vgpr_spill_count", 0) + notes.get("sgpr_spill_count", 0),
+        shared_bytes=int(compiled.metadata.shared),
+        widest_load_bits=widest,
+        fp64_in_loop=tuple(sorted({op for op in loop_ops if "f64" in op.split("_")})),
+        approx_div_f32=0,
+        ieee_div_f32=0,
+    )
+
+
+def _ptx_load_bits(line: str) -> int:
+    found = _PTX_LOAD.search(line)
+    if not found:
+        return 0
+    parts = found.group(1).split(".")
+    lanes = next((int(part[1:]) for part in parts if re.fullmatch(r"v\d", part)), 1)
+    width = next((int(part[1:]) for part in reversed(parts) if re.fullmatch(r"[bfsu]\d+", part)), 0)
+    return lanes * width
+
+
+def _cuobjdump(cubin: bytes, name: str, flag: str) -> str:
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run(
+            [knobs.nvidia.cuobjdump.path, flag, str(path)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+
+def _res_usage(cubin: bytes, name: str) -> tuple[int, int, int]:
+    """``(registers, stack bytes, local bytes)`` from ``cuobjdump -res-usage``."""
+    out = _cuobjdump(cubin, name, "-res-usage")
+    found = _RES_USAGE.search(out)
+    if found is None:
+        raise RuntimeError(f"cuobjdump -res-usage printed no resource line for {name}:\n{out}")
+    registers, stack, _, local = (int(value) for value in found.groups())
+    return registers, stack, local
+
+
+def _local_store_bytes(cubin: bytes, name: str) -> int:
+    """Bytes stored to local memory (``STL``: register spills) in the cubin's SASS."""
+    total = 0
+    for suffix in _STL.findall(_cuobjdump(cubin, name, "-sass")):
+        widths = [int(part) for part in re.findall(r"\d+", suffix)]
+        total += max(widths, default=32) // 8
+    return total
