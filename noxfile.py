@@ -90,6 +90,17 @@ def oracle_standalone(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def compile(session: nox.Session) -> None:
+    """Compile every Triton kernel for every GPU target on this CPU; write docs/gpu-readiness.md."""
+    _install(session, "torch,triton")
+    session.env["TRITON_INTERPRET"] = "0"  # the compiler, not the interpreter
+    cache = os.environ.get("TRITON_CACHE_DIR", str(ROOT / ".nox" / "triton-cache"))
+    session.env["TRITON_CACHE_DIR"] = cache
+    args = session.posargs or ["--matrix", "full", "--markdown", "docs/gpu-readiness.md"]
+    session.run("python", "-m", "tp_logprob.kernels.triton.aot", *args)
+
+
+@nox.session(default=False)
 def replay(session: nox.Session) -> None:
     """Replay recorded failures and pinned regressions on every backend available here."""
     _install(session, "torch,triton,test")
