@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,6 +57,37 @@ def make_contract(
         output=tpl.LogprobOutputSpec(output_dtype),
         export_lse=export_lse,
     )
+
+
+def on_device(op: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """``op`` run on ``device``: tensor arguments (and tensor fields of dataclass arguments) are
+    moved there and tensor results come back to the CPU, so the tests' oracle checks, bit
+    comparisons and gradients (through ``.to``) stay as written. Identity on the CPU."""
+    if device.type == "cpu":
+        return op
+
+    def move(value: Any, where: torch.device) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(where)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            changes = {
+                field.name: move(getattr(value, field.name), where)
+                for field in dataclasses.fields(value)
+                if field.init and isinstance(getattr(value, field.name), torch.Tensor)
+            }
+            return dataclasses.replace(value, **changes)
+        if isinstance(value, tuple):
+            items = [move(item, where) for item in value]
+            return tuple(items) if type(value) is tuple else type(value)(*items)
+        return value
+
+    @functools.wraps(op)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        moved = [move(arg, device) for arg in args]
+        result = op(*moved, **{key: move(value, device) for key, value in kwargs.items()})
+        return move(result, torch.device("cpu"))
+
+    return run
 
 
 def random_inputs(

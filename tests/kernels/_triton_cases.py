@@ -1,15 +1,21 @@
-"""Shared setup of the Triton backend tests: interpreter, skip, the two ops, oracle checks.
+"""Shared setup of the Triton backend tests: interpreter or GPU, skip, the two ops, oracle checks.
 
-Importing this module turns the Triton interpreter on (unless the environment
-already chose) before triton is first imported, and skips the importing test
-module cleanly when triton is not installed.
+With a visible GPU (and ``TRITON_INTERPRET`` not set) the ops run compiled on it:
+``BACKENDS`` and ``online_merge`` move their tensors to the GPU and their results
+back, so every test reads the same on either device. Without one, importing this
+module turns the Triton interpreter on before triton is first imported (``import
+torch`` does not import triton). It skips the importing test module cleanly when
+triton is not installed.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import importlib
 import math
@@ -17,14 +23,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import tp_logprob as tpl
 from tp_logprob.emulate import run_tp
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.oracle import tolerance
 
-from ._native_cases import REAL
+from ._native_cases import REAL, on_device
 from ._native_cases import oracle_report as shared_oracle_report
 
 pytest.importorskip("triton", reason="the Triton backends need triton (on CPU, its interpreter)")
@@ -33,12 +38,15 @@ _online = importlib.import_module("tp_logprob.kernels.triton.online")
 _exact_sum = importlib.import_module("tp_logprob.kernels.triton.exact_sum")
 _launch = importlib.import_module("tp_logprob.kernels.triton.launch")
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE = torch.device("cpu" if _INTERPRETED or not torch.cuda.is_available() else "cuda")
+
 BACKENDS: dict[str, Any] = {
-    "triton_online": _online.triton_online_logprob,
-    "triton_exact_sum": _exact_sum.triton_exact_sum_logprob,
+    "triton_online": on_device(_online.triton_online_logprob, DEVICE),
+    "triton_exact_sum": on_device(_exact_sum.triton_exact_sum_logprob, DEVICE),
 }
 fraction_bits = _exact_sum.fraction_bits
-online_merge = _online.online_merge
+online_merge = on_device(_online.online_merge, DEVICE)
 
 
 def row_block(dtype: str) -> int:
