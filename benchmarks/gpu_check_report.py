@@ -1,0 +1,134 @@
+"""Assemble gpu_check.sh's one JSON and one markdown report from its step log and outputs.
+
+Reads ``DIR/steps.tsv`` (name, exit status or ``planned``, seconds, command),
+``DIR/compile.json`` (``python -m tp_logprob.kernels.triton.aot --json``) and
+``DIR/bench.json`` (``benchmarks/bench_kernels.py --json``) when they exist, and
+writes ``DIR/gpu-check.json`` and ``DIR/gpu-check.md``. Exits 1 when a step failed.
+
+Run: python benchmarks/gpu_check_report.py --out build/gpu-check --platform cuda [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def load_steps(out: Path) -> list[dict[str, Any]]:
+    steps = []
+    for line in (out / "steps.tsv").read_text().splitlines():
+        name, status, seconds, command = line.split("\t", 3)
+        steps.append(
+            {
+                "name": name,
+                "status": "planned" if status == "planned" else int(status),
+                "seconds": int(seconds),
+                "command": command,
+                "passed": status == "planned" or status == "0",
+            }
+        )
+    return steps
+
+
+def load_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name())
+    except ImportError:
+        pass
+    return f"no GPU ({platform.machine()} CPU)"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    title = "gpu_check dry run" if report["dry_run"] else "gpu_check"
+    lines = [
+        f"# {title}: {report['device']} ({report['platform']})",
+        "",
+        f"**{'PASSED' if report['passed'] else 'FAILED'}**"
+        + (
+            " (dry run: the plan only, plus the tiny interpreted shape)"
+            if report["dry_run"]
+            else ""
+        ),
+        "",
+        "| step | status | seconds | command |",
+        "|---|---|---:|---|",
+    ]
+    for step in report["steps"]:
+        status = (
+            step["status"]
+            if step["status"] == "planned"
+            else ("ok" if step["passed"] else f"**FAILED (exit {step['status']})**")
+        )
+        lines.append(f"| {step['name']} | {status} | {step['seconds']} | `{step['command']}` |")
+    compiled = report.get("compile")
+    if compiled:
+        lines += ["", "## Compile gates", ""]
+        lines.append("All gates pass." if compiled["gates_passed"] else "Gate failures:")
+        lines += [f"- {failure}" for failure in compiled["failures"]]
+    bench = report.get("bench")
+    if bench and bench.get("measured"):
+        lines += ["", f"## Kernel benchmark (roofline: {bench['roofline']})", ""]
+        lines += [
+            "| N | V | candidate | ms | GB/s | of copy | vs torch | measured / predicted |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for shape in bench["shapes"]:
+            for name, item in shape["candidates"].items():
+                ratio = item["measured_over_predicted"]
+                lines.append(
+                    f"| {shape['rows']} | {shape['vocab']} | {name} | {item['ms']:.3f} | "
+                    f"{item['gbps']:.0f} | {item['of_copy']:.1%} | "
+                    f"{item['speedup_vs_torch_baseline']:.2f}x | "
+                    f"{'' if ratio is None else f'{ratio:.2f}'} |"
+                )
+        for name, goal in (bench.get("goals") or {}).items():
+            met = "met" if goal["met"] else "**not met**"
+            lines.append(f"- {name}: {goal['value']:.3f} (goal {goal['goal']}): {met}")
+    elif bench:
+        lines += ["", "Bench: the tiny interpreted shape ran; it measures nothing."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--platform", required=True)
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    steps = load_steps(out)
+    compiled = load_json(out / "compile.json")
+    report = {
+        "dry_run": args.dry_run,
+        "platform": args.platform,
+        "device": device_name(),
+        "passed": all(step["passed"] for step in steps),
+        "steps": steps,
+        "compile": None
+        if compiled is None
+        else {
+            "gates_passed": compiled["gates_passed"],
+            "failures": compiled["failures"],
+            "summary": compiled["summary"],
+        },
+        "bench": load_json(out / "bench.json"),
+    }
+    (out / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "gpu-check.md").write_text(markdown(report))
+    print(markdown(report))
+    print(f"reports: {out / 'gpu-check.json'} and {out / 'gpu-check.md'}")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
