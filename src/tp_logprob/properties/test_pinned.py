@@ -39,6 +39,8 @@ def _case(
     dtype: str = "fp32",
     role: str = "infer",
     scope: str = "fixed_topology",
+    temperature: float = 1.0,
+    entropy: bool = False,
 ) -> LogprobCase:
     padded = bounds[-1][1]
     contract = LogprobContract(
@@ -47,6 +49,8 @@ def _case(
         mask=MaskSpec(len(rows), None if active is None else np.array(active)),
         sharding=ShardingSpec(0, len(bounds), bounds, padded if real is None else real, padded),
         reduction=ReductionSpec(DeterminismScope(scope)),
+        temperature=temperature,
+        export_entropy=entropy,
     )
     return LogprobCase(contract, np.array(rows, dtype=np.float32), np.array(targets))
 
@@ -75,6 +79,43 @@ PINNED = {
         tuple((c, c + 1) for c in range(8)),
         active=[True, False],
         role="train",
+    ),
+    # Entropy of a row with one finite live value is exactly 0; -inf columns add 0, not NaN.
+    "entropy of one finite value among -inf columns": _case(
+        [[-_INF, 2.5, -_INF, -_INF], [-_INF, -_INF, -_INF, 7.0]],
+        [1, 3],
+        ((0, 2), (2, 4)),
+        role="train",
+        entropy=True,
+    ),
+    # Padding holds NaN and +inf: entropy over the live columns only, at T = 0.6.
+    "entropy with garbage padding at T = 0.6": _case(
+        [[0.25, -1.0, 3.0, float("nan"), _INF], [1.0, 1.0, 1.0, _INF, -_INF]],
+        [2, 0],
+        ((0, 2), (2, 5)),
+        real=3,
+        role="train",
+        temperature=0.6,
+        entropy=True,
+    ),
+    # A running max that jumps from 0 to 3e38 between tiles: exp(m_old - m_new) underflows,
+    # and (m_old - m_new) * s must not overflow into 0 * -inf in an online entropy.
+    "entropy when the running max jumps by 3e38": _case(
+        [[0.0] * 20 + [3e38] + [0.0] * 3],
+        [20],
+        ((0, 24),),
+        role="train",
+        entropy=True,
+    ),
+    # T = 2^-126 sends z = x / T past fp32's range: +-inf, so lse = +inf and selected_logp
+    # and entropy NaN on the first row; the second stays finite; inactive rows give 0.
+    "temperature so small that z overflows": _case(
+        [[8.0, -8.0, 0.5], [2.0**-120, 0.0, -(2.0**-121)], [8.0, 0.0, 1.0]],
+        [0, 1, 2],
+        ((0, 1), (1, 3)),
+        active=[True, True, False],
+        temperature=2.0**-126,
+        entropy=True,
     ),
     # bf16 ties at the maximum across a shard boundary.
     "bf16 tie at the maximum across shards": _case(

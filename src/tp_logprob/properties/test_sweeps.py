@@ -3,7 +3,9 @@
 Small drawn cases seldom put two summation orders on opposite sides of a rounding:
 a reverse-order merge or an N-dependent tiling then survives most seeds. These
 sweeps use wide random rows (64 x 64, where reordering a sum changes its bits in
-a large share of rows) and compare every layout and batch shape bitwise.
+a large share of rows) and compare every layout and batch shape bitwise. Where the
+backend claims them, the sweeps request entropy and (except the TP=1 batch sweep)
+temperature 0.7, so both ride along in every bit comparison.
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ from tp_logprob.contract import (
     ShardingSpec,
     even_shard_bounds,
 )
-from tp_logprob.properties._harness import check_bitwise, check_close, exact_outputs, execute
+from tp_logprob.properties._harness import (
+    check_bitwise,
+    check_close,
+    exact_outputs,
+    execute,
+    select_rows,
+)
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
 ROWS = 64
+SWEEP_TEMPERATURE = 0.7
 PADDED = 64
 REAL = 61
 LAYOUTS = {
@@ -46,6 +55,7 @@ def _contract(
     bounds: tuple[tuple[int, int], ...],
     scope: DeterminismScope,
     num_tokens: int = ROWS,
+    temperature: float = SWEEP_TEMPERATURE,
 ) -> LogprobContract:
     """A contract of ``bounds`` that ``capability`` claims, or skip the test."""
     role = LogprobRole.INFER if LogprobRole.INFER in capability.roles else LogprobRole.TRAIN
@@ -59,6 +69,8 @@ def _contract(
         sharding=ShardingSpec(0, len(bounds), bounds, real, PADDED),
         reduction=ReductionSpec(scope),
         export_lse=capability.exports_vocab_lse,
+        temperature=temperature if capability.supports_temperature else 1.0,
+        export_entropy=capability.exports_entropy,
     )
     reasons = capability.incompatibilities(contract)
     if reasons:
@@ -98,17 +110,16 @@ def test_batch_invariance_sweep(tp_logprob_backend: Any, layout: str) -> None:
     """Each row alone, and in batches of 2, 5 and 64, gives the same bits."""
     backend = tp_logprob_backend
     scope = DeterminismScope.FIXED_TOPOLOGY
-    full = _case(_contract(backend.capability, LAYOUTS[layout], scope), seed=1)
+    temperature = 1.0 if layout == "tp1" else SWEEP_TEMPERATURE
+    full = _case(_contract(backend.capability, LAYOUTS[layout], scope, ROWS, temperature), seed=1)
     whole = execute(backend, full)
     for size in (1, 2, 5):
         for start in range(0, ROWS, 13):
             rows = np.arange(start, min(start + size, ROWS))
-            contract = _contract(backend.capability, LAYOUTS[layout], scope, len(rows))
+            contract = _contract(backend.capability, LAYOUTS[layout], scope, len(rows), temperature)
             part = LogprobCase(contract, full.logits[rows], full.targets[rows])
             observed = execute(backend, part)
-            expected = type(whole)(
-                whole.selected[rows], None if whole.lse is None else whole.lse[rows], None
-            )
+            expected = select_rows(whole, rows)
             check_bitwise(
                 f"batch invariance sweep: rows {rows.tolist()} alone vs in the batch of {ROWS}",
                 part,
