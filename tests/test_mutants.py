@@ -25,9 +25,11 @@ from tp_logprob.comm import CollectiveError, EmulatedGroup
 from tp_logprob.emulate import ReplicationError
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.oracle import apply_temperature, exact_selected_logprob, tolerance
 from tp_logprob.properties._backends import resolve_backends
 
 _INF = float("inf")
+_NAN = float("nan")
 _V = 8
 
 
@@ -40,6 +42,8 @@ def _contract(
     dtype: str = "fp32",
     role: str = "infer",
     scope: str = "fixed_topology",
+    temperature: float = 1.0,
+    entropy: bool = False,
 ) -> tpl.LogprobContract:
     padded = bounds[-1][1]
     return tpl.LogprobContract(
@@ -48,6 +52,8 @@ def _contract(
         mask=tpl.MaskSpec(rows, mask),
         sharding=tpl.ShardingSpec(0, len(bounds), bounds, padded if real is None else real, padded),
         reduction=tpl.ReductionSpec(tpl.DeterminismScope(scope)),
+        temperature=temperature,
+        export_entropy=entropy,
     )
 
 
@@ -78,16 +84,23 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().view(torch.int32)
 
 
-def _outputs(op: Callable[..., Any], case: Case) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _outputs(op: Callable[..., Any], case: Case) -> tuple[torch.Tensor | None, ...]:
+    """``(selected_logp, lse, entropy)``; an output the contract does not ask for is None."""
     logits, targets = case.tensors()
     result = tpl.run_tp(op, logits, targets, case.contract)[0]
-    return result.selected_logp, result.lse
+    return result.selected_logp, result.lse, result.entropy
 
 
-def _gradient(op: Callable[..., Any], case: Case, weight: float = 1.0) -> torch.Tensor:
+def _gradient(
+    op: Callable[..., Any], case: Case, weight: float = 1.0, entropy_weight: float = 0.0
+) -> torch.Tensor:
+    """The gradient of ``weight * selected_logp + entropy_weight * entropy``, summed over ranks."""
     logits, targets = case.tensors(grad=True)
     results = tpl.run_tp(op, logits, targets, case.contract)
-    sum(weight * result.selected_logp.sum() for result in results).backward()
+    loss = sum(weight * result.selected_logp.sum() for result in results)
+    if case.contract.export_entropy:
+        loss = loss + sum(entropy_weight * result.entropy.sum() for result in results)
+    loss.backward()
     assert logits.grad is not None
     return logits.grad
 
@@ -109,10 +122,38 @@ def _forward_differs(case: Case) -> Callable[[Pair], bool]:
     return lambda pair: not _same_bits(_outputs(pair[0], case), _outputs(NATIVE[0], case))
 
 
-def _gradient_differs(case: Case, weight: float = 1.0) -> Callable[[Pair], bool]:
+def _gradient_differs(
+    case: Case, weight: float = 1.0, entropy_weight: float = 0.0
+) -> Callable[[Pair], bool]:
     def differs(pair: Pair) -> bool:
-        mine, native = _gradient(pair[0], case, weight), _gradient(NATIVE[0], case, weight)
+        mine = _gradient(pair[0], case, weight, entropy_weight)
+        native = _gradient(NATIVE[0], case, weight, entropy_weight)
         return not torch.equal(_bits(mine), _bits(native))
+
+    return differs
+
+
+def _outside_oracle(case: Case) -> Callable[[Pair], bool]:
+    """Some output is outside the exact oracle's fp32 tolerance (not merely other bits)."""
+
+    def differs(pair: Pair) -> bool:
+        selected, lse, _ = _outputs(pair[0], case)
+        assert lse is not None
+        contract, (logits, targets) = case.contract, case.tensors()
+        x = logits.double().numpy()
+        want_selected, want_lse = exact_selected_logprob(
+            x, targets.numpy(), temperature=contract.temperature
+        )
+        row_max = apply_temperature(x, contract.temperature).max(axis=1)
+        table = tolerance(contract.dtype.value, x.shape[1])
+        bad = table.violations(
+            selected.double().numpy(),
+            lse.double().numpy(),
+            want_selected,
+            want_lse,
+            row_max=row_max,
+        )
+        return bool(bad.any())
 
     return differs
 
@@ -229,6 +270,26 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
         Case(dataclasses.replace(_PADDED, role=tpl.LogprobRole.TRAIN), [[*range(_V)]], [1])
     ),
     "grad_ignores_upstream": _gradient_differs(Case(_TRAIN_TP2, _RAMP, [1]), weight=2.0),
+    "entropy_zero_times_neg_inf": _forward_differs(
+        Case(_contract(entropy=True), [[0.0, -_INF, *range(1, _V - 1)]], [2])
+    ),
+    "entropy_before_temperature": _forward_differs(
+        Case(_contract(temperature=0.5, entropy=True), _RAMP, [1])
+    ),
+    "temperature_on_logprobs": _forward_differs(Case(_contract(temperature=2.0), _RAMP, [1])),
+    "entropy_grad_nan_to_num": _gradient_differs(
+        Case(_contract(_TP2, role="train", entropy=True), [[0.0, 1.0, _NAN, *range(5)]], [1]),
+        entropy_weight=1.0,
+    ),
+    "entropy_over_padding": _forward_differs(
+        Case(dataclasses.replace(_PADDED, export_entropy=True), [[*range(5), 0.0, 0.0, 0.0]], [1])
+    ),
+    "entropy_unmerged": _forward_differs(Case(_contract(_TP2, entropy=True), _RAMP, [1])),
+    # fp32(2103 / 0.7) = 3004.2856 but 2103 * fp32(1 / 0.7) = 3004.286: with the row's one
+    # large logit, lse = z, one ulp past the bound at this magnitude.
+    "temperature_reciprocal": _outside_oracle(
+        Case(_contract(temperature=0.7), [[2103.0, *range(_V - 1)]], [1])
+    ),
 }
 
 

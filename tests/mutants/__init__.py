@@ -169,6 +169,44 @@ MUTANTS: tuple[Mutant, ...] = (
         "grad_bugs",
         "backward returns [v == target] - p without multiplying by the upstream gradient",
     ),
+    Mutant(
+        "entropy_zero_times_neg_inf",
+        "rl_bugs",
+        "padding made -inf in place and the entropy partial sums exp(d) * d unguarded: "
+        "0 * -inf = NaN for a -inf logit or a padded shard",
+    ),
+    Mutant(
+        "entropy_before_temperature",
+        "rl_bugs",
+        "entropy of softmax(x), computed before the temperature; selected_logp and lse use x / T",
+    ),
+    Mutant(
+        "temperature_on_logprobs",
+        "rl_bugs",
+        "temperature applied to the outputs, log_softmax(x) / T and lse(x) / T, not to the logits",
+    ),
+    Mutant(
+        "entropy_grad_nan_to_num",
+        "rl_bugs",
+        "entropy backward p (z - LSE + H) unguarded (NaN on -inf columns), then nan_to_num: "
+        "NaN rows get 0 and infinities are clipped",
+    ),
+    Mutant(
+        "entropy_over_padding",
+        "rl_bugs",
+        "the entropy partial sums exp(d) * d over the whole shard: padding columns counted",
+    ),
+    Mutant(
+        "entropy_unmerged",
+        "rl_bugs",
+        "rank 0's shard entropy returned on every rank, never merged across ranks "
+        "(replicated, right only at TP=1)",
+    ),
+    Mutant(
+        "temperature_reciprocal",
+        "rl_bugs",
+        "z = x * fp32(1/T) instead of the IEEE division x / T: one ulp off for some x",
+    ),
 )
 """Every planted bug, in the order the runner reports them."""
 
