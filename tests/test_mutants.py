@@ -122,6 +122,18 @@ def _forward_differs(case: Case) -> Callable[[Pair], bool]:
     return lambda pair: not _same_bits(_outputs(pair[0], case), _outputs(NATIVE[0], case))
 
 
+def _input_written(case: Case) -> Callable[[Pair], bool]:
+    """Does the op change the caller's logits (their bits) during the forward?"""
+
+    def written(pair: Pair) -> bool:
+        logits, targets = case.tensors()
+        before = logits.clone()
+        tpl.run_tp(pair[0], logits, targets, case.contract)
+        return not torch.equal(_bits(before), _bits(logits))
+
+    return written
+
+
 def _gradient_differs(
     case: Case, weight: float = 1.0, entropy_weight: float = 0.0
 ) -> Callable[[Pair], bool]:
@@ -285,6 +297,7 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
         Case(dataclasses.replace(_PADDED, export_entropy=True), [[*range(5), 0.0, 0.0, 0.0]], [1])
     ),
     "entropy_unmerged": _forward_differs(Case(_contract(_TP2, entropy=True), _RAMP, [1])),
+    "writes_input": _input_written(Case(_MASKED, _RAMP * 2, [1, -100])),
     # fp32(2103 / 0.7) = 3004.2856 but 2103 * fp32(1 / 0.7) = 3004.286: with the row's one
     # large logit, lse = z, one ulp past the bound at this magnitude.
     "temperature_reciprocal": _outside_oracle(

@@ -29,6 +29,7 @@ _COLUMNS = (
     "lse",
     "temperature",
     "entropy",
+    "shards",
     "determinism",
 )
 
@@ -112,6 +113,7 @@ def _row(capability: LogprobBackendCapability) -> tuple[str, ...]:
         "yes" if info["exports_vocab_lse"] else "no",
         "yes" if info["supports_temperature"] else "no",
         "yes" if info["exports_entropy"] else "no",
+        "even" if info["even_shards_only"] else "any",
         ",".join(info["determinism_scopes"]),
     )
 

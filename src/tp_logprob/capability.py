@@ -52,7 +52,12 @@ class LogprobBackendCapability:
     ``explicit_active_mask`` also serves masks that need only ``ignore_index``.
     ``supports_temperature`` means the op divides ``fp32(x) / fp32(T)`` as the
     contract says (any backend serves ``temperature=1.0``); ``exports_entropy``
-    means it returns ``entropy`` when ``export_entropy=True``.
+    means it returns ``entropy`` when ``export_entropy=True``. ``even_shards_only``
+    means it serves only the layout :func:`~tp_logprob.even_shard_bounds` makes
+    (every shard ``ceil(padded / tp)`` wide, the last one pinned), as kernels that
+    derive their range from ``rank * width`` do (Megatron's ``VocabUtility``).
+    ``consumes_input`` means the op may write into ``local_logits`` (to save
+    memory); without it the suite requires the inputs untouched.
     """
 
     backend_id: str
@@ -67,6 +72,8 @@ class LogprobBackendCapability:
     implementation_kind: ImplementationKind = ImplementationKind.PRODUCTION
     supports_temperature: bool = False
     exports_entropy: bool = False
+    even_shards_only: bool = False
+    consumes_input: bool = False
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -88,6 +95,8 @@ class LogprobBackendCapability:
             ),
             "supports_temperature": check_bool("supports_temperature", self.supports_temperature),
             "exports_entropy": check_bool("exports_entropy", self.exports_entropy),
+            "even_shards_only": check_bool("even_shards_only", self.even_shards_only),
+            "consumes_input": check_bool("consumes_input", self.consumes_input),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -133,6 +142,12 @@ class LogprobBackendCapability:
             )
         if contract.export_entropy and not self.exports_entropy:
             reasons.append("export_entropy requested but exports_entropy=False")
+        if self.even_shards_only and not sharding.is_even_layout:
+            reasons.append(
+                f"vocab_shard_bounds {list(sharding.vocab_shard_bounds)} are not "
+                f"even_shard_bounds({sharding.padded_vocab_size}, {sharding.tp_world_size}) "
+                "and the backend has even_shards_only=True"
+            )
         requested = contract.reduction.determinism_scope
         if not any(scope.satisfies(requested) for scope in self.determinism_scopes):
             reasons.append(
@@ -160,6 +175,8 @@ class LogprobBackendCapability:
             "implementation_kind": self.implementation_kind.value,
             "supports_temperature": self.supports_temperature,
             "exports_entropy": self.exports_entropy,
+            "even_shards_only": self.even_shards_only,
+            "consumes_input": self.consumes_input,
         }
 
 

@@ -263,6 +263,15 @@ class ShardingSpec:
         """Whether some columns exist in the tensor but are not real vocabulary."""
         return self.padded_vocab_size > self.real_vocab_size
 
+    @property
+    def is_even_layout(self) -> bool:
+        """Whether the bounds are :func:`even_shard_bounds` of this vocabulary and TP degree."""
+        try:
+            even = even_shard_bounds(self.padded_vocab_size, self.tp_world_size)
+        except LogprobContractError:
+            return False
+        return self.vocab_shard_bounds == even
+
     def live_bounds(self, rank: int | None = None) -> tuple[int, int]:
         """The ``[start, end)`` of real (non-padding) columns a rank owns; may be empty."""
         start, end = self.vocab_shard_bounds[self.tp_rank if rank is None else rank]

@@ -203,6 +203,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "(replicated, right only at TP=1)",
     ),
     Mutant(
+        "writes_input",
+        "input_bugs",
+        "inactive rows of the caller's logits zeroed in place (outputs right, input clobbered)",
+    ),
+    Mutant(
         "temperature_reciprocal",
         "rl_bugs",
         "z = x * fp32(1/T) instead of the IEEE division x / T: one ulp off for some x",

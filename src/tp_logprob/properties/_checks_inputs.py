@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties._harness import execute
 from tp_logprob.properties._params import CheckInputError
 from tp_logprob.properties._report import SuiteStats, violation
 from tp_logprob.strategies import LogprobCase
@@ -139,3 +140,66 @@ def check_bad_inputs(
         backend.backend_id,
         [("observed", f"returned {type(result).__name__} instead of raising LogprobContractError")],
     )
+
+
+def check_inputs_untouched(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The forward (and, for train, the backward) leaves ``local_logits`` and ``targets``
+    as they were: the same bits and no in-place version bump, unless the capability
+    declares ``consumes_input``. A trainer reuses the logits for entropy or KL."""
+    import torch
+
+    if backend.capability.consumes_input:
+        return
+    logits = case.torch_logits(backend.device)
+    train = case.contract.role.value == "train"
+    if train:
+        logits.requires_grad_(True)
+    targets = case.torch_targets(backend.device)
+    saved = [
+        (name, t, t.detach().clone(), t._version)
+        for name, t in (("local_logits", logits), ("targets", targets))
+    ]
+    outputs = execute(backend, case, logits=logits, targets=targets)
+    _compare_inputs(case, backend, saved, "forward")
+    if train:
+        total = sum(result.selected_logp.float().sum() for result in outputs.results)
+        if isinstance(total, torch.Tensor) and total.requires_grad:
+            torch.autograd.backward(total)
+        _compare_inputs(case, backend, saved, "backward")
+
+
+def _compare_inputs(
+    case: LogprobCase, backend: Any, saved: list[tuple[str, Any, Any, int]], stage: str
+) -> None:
+    for name, tensor, before, version in saved:
+        now = tensor.detach()
+        same = _same_bits(before, now)
+        if same.all() and tensor._version == version:
+            continue
+        changed = np.argwhere(~same)
+        where = "no value changed" if changed.size == 0 else f"first at {changed[0].tolist()}"
+        lines = [
+            ("problem", f"{name} written in place during the {stage}: {where}"),
+            ("changed", f"{int((~same).sum())} elements; version {version} -> {tensor._version}"),
+            ("hint", "copy the input before an in-place kernel, or declare consumes_input=True"),
+        ]
+        if changed.size:
+            index = tuple(changed[0].tolist())
+            was, became = before[index].item(), now[index].item()
+            lines.insert(1, ("values", f"before {was!r}, after {became!r}"))
+        raise violation(
+            "inputs untouched: the op modified its inputs in place",
+            case,
+            backend.backend_id,
+            lines,
+        )
+
+
+def _same_bits(before: Any, now: Any) -> Any:
+    """Elementwise bit equality (NaN payloads and signed zeros included), as numpy bools."""
+    import torch
+
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[before.element_size()]
+    return (before.contiguous().view(bits) == now.contiguous().view(bits)).cpu().numpy()

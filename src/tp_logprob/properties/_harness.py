@@ -69,10 +69,11 @@ class Outputs:
     entropy: Floats | None = None
 
 
-def execute(backend: Any, case: LogprobCase, *, logits: Any = None) -> Outputs:
+def execute(backend: Any, case: LogprobCase, *, logits: Any = None, targets: Any = None) -> Outputs:
     """Run ``case`` on every emulated rank of its contract; check replication and structure.
 
-    ``logits`` overrides the full logits tensor (e.g. one that requires grad).
+    ``logits`` and ``targets`` override the tensors made from ``case`` (e.g. logits
+    that require grad, or tensors the caller keeps to inspect afterwards).
     """
     from tp_logprob.emulate import ReplicationError, run_tp
 
@@ -80,7 +81,9 @@ def execute(backend: Any, case: LogprobCase, *, logits: Any = None) -> Outputs:
     op = backend.op_for(contract)
     full = case.torch_logits(backend.device) if logits is None else logits
     try:
-        results = run_tp(op, full, case.torch_targets(backend.device), contract)
+        if targets is None:
+            targets = case.torch_targets(backend.device)
+        results = run_tp(op, full, targets, contract)
     except ReplicationError as error:
         raise violation(
             "replicated outputs: ranks returned different bits",

@@ -139,6 +139,7 @@ _CHECKS = (
         _checks_determinism.check_tp_consistency,
         PropertySpec({"tp_rank": "int", "vocab_shard_bounds": "bounds"}),
     ),
+    PropertyCheck("inputs_untouched", _checks_inputs.check_inputs_untouched),
     PropertyCheck(
         "bad_inputs",
         _checks_inputs.check_bad_inputs,

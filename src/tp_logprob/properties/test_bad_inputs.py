@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -70,3 +71,15 @@ def test_rejects_bad_inputs(tp_logprob_backend: Any, tp_logprob_suite: Any, data
     kinds = [k for k in BAD_INPUT_KINDS if k != BAD_INPUT_KINDS[0] or case.active.any()]
     kind = data.draw(st.sampled_from(kinds), label="bad input")
     run_check("bad_inputs", backend, case, _draw_bad_input(data, case, kind))
+
+
+@given(data=st.data())
+def test_inputs_are_left_untouched(
+    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+) -> None:
+    """local_logits and targets keep their bits and version through forward and backward."""
+    backend = tp_logprob_backend
+    if backend.capability.consumes_input:
+        pytest.skip(f"{backend.backend_id} declares consumes_input: it may write its inputs")
+    case = draw_case(data, backend, tp_logprob_suite, special_values=True)
+    run_check("inputs_untouched", backend, case, stats=tp_logprob_suite.stats)

@@ -79,6 +79,8 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         # Recorded before temperature and entropy existed: the backend claimed neither.
         supports_temperature=data.get("supports_temperature", False),
         exports_entropy=data.get("exports_entropy", False),
+        even_shards_only=data.get("even_shards_only", False),
+        consumes_input=data.get("consumes_input", False),
         mask_modes=frozenset(_MASK_MODE_NAMES.get(mode, mode) for mode in data["mask_modes"]),
     )
 

@@ -231,9 +231,16 @@ def _contract(
     layouts: tuple[str, ...] | None,
     temperature: st.SearchStrategy[float],
     export_entropy: tuple[bool, ...],
+    even_only: bool,
 ) -> LogprobContract:
     world = draw(st.sampled_from(worlds))
-    padded = draw(st.integers(max(world, vocab[0], 1 + (False not in padding)), vocab[1]))
+    low = max(world, vocab[0], 1 + (False not in padding))
+    if even_only:
+        # Multiples of the TP degree: even_shard_bounds gives every rank a full shard.
+        padded = world * draw(st.integers(-(-low // world), vocab[1] // world))
+        layouts = ("even",)
+    else:
+        padded = draw(st.integers(low, vocab[1]))
     # Drawn as the padding width so that real_vocab_size shrinks toward padded_vocab_size.
     pad = draw(st.integers(0 if False in padding else 1, padded - 1 if True in padding else 0))
     real = padded - pad
@@ -371,7 +378,15 @@ def contracts(
                     f"{capability.backend_id!r} does not support temperature"
                 )
             temperature = st.just(1.0)
+    even_only = capability is not None and capability.even_shards_only
+    if even_only and layouts is not None and "even" not in set(layouts):
+        raise InvalidArgument(
+            f"layouts={layouts!r}: capability={capability.backend_id!r} serves even shards only"
+        )
     world_set = {world for world in world_set if world <= vocab_range[1]}
+    if even_only:  # padded must be a multiple of the TP degree within the vocabulary range
+        least = max(vocab_range[0], 1 + (False not in padding_set))
+        world_set = {w for w in world_set if -(-max(w, least) // w) <= vocab_range[1] // w}
     if True in padding_set and vocab_range[1] < 2:
         padding_set.discard(True)
     for name, chosen in (
@@ -405,6 +420,7 @@ def contracts(
         layouts=layouts,
         temperature=temperature,
         export_entropy=tuple(sorted(entropy_set)),
+        even_only=even_only,
     )
 
 
