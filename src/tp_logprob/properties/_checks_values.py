@@ -22,6 +22,8 @@ from tp_logprob.properties._harness import (
 from tp_logprob.properties._report import SuiteStats
 from tp_logprob.strategies import LogprobCase
 
+_FINITE_HEADLINE = "oracle agreement: a finite output is outside the tolerance table"
+
 
 def _against_exact(prop: str, backend: Any, case: LogprobCase, stats: SuiteStats | None) -> None:
     selected, lse = exact_outputs(case)
@@ -33,6 +35,7 @@ def _against_exact(prop: str, backend: Any, case: LogprobCase, stats: SuiteStats
         selected,
         lse,
         stats=stats,
+        finite_headline=_FINITE_HEADLINE,
     )
 
 

@@ -191,6 +191,7 @@ def check_close(
     stats: SuiteStats | None = None,
     count_ulps: bool = True,
     inactive_zero: bool = True,
+    finite_headline: str | None = None,
 ) -> None:
     """Raise unless ``observed`` is within tolerance of the expected values, row by row.
 
@@ -201,7 +202,9 @@ def check_close(
     inexact). When the run returned entropy it is compared with
     ``expected_entropy``: ``"exact"`` (the oracle's, for ``case``), an array, or
     None to skip it. With ``count_ulps`` the ulp errors feed
-    ``hypothesis.target`` and ``stats``.
+    ``hypothesis.target`` and ``stats``. ``finite_headline`` replaces ``prop`` when
+    the worst violation is a finite value against a finite expectation (so a
+    special-values property does not blame the NaN/inf pattern for a rounding error).
     """
     active = case.active
     live_max = row_max_of_z(case)
@@ -236,8 +239,9 @@ def check_close(
         if bad.any():
             ratio = np.where(bad, np.nan_to_num(used, nan=np.inf), -1.0)
             row = int(np.argmax(ratio))
+            both_finite = bool(np.isfinite(value[row]) and np.isfinite(exact[row]))
             raise violation(
-                prop,
+                finite_headline if finite_headline and both_finite else prop,
                 case,
                 backend_id,
                 _mismatch_lines(case, name, row, value, exact, errors, bounds, bad, expected_name),

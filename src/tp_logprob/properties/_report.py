@@ -66,7 +66,7 @@ def violation(
             (
                 "shapes",
                 f"logits {list(case.logits.shape)} {contract.dtype.value}, targets "
-                f"{list(case.targets.shape)}, mask {contract.mask_mode.value} "
+                f"{list(case.targets.shape)}, mask mode {contract.mask_mode.value} "
                 f"(active rows {np.flatnonzero(case.active).tolist()}), "
                 f"ignore_index {contract.mask.ignore_index}, export_lse {contract.export_lse}",
             )
@@ -83,18 +83,23 @@ class BackendStats:
 
     passed: int = 0
     failed: int = 0
+    skipped: int = 0
     examples: int = 0
     worst_ulp: float = 0.0
     worst_property: str = ""
     worst_tolerance_used: float = 0.0
+    worst_tolerance_property: str = ""
 
     def merge(self, other: BackendStats) -> None:
         self.passed += other.passed
         self.failed += other.failed
+        self.skipped += other.skipped
         self.examples += other.examples
         if other.worst_ulp > self.worst_ulp:
             self.worst_ulp, self.worst_property = other.worst_ulp, other.worst_property
-        self.worst_tolerance_used = max(self.worst_tolerance_used, other.worst_tolerance_used)
+        if other.worst_tolerance_used > self.worst_tolerance_used:
+            self.worst_tolerance_used = other.worst_tolerance_used
+            self.worst_tolerance_property = other.worst_tolerance_property
 
 
 @dataclass
@@ -115,13 +120,15 @@ class SuiteStats:
         stats = self.of(backend_id)
         if math.isfinite(ulps) and ulps > stats.worst_ulp:
             stats.worst_ulp, stats.worst_property = float(ulps), prop
-        if math.isfinite(tolerance_used):
-            stats.worst_tolerance_used = max(stats.worst_tolerance_used, float(tolerance_used))
+        if math.isfinite(tolerance_used) and tolerance_used > stats.worst_tolerance_used:
+            stats.worst_tolerance_used, stats.worst_tolerance_property = float(tolerance_used), prop
 
-    def outcome(self, backend_id: str, passed: bool) -> None:
-        """Count one finished property test."""
+    def outcome(self, backend_id: str, passed: bool, *, skipped: bool = False) -> None:
+        """Count one finished property test: passed, failed, or skipped (did not apply)."""
         stats = self.of(backend_id)
-        if passed:
+        if skipped:
+            stats.skipped += 1
+        elif passed:
             stats.passed += 1
         else:
             stats.failed += 1
@@ -139,15 +146,17 @@ class SuiteStats:
             "backend",
             "properties",
             "examples",
-            "max error/tolerance",
+            "max error/tolerance (property)",
             "worst ulp error (property)",
         )
         rows = [
             (
                 name,
-                f"{s.passed}/{s.passed + s.failed} passed",
+                f"{s.passed} passed, {s.failed} failed, {s.skipped} skipped",
                 str(s.examples),
-                f"{s.worst_tolerance_used:.3g}",
+                f"{s.worst_tolerance_used:.3g} ({s.worst_tolerance_property})"
+                if s.worst_tolerance_property
+                else f"{s.worst_tolerance_used:.3g}",
                 f"{s.worst_ulp:.4g} ({s.worst_property})" if s.worst_property else "-",
             )
             for name, s in sorted(self.backends.items())

@@ -104,8 +104,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     register_profiles()
-    profile = config.getoption("--tp-logprob-profile")
-    settings.load_profile(profile)
+    profile = _chosen_profile(config)
+    if profile in _OWN_PROFILES:
+        settings.load_profile(profile)  # else Hypothesis' own plugin loaded the user's choice
     config.stash[_SUITE] = _Suite(
         specs=list(config.getoption("--tp-logprob-backend")),
         platform_option=config.getoption("--tp-logprob-platform"),
@@ -116,6 +117,30 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if config.stash[_SUITE].specs:
         config.stash[_SUITE].backends()  # a bad --tp-logprob-backend is a usage error, once
+
+
+_OWN_PROFILES = ("dev", "ci", "thorough")
+
+
+def _chosen_profile(config: pytest.Config) -> str:
+    """``--tp-logprob-profile``, or ``--hypothesis-profile`` when only that one was given.
+
+    A Hypothesis profile of the user's own is honoured as it is (its examples, its
+    seed policy); naming both options with different profiles is a usage error.
+    """
+    ours = config.getoption("--tp-logprob-profile")
+    theirs = config.getoption("hypothesis_profile", None)
+    if theirs is None:
+        return str(ours)
+    explicit = "TP_LOGPROB_PROFILE" in os.environ or any(
+        str(arg).startswith("--tp-logprob-profile") for arg in config.invocation_params.args
+    )
+    if explicit and theirs != ours:
+        raise pytest.UsageError(
+            f"--hypothesis-profile={theirs} and --tp-logprob-profile={ours} disagree: pass "
+            "one of them (the tp-logprob profiles are dev, ci and thorough)"
+        )
+    return str(theirs)
 
 
 def _session_seed(config: pytest.Config, profile: str) -> int | str:
@@ -234,7 +259,11 @@ def replay_command(item: pytest.Item, suite: _Suite, spec: str | None) -> str:
         parts.append(f"--tp-logprob-backend={spec}")
     parts += [
         f"--tp-logprob-platform={suite.platform}",
-        f"--tp-logprob-profile={suite.profile}",
+        (
+            f"--tp-logprob-profile={suite.profile}"
+            if suite.profile in _OWN_PROFILES
+            else f"--hypothesis-profile={suite.profile}"
+        ),
         f"--hypothesis-seed={suite.seed}",
     ]
     return shlex.join(parts)
@@ -259,8 +288,7 @@ def pytest_runtest_makereport(
     if backend is None or report.when != "call":
         return report
     suite = item.config.stash[_SUITE]
-    if not report.skipped:
-        suite.stats.outcome(backend.backend_id, report.passed)
+    suite.stats.outcome(backend.backend_id, report.passed, skipped=report.skipped)
     if report.passed or report.skipped:
         return report
     replay = f"  {'replay'.ljust(LABEL_WIDTH)}  {replay_command(item, suite, backend.spec)}"
