@@ -298,6 +298,12 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
     ),
     "entropy_unmerged": _forward_differs(Case(_contract(_TP2, entropy=True), _RAMP, [1])),
     "writes_input": _input_written(Case(_MASKED, _RAMP * 2, [1, -100])),
+    "block_without_finite_value": _forward_differs(
+        Case(_contract(((0, 4100),)), [[-_INF] * 2048 + [0.5] * 2052], [3000])
+    ),
+    "last_block_dropped": _forward_differs(
+        Case(_contract(((0, 4100),)), [[0.0] * 4096 + [9.0] * 4], [4098])
+    ),
     # fp32(2103 / 0.7) = 3004.2856 but 2103 * fp32(1 / 0.7) = 3004.286: with the row's one
     # large logit, lse = z, one ulp past the bound at this magnitude.
     "temperature_reciprocal": _outside_oracle(

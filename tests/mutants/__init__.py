@@ -203,6 +203,17 @@ MUTANTS: tuple[Mutant, ...] = (
         "(replicated, right only at TP=1)",
     ),
     Mutant(
+        "block_without_finite_value",
+        "wide_bugs",
+        "a 2048-column block of the online softmax with no finite value gives "
+        "exp(-inf - -inf) = NaN (only shards wider than one block)",
+    ),
+    Mutant(
+        "last_block_dropped",
+        "wide_bugs",
+        "the blocked loop sums full 2048-column blocks only: the last partial block is lost",
+    ),
+    Mutant(
         "writes_input",
         "input_bugs",
         "inactive rows of the caller's logits zeroed in place (outputs right, input clobbered)",

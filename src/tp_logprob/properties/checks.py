@@ -88,6 +88,7 @@ _CHECKS = (
     PropertyCheck("oracle", _checks_values.check_oracle),
     PropertyCheck("special_values", _checks_values.check_special_values),
     PropertyCheck("reference", _checks_values.check_reference),
+    PropertyCheck("wide_reference", _checks_values.check_wide_reference),
     PropertyCheck("claimed_contract", _checks_values.check_claimed_contract),
     PropertyCheck("pinned", _checks_values.check_pinned, PropertySpec({"name": "str"})),
     PropertyCheck("gradients", _checks_values.check_gradients),

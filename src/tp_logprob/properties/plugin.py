@@ -45,6 +45,7 @@ class _Suite:
     seed: int | str
     stats: SuiteStats
     artifacts: str = DEFAULT_ARTIFACTS_DIR
+    wide_max_vocab: int = 1 << 18
     _backends: list[Any] | None = None
     _platform: str | None = None
 
@@ -95,6 +96,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(default: $TP_LOGPROB_ARTIFACTS or {DEFAULT_ARTIFACTS_DIR})",
     )
     group.addoption(
+        "--tp-logprob-wide-max-vocab",
+        type=int,
+        default=int(os.environ.get("TP_LOGPROB_WIDE_MAX_VOCAB", 1 << 18)),
+        metavar="COLUMNS",
+        help="widest vocabulary the wide sweep draws (default: 262144, or "
+        "$TP_LOGPROB_WIDE_MAX_VOCAB; at least 1024)",
+    )
+    group.addoption(
         "--tp-logprob-profile",
         default=os.environ.get("TP_LOGPROB_PROFILE", DEFAULT_PROFILE),
         choices=("dev", "ci", "thorough"),
@@ -114,6 +123,7 @@ def pytest_configure(config: pytest.Config) -> None:
         seed=_session_seed(config, profile),
         stats=SuiteStats(),
         artifacts=config.getoption("--tp-logprob-artifacts"),
+        wide_max_vocab=config.getoption("--tp-logprob-wide-max-vocab"),
     )
     if config.stash[_SUITE].specs:
         config.stash[_SUITE].backends()  # a bad --tp-logprob-backend is a usage error, once

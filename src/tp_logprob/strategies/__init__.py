@@ -39,6 +39,7 @@ from tp_logprob.strategies.targets import (
     shard_edge_columns,
     targets,
 )
+from tp_logprob.strategies.wide import WIDE_ROW_KINDS, wide_cases
 
 __all__ = [
     "ACTIVE_TARGET_KINDS",
@@ -49,6 +50,7 @@ __all__ = [
     "LOGIT_KINDS",
     "MASK_KINDS",
     "SPECIAL_KINDS",
+    "WIDE_ROW_KINDS",
     "LogprobCase",
     "active_masks",
     "cases",
@@ -60,4 +62,5 @@ __all__ = [
     "shard_edge_columns",
     "targets",
     "temperatures",
+    "wide_cases",
 ]

@@ -1,0 +1,51 @@
+"""The wide sweep: vocabularies of up to 2^18 columns with block structure.
+
+Production kernels tile the vocabulary in blocks of 2^12 to 2^16 columns; their
+multi-block paths (rescaling between blocks, a block with no finite value, the
+last partial block) are only reached by rows this wide. Rows come from
+:func:`tp_logprob.strategies.wide_cases` and are judged against the float64
+reference plus its proven bound (``reference_error_bounds``), which costs
+milliseconds on a 2^18-column row where the exact oracle costs a second on
+all-distinct fp32 rows.
+
+The built-in Triton backends on CPU run through the Triton interpreter at about
+10 ms per 16-column tile, so there the sweep stops at 2^10 columns (where the
+CPU launch table's 16-column tiles still give 64 blocks a row); on a GPU, and
+for every other backend, it reaches ``--tp-logprob-wide-max-vocab`` (2^18).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.profiles import scaled
+from tp_logprob.strategies import wide_cases
+
+_INTERPRETED = frozenset({"triton_online", "triton_exact_sum"})
+_INTERPRETED_MAX_VOCAB = 1 << 10
+
+
+def wide_max_vocab(backend: Any, configured: int) -> int:
+    """The widest vocabulary the sweep draws for ``backend``."""
+    if backend.platform == "cpu" and backend.backend_id in _INTERPRETED:
+        return min(configured, _INTERPRETED_MAX_VOCAB)
+    return configured
+
+
+@scaled(0.4)
+@given(data=st.data())
+def test_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """Up to 2^18 columns, -inf blocks, constant blocks, a lone finite column, an extreme
+    block, padding across a block edge and shard bounds that cut blocks: within the
+    float64 reference's bound plus the tolerance table."""
+    backend = tp_logprob_backend
+    limit = wide_max_vocab(backend, tp_logprob_suite.wide_max_vocab)
+    case = data.draw(wide_cases(backend.capability, max_vocab=limit), label="wide case")
+    tp_logprob_suite.stats.example(backend.backend_id)
+    run_check("wide_reference", backend, case, stats=tp_logprob_suite.stats)
+    assert np.isfinite(case.logits).any()
