@@ -379,7 +379,7 @@ def contracts(
                 )
             temperature = st.just(1.0)
     even_only = capability is not None and capability.even_shards_only
-    if even_only and layouts is not None and "even" not in set(layouts):
+    if capability is not None and even_only and layouts is not None and "even" not in layouts:
         raise InvalidArgument(
             f"layouts={layouts!r}: capability={capability.backend_id!r} serves even shards only"
         )

@@ -142,9 +142,9 @@ def _cases(
         raise InvalidArgument(f"wide_cases: no valid contract: {error}") from None
     kinds = [draw(st.sampled_from(WIDE_ROW_KINDS), label=f"row {r} kind") for r in range(rows)]
     seed = draw(st.integers(0, 2**32 - 1), label="bulk seed")
-    logits = np.stack([_row(kind, padded, block, seed + r, dtype) for r, kind in enumerate(kinds)])
-    logits[:, real:] = np.random.default_rng(seed).normal(0.0, 1e3, (rows, padded - real))
-    logits = round_to_dtype(logits, dtype)
+    wide = np.stack([_row(kind, padded, block, seed + r, dtype) for r, kind in enumerate(kinds)])
+    wide[:, real:] = np.random.default_rng(seed).normal(0.0, 1e3, (rows, padded - real))
+    logits = round_to_dtype(wide, dtype)
     targets = np.array(
         [_target(logits[r, : contract.sharding.real_vocab_size], seed + r) for r in range(rows)]
     )
