@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -16,9 +17,10 @@ from tests._artifact_cases import MUTANT, backend, padding_case, write_padding_a
 from tp_logprob.__main__ import main
 from tp_logprob.properties._backends import resolve_backends
 from tp_logprob.properties.checks import run_check
-from tp_logprob.replay.artifacts import ArtifactError, load_artifact
+from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
 from tp_logprob.replay.pin import pin
 from tp_logprob.replay.runner import Outcome, replay, replay_paths
+from tp_logprob.strategies import LogprobCase
 
 
 def test_artifact_round_trip(tmp_path: Path) -> None:
@@ -122,3 +124,30 @@ def test_pinned_regressions_fail_on_their_planted_bug() -> None:
     padding = [p for p in regressions.glob("*.json") if "padding_ignored" in p.read_text()]
     assert padding
     assert replay_paths([str(padding[0])], "cpu", [MUTANT], out=io.StringIO()) == 1
+
+
+def test_artifact_records_temperature_and_entropy_and_replays_them(tmp_path: Path) -> None:
+    """A failure of an entropy mutant at T = 0.5 replays with both: it fails there again,
+    and passes on torch_native."""
+    case = padding_case()
+    hot = dataclasses.replace(case.contract, temperature=0.5, export_entropy=True)
+    logits = np.array([[0.5, -np.inf, 2.0, 0.25, 3.0], [1.0, 2.0, 3.0, 4.0, 5.0]], np.float32)
+    hot_case = LogprobCase(hot, logits, case.targets)
+    spec = "tests.mutants.rl_bugs:entropy_zero_times_neg_inf"
+    path = write_artifact(
+        tmp_path,
+        prop="oracle",
+        backend=backend(spec),
+        case=hot_case,
+        params={},
+        failure="oracle agreement: output outside the tolerance table",
+        seed=1,
+        test="tests/test_replay.py::example",
+    )
+    document = json.loads(path.read_text())
+    assert document["contract"]["temperature"] == 0.5
+    assert document["contract"]["export_entropy"] is True
+    artifact = load_artifact(path)
+    assert artifact.case.contract.temperature == 0.5 and artifact.case.contract.export_entropy
+    assert replay(artifact, backend(spec)).outcome is Outcome.FAILED
+    assert replay(artifact, backend("torch_native")).outcome is Outcome.PASSED
