@@ -118,3 +118,24 @@ def mutants(session: nox.Session) -> None:
     """Suite power: every planted-bug backend must fail the property suite, the controls pass."""
     _install(session, "torch,test")
     session.run("python", "benchmarks/suite_power.py", *session.posargs)
+
+
+@nox.session(default=False)
+def conformance(session: nox.Session) -> None:
+    """Run the property suite against every peer adapter and variant; write docs/conformance.md."""
+    peers = ["-c", str(ROOT / "ci" / "constraints-peers.txt")]
+    session.install(*_constraints(), *peers, "-e", ".[torch,triton,test,peers]")
+    # megatron-core's metadata asks for Python >= 3.12 although it imports on 3.11, and its
+    # wheel is tagged cp312: below 3.12 install the sdist, without that check or any deps
+    # (it imports only torch, numpy and packaging, which are already here).
+    old_python = session.run(
+        "python", "-c", "import sys; print(int(sys.version_info < (3, 12)))", silent=True
+    )
+    if str(old_python).strip() == "1":
+        session.install(
+            *peers, "--no-deps", "--ignore-requires-python", "--no-binary", "megatron-core",
+            "megatron-core",
+        )  # fmt: skip
+    _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
+    session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
+    session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)

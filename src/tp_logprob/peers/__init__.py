@@ -1,0 +1,28 @@
+"""Adapters that run the logprob kernels RL teams already use as tp-logprob backends.
+
+Each module wraps one library's real, installed code (never a re-implementation)
+behind the standard op signature, with a capability taken from that library's
+documentation and source, and says which library versions it was verified with:
+
+- :mod:`.liger` - Liger-Kernel's Triton cross entropy (TP=1; on CPU under the
+  Triton interpreter);
+- :mod:`.megatron` - Megatron-Core's ``VocabParallelCrossEntropy`` pieces at any TP,
+  with the contract's shard bounds or with Megatron's own equal-shard ranges;
+- :mod:`.torch_loss_parallel` - PyTorch's ``loss_parallel`` on a DTensor, the path
+  TorchTitan uses;
+- :mod:`.trl` - TRL's ``selective_log_softmax``, the logprob helper of its GRPO
+  and PPO trainers.
+
+Every module also offers "what users assume" variants: the same op claiming a
+contract feature the library does not serve (padding, uneven shards, 16-bit
+inputs, inactive tokens, cross-TP bitwise). ``python -m tp_logprob.peers.conformance``
+runs the property suite against all of them and writes ``docs/conformance.md``.
+
+Verify one adapter with::
+
+    pytest --pyargs tp_logprob.properties --tp-logprob-backend=tp_logprob.peers.liger:honest
+
+The libraries are optional (``pip install "tp-logprob[peers]"``) and ``import
+tp_logprob`` never imports this package; each adapter imports its library on
+first call.
+"""

@@ -1,0 +1,263 @@
+"""What the conformance report runs: each peer, its variants, and why a variant fails.
+
+Each row of the matrix is one adapter (:class:`Peer`); each column a contract
+feature. A cell is a backend spec (``module:attr``) the property suite runs, or a
+note saying why there is nothing to run (the honest capability already claims
+the feature, or the feature cannot apply). Every variant that is expected to
+fail carries its :class:`Explanation`; a failure without one is reported as
+unexplained and fails the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["COLUMNS", "PEERS", "Cell", "Explanation", "Peer"]
+
+PEER_LIMITATION = "peer limitation"
+PEER_BUG = "peer bug"
+ADAPTER_CHOICE = "adapter choice"
+
+COLUMNS = (
+    ("honest", "honest capability"),
+    ("padding", "vocab padding"),
+    ("uneven", "uneven shards"),
+    ("16bit", "16-bit inputs"),
+    ("inactive", "inactive tokens"),
+    ("cross_tp", "cross-TP bitwise"),
+)
+"""``(key, heading)`` of each matrix column, in order."""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a variant fails: a peer limitation, a peer bug (with a reproducer), an adapter choice."""
+
+    kind: str
+    cause: str
+    reproducer: str | None = None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One matrix cell: a backend to run (``attr`` in the peer's module), or a note.
+
+    ``explanation`` explains every failing property of the backend;
+    ``by_property`` overrides it for the named property tests.
+    """
+
+    attr: str | None = None
+    note: str = ""
+    explanation: Explanation | None = None
+    by_property: tuple[tuple[str, Explanation], ...] = ()
+
+    def explain(self, test: str) -> Explanation | None:
+        """Why property test ``test`` fails for this cell's backend, if known."""
+        return dict(self.by_property).get(test, self.explanation)
+
+    @property
+    def expects_failure(self) -> bool:
+        """Whether some failure of this backend is explained (so a pass is news)."""
+        return self.explanation is not None or bool(self.by_property)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One adapter: its module under ``tp_logprob.peers``, the library, and its cells."""
+
+    name: str
+    module: str
+    library: str
+    distribution: str
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+    def spec(self, attr: str) -> str:
+        """The ``--tp-logprob-backend`` value of ``attr``."""
+        return f"tp_logprob.peers.{self.module}:{attr}"
+
+
+_PADDING = Explanation(
+    PEER_LIMITATION,
+    "the library normalizes over every column it is given; it has no notion of padding "
+    "columns, so garbage (or even finite values) there changes the result",
+)
+_ONE_RANK = Cell(note="n/a: TP=1 only")
+_NO_XTP = Cell(note="n/a: TP=1 only")
+_TRL_POS_INF = (
+    (
+        "test_special_values_match_oracle",
+        Explanation(
+            PEER_BUG,
+            "selective_log_softmax's fp32 path (gather - logsumexp) gives -inf for a finite "
+            "target beside a +inf logit, where the log_softmax().gather() it documents itself "
+            "as equal to gives NaN (and so does its own 16-bit path)",
+            "docs/repro_trl_logprob_pos_inf.py",
+        ),
+    ),
+)
+
+PEERS = (
+    Peer(
+        name="liger_ce",
+        module="liger",
+        library="Liger-Kernel cross entropy (Triton, interpreter on CPU)",
+        distribution="liger-kernel",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "the per-token loss is stored in the input dtype, so bf16/fp16 inputs "
+                    "give a logprob rounded to 8/11 bits",
+                ),
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "Liger skips a row only when its target equals ignore_index; an inactive "
+                    "row's other target is read (a nonzero loss) or trips Liger's bounds assert",
+                ),
+            ),
+            "cross_tp": _NO_XTP,
+        },
+    ),
+    Peer(
+        name="megatron_vp_ce",
+        module="megatron",
+        library="Megatron-Core VocabParallelCrossEntropy, contract's shard bounds",
+        distribution="megatron-core",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": Cell(note="claimed: takes any bounds"),
+            "16bit": Cell(note="claimed: upcast to fp32"),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "Megatron has no mask; its training loop's -(loss * loss_mask) gives -0.0 "
+                    "on inactive rows and NaN where an inactive row holds NaN or inf",
+                ),
+            ),
+            "cross_tp": Cell(
+                "assume_cross_tp_bitwise",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "fp32 per-shard sums added in rank order: the rounding depends on where "
+                    "the shard boundaries fall, so other TP layouts differ in the last bits",
+                ),
+            ),
+        },
+    ),
+    Peer(
+        name="megatron_vp_ce_equal_shards",
+        module="megatron",
+        library="Megatron-Core VocabParallelCrossEntropy, Megatron's VocabUtility ranges",
+        distribution="megatron-core",
+        cells={
+            "honest": Cell(
+                "equal_shards",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "VocabUtility assumes every rank holds the same width (start = rank * "
+                    "width); when tp does not divide the padded vocabulary the last, shorter "
+                    "shard gets the wrong range. Megatron pads the vocabulary so this never "
+                    "happens; the capability cannot say 'tp divides the vocabulary'",
+                ),
+            ),
+            "padding": Cell(note="as megatron_vp_ce"),
+            "uneven": Cell(
+                "assume_uneven_shards",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "start = rank * local width: with uneven bounds each rank reads its target "
+                    "logits from the wrong global columns",
+                ),
+            ),
+            "16bit": Cell(note="claimed: upcast to fp32"),
+            "inactive": Cell(note="as megatron_vp_ce"),
+            "cross_tp": Cell(note="as megatron_vp_ce"),
+        },
+    ),
+    Peer(
+        name="torch_loss_parallel",
+        module="torch_loss_parallel",
+        library="PyTorch loss_parallel on a Shard(1) DTensor (TorchTitan's path)",
+        distribution="torch",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": Cell(
+                "assume_uneven_shards",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "a Shard(1) DTensor has torch.chunk's layout; with other bounds the "
+                    "masked target gather indexes past the local shard (RuntimeError) or "
+                    "reads the wrong column",
+                ),
+            ),
+            "16bit": Cell(note="claimed: .float() first, as TorchTitan"),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "only target == ignore_index is skipped; any other out-of-range target of "
+                    "an inactive row is silently masked to a zero target logit (loss = lse)",
+                ),
+            ),
+            "cross_tp": Cell(
+                "assume_cross_tp_bitwise",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "an all-reduce SUM of fp32 per-shard sums: the rounding depends on the "
+                    "shard layout",
+                ),
+            ),
+        },
+    ),
+    Peer(
+        name="trl_selective_log_softmax",
+        module="trl",
+        library="TRL selective_log_softmax (+ _and_entropy), torch path on CPU",
+        distribution="trl",
+        cells={
+            "honest": Cell(
+                "honest",
+                explanation=Explanation(
+                    PEER_BUG,
+                    "entropy_from_logits sums exp(logp) * logp, which is 0 * -inf = NaN "
+                    "wherever a log-probability is -inf (a -inf logit, or one ~3.4e38 below "
+                    "the max); the entropy of such a row is finite",
+                    "docs/repro_trl_entropy_neg_inf.py",
+                ),
+                by_property=_TRL_POS_INF,
+            ),
+            "padding": Cell("assume_padding", explanation=_PADDING, by_property=_TRL_POS_INF),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "for bf16/fp16 logits TRL takes log_softmax in the input dtype, so the "
+                    "logprob has 8/11 bits",
+                ),
+                by_property=_TRL_POS_INF,
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "TRL has no ignore_index and applies row_mask after the gather, so an "
+                    "inactive row's out-of-range target raises an index error",
+                ),
+                by_property=_TRL_POS_INF,
+            ),
+            "cross_tp": _NO_XTP,
+        },
+    ),
+)
+"""Every peer, in matrix order."""

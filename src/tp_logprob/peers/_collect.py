@@ -1,0 +1,30 @@
+"""A pytest plugin the conformance runner loads: one JSON line per finished property test.
+
+``pytest -p tp_logprob.peers._collect`` with ``TP_LOGPROB_CONFORMANCE_RECORD=FILE``
+appends ``{"nodeid", "outcome", "text"}`` for every test's call phase (and any
+failing setup), where ``text`` is the failure report with the plugin's replay
+and artifact lines. Under pytest-xdist only the controller writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+RECORD_ENV = "TP_LOGPROB_CONFORMANCE_RECORD"
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    path = os.environ.get(RECORD_ENV)
+    if not path or "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    if report.when != "call" and not report.failed:
+        return
+    text = ""
+    if report.failed:
+        sections = "\n".join(content for _, content in report.sections if "replay" in _)
+        text = f"{report.longreprtext}\n{sections}"
+    record = {"nodeid": report.nodeid, "outcome": report.outcome, "text": text}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")

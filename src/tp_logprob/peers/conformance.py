@@ -1,0 +1,345 @@
+"""Run the property suite against every peer adapter and its variants; write the report.
+
+``python -m tp_logprob.peers.conformance`` (what ``nox -s conformance`` runs)
+starts one pytest session per peer with all of that peer's variants, records
+every property's outcome through :mod:`tp_logprob.peers._collect`, and writes
+``docs/conformance.md``: a matrix of peer x contract feature, then each failing
+cell's first failing property, its cause, and a command that replays it. The
+first failing example of each failing cell is copied next to the report
+(``docs/conformance/<backend>.json``) so the replay works from a clean checkout.
+
+Exit status 1 when a failure has no explanation in :mod:`tp_logprob.peers._catalog`
+(a new bug, in a peer, an adapter or the suite), 2 when a pytest session could
+not run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tp_logprob.peers._catalog import COLUMNS, PEERS, Cell, Explanation, Peer
+from tp_logprob.peers._collect import RECORD_ENV
+
+__all__ = ["main"]
+
+_ARTIFACT = re.compile(r"artifact\s+python -m tp_logprob replay (\S+\.json)")
+_EXCEPTION = re.compile(r"^E\s+((?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\w*:.*)$", re.MULTILINE)
+_PARAM = re.compile(r"::(test_\w+)\[(.+)\]$")
+
+SUITE_ISSUES = {
+    ("test_serves_every_claimed_contract_kind", "even_shards_only=True"): (
+        "suite bug: the claimed-kind property draws uneven bounds for an even_shards_only "
+        "backend, so dispatch refuses its own contract"
+    ),
+}
+"""Failures caused by the property suite itself, by (test, text in the failure)."""
+
+
+@dataclass
+class Failure:
+    """One failing property of one backend."""
+
+    test: str
+    headline: str
+    artifact: str | None
+
+
+@dataclass
+class Outcome:
+    """One backend's results in a session."""
+
+    passed: int = 0
+    skipped: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+
+def _headline(text: str) -> str:
+    """A property violation's first line, or the exception a traceback ends in."""
+    found = _EXCEPTION.search(text)
+    if found is not None:
+        return found.group(1)[:200]
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def _read_records(path: Path) -> dict[str, Outcome]:
+    outcomes: dict[str, Outcome] = {}
+    if not path.exists():
+        return outcomes
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        match = _PARAM.search(record["nodeid"])
+        if match is None:
+            continue
+        test, backend = match.groups()
+        outcome = outcomes.setdefault(backend, Outcome())
+        if record["outcome"] == "passed":
+            outcome.passed += 1
+        elif record["outcome"] == "skipped":
+            outcome.skipped += 1
+        else:
+            artifact = _ARTIFACT.search(record["text"])
+            outcome.failures.append(
+                Failure(test, _headline(record["text"]), artifact.group(1) if artifact else None)
+            )
+    return outcomes
+
+
+def _backend_id(peer: Peer, attr: str) -> str:
+    module = importlib.import_module(f"tp_logprob.peers.{peer.module}")
+    return str(getattr(module, attr)[1].backend_id)
+
+
+def _run_peer(
+    peer: Peer, args: argparse.Namespace, scratch: Path
+) -> tuple[dict[str, Outcome], float]:
+    specs = [peer.spec(cell.attr) for cell in peer.cells.values() if cell.attr]
+    record = scratch / f"{peer.name}.jsonl"
+    command = [
+        sys.executable, "-m", "pytest", "--pyargs", "tp_logprob.properties",
+        "-p", "no:cacheprovider", "-p", "tp_logprob.peers._collect", "-q", "--no-header",
+        f"--tp-logprob-profile={args.profile}",
+        f"--tp-logprob-artifacts={scratch / peer.name}",
+        "-n", str(args.workers),
+        *(f"--tp-logprob-backend={spec}" for spec in specs),
+    ]  # fmt: skip
+    env = {**os.environ, RECORD_ENV: str(record)}
+    if "TRITON_INTERPRET" not in env and not _has_gpu():
+        env["TRITON_INTERPRET"] = "1"  # Liger's Triton kernel on CPU tensors
+    print(f"conformance: {peer.name}: {shlex.join(command[2:])}", flush=True)
+    started = time.monotonic()
+    finished = subprocess.run(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    elapsed = time.monotonic() - started
+    log = scratch / f"{peer.name}.log"
+    log.write_text(finished.stdout, encoding="utf-8")
+    if finished.returncode not in (0, 1):
+        tail = "\n".join(finished.stdout.splitlines()[-30:])
+        raise SystemExit(
+            f"conformance: pytest for {peer.name} exited {finished.returncode}:\n{tail}"
+        )
+    print(f"conformance: {peer.name}: {elapsed:.0f} s", flush=True)
+    return _read_records(record), elapsed
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+@dataclass
+class Row:
+    """One rendered matrix row and its detail entries."""
+
+    cells: list[str]
+    details: list[str]
+    unexplained: int = 0
+    stale: list[str] = field(default_factory=list)
+
+
+def _render_row(
+    peer: Peer,
+    outcomes: dict[str, Outcome],
+    texts: dict[tuple[str, str], str],
+    args: argparse.Namespace,
+) -> Row:
+    row = Row([f"`{peer.name}`"], [])
+    for key, _ in COLUMNS:
+        cell = peer.cells.get(key, Cell(note="-"))
+        if cell.attr is None:
+            row.cells.append(cell.note)
+            continue
+        backend = _backend_id(peer, cell.attr)
+        outcome = outcomes.get(backend)
+        if outcome is None:
+            row.cells.append("not run")
+            row.unexplained += 1
+            continue
+        if not outcome.failures:
+            row.cells.append(f"**pass** ({outcome.passed} passed)")
+            if cell.expects_failure:
+                row.stale.append(backend)
+            continue
+        causes = [
+            _cause(cell, failure, texts.get((backend, failure.test), ""))
+            for failure in outcome.failures
+        ]
+        row.unexplained += sum(cause is None for cause in causes)
+        kinds = sorted({cause.kind if cause else "UNEXPLAINED" for cause in causes})
+        number = len(args.footnotes) + 1
+        args.footnotes.append(backend)
+        row.cells.append(f"**fail** [{number}](#f{number}): {', '.join(kinds)}")
+        row.details.append(_detail(number, peer, cell.attr, backend, outcome, causes, args))
+    return row
+
+
+def _cause(cell: Cell, failure: Failure, text: str) -> Explanation | None:
+    for (test, marker), cause in SUITE_ISSUES.items():
+        if failure.test == test and marker in text:
+            return Explanation("suite bug", cause)
+    return cell.explain(failure.test)
+
+
+def _describe(cause: Explanation | None) -> str:
+    if cause is None:
+        return "**UNEXPLAINED**: add an explanation to tp_logprob/peers/_catalog.py"
+    text = f"{cause.kind}: {cause.cause}"
+    if cause.reproducer:
+        link = cause.reproducer.removeprefix("docs/")
+        text += f" (minimal reproducer: [`{cause.reproducer}`]({link}))"
+    return text
+
+
+def _detail(
+    number: int,
+    peer: Peer,
+    attr: str,
+    backend: str,
+    outcome: Outcome,
+    causes: list[Explanation | None],
+    args: argparse.Namespace,
+) -> str:
+    first = outcome.failures[0]
+    counts = f"{outcome.passed} passed, {len(outcome.failures)} failed, {outcome.skipped} skipped"
+    lines = [f'<a id="f{number}"></a>**{number}. `{backend}`** ({counts})', ""]
+    lines.append(f"- first failing property: `{first.test}`: {first.headline}")
+    lines.append(f"- cause: {_describe(causes[0])}")
+    same = [f.test for f, c in zip(outcome.failures[1:], causes[1:], strict=True) if c == causes[0]]
+    if same:
+        lines.append(f"- also failing, same cause: {', '.join(f'`{name}`' for name in same)}")
+    for failure, cause in zip(outcome.failures[1:], causes[1:], strict=True):
+        if cause != causes[0]:
+            lines.append(
+                f"- also failing: `{failure.test}`: {failure.headline}; {_describe(cause)}"
+            )
+    if first.artifact is not None:
+        kept = args.artifacts_out / f"{backend}.json"
+        shutil.copyfile(first.artifact, kept)
+        relative = kept.relative_to(args.root) if kept.is_relative_to(args.root) else kept
+        env = "TRITON_INTERPRET=1 " if peer.module == "liger" else ""
+        spec = peer.spec(attr)
+        lines.append(f"- replay: `{env}python -m tp_logprob replay {relative} --backend {spec}`")
+    return "\n".join(lines)
+
+
+def _markdown(
+    rows: list[tuple[Peer, Row]], timings: dict[str, float], args: argparse.Namespace
+) -> str:
+    header = "| adapter | " + " | ".join(title for _, title in COLUMNS) + " |"
+    rule = "| --- " * (len(COLUMNS) + 1) + "|"
+    table = [header, rule] + ["| " + " | ".join(row.cells) + " |" for _, row in rows]
+    versions = [
+        f"| `{peer.name}` | {peer.library} | {peer.distribution} {_version(peer.distribution)} | "
+        f"`tp_logprob.peers.{peer.module}` |"
+        for peer, _ in rows
+    ]
+    total = sum(timings.values())
+    details = [detail for _, row in rows for detail in row.details]
+    return "\n".join(
+        [
+            "# Conformance of the kernels RL teams run",
+            "",
+            "Generated by `nox -s conformance` (`python -m tp_logprob.peers.conformance`); do not "
+            "edit by hand. Each adapter in `tp_logprob.peers` wraps a library's real code; each "
+            "column runs the property suite against the adapter's honest capability, or against "
+            "the same op claiming one more contract feature, as a user might assume it has. A "
+            "cell is `pass`, `fail` (with the reason below), or why nothing runs there "
+            "(`claimed`: the honest capability already includes it; `n/a`: it cannot apply).",
+            "",
+            *table,
+            "",
+            "Kinds of failure: *peer limitation* (the library does not do this, by design), "
+            "*peer bug* (it claims to and does not; a minimal reproducer is linked), "
+            "*adapter choice* (this project's glue), *suite bug* (the property suite's own).",
+            "",
+            "## Failures",
+            "",
+            "\n\n".join(details) if details else "None.",
+            "",
+            "## Peers",
+            "",
+            "| adapter | library | installed | module |",
+            "| --- | --- | --- | --- |",
+            *versions,
+            "",
+            f"Profile `{args.profile}` (fixed seed), `-n {args.workers}`; suite time "
+            + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items())
+            + f"; {total:.0f} s in all on this run's machine.",
+            "",
+        ]
+    ).replace("\n\n\n", "\n\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the conformance matrix and write the report; see the module docstring."""
+    parser = argparse.ArgumentParser(prog="python -m tp_logprob.peers.conformance")
+    parser.add_argument("--output", default="docs/conformance.md", type=Path)
+    parser.add_argument("--peer", action="append", default=[], help="only these peers")
+    parser.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"))
+    parser.add_argument("--workers", default="0", help="pytest-xdist workers per session")
+    args = parser.parse_args(argv)
+    unknown = set(args.peer) - {peer.name for peer in PEERS}
+    if unknown:
+        parser.error(f"--peer: unknown {sorted(unknown)}; known: {[p.name for p in PEERS]}")
+    chosen = [peer for peer in PEERS if not args.peer or peer.name in args.peer]
+    args.root = Path.cwd().resolve()
+    args.artifacts_out = args.output.resolve().parent / "conformance"
+    args.artifacts_out.mkdir(parents=True, exist_ok=True)
+    args.footnotes = []
+    rows: list[tuple[Peer, Row]] = []
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="tp-logprob-conformance-") as scratch_dir:
+        scratch = Path(scratch_dir)
+        for peer in chosen:
+            outcomes, timings[peer.name] = _run_peer(peer, args, scratch)
+            texts = _texts(scratch / f"{peer.name}.jsonl")
+            rows.append((peer, _render_row(peer, outcomes, texts, args)))
+        args.output.write_text(_markdown(rows, timings, args), encoding="utf-8")
+    print(f"conformance: wrote {args.output}")
+    unexplained = sum(row.unexplained for _, row in rows)
+    for _, row in rows:
+        for backend in row.stale:
+            print(f"conformance: {backend} passed although a failure is explained for it")
+    if unexplained:
+        print(f"conformance: {unexplained} failing cells have no explanation", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _texts(path: Path) -> dict[tuple[str, str], str]:
+    texts: dict[tuple[str, str], str] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            match = _PARAM.search(record["nodeid"])
+            if match is not None and record["text"]:
+                test, backend = match.groups()
+                texts.setdefault((backend, test), record["text"])
+    return texts
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""Liger-Kernel's Triton cross entropy as a tp-logprob backend (TP=1).
+
+Wraps ``liger_kernel.ops.cross_entropy.LigerCrossEntropyFunction`` with
+``reduction="none"`` and no weight, smoothing, z-loss or softcap: the per-token
+loss is ``lse - x[target]``, computed by one Triton program per row (online
+softmax over blocks of ``min(32768, next_pow2(V))`` columns on CUDA) in fp32.
+Verified with liger-kernel 0.8.5 (``>=0.8,<0.9``); on CPU the kernel runs through
+the Triton interpreter (``TRITON_INTERPRET=1`` before triton is first imported).
+
+Capability, from Liger's docs and ``ops/cross_entropy.py``:
+
+- TP=1 only: the kernel sees the whole vocabulary of one row;
+- no vocabulary padding: every column of the input counts;
+- mask mode ``ignore_index`` only: a row is skipped when its target equals
+  ``ignore_index``; any other target must lie in ``[0, V)`` (Liger asserts);
+- fp32 only: the loss is stored in the *input* dtype, so bf16/fp16 inputs give a
+  loss rounded to 8/11 bits;
+- train and infer (the gradient is computed in the forward pass);
+- ``fixed_topology``: one program per row, so rows are batch invariant;
+- no temperature (``softcap`` is a different function), no entropy.
+
+Glue (see :mod:`tp_logprob.peers._glue`):
+
+- Liger zeroes ignored rows of its input, and stores the gradient in it when the
+  input requires grad: it gets a private copy;
+- ``selected_logp = 0.0 - loss`` (never ``-0.0``);
+- Liger returns no LSE. The adapter calls the same kernel a second time with each
+  row's argmax as the target: that loss is ``lse - M`` (the kernel's own
+  ``m + log d`` minus ``M``, within rounding), so ``lse = M + loss``, with ``lse = M``
+  on rows whose max ``M`` is ``+-inf`` (where the kernel's ``x - m`` is NaN). Adding
+  the target's loss back to the target logit instead would cancel catastrophically
+  when the target's probability is tiny. The second call costs a second pass.
+
+Variants ("what users assume", each the same op): ``assume_padding``,
+``assume_16bit``, ``assume_inactive_tokens``, ``assume_cross_tp_bitwise``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.kernels.checks import check_op_inputs
+from tp_logprob.peers._glue import claiming, lse_from_max, private_copy, selected_from_loss
+
+__all__ = [
+    "CAPABILITY",
+    "VERIFIED_VERSIONS",
+    "assume_16bit",
+    "assume_cross_tp_bitwise",
+    "assume_inactive_tokens",
+    "assume_padding",
+    "honest",
+    "liger_logprob",
+]
+
+VERIFIED_VERSIONS = "liger-kernel>=0.8,<0.9"
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="liger_ce",
+    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+    dtypes=frozenset({LogprobDType.FP32}),
+    tp_world_sizes=frozenset({1}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+)
+
+
+def liger_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse)`` from Liger's per-token cross entropy."""
+    check_op_inputs(local_logits, targets, contract, group)
+    function = _liger_function(local_logits.device)
+    ignore_index = contract.mask.ignore_index
+    targets = targets.contiguous()
+    # The interpreter evaluates the kernel with numpy, which warns where the GPU is
+    # silent (inf - inf on special rows); the values are the kernel's either way.
+    with np.errstate(all="ignore"):
+        loss = function.apply(
+            private_copy(local_logits),
+            targets,
+            None,
+            ignore_index,
+            0.0,
+            0.0,
+            "none",
+            None,
+            False,
+            False,
+            False,
+        )[0]
+        lse = None
+        if contract.export_lse:
+            with torch.no_grad():
+                logits = local_logits.detach()
+                row_max = logits.amax(dim=1) if logits.shape[1] else logits.new_empty(0)
+                argmax = logits.argmax(dim=1).to(targets.dtype)
+                shift = function.apply(
+                    private_copy(logits),
+                    argmax,
+                    None,
+                    ignore_index,
+                    0.0,
+                    0.0,
+                    "none",
+                    None,
+                    False,
+                    False,
+                    False,
+                )[0]
+                lse = lse_from_max(row_max, shift)
+    return LogprobResult(selected_from_loss(loss), lse)
+
+
+def _liger_function(device: torch.device) -> Any:
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "Liger's cross entropy is a Triton kernel: on CPU it runs only through the "
+            "Triton interpreter; set TRITON_INTERPRET=1 before triton is first imported"
+        )
+    from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+
+    return LigerCrossEntropyFunction
+
+
+honest = (liger_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.liger:honest``."""
+
+assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
+assume_16bit = claiming(honest, "assume_16bit", dtypes=frozenset(LogprobDType))
+assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
+assume_cross_tp_bitwise = claiming(
+    honest, "assume_cross_tp_bitwise", determinism_scopes=frozenset(DeterminismScope)
+)

@@ -1,0 +1,248 @@
+"""Megatron-Core's vocab-parallel cross entropy as a tp-logprob backend (any TP).
+
+Runs the pieces of ``megatron.core.tensor_parallel.cross_entropy.VocabParallelCrossEntropy``
+(``calculate_logits_max``, ``calculate_predicted_logits``,
+``calculate_cross_entropy_loss``, ``prepare_gradient_calculation_operands``,
+``calculate_gradients``) in the order Megatron's ``_VocabParallelCrossEntropy``
+runs them, with ``label_smoothing=0``. Megatron's three ``torch.distributed.all_reduce``
+calls (MAX of the row maxima, SUM of the target logits, SUM of the shifted sums)
+are the only lines not Megatron's: each is an ``all_gather`` over the tp-logprob
+group followed by a max, or a sum in rank order, so any group handle works and
+every rank adds in the same order.
+
+Verified with megatron-core 0.19.2 (``>=0.19,<0.20``). Its metadata asks for
+Python >= 3.12, but the package is pure Python apart from an optional dataset
+helper; on Python 3.11 install it from the source distribution, without the
+Python check, and with only the dependencies it imports here (torch, numpy,
+packaging)::
+
+    pip install --no-deps --ignore-requires-python --no-binary megatron-core "megatron-core==0.19.2"
+
+(``--no-binary`` because the wheel is tagged cp312; ``--no-deps`` so pip does not
+pull a CUDA torch.) Importing it warns that Transformer Engine and Apex are
+missing; the adapter silences those import warnings.
+
+Capability, from Megatron's docs and ``tensor_parallel/cross_entropy.py``:
+
+- any TP; fp32, bf16 and fp16 inputs (``calculate_logits_max`` casts to fp32, and
+  everything after is fp32);
+- no vocabulary padding: every local column counts (Megatron pads the vocabulary
+  with trained columns, not masked ones);
+- no mask at all: a loss is computed for every row and callers multiply by a
+  ``loss_mask`` afterwards, so the backend serves only contracts whose tokens are
+  all active (mask mode ``ignore_index``, the capability's weakest);
+- train and infer; ``fixed_topology``; no temperature, no entropy.
+
+Glue (see :mod:`tp_logprob.peers._glue`):
+
+- for fp32 input ``.float()`` returns the input itself and Megatron then subtracts
+  the maximum *in place* (and overwrites it with ``exp``, then softmax): the adapter
+  hands it a copy. bf16/fp16 inputs are cast to a new fp32 tensor by Megatron.
+- ``selected_logp = 0.0 - loss``;
+- ``lse = M + log(S)`` from Megatron's own all-reduced ``logits_max`` and
+  ``sum_exp_logits``, with ``lse = M`` on rows whose maximum is ``+-inf``.
+
+Two shardings: :data:`honest` uses the contract's shard bounds as Megatron's
+``vocab_start_index, vocab_end_index``; :data:`equal_shards` asks Megatron's own
+``VocabUtility.vocab_range_from_per_partition_vocab_size(width, rank, tp)``, which
+assumes every rank holds the same ``width`` (``start = rank * width``), so it
+claims ``even_shards_only``. Even that is right only when ``tp`` divides the
+padded vocabulary: in :func:`~tp_logprob.even_shard_bounds`' layout the last shard
+is shorter otherwise, and Megatron, which pads the vocabulary to a multiple of
+``128 * tp`` and asserts the division elsewhere (``VocabUtility.
+vocab_range_from_global_vocab_size``), never meets that case; the capability
+cannot say "tp divides the vocabulary".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.kernels.checks import active_mask_tensor, check_op_inputs
+from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
+
+__all__ = [
+    "CAPABILITY",
+    "VERIFIED_VERSIONS",
+    "assume_cross_tp_bitwise",
+    "assume_inactive_tokens",
+    "assume_padding",
+    "assume_uneven_shards",
+    "equal_shards",
+    "honest",
+    "megatron_logprob",
+]
+
+VERIFIED_VERSIONS = "megatron-core>=0.19,<0.20"
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="megatron_vp_ce",
+    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+    dtypes=frozenset(LogprobDType),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+)
+
+_IMPORT_LOCK = threading.Lock()
+_MEGATRON: dict[str, Any] = {}
+
+
+def _megatron() -> dict[str, Any]:
+    """Megatron's classes, imported once (rank threads may arrive together)."""
+    with _IMPORT_LOCK:
+        if not _MEGATRON:
+            with warnings.catch_warnings():
+                # "Transformer Engine and Apex are not installed", "absl.logging is not installed"
+                warnings.simplefilter("ignore")
+                from megatron.core.tensor_parallel.cross_entropy import (
+                    VocabParallelCrossEntropy,
+                )
+                from megatron.core.tensor_parallel.utils import VocabUtility
+            _MEGATRON.update(pieces=VocabParallelCrossEntropy, utility=VocabUtility)
+    return _MEGATRON
+
+
+def _all_reduce_max(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    if group is None:
+        return tensor
+    return torch.stack(group.all_gather(tensor)).amax(dim=0)
+
+
+def _all_reduce_sum(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    if group is None:
+        return tensor
+    gathered = group.all_gather(tensor)
+    total = gathered[0]
+    for part in gathered[1:]:  # rank order: every rank adds the same way
+        total = total + part
+    return total
+
+
+class _VocabParallelLoss(torch.autograd.Function):
+    """Megatron's ``_VocabParallelCrossEntropy`` with all-reduces over a tp-logprob group."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, bounds: Any, group: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pieces = _megatron()["pieces"]
+        # fp32 input would be modified in place by Megatron: give it a copy.
+        source = logits.clone() if logits.dtype == torch.float32 else logits
+        source, logits_max = pieces.calculate_logits_max(source)
+        logits_max = _all_reduce_max(logits_max, group)
+        start, end = bounds
+        target_mask, masked_target_1d, predicted, sum_exp, exp_logits = (
+            pieces.calculate_predicted_logits(source, targets, logits_max, start, end)
+        )
+        predicted = _all_reduce_sum(predicted, group)
+        sum_exp = _all_reduce_sum(sum_exp, group)
+        softmax, loss = pieces.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
+        ctx.save_for_backward(softmax, target_mask, masked_target_1d)
+        ctx.input_dtype = logits.dtype
+        ctx.mark_non_differentiable(logits_max, sum_exp)
+        return loss, logits_max, sum_exp
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> Any:
+        pieces = _megatron()["pieces"]
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_2d, arange_1d, softmax_update, grad_input = (
+            pieces.prepare_gradient_calculation_operands(softmax, target_mask)
+        )
+        grad_input = pieces.calculate_gradients(
+            grad_2d, arange_1d, masked_target_1d, softmax_update, grad_input, grad_loss
+        )
+        return grad_input.to(ctx.input_dtype), None, None, None
+
+
+def _run(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+    bounds: tuple[int, int],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Megatron's loss and the LSE built from its merged max and sum."""
+    loss, logits_max, sum_exp = _VocabParallelLoss.apply(local_logits, targets, bounds, group)
+    lse = lse_from_max(logits_max, torch.log(sum_exp)) if contract.export_lse else None
+    return loss, lse
+
+
+def megatron_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse)`` with the contract's shard bounds as Megatron's vocab range."""
+    check_op_inputs(local_logits, targets, contract, group)
+    loss, lse = _run(local_logits, targets, contract, group, contract.sharding.local_bounds)
+    return LogprobResult(selected_from_loss(loss), lse)
+
+
+def megatron_equal_shards_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse)`` with Megatron's own ``rank * width`` vocab range."""
+    check_op_inputs(local_logits, targets, contract, group)
+    sharding = contract.sharding
+    vocab_range = _megatron()["utility"].vocab_range_from_per_partition_vocab_size
+    bounds = vocab_range(local_logits.shape[1], sharding.tp_rank, sharding.tp_world_size)
+    loss, lse = _run(local_logits, targets, contract, group, bounds)
+    return LogprobResult(selected_from_loss(loss), lse)
+
+
+def megatron_loss_mask_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """What Megatron's training loop does with inactive tokens: ``-(loss * loss_mask)``."""
+    check_op_inputs(local_logits, targets, contract, group)
+    loss, lse = _run(local_logits, targets, contract, group, contract.sharding.local_bounds)
+    loss_mask = active_mask_tensor(contract, local_logits.device).float()
+    return LogprobResult(-(loss * loss_mask), lse)
+
+
+honest = (megatron_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.megatron:honest``."""
+
+equal_shards = (
+    megatron_equal_shards_logprob,
+    dataclasses.replace(
+        CAPABILITY, backend_id="megatron_vp_ce_equal_shards", even_shards_only=True
+    ),
+)
+"""Megatron's own ``rank * width`` shard ranges: even shards only."""
+
+assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
+assume_cross_tp_bitwise = claiming(
+    honest, "assume_cross_tp_bitwise", determinism_scopes=frozenset(DeterminismScope)
+)
+assume_inactive_tokens = claiming(
+    (megatron_loss_mask_logprob, CAPABILITY),
+    "assume_inactive_tokens",
+    mask_modes=frozenset(MaskMode),
+)
+assume_uneven_shards = claiming(equal_shards, "assume_uneven_shards", even_shards_only=False)

@@ -1,0 +1,131 @@
+"""TRL's ``selective_log_softmax`` (and ``selective_log_softmax_and_entropy``) as a backend.
+
+These are the helpers TRL's GRPO and PPO trainers compute per-token logprobs and
+entropies with (``trl.trainer.utils``). On CUDA and XPU they run TRL's fused Triton
+kernel; everywhere else, including this adapter's CPU runs, a torch path:
+``gather(logits) - logsumexp(logits)`` row by row for fp32, ``log_softmax`` row by
+row for 16-bit inputs, ``-(exp(logp) * logp).sum()`` for the entropy, and
+``logits / temperature`` first. Verified with trl 1.16.0 (``>=1.16,<1.17``) on its
+CPU path.
+
+Capability, from TRL's docstrings and source:
+
+- TP=1 (the whole vocabulary of a row); no vocabulary padding;
+- fp32 only: for bf16/fp16 the result is ``log_softmax`` in the input dtype, so a
+  16-bit logprob;
+- temperature: ``logits / temperature`` is one IEEE fp32 division by
+  ``fp32(T)`` for fp32 logits, as the contract asks;
+- entropy (``selective_log_softmax_and_entropy``);
+- mask mode ``ignore_index`` only: ``row_mask`` zeroes masked rows *after* the
+  gather, which raises on an out-of-range target, so masked rows still need valid
+  targets, which the contract does not promise;
+- train and infer; ``fixed_topology`` (one row at a time).
+
+The "users assume" variants (``assume_padding``, ``assume_16bit``,
+``assume_inactive_tokens``) claim no entropy, so that what fails is the assumption.
+
+Glue: none for ``selected_logp`` (TRL returns the logprob itself). TRL returns
+no LSE; the adapter calls ``selective_log_softmax`` again with each row's argmax as
+the index: that logprob is ``z_max - lse`` (``z = x / T``), so ``lse = z_max -
+logprob``, with ``lse = z_max`` where ``z_max`` is ``+-inf``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.kernels.checks import check_op_inputs
+from tp_logprob.peers._glue import claiming, lse_from_max
+
+__all__ = [
+    "CAPABILITY",
+    "VERIFIED_VERSIONS",
+    "assume_16bit",
+    "assume_inactive_tokens",
+    "assume_padding",
+    "honest",
+    "trl_logprob",
+]
+
+VERIFIED_VERSIONS = "trl>=1.16,<1.17"
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="trl_selective_log_softmax",
+    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+    dtypes=frozenset({LogprobDType.FP32}),
+    tp_world_sizes=frozenset({1}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+    supports_temperature=True,
+    exports_entropy=True,
+)
+
+_IMPORT_LOCK = threading.Lock()
+_TRL: dict[str, Any] = {}
+
+
+def _trl() -> dict[str, Any]:
+    with _IMPORT_LOCK:
+        if not _TRL:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # transformers' import-time notices
+                from trl.trainer.utils import (
+                    selective_log_softmax,
+                    selective_log_softmax_and_entropy,
+                )
+            _TRL.update(logprob=selective_log_softmax, both=selective_log_softmax_and_entropy)
+    return _TRL
+
+
+def trl_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse[, entropy])`` from TRL's logprob helpers."""
+    check_op_inputs(local_logits, targets, contract, group)
+    trl = _trl()
+    temperature = contract.temperature
+    index = targets.long()
+    entropy = None
+    if contract.export_entropy:
+        selected, entropy = trl["both"](local_logits, index, temperature=temperature)
+    else:
+        selected = trl["logprob"](local_logits, index, temperature=temperature)
+    lse = None
+    if contract.export_lse:
+        with torch.no_grad():
+            logits = local_logits.detach()
+            z_max = (logits / temperature if temperature != 1.0 else logits).amax(dim=1)
+            top = trl["logprob"](logits, logits.argmax(dim=1), temperature=temperature)
+            lse = lse_from_max(z_max, -top.float())
+    return LogprobResult(selected.float(), lse, None if entropy is None else entropy.float())
+
+
+honest = (trl_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.trl:honest``."""
+
+# The variants leave entropy out, so that their failures are their assumption's.
+_BASE = (trl_logprob, dataclasses.replace(CAPABILITY, exports_entropy=False))
+
+assume_padding = claiming(_BASE, "assume_padding", supports_vocab_padding=True)
+assume_16bit = claiming(_BASE, "assume_16bit", dtypes=frozenset(LogprobDType))
+assume_inactive_tokens = claiming(_BASE, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))

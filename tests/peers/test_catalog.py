@@ -1,0 +1,81 @@
+"""The conformance catalog names real variants, each one claim away from its honest backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.peers._catalog import COLUMNS, PEERS
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers")
+CELLS = [(peer, key, cell) for peer in PEERS for key, cell in peer.cells.items()]
+
+
+def _pair(module: str, attr: str) -> tuple[object, LogprobBackendCapability]:
+    return getattr(importlib.import_module(f"tp_logprob.peers.{module}"), attr)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("peer", "key", "cell"), CELLS, ids=[f"{peer.name}-{key}" for peer, key, _ in CELLS]
+)
+def test_every_cell_names_a_backend_or_says_why_not(peer, key, cell) -> None:  # type: ignore[no-untyped-def]
+    assert key in dict(COLUMNS)
+    if cell.attr is None:
+        assert cell.note and cell.explanation is None
+        return
+    op, capability = _pair(peer.module, cell.attr)
+    assert callable(op) and isinstance(capability, LogprobBackendCapability)
+    assert capability.backend_id.split(".")[0] == peer.name
+    for explanation in [cell.explanation, *dict(cell.by_property).values()]:
+        if explanation is not None and explanation.reproducer is not None:
+            assert (ROOT / explanation.reproducer).is_file(), explanation.reproducer
+
+
+def test_backend_ids_are_unique() -> None:
+    ids = [_pair(p.module, c.attr)[1].backend_id for p, _, c in CELLS if c.attr]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize(
+    ("module", "attr", "field"),
+    [
+        ("liger", "assume_padding", "supports_vocab_padding"),
+        ("megatron", "assume_cross_tp_bitwise", "determinism_scopes"),
+        ("megatron", "assume_uneven_shards", "even_shards_only"),
+        ("torch_loss_parallel", "assume_inactive_tokens", "mask_modes"),
+        ("trl", "assume_16bit", "dtypes"),
+    ],
+)
+def test_a_variant_differs_from_its_base_by_one_claim(module: str, attr: str, field: str) -> None:
+    _, variant = _pair(module, attr)
+    base_attr = (
+        "equal_shards" if attr == "assume_uneven_shards" and module == "megatron" else "honest"
+    )
+    _, base = _pair(module, base_attr)
+    if module == "trl":
+        base = dataclasses.replace(base, exports_entropy=False)
+    changed = {
+        name
+        for name in (f.name for f in dataclasses.fields(LogprobBackendCapability))
+        if getattr(variant, name) != getattr(base, name)
+    }
+    assert changed == {"backend_id", field}
+
+
+def test_the_adapters_import_no_library_until_called() -> None:
+    code = (
+        "import sys, tp_logprob\n"
+        "assert not any(m.startswith('tp_logprob.peers') for m in sys.modules)\n"
+        "import tp_logprob.peers.liger, tp_logprob.peers.megatron, tp_logprob.peers.trl\n"
+        "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
+        f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,93 @@
+"""The conformance runner: reading the suite's records, explaining failures, writing the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tp_logprob.peers import conformance
+from tp_logprob.peers._catalog import PEERS
+
+VIOLATION = (
+    "padding independence: padding columns changed the output\n"
+    "  backend   liger_ce.assume_padding\n"
+    "  artifact  python -m tp_logprob replay {artifact}\n"
+)
+TRACEBACK = (
+    "tp_logprob_backend = BackendUnderTest(...)\n"
+    "src/tp_logprob/peers/trl.py:120: in trl_logprob\n"
+    "E       RuntimeError: index -100 is out of bounds for dimension 1 with size 1\n"
+)
+
+
+def test_headline_is_the_violation_or_the_exception() -> None:
+    assert conformance._headline(VIOLATION).startswith("padding independence: padding")
+    assert conformance._headline(TRACEBACK).startswith("RuntimeError: index -100 is out")
+
+
+def test_records_are_grouped_by_backend(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    rows = [
+        ("test_a[liger_ce]", "passed", ""),
+        ("test_b[liger_ce]", "skipped", ""),
+        ("test_a[liger_ce.assume_padding]", "failed", VIOLATION.format(artifact="x.json")),
+    ]
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"nodeid": f"src/tp_logprob/properties/t.py::{node}", "outcome": o, "text": t}
+            )
+            + "\n"
+            for node, o, t in rows
+        )
+    )
+    outcomes = conformance._read_records(path)
+    assert (outcomes["liger_ce"].passed, outcomes["liger_ce"].skipped) == (1, 1)
+    (failure,) = outcomes["liger_ce.assume_padding"].failures
+    assert (failure.test, failure.artifact) == ("test_a", "x.json")
+
+
+def _fake_run(failing: dict[str, str], artifact: Path) -> Any:
+    def run(peer: Any, args: Any, scratch: Path) -> tuple[dict[str, Any], float]:
+        outcomes = {}
+        for cell in peer.cells.values():
+            if cell.attr is None:
+                continue
+            backend = conformance._backend_id(peer, cell.attr)
+            outcome = conformance.Outcome(passed=5)
+            if backend in failing:
+                outcome.failures.append(
+                    conformance.Failure(failing[backend], "oracle agreement: out", str(artifact))
+                )
+            outcomes[backend] = outcome
+        return outcomes, 1.0
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("failing", "status"),
+    [
+        ({"liger_ce.assume_padding": "test_padding_is_ignored"}, 0),
+        ({"liger_ce": "test_matches_exact_oracle"}, 1),  # the honest backend: unexplained
+    ],
+    ids=["explained", "unexplained"],
+)
+def test_report_explains_each_failure_or_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: dict[str, str], status: int
+) -> None:
+    artifact = tmp_path / "found.json"
+    artifact.write_text("{}")
+    monkeypatch.setattr(conformance, "_run_peer", _fake_run(failing, artifact))
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "docs" / "conformance.md"
+    assert conformance.main(["--output", str(output), "--peer", PEERS[0].name]) == status
+    report = output.read_text()
+    backend = next(iter(failing))
+    assert f"`{backend}`" in report
+    assert (tmp_path / "docs" / "conformance" / f"{backend}.json").is_file()
+    assert ("UNEXPLAINED" in report) == (status == 1)
+    assert f"replay docs/conformance/{backend}.json" in report
