@@ -101,10 +101,13 @@ def _forward(
     total = torch.zeros(rows, device=live.device)
     moments = torch.zeros(rows, device=live.device)
     for p in partials:  # rank order, so every rank adds in the same order
-        alive = finite & (p[:, 0] != float("-inf"))
-        gap = torch.where(alive, p[:, 0] - merged_max, 0.0)
-        total = total + torch.where(alive, p[:, 1] * torch.exp(gap), 0.0)
-        moments = moments + torch.where(alive, torch.exp(gap) * (p[:, 3] + gap * p[:, 1]), 0.0)
+        gap = p[:, 0] - merged_max
+        scale = torch.exp(gap)
+        # A shard whose rescale underflows to 0 adds nothing, and must not: gap * s can
+        # overflow fp32 there (m_r = -1e38, M = 1e38), and 0 * -inf is NaN.
+        alive = finite & (p[:, 0] != float("-inf")) & (scale > 0.0)
+        total = total + torch.where(alive, p[:, 1] * scale, 0.0)
+        moments = moments + torch.where(alive, scale * (p[:, 3] + gap * p[:, 1]), 0.0)
     lse = torch.where(merged_max == float("inf"), merged_max, merged_max + torch.log(total))
     lse = torch.where(merged_max == float("-inf"), merged_max, lse)
     entropy = torch.where(finite, torch.log(total) - moments / total, float("nan"))
