@@ -293,6 +293,8 @@ def _describe(
 ) -> KernelLaunch:
     kernel, grid, args, constexprs, config = entry
     options = _options(contract)
+    if contract.sharding.tp_world_size > 1:
+        options.insert(0, f"tp={contract.sharding.tp_world_size}")
     if target_dtype != torch.int64:
         options.append(f"targets={str(target_dtype).removeprefix('torch.')}")
     return KernelLaunch(
