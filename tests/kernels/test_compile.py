@@ -1,0 +1,196 @@
+"""Every Triton kernel compiles for every GPU target within the resource gates, on a CPU.
+
+The compile matrix runs once, in a subprocess without ``TRITON_INTERPRET`` (the
+interpreter's ``@triton.jit`` objects cannot be compiled): ``python -m
+tp_logprob.kernels.triton.aot --matrix ci``. ``nox -s compile`` runs the full
+matrix and writes docs/gpu-readiness.md. The fast tests below check the pieces
+(recorder, asm reading, traffic) in process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ._triton_cases import BACKENDS  # the interpreter on CPU, or a clean skip
+
+recorder = pytest.importorskip("tp_logprob.kernels.triton.recorder")
+resources = pytest.importorskip("tp_logprob.kernels.triton.resources")
+traffic = pytest.importorskip("tp_logprob.kernels.triton.traffic")
+aot = pytest.importorskip("tp_logprob.kernels.triton.aot")
+launch = pytest.importorskip("tp_logprob.kernels.triton.launch")
+
+_GATES = ("compile", "spills", "vectorized loads", "fp64 in loop", "approximate fp32 division")
+
+
+@pytest.fixture(scope="module")
+def ci_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("aot") / "ci.json"
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    command = [sys.executable, "-m", "tp_logprob.kernels.triton.aot", "--matrix", "ci"]
+    proc = subprocess.run(
+        [*command, "--jobs", "2", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if not out.exists():
+        pytest.fail(f"the compile matrix wrote no report (exit {proc.returncode}):\n{proc.stderr}")
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+@pytest.mark.slow
+def test_ci_matrix_passes_every_gate(ci_report: dict[str, Any]) -> None:
+    rows = ci_report["rows"]
+    compiled = {(row["kernel"], row["target"]) for row in rows}
+    kernels = {kernel for kernel, _ in compiled}
+    assert kernels >= _jit_kernels(), "a @triton.jit kernel was never launched by a backend"
+    missing = {(k, t) for k in kernels for t in aot.TARGETS} - compiled
+    assert not missing, f"kernel x target pairs not compiled: {sorted(missing)}"
+    layouts = {row["layout"] for row in rows if row["kernel"] == "online_partial_kernel"}
+    assert {"aligned", "unaligned"} <= layouts
+    by_gate = {
+        gate: [line for line in ci_report["failures"] if line.startswith(gate + ":")]
+        for gate in _GATES
+    }
+    assert sum(map(len, by_gate.values())) == len(ci_report["failures"])
+    report = "\n".join(
+        f"{gate}:\n  " + "\n  ".join(lines) for gate, lines in by_gate.items() if lines
+    )
+    assert not ci_report["failures"], f"GPU readiness gates failed:\n{report}"
+
+
+def _jit_kernels() -> set[str]:
+    """Every ``*_kernel`` @triton.jit function defined in the Triton package."""
+    import importlib
+
+    package = importlib.import_module("tp_logprob.kernels.triton")
+    found = set()
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if name.endswith("_kernel") and hasattr(value, "fn"):
+                found.add(name)
+    return found
+
+
+def test_recorder_takes_configs_from_the_gpu_launch_table() -> None:
+    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    row = launch.launch_config("cuda", launch.KernelKind.ROW, torch.bfloat16)
+    partial = [x for x in launches if x.name == "online_partial_kernel" and x.dtype == "bf16"]
+    assert partial
+    assert {dict(x.constexprs)["BLOCK"] for x in partial} == {row.block}
+    assert {x.num_warps for x in partial} == {row.num_warps}
+    assert all(x.reads_logits for x in partial)
+    assert not any(x.reads_logits for x in launches if "merge" in x.name)
+    assert {x.backend for x in launches} == set(BACKENDS)
+    assert "logprob_grad_kernel" in {x.name for x in launches}  # the train role's backward
+
+
+def test_recorder_specializations_follow_the_layout() -> None:
+    aligned = recorder.record(["rocm"], ["aligned"], (torch.int64,), exhaustive=False)
+    unaligned = recorder.record(["rocm"], ["unaligned"], (torch.int64,), exhaustive=False)
+    wide = recorder.record(["rocm"], ["aligned-2gib"], (torch.int64,), exhaustive=False)
+
+    def logits_args(launches: list[Any]) -> set[Any]:
+        return {a for x in launches for a in x.args if getattr(a, "is_logits", False)}
+
+    assert {a.data_ptr_mod_16 for a in logits_args(aligned)} == {0}
+    assert {a.data_ptr_mod_16 for a in logits_args(unaligned)} != {0}
+    assert max(a.nbytes for a in logits_args(aligned)) < 2**31
+    assert min(a.nbytes for a in logits_args(wide)) > 2**31
+
+
+def test_contract_variants_cover_every_option() -> None:
+    base = recorder._base_contract(recorder.LAYOUTS["aligned"], 0, 0)
+    choices = recorder._field_choices(base)
+    assert {"role", "dtype", "output.dtype", "export_lse"} <= set(choices)
+    for exhaustive in (True, False):
+        variants = list(recorder.contract_variants(base, exhaustive=exhaustive))
+        for key, values in choices.items():
+            seen = {recorder._lookup(variant, key) for variant in variants}
+            assert seen == set(values), (exhaustive, key)
+    total = 1
+    for values in choices.values():
+        total *= len(values)
+    assert len(list(recorder.contract_variants(base))) == total
+
+
+_PTX = """\
+// %bb.0:
+\tld.global.b16 %rs1, [%rd1];
+\t@%p1 bra $L__BB0_2;
+$L__BB0_1:                              // =>This Inner Loop Header: Depth=1
+\t@%p2 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd2 + 0 ];
+\tcvt.f64.f32 %fd1, %f1;
+\tdiv.full.f32 %f3, %f1, %f2;
+\t@%p3 bra $L__BB0_1;
+$L__BB0_2:                              // %exit
+\tadd.f64 %fd2, %fd1, %fd1;
+\tret;
+}
+"""
+
+
+def test_ptx_loops_loads_fp64_and_division_are_read() -> None:
+    lines = _PTX.splitlines()
+    loop = resources.loop_lines(lines, resources._PTX_BLOCK)
+    assert loop[0].startswith("$L__BB0_1") and loop[-1].endswith("bra $L__BB0_1;")
+    assert resources._ptx_load_bits(loop[1]) == 128
+    assert resources._ptx_load_bits(lines[1]) == 16
+    assert not any("add.f64" in line for line in loop)
+    assert resources.element_lines(lines[:3], resources._PTX_BLOCK) == lines[:3]  # no loop
+
+
+def test_amdgcn_loop_blocks_are_read() -> None:
+    text = [
+        "; %bb.0:",
+        "\tglobal_load_ushort v1, v[0:1], off",
+        ".LBB0_1:                                ; =>This Inner Loop Header: Depth=1",
+        "\tbuffer_load_dwordx4 v[2:5], v6, s[0:3], 0 offen",
+        "\tv_add_f64 v[8:9], v[8:9], v[10:11]",
+        "\ts_cbranch_scc1 .LBB0_1",
+        ".LBB0_2:",
+        "\ts_endpgm",
+    ]
+    loop = resources.loop_lines(text, resources._GCN_BLOCK)
+    assert loop == text[2:6]
+    assert resources._GCN_LOAD.match(loop[1]).group(1) == "dwordx4"
+
+
+def test_traffic_reads_the_logits_once_or_twice() -> None:
+    shape = traffic.BENCH_SHAPE
+    logits = shape.rows * shape.vocab * shape.itemsize
+    online = traffic.predicted_seconds("triton_online", shape, 1.0)
+    exact = traffic.predicted_seconds("triton_exact_sum", shape, 1.0)
+    assert logits <= online < 1.001 * logits
+    assert 2 * logits <= exact < 2.001 * logits
+    h200 = traffic.predicted_seconds("triton_online", shape, traffic.PEAK_BANDWIDTH["H200"])
+    assert h200 == pytest.approx(logits / 4.8e12, rel=1e-3)
+
+
+def test_traffic_functions_name_the_launched_kernels() -> None:
+    launched = {
+        x.name for x in recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    }
+    for stages in traffic.TRAFFIC.values():
+        assert {stage.kernel for stage in stages(traffic.BENCH_SHAPE)} <= launched
+
+
+def test_readiness_doc_is_generated_from_the_full_matrix() -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "gpu-readiness.md"
+    text = doc.read_text()
+    assert "Generated by `nox -s compile`" in text
+    assert "--matrix full" in text
+    for target in aot.TARGETS:
+        assert f"| {target} |" in text
