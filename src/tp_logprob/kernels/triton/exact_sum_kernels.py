@@ -110,21 +110,23 @@ def exact_sum_kernel(
     shift = tl.where(finite, maximum, 0.0)
     # Rows whose M is not finite get their LSE from M alone: skip the pass.
     limit = tl.where(finite, live_width, 0)
-    units = tl.zeros([BLOCK], dtype=tl.int64)
-    moment_units = tl.zeros([BLOCK], dtype=tl.int64)
+    # One int64 per row, not per lane: integer sums are exact in any order, and 16
+    # int64 lanes (32 with entropy) per thread spilled on sm_80.
+    units = tl.zeros([], dtype=tl.int64)
+    moment_units = tl.zeros([], dtype=tl.int64)
     for start in range(0, limit, BLOCK):
         cols = start + offsets
         x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
         shifted = scaled(x, temperature, SCALE) - shift
         weights = tl.exp(shifted)
         # scale = 2^K: the product is exact, and the conversion truncates, i.e. floors.
-        units += (weights * scale).to(tl.int64)
+        units += tl.sum((weights * scale).to(tl.int64), axis=0)
         if ENTROPY:
             # exp(d) d lies in [-1/e, 0]: truncation toward zero, exact sums again.
-            moment_units += (entropy_term(weights, shifted) * scale).to(tl.int64)
-    tl.store(sums_ptr + row * SUM_FIELDS, tl.sum(units, axis=0))
+            moment_units += tl.sum((entropy_term(weights, shifted) * scale).to(tl.int64), axis=0)
+    tl.store(sums_ptr + row * SUM_FIELDS, units)
     if ENTROPY:
-        tl.store(sums_ptr + row * SUM_FIELDS + 1, tl.sum(moment_units, axis=0))
+        tl.store(sums_ptr + row * SUM_FIELDS + 1, moment_units)
 
 
 @triton.jit

@@ -5,7 +5,8 @@ never on the number of rows: that is what keeps the row kernels batch invariant
 (a row's reduction order is fixed by ``block`` and ``num_warps`` alone).
 
 - cuda: 8 warps of 32 lanes; 4096-column tiles for 16-bit inputs (16 elements,
-  two 16-byte loads per lane), 2048 for fp32.
+  two 16-byte loads per lane), 2048 for fp32. Merges take 256 rows on 8 warps, one
+  row per lane: with 4 warps (two rows a lane) the entropy merge spilled on sm_90.
 - rocm: 8 wavefronts of 64 lanes; tiles are multiples of 512 lanes, same sizes.
 - cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
   the multi-tile loops. The interpreter keeps global state while it runs a grid,
@@ -48,7 +49,7 @@ class LaunchConfig:
 _TABLE: dict[tuple[str, KernelKind], tuple[int, int, int]] = {
     ("cuda", KernelKind.ROW): (4096, 2048, 8),
     ("cuda", KernelKind.TILE): (4096, 2048, 8),
-    ("cuda", KernelKind.MERGE): (256, 256, 4),
+    ("cuda", KernelKind.MERGE): (256, 256, 8),
     ("rocm", KernelKind.ROW): (4096, 2048, 8),
     ("rocm", KernelKind.TILE): (4096, 2048, 8),
     ("rocm", KernelKind.MERGE): (256, 256, 4),
