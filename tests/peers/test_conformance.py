@@ -79,8 +79,10 @@ def _fake_run(failing: dict[str, str], artifact: Path) -> Any:
 def test_report_explains_each_failure_or_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: dict[str, str], status: int
 ) -> None:
-    artifact = tmp_path / "found.json"
+    artifact = tmp_path / "found" / "abc.json"
+    artifact.parent.mkdir()
     artifact.write_text("{}")
+    artifact.with_suffix(".npz").write_bytes(b"arrays")
     monkeypatch.setattr(conformance, "_run_peer", _fake_run(failing, artifact))
     monkeypatch.chdir(tmp_path)
     output = tmp_path / "docs" / "conformance.md"
@@ -88,6 +90,7 @@ def test_report_explains_each_failure_or_fails(
     report = output.read_text()
     backend = next(iter(failing))
     assert f"`{backend}`" in report
-    assert (tmp_path / "docs" / "conformance" / f"{backend}.json").is_file()
+    kept = tmp_path / "docs" / "conformance"
+    assert sorted(path.name for path in kept.iterdir()) == ["abc.json", "abc.npz"]
     assert ("UNEXPLAINED" in report) == (status == 1)
-    assert f"replay docs/conformance/{backend}.json" in report
+    assert "replay docs/conformance/abc.json --backend tp_logprob.peers.liger:" in report

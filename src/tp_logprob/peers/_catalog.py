@@ -103,7 +103,20 @@ PEERS = (
         library="Liger-Kernel cross entropy (Triton, interpreter on CPU)",
         distribution="liger-kernel",
         cells={
-            "honest": Cell("honest"),
+            "honest": Cell(
+                "honest",
+                by_property=(
+                    (
+                        "test_wide_vocabularies",
+                        Explanation(
+                            PEER_BUG,
+                            "NaN when a row's first 32,768-column block is all -inf: the "
+                            "online softmax starts from m = -inf and computes exp2(-inf - -inf)",
+                            "docs/repro_liger_leading_neg_inf_block.py",
+                        ),
+                    ),
+                ),
+            ),
             "padding": Cell("assume_padding", explanation=_PADDING),
             "uneven": _ONE_RANK,
             "16bit": Cell(
@@ -189,7 +202,21 @@ PEERS = (
         library="PyTorch loss_parallel on a Shard(1) DTensor (TorchTitan's path)",
         distribution="torch",
         cells={
-            "honest": Cell("honest"),
+            "honest": Cell(
+                "honest",
+                by_property=(
+                    (
+                        "test_batch_invariance",
+                        Explanation(
+                            PEER_LIMITATION,
+                            "the all-reduce SUM of per-rank fp32 partials is not batch invariant: "
+                            "the threaded group sums torch.stack(partials) with torch.sum, whose "
+                            "association changes with N; ring all-reduces (NCCL, gloo) likewise "
+                            "order an element's partials by the chunk it falls in",
+                        ),
+                    ),
+                ),
+            ),
             "padding": Cell("assume_padding", explanation=_PADDING),
             "uneven": Cell(
                 "assume_uneven_shards",

@@ -42,7 +42,7 @@ _PARAM = re.compile(r"::(test_\w+)\[(.+)\]$")
 
 SUITE_ISSUES = {
     ("test_serves_every_claimed_contract_kind", "even_shards_only=True"): (
-        "suite bug: the claimed-kind property draws uneven bounds for an even_shards_only "
+        "the claimed-kind property draws uneven bounds for an even_shards_only "
         "backend, so dispatch refuses its own contract"
     ),
 }
@@ -235,9 +235,11 @@ def _detail(
             lines.append(
                 f"- also failing: `{failure.test}`: {failure.headline}; {_describe(cause)}"
             )
-    if first.artifact is not None:
-        kept = args.artifacts_out / f"{backend}.json"
-        shutil.copyfile(first.artifact, kept)
+    if first.artifact is not None:  # an artifact is its JSON and, beside it, its arrays
+        source = Path(first.artifact)
+        kept = args.artifacts_out / source.name
+        for companion in source.parent.glob(f"{source.stem}.*"):
+            shutil.copyfile(companion, args.artifacts_out / companion.name)
         relative = kept.relative_to(args.root) if kept.is_relative_to(args.root) else kept
         env = "TRITON_INTERPRET=1 " if peer.module == "liger" else ""
         spec = peer.spec(attr)
@@ -308,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.root = Path.cwd().resolve()
     args.artifacts_out = args.output.resolve().parent / "conformance"
     args.artifacts_out.mkdir(parents=True, exist_ok=True)
+    for stale in args.artifacts_out.glob("*.*"):  # the previous report's examples
+        stale.unlink()
     args.footnotes = []
     rows: list[tuple[Peer, Row]] = []
     timings: dict[str, float] = {}
