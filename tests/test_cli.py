@@ -14,7 +14,7 @@ from tp_logprob.__main__ import main
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 
 HEADER = ["backend", "kind", "roles", "dtypes", "tp", "padding", "mask", "modes", "lse"]
-HEADER += ["temperature", "entropy", "shards"]
+HEADER += ["temperature", "entropy", "shards", "input"]
 
 
 def test_backends_prints_a_capability_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -35,6 +35,7 @@ def test_backends_prints_a_capability_table(capsys: pytest.CaptureFixture[str]) 
         "yes",
         "yes",
         "any",
+        "logits",
         "fixed_topology",
     ]
 

@@ -30,6 +30,7 @@ _COLUMNS = (
     "temperature",
     "entropy",
     "shards",
+    "input",
     "determinism",
 )
 
@@ -114,6 +115,7 @@ def _row(capability: LogprobBackendCapability) -> tuple[str, ...]:
         "yes" if info["supports_temperature"] else "no",
         "yes" if info["exports_entropy"] else "no",
         "even" if info["even_shards_only"] else "any",
+        ",".join(info["input_kinds"]),
         ",".join(info["determinism_scopes"]),
     )
 

@@ -37,6 +37,11 @@ def check_int(name: str, value: object, *, min_value: int | None = None) -> int:
     return result
 
 
+def check_optional_int(name: str, value: object, *, min_value: int | None = None) -> int | None:
+    """Return None, or ``value`` checked as by :func:`check_int`."""
+    return None if value is None else check_int(name, value, min_value=min_value)
+
+
 def check_enum(name: str, value: object, enum: type[E]) -> E:
     """Return ``value`` as a member of ``enum``; accepts the member or its string value."""
     if isinstance(value, enum):

@@ -11,6 +11,7 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
+    LogprobInputKind,
     LogprobRole,
     MaskMode,
 )
@@ -57,7 +58,11 @@ class LogprobBackendCapability:
     (every shard ``ceil(padded / tp)`` wide, the last one pinned), as kernels that
     derive their range from ``rank * width`` do (Megatron's ``VocabUtility``).
     ``consumes_input`` means the op may write into ``local_logits`` (to save
-    memory); without it the suite requires the inputs untouched.
+    memory); without it the suite requires the inputs untouched. ``input_kinds``
+    says what the op takes: ``logits`` (a rank's logits shard) or ``hidden`` (hidden
+    states and the rank's LM-head weight rows, the fused form; see
+    :class:`~tp_logprob.LogprobInputKind`). No built-in backend claims TF32, so a
+    contract with ``allow_tf32=True`` is rejected rather than served in full fp32.
     """
 
     backend_id: str
@@ -74,6 +79,7 @@ class LogprobBackendCapability:
     exports_entropy: bool = False
     even_shards_only: bool = False
     consumes_input: bool = False
+    input_kinds: frozenset[LogprobInputKind] = frozenset({LogprobInputKind.LOGITS})
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -97,6 +103,9 @@ class LogprobBackendCapability:
             "exports_entropy": check_bool("exports_entropy", self.exports_entropy),
             "even_shards_only": check_bool("even_shards_only", self.even_shards_only),
             "consumes_input": check_bool("consumes_input", self.consumes_input),
+            "input_kinds": check_enum_set(
+                "input_kinds", self.input_kinds, LogprobInputKind, non_empty=True
+            ),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -105,6 +114,16 @@ class LogprobBackendCapability:
         """Every reason this backend cannot serve ``contract``; empty when it can."""
         reasons: list[str] = []
         sharding = contract.sharding
+        if contract.input_kind not in self.input_kinds:
+            reasons.append(
+                f"input_kind {contract.input_kind.value!r} not in input_kinds "
+                f"{_names(self.input_kinds)}"
+            )
+        if contract.allow_tf32:
+            reasons.append(
+                "allow_tf32=True requested but no TF32 error model exists; "
+                "the backend computes fp32 dot products in full fp32"
+            )
         if contract.role not in self.roles:
             reasons.append(f"role {contract.role.value!r} not in {_names(self.roles)}")
         if contract.dtype not in self.dtypes:
@@ -177,6 +196,7 @@ class LogprobBackendCapability:
             "exports_entropy": self.exports_entropy,
             "even_shards_only": self.even_shards_only,
             "consumes_input": self.consumes_input,
+            "input_kinds": _names(self.input_kinds),
         }
 
 

@@ -26,6 +26,7 @@ from tp_logprob._validation import (
     check_enum,
     check_instance,
     check_int,
+    check_optional_int,
     check_temperature,
 )
 from tp_logprob.errors import LogprobContractError, LogprobDispatchError
@@ -37,6 +38,7 @@ __all__ = [
     "LogprobContractError",
     "LogprobDType",
     "LogprobDispatchError",
+    "LogprobInputKind",
     "LogprobOutputSpec",
     "LogprobResult",
     "LogprobRole",
@@ -47,11 +49,12 @@ __all__ = [
     "even_shard_bounds",
 ]
 
-CONTRACT_SCHEMA_VERSION = 2
-"""Version 2 added ``temperature``, ``export_entropy`` and the RL-Kernel mask vocabulary;
-version 1 documents (no temperature, no entropy) still load."""
+CONTRACT_SCHEMA_VERSION = 3
+"""Version 3 added the input kind (``input_kind``, ``hidden_size``, ``has_bias``,
+``allow_tf32``); version 2 added ``temperature``, ``export_entropy`` and the RL-Kernel
+mask vocabulary. Version 1 and 2 documents still load (as logits-input contracts)."""
 
-_READABLE_SCHEMAS = (1, 2)
+_READABLE_SCHEMAS = (1, 2, 3)
 
 
 class LogprobRole(str, Enum):
@@ -67,6 +70,18 @@ class LogprobDType(str, Enum):
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
+
+
+class LogprobInputKind(str, Enum):
+    """What a rank passes in: its shard of the ``logits``, or the ``hidden`` states.
+
+    With ``hidden`` the op receives ``hidden[N, hidden_size]`` (replicated across
+    TP ranks) and the rank's weight rows ``W[local_vocab_size, hidden_size]``, and
+    computes ``x = hidden @ W.T (+ bias)`` itself (the fused LM head).
+    """
+
+    LOGITS = "logits"
+    HIDDEN = "hidden"
 
 
 class DeterminismScope(str, Enum):
@@ -437,6 +452,10 @@ class LogprobContract:
     export_lse: bool = True
     temperature: float = 1.0
     export_entropy: bool = False
+    input_kind: LogprobInputKind = LogprobInputKind.LOGITS
+    hidden_size: int | None = None
+    has_bias: bool = False
+    allow_tf32: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", check_enum("role", self.role, LogprobRole))
@@ -450,12 +469,38 @@ class LogprobContract:
         object.__setattr__(
             self, "export_entropy", check_bool("export_entropy", self.export_entropy)
         )
+        self._check_input_kind()
         ignore_index, real = self.mask.ignore_index, self.sharding.real_vocab_size
         if 0 <= ignore_index < real:
             raise LogprobContractError(
                 f"mask.ignore_index={ignore_index!r}: lies inside [0, real_vocab_size={real}), "
                 "so it would collide with a real token id; use a negative value such as -100"
             )
+
+    def _check_input_kind(self) -> None:
+        """``hidden_size`` is required with ``hidden`` input; bias and TF32 only exist there."""
+        kind = check_enum("input_kind", self.input_kind, LogprobInputKind)
+        object.__setattr__(self, "input_kind", kind)
+        hidden_size = check_optional_int("hidden_size", self.hidden_size, min_value=1)
+        object.__setattr__(self, "hidden_size", hidden_size)
+        object.__setattr__(self, "has_bias", check_bool("has_bias", self.has_bias))
+        object.__setattr__(self, "allow_tf32", check_bool("allow_tf32", self.allow_tf32))
+        if kind is LogprobInputKind.HIDDEN:
+            if hidden_size is None:
+                raise LogprobContractError(
+                    "hidden_size=None: input_kind='hidden' needs the hidden size (>= 1)"
+                )
+            return
+        for name, value, default in (
+            ("hidden_size", hidden_size, None),
+            ("has_bias", self.has_bias, False),
+            ("allow_tf32", self.allow_tf32, False),
+        ):
+            if value != default:
+                raise LogprobContractError(
+                    f"{name}={value!r}: only meaningful with input_kind='hidden' "
+                    f"(input_kind={kind.value!r}); leave it at {default!r}"
+                )
 
     @property
     def num_tokens(self) -> int:
@@ -507,6 +552,12 @@ class LogprobContract:
             "export_lse": self.export_lse,
             "temperature": self.temperature,
             "export_entropy": self.export_entropy,
+            "input": {
+                "kind": self.input_kind.value,
+                "hidden_size": self.hidden_size,
+                "has_bias": self.has_bias,
+                "allow_tf32": self.allow_tf32,
+            },
         }
 
     @classmethod
@@ -515,7 +566,8 @@ class LogprobContract:
 
         Raises :class:`LogprobContractError` when a field is missing or malformed, or
         when ``active_mask`` does not match the recorded digest. Schema 1 documents
-        (before temperature and entropy) load with ``temperature=1.0`` and no entropy.
+        (before temperature and entropy) load with ``temperature=1.0`` and no entropy;
+        schema 1 and 2 documents (before the input kind) load as logits input.
         """
         try:
             schema = data["schema"]
@@ -556,6 +608,7 @@ class LogprobContract:
                 export_lse=data["export_lse"],
                 temperature=data["temperature"] if schema >= 2 else 1.0,
                 export_entropy=data["export_entropy"] if schema >= 2 else False,
+                **_input_fields(data, schema),
             )
         except (KeyError, TypeError) as error:
             raise LogprobContractError(
@@ -578,9 +631,26 @@ class LogprobContract:
         s = self.sharding
         extras = "" if self.temperature == 1.0 else f" T={self.temperature!r}"
         extras += " +entropy" if self.export_entropy else ""
+        if self.input_kind is LogprobInputKind.HIDDEN:
+            extras += f" hidden H={self.hidden_size}"
+            extras += " +bias" if self.has_bias else ""
+            extras += " +tf32" if self.allow_tf32 else ""
         return (
             f"{self.role.value} {self.dtype.value} N={self.num_tokens} "
             f"(active {self.mask.active_token_count}) tp={s.tp_rank}/{s.tp_world_size} "
             f"bounds={list(s.vocab_shard_bounds)} real={s.real_vocab_size} "
             f"padded={s.padded_vocab_size} {self.reduction.determinism_scope.value}{extras}"
         )
+
+
+def _input_fields(data: Mapping[str, Any], schema: int) -> dict[str, Any]:
+    """The input-kind fields of a :meth:`LogprobContract.to_dict` document (logits before 3)."""
+    if schema < 3:
+        return {}
+    section = data["input"]
+    return {
+        "input_kind": section["kind"],
+        "hidden_size": section["hidden_size"],
+        "has_bias": section["has_bias"],
+        "allow_tf32": section["allow_tf32"],
+    }

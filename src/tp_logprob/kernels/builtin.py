@@ -6,6 +6,7 @@ the built-ins costs nothing and needs neither torch nor triton installed.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -13,13 +14,21 @@ from collections.abc import Callable
 from typing import Any
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import DeterminismScope, LogprobDType, LogprobRole, MaskMode
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobDType,
+    LogprobInputKind,
+    LogprobRole,
+    MaskMode,
+)
 
 __all__ = [
     "TORCH_NATIVE",
+    "TORCH_NATIVE_FUSED",
     "TRITON_EXACT_SUM",
     "TRITON_ONLINE",
     "register_builtin_backends",
+    "register_fused_backends",
     "triton_platforms",
 ]
 
@@ -41,6 +50,10 @@ def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapab
 
 
 TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
+TORCH_NATIVE_FUSED = dataclasses.replace(
+    _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
+    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+)
 TRITON_ONLINE = _capability("triton_online", DeterminismScope.FIXED_TOPOLOGY)
 TRITON_EXACT_SUM = _capability("triton_exact_sum", DeterminismScope.CROSS_TP_BITWISE)
 
@@ -77,4 +90,20 @@ def register_builtin_backends(registry: Any) -> None:
             platform,
             _lazy("tp_logprob.kernels.triton.exact_sum", "triton_exact_sum_logprob"),
             TRITON_EXACT_SUM,
+        )
+
+
+def register_fused_backends(registry: Any) -> None:
+    """Register the fused LM-head backend ``torch_native_fused`` (hidden-state input) everywhere.
+
+    Not yet part of the default registry: the property suite runs every default
+    backend on the logits contracts it draws, and draws no hidden-state contracts
+    yet (issue 14), so a hidden-only backend there would fail it on dispatch.
+    Opt in with ``register_fused_backends(tp_logprob.registry)``.
+    """
+    for platform in ("cuda", "rocm", "cpu"):
+        registry.register_logprob_backend(
+            platform,
+            _lazy("tp_logprob.kernels.native_fused", "torch_native_fused_logprob"),
+            TORCH_NATIVE_FUSED,
         )

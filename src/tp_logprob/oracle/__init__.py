@@ -6,6 +6,8 @@
 * ``reference_*``: vectorised float64 numpy, max-shifted, within a proven bound
   of the exact value (``reference_error_bounds``);
 * ``ulp_distance`` and ``tolerance``: how far a backend may be from exact;
+* ``exact_hidden_logits``, ``dot_product_error_bound`` and friends: the fused LM
+  head (hidden states times a weight), see ``oracle/hidden.py``;
 * ``apply_temperature``: the ``z = fp32(x) / fp32(T)`` every function takes
   through its ``temperature`` keyword.
 
@@ -27,6 +29,13 @@ from tp_logprob.oracle.exact import (
     exact_logsumexp,
     exact_selected_logprob,
 )
+from tp_logprob.oracle.hidden import (
+    dot_product_error_bound,
+    exact_hidden_grads,
+    exact_hidden_logits,
+    fused_extra_bounds,
+    reference_hidden_logits,
+)
 from tp_logprob.oracle.reference import (
     reference_error_bounds,
     reference_logprob_grad,
@@ -47,15 +56,20 @@ from tp_logprob.oracle.ulp import ulp_distance
 __all__ = [
     "LogprobTolerance",
     "apply_temperature",
+    "dot_product_error_bound",
     "exact_entropy",
     "exact_entropy_grad",
+    "exact_hidden_grads",
+    "exact_hidden_logits",
     "exact_logprob_grad",
     "exact_logsumexp",
     "exact_selected_logprob",
+    "fused_extra_bounds",
     "reference_entropy",
     "reference_entropy_error_bounds",
     "reference_entropy_grad",
     "reference_error_bounds",
+    "reference_hidden_logits",
     "reference_logprob_grad",
     "reference_logsumexp",
     "reference_selected_logprob",

@@ -81,6 +81,8 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         exports_entropy=data.get("exports_entropy", False),
         even_shards_only=data.get("even_shards_only", False),
         consumes_input=data.get("consumes_input", False),
+        # Recorded before the fused LM head: the backend took logits.
+        input_kinds=frozenset(data.get("input_kinds", ["logits"])),
         mask_modes=frozenset(_MASK_MODE_NAMES.get(mode, mode) for mode in data["mask_modes"]),
     )
 

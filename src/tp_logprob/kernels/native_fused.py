@@ -1,0 +1,357 @@
+"""The fused LM head in plain torch (``torch_native_fused``): hidden states in, logprobs out.
+
+Op signature (contracts with ``input_kind="hidden"``)::
+
+    torch_native_fused_logprob(hidden, targets, contract, group=None, *, weight, bias=None)
+
+``hidden`` is ``[N, hidden_size]``, replicated on every TP rank; ``weight`` is this
+rank's row slice ``[local_vocab_size, hidden_size]`` of the LM-head weight (rows
+``vocab_shard_bounds[rank]``, padding rows included, whatever they hold); ``bias``
+is ``[local_vocab_size]`` exactly when ``contract.has_bias``. All three are in the
+contract's dtype and on one device. The result is the logits path's: fp32
+``selected_logp``, ``lse`` (and ``entropy``), replicated.
+
+Algorithm: rows are processed in chunks of :func:`chunk_rows` rows, a number
+that depends only on the shard's live width (never on N), and the last chunk is
+padded with zero rows so every matmul has the same shape: a row's bits do not
+depend on N or on the other rows. Per chunk, ``x = fp32(hidden) @ fp32(W_live).T
+(+ fp32(bias))`` with fp32 products and fp32 accumulation (TF32 is switched off
+for the call), then torch_native's per-shard partial (``kernels/native.py``) runs
+on that fp32 ``x``; the partials of all chunks go through one all-gather and
+torch_native's merge (``kernels/merge.py``). Padding rows of ``W`` are never
+read. Memory: one ``[chunk_rows, live]`` fp32 logits chunk and its elementwise
+temporaries (at most ``max(CHUNK_ELEMENTS, live)`` elements each), an fp32 copy
+of the live weight rows ``[live, H]`` (independent of N) and of one hidden chunk,
+and ``[N, 3 or 4]`` partials; never ``[N, local_vocab]`` (for N > ``chunk_rows``).
+
+Registration: :func:`~tp_logprob.kernels.builtin.register_fused_backends` adds it
+to a registry as ``torch_native_fused`` (``input_kinds={"hidden"}``); it is not in
+the default registry until the property suite draws hidden-state contracts.
+
+Role ``train``: the backward recomputes each logits chunk from ``hidden`` and
+``W``, forms ``G = d out / d x`` with torch_native's local gradient, and returns
+
+* ``d hidden = G @ W_live``: this rank's PARTIAL. The caller all-reduces it
+  (sums it) across the TP group, as Megatron's column-parallel linear backward
+  does; the op never reduces it;
+* ``d W = G.T @ hidden`` (zero on padding rows) and ``d bias = sum_t G``: local.
+
+Products and sums of the backward are fp32 as well; inactive rows add exactly 0
+to ``d W`` and ``d bias`` even when their hidden row holds NaN.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobResult, LogprobRole
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs, owner_ranks
+from tp_logprob.kernels.merge import merge_entropy, merge_partials
+from tp_logprob.kernels.native import _local_grad, _local_partial
+
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "MAX_CHUNK_ROWS",
+    "FusedLogprobFunction",
+    "chunk_rows",
+    "full_fp32_matmul",
+    "logits_chunk",
+    "torch_native_fused_logprob",
+]
+
+CHUNK_ELEMENTS = 1 << 22
+"""Most fp32 elements in one logits chunk (16 MiB): ``chunk_rows * live_width`` stays below."""
+
+MAX_CHUNK_ROWS = 128
+"""Most rows in one chunk; every chunk is padded to ``chunk_rows``, so small N stays cheap."""
+
+
+def chunk_rows(contract: LogprobContract) -> int:
+    """Rows per chunk: ``CHUNK_ELEMENTS // live_width`` within ``[1, MAX_CHUNK_ROWS]``.
+
+    It depends on the shard only, never on N, so a row's matmul has the same shape
+    (and bits) whatever the batch.
+    """
+    start, live_end = contract.sharding.live_bounds()
+    return max(1, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(live_end - start, 1)))
+
+
+def torch_native_fused_logprob(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+    *,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> LogprobResult:
+    """One rank's selected logprob from hidden states and its LM-head weight rows.
+
+    Example, on rank r of a TP group (``hidden`` replicated, ``weight`` the rank's rows)::
+
+        result = torch_native_fused_logprob(hidden, targets, contract, group, weight=w_r)
+        (-(result.selected_logp * advantages).sum()).backward()
+        torch.distributed.all_reduce(hidden.grad)  # d hidden is this rank's partial
+    """
+    active = _check_inputs(hidden, targets, contract, group, weight, bias)
+    output_dtype = TORCH_DTYPES[contract.output.dtype]
+    if contract.role is LogprobRole.TRAIN:
+        apply: Callable[..., tuple[torch.Tensor, ...]] = FusedLogprobFunction.apply
+        selected, lse, entropy = apply(
+            hidden, weight, bias, targets, active, contract, group, output_dtype
+        )
+    else:
+        with torch.no_grad():
+            selected, lse, entropy = _forward(
+                hidden, weight, bias, targets, active, contract, group
+            )
+            selected, lse, entropy = (t.to(output_dtype) for t in (selected, lse, entropy))
+    return LogprobResult(
+        selected,
+        lse if contract.export_lse else None,
+        entropy if contract.export_entropy else None,
+    )
+
+
+class FusedLogprobFunction(torch.autograd.Function):
+    """Forward: the fused op. Backward: ``d hidden`` (this rank's partial), ``d W``, ``d bias``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        active: torch.Tensor,
+        contract: LogprobContract,
+        group: Any,
+        output_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        selected, lse, entropy = _forward(hidden, weight, bias, targets, active, contract, group)
+        ctx.save_for_backward(hidden, weight, bias, targets, active, lse, entropy)
+        ctx.contract = contract
+        lse_out, entropy_out = lse.to(output_dtype), entropy.to(output_dtype)
+        frozen = (lse_out,) if contract.export_entropy else (lse_out, entropy_out)
+        ctx.mark_non_differentiable(*frozen)
+        return selected.to(output_dtype), lse_out, entropy_out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets, active, lse, entropy = ctx.saved_tensors
+        contract: LogprobContract = ctx.contract
+        grad_entropy = grads[2] if contract.export_entropy else None
+        d_hidden, d_weight, d_bias = _backward(
+            hidden, weight, bias, targets, active, lse, entropy, grads[0], grad_entropy, contract
+        )
+        return d_hidden, d_weight, d_bias, None, None, None, None, None
+
+
+_PRECISION_LOCK = threading.Lock()
+_PRECISION_USERS = 0
+_PRECISION_SAVED = "highest"
+
+
+@contextmanager
+def full_fp32_matmul() -> Iterator[None]:
+    """fp32 matmuls in full fp32 (no TF32, no bf16x3) for the duration; thread safe.
+
+    The setting is process-global, so concurrent users (ranks emulated as threads)
+    share one save/restore: the first to enter saves it, the last to leave restores it.
+    """
+    global _PRECISION_USERS, _PRECISION_SAVED
+    with _PRECISION_LOCK:
+        if _PRECISION_USERS == 0:
+            _PRECISION_SAVED = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("highest")
+        _PRECISION_USERS += 1
+    try:
+        yield
+    finally:
+        with _PRECISION_LOCK:
+            _PRECISION_USERS -= 1
+            if _PRECISION_USERS == 0:
+                torch.set_float32_matmul_precision(_PRECISION_SAVED)
+
+
+def _live_width(contract: LogprobContract) -> int:
+    start, live_end = contract.sharding.live_bounds()
+    return live_end - start
+
+
+def _chunks(rows: int, contract: LogprobContract) -> Iterator[tuple[int, int]]:
+    step = chunk_rows(contract)
+    for begin in range(0, rows, step):
+        yield begin, min(begin + step, rows)
+
+
+def _padded_rows(values: torch.Tensor, begin: int, end: int, size: int) -> torch.Tensor:
+    """``values[begin:end]`` padded with zero rows to ``size`` rows (a fixed matmul shape)."""
+    chunk = values[begin:end]
+    if end - begin == size:
+        return chunk
+    pad = chunk.new_zeros((size - (end - begin), *chunk.shape[1:]))
+    return torch.cat([chunk, pad])
+
+
+def logits_chunk(
+    hidden32: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tensor | None
+) -> torch.Tensor:
+    """``hidden32 @ weight32.T (+ bias32)``: one fp32 ``[chunk_rows, live]`` logits chunk."""
+    with full_fp32_matmul():
+        logits = torch.matmul(hidden32, weight32.T)
+    return logits if bias32 is None else logits + bias32
+
+
+def _live_params(
+    weight: torch.Tensor, bias: torch.Tensor | None, width: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight32 = weight[:width].to(torch.float32)
+    return weight32, None if bias is None else bias[:width].to(torch.float32)
+
+
+def _forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chunked partials, one all-gather, torch_native's merge; fp32 results."""
+    rows, width = hidden.shape[0], _live_width(contract)
+    step = chunk_rows(contract)
+    weight32, bias32 = _live_params(weight, bias, width)
+    pieces = []
+    for begin, end in _chunks(rows, contract):
+        chunk_targets = _padded_rows(targets, begin, end, step)
+        if width == 0:
+            logits = hidden.new_zeros((step, 0), dtype=torch.float32)
+        else:
+            hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+            logits = logits_chunk(hidden32, weight32, bias32)
+        pieces.append(_local_partial(logits, chunk_targets, contract)[: end - begin])
+    fields = 4 if contract.export_entropy else 3
+    partial = torch.cat(pieces) if pieces else hidden.new_zeros((0, fields), dtype=torch.float32)
+    partials = [partial] if group is None else group.all_gather(partial)
+    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
+    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
+    return selected, lse, entropy
+
+
+def _backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_selected: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    contract: LogprobContract,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Chunk by chunk: recompute ``x``, ``G = d out / d x``, then ``G @ W`` and ``G.T @ hidden``."""
+    rows, width = hidden.shape[0], _live_width(contract)
+    step = chunk_rows(contract)
+    d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    d_bias = (
+        None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+    )
+    if width > 0:
+        weight32, bias32 = _live_params(weight, bias, width)
+        for begin, end in _chunks(rows, contract):
+            count = end - begin
+            chunk_active = _padded_rows(active, begin, end, step)
+            hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+            logits = logits_chunk(hidden32, weight32, bias32)
+            grad = _local_grad(
+                logits,
+                _padded_rows(targets, begin, end, step),
+                chunk_active,
+                _padded_rows(lse, begin, end, step),
+                _padded_rows(grad_selected, begin, end, step),
+                contract,
+                _padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
+                None if grad_entropy is None else _padded_rows(grad_entropy, begin, end, step),
+            )
+            # An inactive row's G is 0; zeroing its hidden row keeps NaN there out of d W.
+            hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)
+            with full_fp32_matmul():
+                d_hidden[begin:end] = torch.matmul(grad, weight32)[:count]
+                d_weight[:width] += torch.matmul(grad.T, hidden32)
+            if d_bias is not None:
+                d_bias[:width] += grad.sum(dim=0).to(d_bias.device)
+    return (
+        d_hidden.to(hidden.dtype),
+        d_weight.to(weight.dtype),
+        None if d_bias is None or bias is None else d_bias.to(device=bias.device, dtype=bias.dtype),
+    )
+
+
+def _check_inputs(
+    hidden: Any,
+    targets: Any,
+    contract: Any,
+    group: Any,
+    weight: Any,
+    bias: Any,
+) -> torch.Tensor:
+    """Every check before any work; returns the active mask on the inputs' device."""
+    if not isinstance(contract, LogprobContract):
+        raise LogprobContractError(
+            f"contract={contract!r}: expected a LogprobContract, got {type(contract).__name__}"
+        )
+    if contract.input_kind is not LogprobInputKind.HIDDEN:
+        raise LogprobContractError(
+            f"input_kind={contract.input_kind.value!r}: torch_native_fused takes hidden states "
+            "(input_kind='hidden'); use torch_native for logits"
+        )
+    if contract.allow_tf32:
+        raise LogprobContractError(
+            "allow_tf32=True: torch_native_fused computes fp32 dot products in full fp32 only"
+        )
+    size, local = contract.hidden_size, contract.sharding.local_vocab_size
+    dtype = TORCH_DTYPES[contract.dtype]
+    _check_tensor("hidden", hidden, (contract.num_tokens, size), dtype, None)
+    _check_tensor("weight", weight, (local, size), dtype, hidden.device)
+    if contract.has_bias:
+        if bias is None:
+            raise LogprobContractError("bias=None: the contract has has_bias=True")
+        _check_tensor("bias", bias, (local,), dtype, hidden.device)
+    elif bias is not None:
+        raise LogprobContractError(
+            "bias: given, but the contract has has_bias=False (set has_bias=True to add it)"
+        )
+    # The shared checks (group, targets, active target range) on a zero-stride stand-in
+    # of the logits shape: it has the right shape, dtype and device and no storage.
+    stand_in = torch.zeros((), dtype=dtype, device=hidden.device).expand(contract.num_tokens, local)
+    return check_op_inputs(stand_in, targets, contract, group)
+
+
+def _check_tensor(
+    name: str,
+    value: Any,
+    shape: tuple[Any, ...],
+    dtype: torch.dtype,
+    device: torch.device | None,
+) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise LogprobContractError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if tuple(value.shape) != shape:
+        raise LogprobContractError(
+            f"{name}.shape={tuple(value.shape)}: expected {shape} from the contract "
+            "(num_tokens, local_vocab_size, hidden_size)"
+        )
+    if value.dtype != dtype:
+        raise LogprobContractError(f"{name}.dtype={value.dtype}: contract dtype is {dtype}")
+    if device is not None and value.device != device:
+        raise LogprobContractError(f"{name}.device={value.device} != hidden.device={device}")
