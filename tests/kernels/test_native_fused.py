@@ -401,3 +401,32 @@ def test_input_checks_run_before_any_work() -> None:
     )
     with pytest.raises(tpl.LogprobContractError, match="input_kind='logits'"):
         op(hidden, targets, logits_contract, weight=weight)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_entropy_gradients_with_temperature_match_exact(dtype: str) -> None:
+    """``d sum(entropy) / d hidden`` and ``/ d W`` at T = 0.7 against the exact ones."""
+    hidden, weight, _, targets = random_case(dtype, seed=13)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    contract = make_contract(
+        LAYOUTS["tp3-uneven"], dtype=dtype, role="train", temperature=0.7, export_entropy=True
+    )
+    results = run_fused(hidden, weight, targets, contract)
+    sum(result.entropy.float().sum() for result in results).backward()
+    assert hidden.grad is not None and weight.grad is not None
+    want_h, want_w = exact_hidden_grads(
+        as_f64(hidden),
+        as_f64(weight),
+        targets.numpy(),
+        real_vocab_size=REAL,
+        temperature=0.7,
+        of="entropy",
+    )
+    # |d entropy / d z_v| <= p_v (|log p_v| + H) / T <= (1 + 2 log n) / T per column.
+    scale = (1.0 + 2.0 * np.log(REAL)) / 0.7
+    h_bound = GRAD_REL[dtype] * scale * np.abs(as_f64(weight)[:REAL]).sum(axis=0)
+    w_bound = GRAD_REL[dtype] * scale * np.abs(as_f64(hidden)).sum(axis=0)
+    assert (np.abs(as_f64(hidden.grad) - want_h) <= h_bound).all()
+    assert (np.abs(as_f64(weight.grad)[:REAL] - want_w[:REAL]) <= w_bound).all()
+    assert (as_f64(weight.grad)[REAL:] == 0).all()
