@@ -75,5 +75,5 @@ def test_suite_catches_the_planted_bug(spec: str, header: str, tmp_path: Path) -
     assert replay is not None
     assert f"--tp-logprob-backend={spec}" in replay.group(1)
     assert "--hypothesis-seed=" in replay.group(1)
-    summary = re.search(rf"^{backend_id} +(\d+)/(\d+) passed", output, re.MULTILINE)
-    assert summary is not None and int(summary.group(1)) < int(summary.group(2)), output
+    summary = re.search(rf"^{backend_id} +\d+ passed, (\d+) failed, \d+ skipped", output, re.M)
+    assert summary is not None and int(summary.group(1)) >= 1, output

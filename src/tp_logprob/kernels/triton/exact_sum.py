@@ -96,7 +96,7 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
     launch(
         exact_sum_kernel,
         (rows,),
-        row_config,
+        launch_config(platform, KernelKind.SUM, logits.dtype),
         logits,
         logits,
         logits.stride(0),

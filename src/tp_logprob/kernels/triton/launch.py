@@ -7,6 +7,11 @@ never on the number of rows: that is what keeps the row kernels batch invariant
 - cuda: 8 warps of 32 lanes; 4096-column tiles for 16-bit inputs (16 elements,
   two 16-byte loads per lane), 2048 for fp32. Merges take 256 rows on 8 warps, one
   row per lane: with 4 warps (two rows a lane) the entropy merge spilled on sm_90.
+  exact_sum's fixed-point pass takes 2048-column tiles for 16-bit inputs too (8
+  elements, one 16-byte load per lane): with temperature and entropy it keeps
+  more values live per element, and 4096-column tiles spilled on sm_100. (ROCm's
+  64-lane wavefronts keep 4096, which is 8 elements a lane there.) Its integer
+  sums are exact, so the tile width cannot change a bit.
 - rocm: 8 wavefronts of 64 lanes; tiles are multiples of 512 lanes, same sizes.
 - cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
   the multi-tile loops. The interpreter keeps global state while it runs a grid,
@@ -33,6 +38,7 @@ class KernelKind(str, Enum):
     """The shapes of work the kernels do."""
 
     ROW = "row"  # one program per row, looping over column tiles (forward passes)
+    SUM = "sum"  # ROW, for exact_sum's fixed-point pass: narrower tiles, more live values
     TILE = "tile"  # one program per (row, column tile) (backward)
     MERGE = "merge"  # one program per block of rows (cross-rank merges)
 
@@ -48,12 +54,15 @@ class LaunchConfig:
 # (platform, kind) -> (block for 16-bit inputs, block for fp32 inputs, num_warps)
 _TABLE: dict[tuple[str, KernelKind], tuple[int, int, int]] = {
     ("cuda", KernelKind.ROW): (4096, 2048, 8),
+    ("cuda", KernelKind.SUM): (2048, 2048, 8),
     ("cuda", KernelKind.TILE): (4096, 2048, 8),
     ("cuda", KernelKind.MERGE): (256, 256, 8),
     ("rocm", KernelKind.ROW): (4096, 2048, 8),
+    ("rocm", KernelKind.SUM): (4096, 2048, 8),
     ("rocm", KernelKind.TILE): (4096, 2048, 8),
     ("rocm", KernelKind.MERGE): (256, 256, 4),
     ("cpu", KernelKind.ROW): (16, 16, 1),
+    ("cpu", KernelKind.SUM): (16, 16, 1),
     ("cpu", KernelKind.TILE): (16, 16, 1),
     ("cpu", KernelKind.MERGE): (8, 8, 1),
 }

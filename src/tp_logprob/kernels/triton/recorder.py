@@ -341,11 +341,15 @@ def _base_contract(layout: Layout, tp_index: int, rank: int) -> LogprobContract:
     )
 
 
+# The Triton kernels read logits: the fused (hidden-input) options are not theirs to vary.
+_LOGITS_ONLY = frozenset({"input_kind", "hidden_size", "has_bias", "allow_tf32"})
+
+
 def _field_choices(value: Any) -> dict[str, tuple[Any, ...]]:
     """Per dataclass field (dotted into nested specs): the values to try, default first."""
     choices: dict[str, tuple[Any, ...]] = {}
     for field in dataclasses.fields(value):
-        if not field.init:
+        if not field.init or field.name in _LOGITS_ONLY:
             continue
         current = getattr(value, field.name)
         if isinstance(current, bool):
