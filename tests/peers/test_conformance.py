@@ -94,3 +94,28 @@ def test_report_explains_each_failure_or_fails(
     assert sorted(path.name for path in kept.iterdir()) == ["abc.json", "abc.npz"]
     assert ("UNEXPLAINED" in report) == (status == 1)
     assert "replay docs/conformance/abc.json --backend tp_logprob.peers.liger:" in report
+
+
+def test_column_selection_runs_only_those_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands: list[list[str]] = []
+
+    class Finished:
+        returncode, stdout = 0, ""
+
+    def run(command: list[str], **_: Any) -> Finished:
+        commands.append(command)
+        return Finished()
+
+    monkeypatch.setattr(conformance.subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "conformance.md"
+    status = conformance.main(
+        ["--output", str(output), "--peer", "megatron_vp_ce", "--column", "honest"]
+    )
+    (command,) = commands
+    backends = [arg for arg in command if arg.startswith("--tp-logprob-backend=")]
+    assert backends == ["--tp-logprob-backend=tp_logprob.peers.megatron:honest"]
+    assert status == 1  # no record of the honest run: reported, not silently passed
+    assert "not run (--column)" in output.read_text()

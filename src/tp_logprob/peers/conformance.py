@@ -107,7 +107,11 @@ def _backend_id(peer: Peer, attr: str) -> str:
 def _run_peer(
     peer: Peer, args: argparse.Namespace, scratch: Path
 ) -> tuple[dict[str, Outcome], float]:
-    specs = [peer.spec(cell.attr) for cell in peer.cells.values() if cell.attr]
+    specs = [
+        peer.spec(cell.attr)
+        for key, cell in peer.cells.items()
+        if cell.attr and (not args.column or key in args.column)
+    ]
     record = scratch / f"{peer.name}.jsonl"
     command = [
         sys.executable, "-m", "pytest", "--pyargs", "tp_logprob.properties",
@@ -169,6 +173,9 @@ def _render_row(
     row = Row([f"`{peer.name}`"], [])
     for key, _ in COLUMNS:
         cell = peer.cells.get(key, Cell(note="-"))
+        if args.column and key not in args.column:
+            row.cells.append("not run (--column)")
+            continue
         if cell.attr is None:
             row.cells.append(cell.note)
             continue
@@ -302,6 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--peer", action="append", default=[], help="only these peers")
     parser.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"))
     parser.add_argument("--workers", default="0", help="pytest-xdist workers per session")
+    keys = [key for key, _ in COLUMNS]
+    parser.add_argument(
+        "--column", action="append", default=[], choices=keys, help="only these columns"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.peer) - {peer.name for peer in PEERS}
     if unknown:

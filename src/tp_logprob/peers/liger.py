@@ -38,6 +38,7 @@ Variants ("what users assume", each the same op): ``assume_padding``,
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -93,8 +94,10 @@ def liger_logprob(
     ignore_index = contract.mask.ignore_index
     targets = targets.contiguous()
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
-    # silent (inf - inf on special rows); the values are the kernel's either way.
-    with np.errstate(all="ignore"):
+    # silent (inf - inf, all-NaN blocks on special rows); the values are the kernel's
+    # either way. Liger serves TP=1 only, so no other rank thread shares the filters.
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         loss = function.apply(
             private_copy(local_logits),
             targets,
