@@ -281,7 +281,6 @@ PEERS = (
                     "TRL has no ignore_index and applies row_mask after the gather, so an "
                     "inactive row's out-of-range target raises an index error",
                 ),
-                by_property=_TRL_POS_INF,
             ),
             "cross_tp": _NO_XTP,
         },
