@@ -54,9 +54,10 @@ class LogprobBackendCapability:
     ``supports_temperature`` means the op divides ``fp32(x) / fp32(T)`` as the
     contract says (any backend serves ``temperature=1.0``); ``exports_entropy``
     means it returns ``entropy`` when ``export_entropy=True``. ``even_shards_only``
-    means it serves only the layout :func:`~tp_logprob.even_shard_bounds` makes
-    (every shard ``ceil(padded / tp)`` wide, the last one pinned), as kernels that
-    derive their range from ``rank * width`` do (Megatron's ``VocabUtility``).
+    means it serves only equal shards, ``padded / tp`` columns each with the TP
+    degree dividing the padded vocabulary (the layout
+    :func:`~tp_logprob.even_shard_bounds` makes then), as kernels that derive their
+    range from ``rank * width`` do (Megatron's ``VocabUtility``).
     ``consumes_input`` means the op may write into ``local_logits`` (to save
     memory); without it the suite requires the inputs untouched. ``input_kinds``
     says what the op takes: ``logits`` (a rank's logits shard) or ``hidden`` (hidden
@@ -163,9 +164,9 @@ class LogprobBackendCapability:
             reasons.append("export_entropy requested but exports_entropy=False")
         if self.even_shards_only and not sharding.is_even_layout:
             reasons.append(
-                f"vocab_shard_bounds {list(sharding.vocab_shard_bounds)} are not "
-                f"even_shard_bounds({sharding.padded_vocab_size}, {sharding.tp_world_size}) "
-                "and the backend has even_shards_only=True"
+                f"vocab_shard_bounds {list(sharding.vocab_shard_bounds)} are not equal "
+                f"shards of {sharding.padded_vocab_size} columns over {sharding.tp_world_size} "
+                "ranks and the backend has even_shards_only=True"
             )
         requested = contract.reduction.determinism_scope
         if not any(scope.satisfies(requested) for scope in self.determinism_scopes):

@@ -280,12 +280,13 @@ class ShardingSpec:
 
     @property
     def is_even_layout(self) -> bool:
-        """Whether the bounds are :func:`even_shard_bounds` of this vocabulary and TP degree."""
-        try:
-            even = even_shard_bounds(self.padded_vocab_size, self.tp_world_size)
-        except LogprobContractError:
+        """Whether every shard is ``padded / tp`` columns wide: the TP degree divides the
+        padded vocabulary and the bounds are :func:`even_shard_bounds` (``rank * width``),
+        as Megatron lays them out after padding the vocabulary to a multiple of 128 x TP."""
+        padded, world = self.padded_vocab_size, self.tp_world_size
+        if padded % world:
             return False
-        return self.vocab_shard_bounds == even
+        return self.vocab_shard_bounds == even_shard_bounds(padded, world)
 
     def live_bounds(self, rank: int | None = None) -> tuple[int, int]:
         """The ``[start, end)`` of real (non-padding) columns a rank owns; may be empty."""

@@ -37,6 +37,8 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
         if any(offered.satisfies(scope) for offered in capability.determinism_scopes)
     ]
     worlds = sorted(w for w in (capability.tp_world_sizes or range(1, 9)) if w <= 8)
+    if capability.even_shards_only:  # equal shards: the TP degree divides the vocabulary
+        worlds = [w for w in worlds if _PADDED % w == 0]
     combos = itertools.product(
         sorted(capability.roles, key=lambda m: m.value),
         sorted(capability.dtypes, key=lambda m: m.value),
@@ -49,6 +51,7 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
     for index, (role, dtype, scope, mode, padding, export) in enumerate(combos):
         world = worlds[index % len(worlds)]
         # Balanced, generally uneven widths; with padding and TP=8 the last shard is all padding.
+        # (Equal widths for an even_shards_only backend, since the TP degree divides 24.)
         edges = [round(rank * _PADDED / world) for rank in range(world + 1)]
         mask = None if mode is MaskMode.IGNORE_INDEX else _PER_TOKEN_MASK
         found.append(

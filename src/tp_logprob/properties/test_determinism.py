@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import ShardingSpec, even_shard_bounds
-from tp_logprob.errors import LogprobContractError
+from tp_logprob.contract import ShardingSpec
 from tp_logprob.properties._harness import draw_case
 from tp_logprob.properties.checks import run_check
 from tp_logprob.properties.profiles import scaled
@@ -51,14 +50,6 @@ def test_batch_invariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: 
     run_check("batch_invariance", backend, case, {"rows": np.array(rows, dtype=np.int64)})
 
 
-def _has_even_layout(padded: int, world: int) -> bool:
-    try:
-        even_shard_bounds(padded, world)
-    except LogprobContractError:
-        return False
-    return True
-
-
 @st.composite
 def _relayout(draw: Any, sharding: ShardingSpec, capability: Any) -> dict[str, Any]:
     padded = sharding.padded_vocab_size
@@ -66,7 +57,7 @@ def _relayout(draw: Any, sharding: ShardingSpec, capability: Any) -> dict[str, A
     if capability.tp_world_sizes is not None:
         worlds = [w for w in worlds if w in capability.tp_world_sizes]
     if capability.even_shards_only:
-        worlds = [w for w in worlds if _has_even_layout(padded, w)]
+        worlds = [w for w in worlds if padded % w == 0]  # equal shards only
     world = draw(st.sampled_from(worlds))
     layouts = {"even"} if capability.even_shards_only else None
     bounds = draw(
