@@ -172,16 +172,8 @@ PEERS = (
         library="Megatron-Core VocabParallelCrossEntropy, Megatron's VocabUtility ranges",
         distribution="megatron-core",
         cells={
-            "honest": Cell(
-                "equal_shards",
-                explanation=Explanation(
-                    PEER_LIMITATION,
-                    "VocabUtility assumes every rank holds the same width (start = rank * "
-                    "width); when tp does not divide the padded vocabulary the last, shorter "
-                    "shard gets the wrong range. Megatron pads the vocabulary so this never "
-                    "happens; the capability cannot say 'tp divides the vocabulary'",
-                ),
-            ),
+            # even_shards_only: tp divides the padded vocabulary, as VocabUtility needs.
+            "honest": Cell("equal_shards"),
             "padding": Cell(note="as megatron_vp_ce"),
             "uneven": Cell(
                 "assume_uneven_shards",

@@ -40,14 +40,6 @@ _ARTIFACT = re.compile(r"artifact\s+python -m tp_logprob replay (\S+\.json)")
 _EXCEPTION = re.compile(r"^E\s+((?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\w*:.*)$", re.MULTILINE)
 _PARAM = re.compile(r"::(test_\w+)\[(.+)\]$")
 
-SUITE_ISSUES = {
-    ("test_serves_every_claimed_contract_kind", "even_shards_only=True"): (
-        "the claimed-kind property draws uneven bounds for an even_shards_only "
-        "backend, so dispatch refuses its own contract"
-    ),
-}
-"""Failures caused by the property suite itself, by (test, text in the failure)."""
-
 
 @dataclass
 class Failure:
@@ -167,7 +159,6 @@ class Row:
 def _render_row(
     peer: Peer,
     outcomes: dict[str, Outcome],
-    texts: dict[tuple[str, str], str],
     args: argparse.Namespace,
 ) -> Row:
     row = Row([f"`{peer.name}`"], [])
@@ -190,10 +181,7 @@ def _render_row(
             if cell.expects_failure:
                 row.stale.append(backend)
             continue
-        causes = [
-            _cause(cell, failure, texts.get((backend, failure.test), ""))
-            for failure in outcome.failures
-        ]
+        causes = [cell.explain(failure.test) for failure in outcome.failures]
         row.unexplained += sum(cause is None for cause in causes)
         kinds = sorted({cause.kind if cause else "UNEXPLAINED" for cause in causes})
         number = len(args.footnotes) + 1
@@ -201,13 +189,6 @@ def _render_row(
         row.cells.append(f"**fail** [{number}](#f{number}): {', '.join(kinds)}")
         row.details.append(_detail(number, peer, cell.attr, backend, outcome, causes, args))
     return row
-
-
-def _cause(cell: Cell, failure: Failure, text: str) -> Explanation | None:
-    for (test, marker), cause in SUITE_ISSUES.items():
-        if failure.test == test and marker in text:
-            return Explanation("suite bug", cause)
-    return cell.explain(failure.test)
 
 
 def _describe(cause: Explanation | None) -> str:
@@ -282,7 +263,7 @@ def _markdown(
             "",
             "Kinds of failure: *peer limitation* (the library does not do this, by design), "
             "*peer bug* (it claims to and does not; a minimal reproducer is linked), "
-            "*adapter choice* (this project's glue), *suite bug* (the property suite's own).",
+            "*adapter choice* (this project's glue).",
             "",
             "## Failures",
             "",
@@ -330,8 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch = Path(scratch_dir)
         for peer in chosen:
             outcomes, timings[peer.name] = _run_peer(peer, args, scratch)
-            texts = _texts(scratch / f"{peer.name}.jsonl")
-            rows.append((peer, _render_row(peer, outcomes, texts, args)))
+            rows.append((peer, _render_row(peer, outcomes, args)))
         args.output.write_text(_markdown(rows, timings, args), encoding="utf-8")
     print(f"conformance: wrote {args.output}")
     unexplained = sum(row.unexplained for _, row in rows)
@@ -342,18 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"conformance: {unexplained} failing cells have no explanation", file=sys.stderr)
         return 1
     return 0
-
-
-def _texts(path: Path) -> dict[tuple[str, str], str]:
-    texts: dict[tuple[str, str], str] = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            match = _PARAM.search(record["nodeid"])
-            if match is not None and record["text"]:
-                test, backend = match.groups()
-                texts.setdefault((backend, test), record["text"])
-    return texts
 
 
 if __name__ == "__main__":
