@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tp_logprob.kernels.triton.common_kernels import round_for, scaled
+from tp_logprob.kernels.triton.common_kernels import round_for, scaled, widen
 
 __all__ = ["logprob_grad_kernel"]
 
@@ -52,7 +52,7 @@ def logprob_grad_kernel(
     # A scalar bound rather than `vector & scalar`: the interpreter mistypes that mask.
     live = cols < tl.where(active, live_width, 0)
     x = tl.load(logits_ptr + row * row_stride + cols, mask=live, other=float("-inf"))
-    z = scaled(x.to(tl.float32), temperature, SCALE)
+    z = scaled(widen(x), temperature, SCALE)
     lse = tl.load(lse_ptr + row)
     grad_out = tl.load(grad_out_ptr + row, mask=active, other=0.0).to(tl.float32)
     target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)

@@ -29,8 +29,23 @@ __all__ = [
     "round_for",
     "scaled",
     "store_entropy",
+    "widen",
     "store_results",
 ]
+
+
+@triton.jit
+def widen(x):
+    """``x`` as fp32, exactly: bf16 by moving its 16 bits up, as the GPU's conversion does.
+
+    The interpreter's own bf16 -> fp32 cast gets subnormals wrong (6.4e-40 came out
+    as 8.8e-39), which a tiny temperature then magnifies into a wrong logprob.
+    """
+    if x.dtype == tl.bfloat16:
+        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit
@@ -60,7 +75,7 @@ def owned_target_logit(
     target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)
     local = target - col_start
     owned = active & (local >= 0) & (local < width)
-    logit = tl.load(row_ptr + local, mask=owned, other=0.0).to(tl.float32)
+    logit = widen(tl.load(row_ptr + local, mask=owned, other=0.0))
     return scaled(logit, temperature, SCALE)
 
 

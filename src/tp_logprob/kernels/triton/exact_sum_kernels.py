@@ -43,6 +43,7 @@ from tp_logprob.kernels.triton.common_kernels import (
     scaled,
     store_entropy,
     store_results,
+    widen,
 )
 
 __all__ = ["STAGE_FIELDS", "exact_max_kernel", "exact_merge_kernel", "exact_sum_kernel"]
@@ -71,7 +72,7 @@ def exact_max_kernel(
     lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         x = scaled(x, temperature, SCALE)
         lane_nans = lane_nans | (x != x)
         lane_max = tl.maximum(lane_max, x)  # NaN-ignoring (maxnum), so the max is NaN-free
@@ -116,7 +117,7 @@ def exact_sum_kernel(
     moment_units = tl.zeros([], dtype=tl.int64)
     for start in range(0, limit, BLOCK):
         cols = start + offsets
-        x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         shifted = scaled(x, temperature, SCALE) - shift
         weights = tl.exp(shifted)
         # scale = 2^K: the product is exact, and the conversion truncates, i.e. floors.

@@ -44,6 +44,7 @@ from tp_logprob.kernels.triton.common_kernels import (
     scaled,
     store_entropy,
     store_results,
+    widen,
 )
 
 __all__ = ["online_merge_kernel", "online_partial_kernel"]
@@ -77,7 +78,7 @@ def online_partial_kernel(
     lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        x = tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")).to(tl.float32)
+        x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         x = scaled(x, temperature, SCALE)
         is_nan = x != x
         lane_nans = lane_nans | is_nan
