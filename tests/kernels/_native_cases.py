@@ -187,3 +187,27 @@ SPECIAL_CASES = {
     "inactive-row-all-minus-inf": ([-INF] * 8, -100, False, 0.0, -INF),
     "inactive-row-with-+inf": ([0, INF, 0, 0, 0, 0, 0, 0], -100, False, 0.0, INF),
 }
+
+
+PADDING_FILLS: tuple[float | str, ...] = (
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    3.0e38,
+    "random",
+)
+"""What the padding columns of one row each hold in :func:`garbage_padding_inputs`."""
+
+
+def garbage_padding_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(clean, garbage, targets)``: one row per :data:`PADDING_FILLS`, the same live
+    columns, padding all zero in ``clean`` and holding that row's fill in ``garbage``."""
+    garbage, targets = random_inputs(4, len(PADDING_FILLS))
+    clean = garbage.clone()
+    clean[:, REAL:] = 0.0
+    for row, fill in enumerate(PADDING_FILLS):
+        if fill == "random":
+            garbage[row, REAL:] = torch.randn(PADDED - REAL) * 100
+        else:
+            garbage[row, REAL:] = fill
+    return clean, garbage, targets

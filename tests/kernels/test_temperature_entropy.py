@@ -17,10 +17,12 @@ from ._native_cases import (
     LAYOUTS,
     NAN,
     PADDED,
+    PADDING_FILLS,
     REAL,
     SPECIAL_CASES,
     assert_same_bits,
     bits,
+    garbage_padding_inputs,
     make_contract,
     random_inputs,
 )
@@ -160,16 +162,8 @@ def test_special_rows_follow_design_section_2(
 @pytest.mark.parametrize("layout", ["tp1", "tp2-padding-shard", "tp4-width1-padding"])
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_padding_garbage_is_never_counted(backend: str, layout: str) -> None:
-    fills = [NAN, INF, -INF, 3.0e38, "random"]
-    contract = rl_contract(LAYOUTS[layout], temperature=0.7, num_tokens=len(fills))
-    logits, targets = random_inputs(4, len(fills))
-    clean = logits.clone()
-    clean[:, REAL:] = 0.0
-    for row, fill in enumerate(fills):
-        if fill == "random":
-            logits[row, REAL:] = torch.randn(PADDED - REAL) * 100
-        else:
-            logits[row, REAL:] = fill
+    contract = rl_contract(LAYOUTS[layout], temperature=0.7, num_tokens=len(PADDING_FILLS))
+    clean, logits, targets = garbage_padding_inputs()
     want = run_tp(OPS[backend], clean, targets, contract)[0]
     got = run_tp(OPS[backend], logits, targets, contract)[0]
     assert result_bits(got) == result_bits(want)

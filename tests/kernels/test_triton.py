@@ -20,10 +20,12 @@ from ._native_cases import (
     LAYOUTS,
     NAN,
     PADDED,
+    PADDING_FILLS,
     REAL,
     SPECIAL_CASES,
     assert_same_bits,
     bits,
+    garbage_padding_inputs,
     make_contract,
     random_inputs,
 )
@@ -99,16 +101,8 @@ def test_batch_invariant_alone_batched_and_permuted(backend: str, layout: str) -
 @pytest.mark.parametrize("layout", ["tp1", "tp4-width1-padding"])
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_padding_contents_never_change_an_output(backend: str, layout: str) -> None:
-    fills = [float("nan"), float("inf"), float("-inf"), 3.0e38, "random"]
-    contract = make_contract(LAYOUTS[layout], num_tokens=len(fills))
-    logits, targets = random_inputs(4, len(fills))
-    clean = logits.clone()
-    clean[:, REAL:] = 0.0
-    for row, fill in enumerate(fills):
-        if fill == "random":
-            logits[row, REAL:] = torch.randn(PADDED - REAL) * 100
-        else:
-            logits[row, REAL:] = fill
+    contract = make_contract(LAYOUTS[layout], num_tokens=len(PADDING_FILLS))
+    clean, logits, targets = garbage_padding_inputs()
     want = run_tp(BACKENDS[backend], clean, targets, contract)[0]
     got = run_tp(BACKENDS[backend], logits, targets, contract)[0]
     assert bits_of(got) == bits_of(want)
