@@ -62,12 +62,14 @@ __all__ = [
     "registry",
     "resolve_and_preflight",
     "run_tp",
+    "run_tp_hidden",
 ]
 
 # Names that need torch at call time are resolved on first access.
 _LAZY = {
     "comm": ("tp_logprob.comm", None),
     "run_tp": ("tp_logprob.emulate", "run_tp"),
+    "run_tp_hidden": ("tp_logprob.emulate", "run_tp_hidden"),
     "preflight": ("tp_logprob.preflight", "preflight"),
     "resolve_and_preflight": ("tp_logprob.preflight", "resolve_and_preflight"),
 }

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     import torch
 
-__all__ = ["ReplicationError", "check_replicated", "run_tp"]
+__all__ = ["ReplicationError", "check_replicated", "run_tp", "run_tp_hidden"]
 
 
 class ReplicationError(RuntimeError):
@@ -77,18 +77,82 @@ def run_tp(
             " (run_tp takes the full, unsharded logits)"
         )
     world = sharding.tp_world_size
+
+    def call(rank: int, contract_r: LogprobContract, group: Any) -> Any:
+        start, end = sharding.vocab_shard_bounds[rank]
+        return op(logits[:, start:end], targets, contract_r, group=group)
+
+    return _run_ranks(call, contract, timeout)
+
+
+def run_tp_hidden(
+    op: Callable[..., Any],
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    *,
+    bias: torch.Tensor | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[LogprobResult]:
+    """:func:`run_tp` for fused LM-head ops (contracts with ``input_kind="hidden"``).
+
+    ``weight`` is the full ``[padded_vocab_size, hidden_size]`` LM-head weight and
+    ``bias`` (when the contract has one) the full ``[padded_vocab_size]``. Rank r calls
+    ``op(hidden, targets, contract.with_rank(r), group=handle_r, weight=weight[start_r:end_r],
+    bias=bias[start_r:end_r])`` (``hidden`` replicated, weight rows a view). Replication
+    is checked as in :func:`run_tp`.
+
+    Gradients: each rank's ``d weight`` lands in its own rows; ``d hidden`` from
+    backpropagating every rank's loss is the sum of the ranks' partials, which is
+    the all-reduce a real TP caller performs.
+    """
+    import torch
+
+    if not isinstance(contract, LogprobContract):
+        raise LogprobContractError(
+            f"contract={contract!r}: expected a LogprobContract, got {type(contract).__name__}"
+        )
+    sharding = contract.sharding
+    for name, value, dims in (("weight", weight, 2), ("bias", bias, 1)):
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor) or value.dim() != dims:
+            raise LogprobContractError(
+                f"{name}: expected a {dims}-dim torch.Tensor with padded_vocab_size rows"
+            )
+        if value.shape[0] != sharding.padded_vocab_size:
+            raise LogprobContractError(
+                f"{name}: {value.shape[0]} rows != padded_vocab_size={sharding.padded_vocab_size}"
+                " (run_tp_hidden takes the full, unsharded weight)"
+            )
+
+    def call(rank: int, contract_r: LogprobContract, group: Any) -> Any:
+        start, end = sharding.vocab_shard_bounds[rank]
+        shard_bias = None if bias is None else bias[start:end]
+        return op(
+            hidden, targets, contract_r, group=group, weight=weight[start:end], bias=shard_bias
+        )
+
+    return _run_ranks(call, contract, timeout)
+
+
+def _run_ranks(
+    call: Callable[[int, LogprobContract, Any], Any], contract: LogprobContract, timeout: float
+) -> list[LogprobResult]:
+    """``call(rank, rank_contract, group_handle)`` on every rank in its own thread."""
+    import torch
+
+    world = contract.sharding.tp_world_size
     group = EmulatedGroup(world, timeout=timeout, name=f"run_tp(tp={world})")
     results: list[Any] = [None] * world
     errors: list[BaseException | None] = [None] * world
     grad_enabled = torch.is_grad_enabled()  # grad mode is thread-local: carry the caller's
 
     def rank_main(rank: int) -> None:
-        start, end = sharding.vocab_shard_bounds[rank]
         try:
             with torch.set_grad_enabled(grad_enabled):
-                results[rank] = op(
-                    logits[:, start:end], targets, contract.with_rank(rank), group=group[rank]
-                )
+                results[rank] = call(rank, contract.with_rank(rank), group[rank])
         except BaseException as error:
             errors[rank] = error
             group.abort(f"rank {rank} raised {type(error).__name__}: {error}")
