@@ -13,6 +13,11 @@ never on the number of rows: that is what keeps the row kernels batch invariant
   64-lane wavefronts keep 4096, which is 8 elements a lane there.) Its integer
   sums are exact, so the tile width cannot change a bit.
 - rocm: 8 wavefronts of 64 lanes; tiles are multiples of 512 lanes, same sizes.
+- fused (``triton_fused``'s LM head): ``block`` is the column tile; ``FUSED_TILES``
+  adds the rows per program and the hidden-size chunk of its ``tl.dot`` K-loop. Its
+  operands are widened to fp32 (an ``ieee`` dot, no tensor cores), so both dtypes
+  share one size: 16 x 64 tiles with 32-deep chunks on 4 warps (8 fp32
+  accumulators a lane), 16 x 16 x 16 under the interpreter.
 - cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
   the multi-tile loops. The interpreter keeps global state while it runs a grid,
   so launches on CPU are serialized with a lock (ranks emulated as threads).
@@ -31,7 +36,14 @@ import numpy as np
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-__all__ = ["KernelKind", "LaunchConfig", "launch", "launch_config", "platform_of"]
+__all__ = [
+    "FUSED_TILES",
+    "KernelKind",
+    "LaunchConfig",
+    "launch",
+    "launch_config",
+    "platform_of",
+]
 
 
 class KernelKind(str, Enum):
@@ -41,6 +53,7 @@ class KernelKind(str, Enum):
     SUM = "sum"  # ROW, for exact_sum's fixed-point pass: narrower tiles, more live values
     TILE = "tile"  # one program per (row, column tile) (backward)
     MERGE = "merge"  # one program per block of rows (cross-rank merges)
+    FUSED = "fused"  # one program per block of rows (x column tile), tl.dot over hidden
 
 
 @dataclass(frozen=True)
@@ -57,15 +70,21 @@ _TABLE: dict[tuple[str, KernelKind], tuple[int, int, int]] = {
     ("cuda", KernelKind.SUM): (2048, 2048, 8),
     ("cuda", KernelKind.TILE): (4096, 2048, 8),
     ("cuda", KernelKind.MERGE): (256, 256, 8),
+    ("cuda", KernelKind.FUSED): (64, 64, 4),
     ("rocm", KernelKind.ROW): (4096, 2048, 8),
     ("rocm", KernelKind.SUM): (4096, 2048, 8),
     ("rocm", KernelKind.TILE): (4096, 2048, 8),
     ("rocm", KernelKind.MERGE): (256, 256, 4),
+    ("rocm", KernelKind.FUSED): (64, 64, 4),
     ("cpu", KernelKind.ROW): (16, 16, 1),
     ("cpu", KernelKind.SUM): (16, 16, 1),
     ("cpu", KernelKind.TILE): (16, 16, 1),
     ("cpu", KernelKind.MERGE): (8, 8, 1),
+    ("cpu", KernelKind.FUSED): (16, 16, 1),
 }
+
+FUSED_TILES: dict[str, tuple[int, int]] = {"cuda": (16, 32), "rocm": (16, 32), "cpu": (16, 16)}
+"""platform -> (rows per program, hidden-size chunk) of the fused kernels: fixed, as ``block``."""
 
 _INTERPRETER_LOCK = threading.Lock()
 

@@ -1,0 +1,358 @@
+"""``triton_fused``: the fused LM head in Triton, hidden states in, logprobs out (fixed topology).
+
+Op signature (contracts with ``input_kind="hidden"``), as ``torch_native_fused``::
+
+    triton_fused_logprob(hidden, targets, contract, group=None, *, weight, bias=None)
+
+Forward: ``fused_partial_kernel`` forms each ``[BLOCK_M, BLOCK]`` logits tile
+``x = hidden @ W_live.T (+ bias)`` in registers (fp32 ``ieee`` ``tl.dot``, operands
+widened exactly) and folds it into the online-softmax partial (temperature and
+entropy in the same pass); one all-gather of the fp32 ``[N, 3 or 4]`` partials and
+``triton_online``'s ordered merge finish it. Memory: the partial and the outputs,
+``O(N)``; no logits. Traffic per block of ``BLOCK_M`` rows: the live ``W`` rows
+(``live * H * itemsize``) and the block's hidden rows once per column tile.
+
+Role ``train`` (``TritonFusedFunction``): the backward walks rows in chunks of
+``native_fused.chunk_rows(contract)`` rows (it depends on the shard's live width,
+never on N). Per chunk it materializes exactly one fp32 ``[chunk_rows, live]``
+buffer: ``fused_logits_kernel`` writes the recomputed ``x`` (the forward's bits),
+``logprob_grad_kernel`` (the logits backends' backward) overwrites it in place
+with ``G = d out / d x``, and full-fp32 ``torch.matmul`` forms ``d hidden = G @ W_live``
+and ``d W_live += G.T @ hidden``, ``d bias += sum_t G``. Per call, independent
+of N, there are also an fp32 copy of the live weight rows ``[live, H]`` and fp32
+``d W`` ``[local, H]``; per chunk an fp32 copy of the chunk's hidden rows; and fp32
+``d hidden`` ``[N, H]``. Never ``[N, local_vocab]`` in fp32 (for N > ``chunk_rows``).
+The last chunk is padded with zero rows so every matmul has one shape: a row's
+``d hidden`` bits do not depend on N. ``d hidden`` is this rank's PARTIAL (the
+caller all-reduces it); ``d W`` is zero on padding rows; inactive rows add exactly
+0 to ``d W`` and ``d bias`` even when their hidden row holds NaN.
+
+Determinism: ``fixed_topology`` (see ``fused_kernels``): run to run and batch
+invariant for one TP degree and shard layout.
+
+Not ``cross_tp_bitwise``, and no ``triton_fused_exact_sum`` variant yet. Each
+``x[t, v]`` is already layout independent (its K-loop order and chunk width are
+fixed, and a ``tl.dot`` element depends only on its hidden row and weight row),
+but the sums are not: the per-lane sums and the merge group the columns by shard
+(as ``triton_online`` does). The missing piece is ``exact_sum_kernels``' two
+passes (gathered maxima, then int64 fixed-point sums of ``exp(z - M)``) fed by
+``logits_tile`` instead of a logits load, which recomputes the matmul once more,
+and a test of bitwise equality across TP 1..4 layouts; neither exists here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+
+from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.kernels.merge import PARTIAL_FIELDS
+from tp_logprob.kernels.native_fused import _check_inputs, chunk_rows, full_fp32_matmul
+from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
+from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel, fused_partial_kernel
+from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, prepare
+from tp_logprob.kernels.triton.launch import (
+    FUSED_TILES,
+    KernelKind,
+    launch,
+    launch_config,
+    platform_of,
+)
+from tp_logprob.kernels.triton.online import online_merge
+
+__all__ = ["TritonFusedFunction", "fused_backward", "fused_forward", "triton_fused_logprob"]
+
+
+def triton_fused_logprob(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+    *,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> LogprobResult:
+    """One rank's selected logprob from hidden states and its LM-head weight rows.
+
+    Example, on rank r of a TP group (``hidden`` replicated, ``weight`` the rank's rows)::
+
+        result = triton_fused_logprob(hidden, targets, contract, group, weight=w_r)
+        (-(result.selected_logp * advantages).sum()).backward()
+        torch.distributed.all_reduce(hidden.grad)  # d hidden is this rank's partial
+    """
+    active = _check_inputs(hidden, targets, contract, group, weight, bias)
+    inputs = _rank_inputs(hidden, targets, active, contract)
+    if contract.role is LogprobRole.TRAIN:
+        apply: Callable[..., tuple[torch.Tensor, ...]] = TritonFusedFunction.apply
+        selected, lse, entropy = apply(hidden, weight, bias, inputs, contract, group)
+        return LogprobResult(
+            selected,
+            lse if contract.export_lse else None,
+            entropy if contract.export_entropy else None,
+        )
+    with torch.no_grad():
+        outputs = fused_forward(hidden, weight, bias, inputs, contract, group)
+    return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
+
+
+def _rank_inputs(
+    hidden: torch.Tensor, targets: torch.Tensor, active: torch.Tensor, contract: LogprobContract
+) -> RankInputs:
+    """``prepare``'s inputs around a one-row stand-in for the logits the merge is sized by.
+
+    The stand-in ``[N, local_vocab]`` view repeats one row (stride 0), so it costs
+    ``local_vocab`` elements of the contract dtype and is never read.
+    """
+    local = contract.sharding.local_vocab_size
+    stand_in = hidden.new_empty(local).expand(hidden.shape[0], local)
+    return prepare(stand_in, targets, active, contract)
+
+
+def fused_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    inputs: RankInputs,
+    contract: LogprobContract,
+    group: Any,
+) -> Outputs:
+    """Fused partials, one all-gather, ``triton_online``'s ordered merge."""
+    rows = inputs.num_rows
+    fields = PARTIAL_FIELDS + int(contract.export_entropy)
+    partial = torch.empty((rows, fields), dtype=torch.float32, device=hidden.device)
+    platform = platform_of(hidden)
+    config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
+    block_m, block_k = FUSED_TILES[platform]
+    with _ieee_products():
+        launch(
+            fused_partial_kernel,
+            (triton.cdiv(rows, block_m),),
+            config,
+            hidden,
+            *_operands(hidden, weight, bias),
+            rows,
+            hidden.shape[1],
+            inputs.live_width,
+            inputs.col_start,
+            inputs.targets,
+            inputs.active,
+            partial,
+            inputs.temperature,
+            SCALE=inputs.scale,
+            ENTROPY=contract.export_entropy,
+            HAS_BIAS=bias is not None,
+            FIELDS=fields,
+            BLOCK_M=block_m,
+            BLOCK_K=block_k,
+        )
+    return online_merge(all_gather(partial, group), inputs, contract)
+
+
+def _ieee_products() -> Any:
+    """Let the interpreter's matmul form ``inf * 0 = NaN`` without a warning.
+
+    An infinite hidden or weight element meeting a zero (its own data, or a masked
+    operand) makes a NaN logit, as ``torch.matmul`` and the GPU's FMA do silently;
+    the partial then reports the row as NaN (DESIGN section 2). numpy's matmul warns
+    about it, and the tests run with warnings as errors. Only the interpreter reads this.
+    """
+    return np.errstate(invalid="ignore")
+
+
+def _operands(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[Any, ...]:
+    """The fused kernels' leading arguments: ``hidden`` and ``W`` with their strides, the bias.
+
+    Without a bias ``weight`` stands in for its pointer (a kernel argument must be a
+    tensor); ``HAS_BIAS=False`` keeps it unread.
+    """
+    return (
+        hidden.detach(),
+        hidden.stride(0),
+        hidden.stride(1),
+        weight.detach(),
+        weight.stride(0),
+        weight.stride(1),
+        weight.detach() if bias is None else bias.detach(),
+    )
+
+
+class TritonFusedFunction(torch.autograd.Function):
+    """Forward: the fused op. Backward: ``d hidden`` (this rank's partial), ``d W``, ``d bias``.
+
+    Without ``export_entropy`` the entropy output is an empty, non-differentiable placeholder.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        inputs: RankInputs,
+        contract: LogprobContract,
+        group: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        outputs = fused_forward(hidden, weight, bias, inputs, contract, group)
+        lse = outputs.lse_target()
+        if outputs.entropy is None or outputs.entropy32 is None:
+            entropy = entropy32 = outputs.selected.new_empty(0)
+            frozen: tuple[torch.Tensor, ...] = (lse, entropy)
+        else:
+            entropy, entropy32 = outputs.entropy, outputs.entropy32
+            frozen = (lse,)
+        ctx.save_for_backward(hidden, weight, bias, outputs.lse32, entropy32)
+        ctx.inputs, ctx.contract = inputs, contract
+        ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
+        return outputs.selected, lse, entropy
+
+    @staticmethod
+    def backward(
+        ctx: Any,
+        grad_selected: torch.Tensor,
+        grad_lse: torch.Tensor | None,
+        grad_entropy: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, lse32, entropy32 = ctx.saved_tensors
+        contract: LogprobContract = ctx.contract
+        entropy_grads = (entropy32, grad_entropy) if contract.export_entropy else None
+        d_hidden, d_weight, d_bias = fused_backward(
+            hidden, weight, bias, ctx.inputs, contract, lse32, grad_selected, entropy_grads
+        )
+        return d_hidden, d_weight, d_bias, None, None, None
+
+
+def fused_backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    inputs: RankInputs,
+    contract: LogprobContract,
+    lse32: torch.Tensor,
+    grad_selected: torch.Tensor,
+    entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(d hidden, d W, d bias)`` chunk by chunk (see the module docstring), in the inputs' dtypes.
+
+    ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported.
+    """
+    rows, width = inputs.num_rows, inputs.live_width
+    step = chunk_rows(contract)
+    d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    d_bias = None if bias is None else torch.zeros(width, dtype=torch.float32, device=bias.device)
+    if width > 0:
+        weight32 = weight[:width].detach().to(torch.float32)
+        grad = torch.empty((step, width), dtype=torch.float32, device=hidden.device)
+        hidden32 = torch.empty((step, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
+        for begin in range(0, rows, step):
+            chunk = slice(begin, min(begin + step, rows))
+            _chunk_logits(hidden[chunk], weight, bias, inputs, grad)
+            _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads)
+            _active_rows32(hidden[chunk], inputs.active[chunk], hidden32)
+            with full_fp32_matmul():
+                d_hidden[chunk] = torch.matmul(grad, weight32)[: chunk.stop - begin]
+                d_weight[:width] += torch.matmul(grad.T, hidden32)
+            if d_bias is not None:
+                d_bias += grad.sum(dim=0)
+    return d_hidden.to(hidden.dtype), d_weight.to(weight.dtype), _padded_bias_grad(d_bias, bias)
+
+
+def _active_rows32(hidden: torch.Tensor, active: torch.Tensor, out: torch.Tensor) -> None:
+    """fp32 ``hidden`` with inactive rows zeroed into ``out``'s first rows; zero the rest.
+
+    An inactive row's G is 0, and zeroing its hidden row keeps a NaN there out of
+    ``d W = G.T @ hidden`` (``0 * NaN`` is NaN).
+    """
+    count = hidden.shape[0]
+    out[:count] = torch.where(active.bool().unsqueeze(1), hidden.detach(), 0.0)
+    out[count:].zero_()
+
+
+def _padded_bias_grad(
+    live_grad: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The live columns' fp32 ``d bias`` with zeros on the padding rows, in ``bias``'s dtype."""
+    if live_grad is None or bias is None:
+        return None
+    grad = torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device)
+    grad[: live_grad.shape[0]] = live_grad
+    return grad
+
+
+def _chunk_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    inputs: RankInputs,
+    out: torch.Tensor,
+) -> None:
+    """Recompute the fp32 logits of ``hidden``'s rows into ``out``'s first rows; zero the rest."""
+    count, width = hidden.shape[0], inputs.live_width
+    platform = platform_of(hidden)
+    config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
+    block_m, block_k = FUSED_TILES[platform]
+    out[count:].zero_()
+    with _ieee_products():
+        launch(
+            fused_logits_kernel,
+            (triton.cdiv(count, block_m), triton.cdiv(width, config.block)),
+            config,
+            hidden,
+            *_operands(hidden, weight, bias),
+            count,
+            hidden.shape[1],
+            width,
+            out,
+            HAS_BIAS=bias is not None,
+            BLOCK_M=block_m,
+            BLOCK_K=block_k,
+        )
+
+
+def _grad_in_place(
+    buffer: torch.Tensor,
+    chunk: slice,
+    inputs: RankInputs,
+    lse32: torch.Tensor,
+    grad_selected: torch.Tensor,
+    entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None,
+) -> None:
+    """Turn the chunk's fp32 logits in ``buffer`` into ``G = d out / d x`` in place.
+
+    ``logprob_grad_kernel`` reads each tile before it writes the same tile, so one
+    buffer serves as its logits and its gradient.
+    """
+    width = inputs.live_width
+    count = len(range(inputs.num_rows)[chunk])
+    config = launch_config(platform_of(buffer), KernelKind.TILE, buffer.dtype)
+    if entropy_grads is None or entropy_grads[1] is None:
+        entropy32, grad_entropy, with_entropy = lse32, lse32, False
+    else:
+        entropy32, grad_entropy, with_entropy = entropy_grads[0], entropy_grads[1], True
+    launch(
+        logprob_grad_kernel,
+        (count, triton.cdiv(width, config.block)),
+        config,
+        buffer,
+        buffer,
+        width,
+        width,
+        width,
+        inputs.col_start,
+        inputs.targets[chunk],
+        inputs.active[chunk],
+        lse32[chunk],
+        grad_selected[chunk].contiguous(),
+        buffer,
+        entropy32[chunk],
+        grad_entropy[chunk].contiguous(),
+        inputs.temperature,
+        SCALE=inputs.scale,
+        ENTROPY=with_entropy,
+    )

@@ -1,0 +1,230 @@
+"""The fused LM head in Triton (``triton_fused``): logits formed tile by tile in registers.
+
+``logits_tile`` forms one fp32 ``[BLOCK_M, BLOCK]`` tile ``x = hidden @ W.T (+ bias)``
+by a K-loop over the hidden size in ``BLOCK_K`` chunks: each chunk's operands are
+widened to fp32 exactly (``widen``) and multiplied by ``tl.dot`` with
+``input_precision="ieee"`` (fp32 products and sums, no TF32), accumulating into
+the tile; the bias is added once at the end. Rows past ``num_rows``, columns past
+``live_width`` (the padding rows of ``W``, whatever they hold) and hidden indices past
+the hidden size are masked loads: never read.
+
+``fused_partial_kernel``: one program per block of ``BLOCK_M`` rows walks the
+rank's live columns in ``BLOCK``-wide tiles and folds each tile into the online
+softmax partial of ``online_kernels.online_partial_kernel``: ``z = x / T``
+(``div_rn``), per-lane sums rescaled to the running row max, the entropy moment
+``q`` in the same pass, NaNs set aside and reported as ``m = NaN``, and the
+owner's target ``z`` picked from the tile that holds it. It writes the fp32
+``(m, s, t[, q])`` partial of ``merge.pack_partial``'s layout, so the logits
+backends' merge serves it unchanged. Nothing ``[N, vocab]``-sized exists: per
+row it reads ``H`` hidden elements once per column tile (cached), the rank's
+live ``W`` rows once per row block, and writes 12 bytes (16 with entropy).
+
+``fused_logits_kernel`` (backward): one program per ``(row block, column tile)``
+stores the same fp32 ``x`` tile into a caller's chunk buffer, for the logits
+backends' elementwise gradient kernel to turn into ``G = d out / d x`` in place.
+
+Determinism: the tile shapes come from the launch table (platform only), the K
+loop runs in one fixed order, and an element of ``tl.dot`` depends only on its
+row of ``hidden`` and its column of ``W.T`` (GPU: an FMA chain per element for
+``ieee`` fp32; interpreter: numpy's matmul), so a row's ``x`` and its partial do
+not depend on N, on the other rows of its block, or on the run, and the backward
+recomputes the forward's ``x`` bit for bit. The kernels never compute
+``inf - inf`` or ``0 * inf`` (see ``common_kernels``).
+"""
+
+# triton ships no type hints, and Triton types kernel parameters itself:
+# mypy: disable-error-code="untyped-decorator, no-untyped-def"
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tp_logprob.kernels.triton.common_kernels import entropy_term, scaled, widen
+
+__all__ = ["fused_logits_kernel", "fused_partial_kernel", "logits_tile", "online_update"]
+
+
+@triton.jit
+def logits_tile(
+    hidden_ptr,
+    hidden_strides,
+    weight_ptr,
+    weight_strides,
+    bias_ptr,
+    rows,
+    cols,
+    row_mask,
+    col_mask,
+    size,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """fp32 ``x[rows, cols] = hidden @ W.T (+ bias)``; masked rows and columns read nothing.
+
+    ``*_strides`` are ``(row stride, column stride)`` pairs of element counts.
+    """
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    depth = tl.arange(0, BLOCK_K)
+    hidden_rows = hidden_ptr + rows[:, None] * hidden_strides[0]
+    weight_cols = weight_ptr + cols[None, :] * weight_strides[0]
+    for k_start in range(0, size, BLOCK_K):
+        ks = k_start + depth
+        in_k = ks < size
+        a = tl.load(
+            hidden_rows + ks[None, :] * hidden_strides[1],
+            mask=row_mask[:, None] & in_k[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            weight_cols + ks[:, None] * weight_strides[1],
+            mask=in_k[:, None] & col_mask[None, :],
+            other=0.0,
+        )
+        acc = tl.dot(widen(a), widen(b), acc, input_precision="ieee")
+    if HAS_BIAS:
+        acc += widen(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
+    return acc
+
+
+@triton.jit
+def online_update(z, running_max, lane_sums, lane_moments, ENTROPY: tl.constexpr):
+    """Fold a NaN-free ``z`` tile into the per-row max and per-lane sums (and moments).
+
+    A row whose new max is not finite (all ``-inf`` so far, or ``+inf``) gets
+    ``rescale = 1`` and all-zero weights, so its sums pass through unchanged, and
+    no lane evaluates ``inf - inf``: the block-of-rows form of the online kernel's
+    uniform branch.
+    """
+    new_max = tl.maximum(running_max, tl.max(z, axis=1))
+    finite = (new_max > float("-inf")) & (new_max < float("inf"))
+    shift = tl.where(finite, new_max, 0.0)
+    gap = tl.where(finite, running_max - shift, 0.0)
+    rescale = tl.exp(gap)
+    shifted = tl.where(finite[:, None], z - shift[:, None], float("-inf"))
+    weights = tl.exp(shifted)
+    if ENTROPY:
+        # Where the old sums are dropped (m_old = -inf, or the rescale underflowed) a
+        # gap of 0 keeps gap * s from overflowing into 0 * -inf.
+        kept_gap = tl.where(rescale > 0.0, gap, 0.0)
+        lane_moments = rescale[:, None] * (
+            lane_moments + kept_gap[:, None] * lane_sums
+        ) + entropy_term(weights, shifted)
+    lane_sums = lane_sums * rescale[:, None] + weights
+    return new_max, lane_sums, lane_moments
+
+
+@triton.jit
+def fused_partial_kernel(
+    hidden_ptr,
+    hidden_row_stride,
+    hidden_col_stride,
+    weight_ptr,
+    weight_row_stride,
+    weight_col_stride,
+    bias_ptr,
+    num_rows,
+    size,
+    live_width,
+    col_start,
+    targets_ptr,
+    active_ptr,
+    partial_ptr,
+    temperature,
+    SCALE: tl.constexpr,
+    ENTROPY: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    FIELDS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < num_rows
+    active = tl.load(active_ptr + rows, mask=row_mask, other=0) != 0
+    local = tl.load(targets_ptr + rows, mask=active, other=-1).to(tl.int64) - col_start
+    owned = active & (local >= 0) & (local < live_width)
+    running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
+    target = tl.zeros([BLOCK_M], dtype=tl.float32)
+    lane_sums = tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32)
+    lane_moments = tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32)
+    offsets = tl.arange(0, BLOCK)
+    for start in range(0, live_width, BLOCK):
+        cols = start + offsets
+        col_mask = cols < live_width
+        x = logits_tile(
+            hidden_ptr,
+            (hidden_row_stride, hidden_col_stride),
+            weight_ptr,
+            (weight_row_stride, weight_col_stride),
+            bias_ptr,
+            rows,
+            cols,
+            row_mask,
+            col_mask,
+            size,
+            HAS_BIAS,
+            BLOCK_M,
+            BLOCK,
+            BLOCK_K,
+        )
+        z = scaled(tl.where(col_mask[None, :], x, float("-inf")), temperature, SCALE)
+        # Adding -0.0 is exact for every z (NaN and -0.0 included): the sum is the target's z.
+        picked = tl.sum(tl.where(cols[None, :] == local[:, None], z, -0.0), axis=1)
+        target = tl.where(owned & (local >= start) & (local < start + BLOCK), picked, target)
+        is_nan = z != z
+        row_nans = row_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
+        running_max, lane_sums, lane_moments = online_update(
+            tl.where(is_nan, float("-inf"), z), running_max, lane_sums, lane_moments, ENTROPY
+        )
+    base = partial_ptr + rows * FIELDS
+    tl.store(base, tl.where(row_nans, float("nan"), running_max), mask=row_mask)
+    tl.store(base + 1, tl.sum(lane_sums, axis=1), mask=row_mask)
+    tl.store(base + 2, target, mask=row_mask)
+    if ENTROPY:
+        tl.store(base + 3, tl.sum(lane_moments, axis=1), mask=row_mask)
+
+
+@triton.jit
+def fused_logits_kernel(
+    hidden_ptr,
+    hidden_row_stride,
+    hidden_col_stride,
+    weight_ptr,
+    weight_row_stride,
+    weight_col_stride,
+    bias_ptr,
+    num_rows,
+    size,
+    live_width,
+    out_ptr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row_mask = rows < num_rows
+    col_mask = cols < live_width
+    x = logits_tile(
+        hidden_ptr,
+        (hidden_row_stride, hidden_col_stride),
+        weight_ptr,
+        (weight_row_stride, weight_col_stride),
+        bias_ptr,
+        rows,
+        cols,
+        row_mask,
+        col_mask,
+        size,
+        HAS_BIAS,
+        BLOCK_M,
+        BLOCK,
+        BLOCK_K,
+    )
+    out = out_ptr + rows[:, None] * live_width + cols[None, :]
+    tl.store(out, x, mask=row_mask[:, None] & col_mask[None, :])
