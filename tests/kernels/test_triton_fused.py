@@ -27,7 +27,8 @@ from tp_logprob.oracle import exact_hidden_grads, exact_hidden_logits, tolerance
 from .test_native_fused import PADDED, REAL, _wide_rows, as_f64, assert_within, oracle, recorded
 
 pytest.importorskip("triton", reason="triton_fused needs triton (on CPU, its interpreter)")
-from tp_logprob.kernels.triton.fused import triton_fused_logprob
+from tp_logprob.kernels.builtin import register_fused_backends
+from tp_logprob.kernels.triton.fused import fused_logits, triton_fused_logprob
 
 pytestmark = pytest.mark.triton
 
@@ -324,3 +325,50 @@ def test_input_checks_are_torch_native_fused_s() -> None:
         triton_fused_logprob(hidden[:, :8], targets, contract, weight=weight)
     with pytest.raises(tpl.LogprobContractError, match="active target outside"):
         triton_fused_logprob(hidden, torch.full((6,), REAL), contract, weight=weight)
+
+
+def logits_of(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32, device=DEVICE)
+    fused_logits(hidden.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE), weight.shape[0], out)
+    return out.cpu()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_logit_bits_do_not_depend_on_the_shard_layout_or_the_rows(dtype: str) -> None:
+    """Each fp32 ``x[t, v]`` has the same bits whatever the shard holding column v starts at
+    and however wide it is, and whichever rows share its row block.
+
+    This is the premise a cross-TP-bitwise fused variant would rest on (module
+    docstring of ``kernels/triton/fused.py``); the sums would still need exact_sum's
+    fixed-point construction.
+    """
+    gen = torch.Generator().manual_seed(3)
+    hidden = (torch.randn(8, 40, generator=gen) * 3).to(DTYPES[dtype])
+    weight = torch.randn(40, 40, generator=gen).to(DTYPES[dtype])
+    bias = torch.randn(40, generator=gen).to(DTYPES[dtype])
+    whole = logits_of(hidden, weight, bias)
+    for bounds in (((0, 1), (1, 17), (17, 40)), ((0, 7), (7, 9), (9, 33), (33, 40))):
+        shards = [logits_of(hidden, weight[a:b], bias[a:b]) for a, b in bounds]
+        assert same_bits(torch.cat(shards, dim=1), whole), bounds
+    alone = torch.cat([logits_of(hidden[t : t + 1], weight, bias) for t in (0, 5, 7)])
+    assert same_bits(alone, whole[[0, 5, 7]])
+
+
+def test_registered_for_hidden_contracts_where_triton_runs() -> None:
+    registry = tpl.KernelRegistry()
+    register_fused_backends(registry)
+    platform = DEVICE.type  # the interpreter registers it on the CPU
+    chosen = registry.get_logprob_op(
+        make_contract(LAYOUTS["tp1"]), "triton_fused", platform=platform
+    )
+    assert chosen.op is triton_fused_logprob
+    assert chosen.capability.determinism_scopes == {tpl.DeterminismScope.FIXED_TOPOLOGY}
+    logits = tpl.LogprobContract(
+        "infer",
+        "fp32",
+        tpl.MaskSpec(6),
+        tpl.ShardingSpec(0, 1, LAYOUTS["tp1"], REAL, PADDED),
+        tpl.ReductionSpec("fixed_topology"),
+    )
+    with pytest.raises(tpl.LogprobDispatchError, match="input_kind 'logits' not in"):
+        registry.get_logprob_op(logits, "triton_fused", platform=platform)

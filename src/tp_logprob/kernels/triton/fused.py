@@ -9,8 +9,11 @@ Forward: ``fused_partial_kernel`` forms each ``[BLOCK_M, BLOCK]`` logits tile
 widened exactly) and folds it into the online-softmax partial (temperature and
 entropy in the same pass); one all-gather of the fp32 ``[N, 3 or 4]`` partials and
 ``triton_online``'s ordered merge finish it. Memory: the partial and the outputs,
-``O(N)``; no logits. Traffic per block of ``BLOCK_M`` rows: the live ``W`` rows
-(``live * H * itemsize``) and the block's hidden rows once per column tile.
+``O(N)``; no logits. Bytes per row, with ``w`` the live columns, ``b`` the item
+size, ``B`` the column tile and ``BLOCK_M`` the rows per program (``launch.py``):
+read ``w H b / BLOCK_M`` (the live ``W`` rows, once per row block) + ``ceil(w / B) H b``
+(the row's hidden, once per column tile; cache hits after the first) + 9 (target,
+active flag); written 12 to the partial (16 with entropy); then the merge's.
 
 Role ``train`` (``TritonFusedFunction``): the backward walks rows in chunks of
 ``native_fused.chunk_rows(contract)`` rows (it depends on the shard's live width,
@@ -30,14 +33,16 @@ caller all-reduces it); ``d W`` is zero on padding rows; inactive rows add exact
 Determinism: ``fixed_topology`` (see ``fused_kernels``): run to run and batch
 invariant for one TP degree and shard layout.
 
-Not ``cross_tp_bitwise``, and no ``triton_fused_exact_sum`` variant yet. Each
-``x[t, v]`` is already layout independent (its K-loop order and chunk width are
-fixed, and a ``tl.dot`` element depends only on its hidden row and weight row),
-but the sums are not: the per-lane sums and the merge group the columns by shard
-(as ``triton_online`` does). The missing piece is ``exact_sum_kernels``' two
-passes (gathered maxima, then int64 fixed-point sums of ``exp(z - M)``) fed by
-``logits_tile`` instead of a logits load, which recomputes the matmul once more,
-and a test of bitwise equality across TP 1..4 layouts; neither exists here.
+Not ``cross_tp_bitwise``; there is no ``triton_fused_exact_sum`` variant. Its
+premise holds: each fp32 ``x[t, v]`` has the same bits whatever the shard layout
+(the K-loop order and chunk depth are fixed, and a ``tl.dot`` element depends only
+on its hidden row and weight row; ``test_triton_fused`` checks it under the
+interpreter, a GPU run has not checked it). The sums do not: the per-lane sums
+and the merge group the columns by shard, as ``triton_online``'s do. What
+remains is ``exact_sum_kernels``' two passes (gathered maxima and owned targets,
+then int64 fixed-point sums of ``exp(z - M)``) fed by ``logits_tile`` instead of
+a logits load, so the matmul runs twice, then ``exact_merge_kernel`` unchanged, and
+a test of bitwise equality across TP 1..4 layouts.
 """
 
 from __future__ import annotations
@@ -64,7 +69,13 @@ from tp_logprob.kernels.triton.launch import (
 )
 from tp_logprob.kernels.triton.online import online_merge
 
-__all__ = ["TritonFusedFunction", "fused_backward", "fused_forward", "triton_fused_logprob"]
+__all__ = [
+    "TritonFusedFunction",
+    "fused_backward",
+    "fused_forward",
+    "fused_logits",
+    "triton_fused_logprob",
+]
 
 
 def triton_fused_logprob(
@@ -252,7 +263,7 @@ def fused_backward(
         hidden32 = torch.empty((step, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
         for begin in range(0, rows, step):
             chunk = slice(begin, min(begin + step, rows))
-            _chunk_logits(hidden[chunk], weight, bias, inputs, grad)
+            fused_logits(hidden[chunk], weight, bias, width, grad)
             _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads)
             _active_rows32(hidden[chunk], inputs.active[chunk], hidden32)
             with full_fp32_matmul():
@@ -285,15 +296,17 @@ def _padded_bias_grad(
     return grad
 
 
-def _chunk_logits(
+def fused_logits(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    inputs: RankInputs,
+    width: int,
     out: torch.Tensor,
 ) -> None:
-    """Recompute the fp32 logits of ``hidden``'s rows into ``out``'s first rows; zero the rest."""
-    count, width = hidden.shape[0], inputs.live_width
+    """The fp32 logits of ``hidden``'s rows and ``W``'s first ``width`` rows, as the forward
+    forms them (same tiles, same bits), into ``out``'s first rows (row stride ``width``);
+    the rest of ``out`` is zeroed."""
+    count = hidden.shape[0]
     platform = platform_of(hidden)
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
     block_m, block_k = FUSED_TILES[platform]
