@@ -26,6 +26,7 @@ __all__ = [
     "TORCH_NATIVE",
     "TORCH_NATIVE_FUSED",
     "TRITON_EXACT_SUM",
+    "TRITON_FUSED",
     "TRITON_ONLINE",
     "register_builtin_backends",
     "register_fused_backends",
@@ -52,6 +53,10 @@ def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapab
 TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
+    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+)
+TRITON_FUSED = dataclasses.replace(
+    _capability("triton_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
 )
 TRITON_ONLINE = _capability("triton_online", DeterminismScope.FIXED_TOPOLOGY)
@@ -94,7 +99,8 @@ def register_builtin_backends(registry: Any) -> None:
 
 
 def register_fused_backends(registry: Any) -> None:
-    """Register the fused LM-head backend ``torch_native_fused`` (hidden-state input) everywhere.
+    """Register the fused LM-head backends (hidden-state input): ``torch_native_fused``
+    everywhere, ``triton_fused`` where Triton runs.
 
     Not yet part of the default registry: the property suite runs every default
     backend on the logits contracts it draws, and draws no hidden-state contracts
@@ -106,4 +112,10 @@ def register_fused_backends(registry: Any) -> None:
             platform,
             _lazy("tp_logprob.kernels.native_fused", "torch_native_fused_logprob"),
             TORCH_NATIVE_FUSED,
+        )
+    for platform in triton_platforms():
+        registry.register_logprob_backend(
+            platform,
+            _lazy("tp_logprob.kernels.triton.fused", "triton_fused_logprob"),
+            TRITON_FUSED,
         )
