@@ -47,6 +47,8 @@ def test_backend_ids_are_unique() -> None:
     ("module", "attr", "field"),
     [
         ("liger", "assume_padding", "supports_vocab_padding"),
+        ("liger_fused", "assume_padding", "supports_vocab_padding"),
+        ("liger_fused", "assume_16bit", "dtypes"),
         ("megatron", "assume_cross_tp_bitwise", "determinism_scopes"),
         ("megatron", "assume_uneven_shards", "even_shards_only"),
         ("torch_loss_parallel", "assume_inactive_tokens", "mask_modes"),
@@ -76,6 +78,16 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "import tp_logprob.peers.liger, tp_logprob.peers.megatron, tp_logprob.peers.trl\n"
         "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_fused_adapters_import_no_library_until_called() -> None:
+    libraries = (*LIBRARIES, "triton")
+    code = (
+        "import sys, tp_logprob.peers.liger_fused\n"
+        f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {libraries!r})\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

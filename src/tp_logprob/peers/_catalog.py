@@ -139,6 +139,30 @@ PEERS = (
         },
     ),
     Peer(
+        name="liger_flce",
+        module="liger_fused",
+        library="Liger-Kernel fused linear cross entropy, hidden in (Triton, interpreter on CPU)",
+        distribution="liger-kernel",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "each logits chunk is the matmul's output in the input dtype (hidden @ W.T "
+                    "in bf16/fp16), so the logits carry 8/11 bits before the fp32 softmax",
+                ),
+            ),
+            "inactive": Cell(
+                note="not run: an inactive row's out-of-range target is read unchecked "
+                "(X_ptr + y), and the suite's (up to 2^40) crash the interpreter's process"
+            ),
+            "cross_tp": _NO_XTP,
+        },
+    ),
+    Peer(
         name="megatron_vp_ce",
         module="megatron",
         library="Megatron-Core VocabParallelCrossEntropy, contract's shard bounds",
