@@ -2,12 +2,14 @@
 # One command for a CUDA or ROCm machine with nothing prepared: install the project with a
 # GPU torch, compile every kernel for every target (gates included), run the kernel tests and
 # the property suite on GPU tensors, benchmark the kernels (torch baseline and, when installed,
-# Liger-Kernel side by side), and write one JSON and one markdown report. Exits nonzero when
+# Liger-Kernel side by side) and the fused LM head's peak memory and time against the logits
+# path, and write one JSON and one markdown report. Exits nonzero when
 # any step fails (a kernel that does not compile, a failing test or property, a timeout).
 #
 # Usage: benchmarks/gpu_check.sh [--dry-run] [--out DIR]
 #   --dry-run  any machine, CPU included: print the plan, run the tiny interpreted bench
-#              shape with the current python, write the reports; installs nothing.
+#              shape and a tiny CPU fused-bench shape with the current python, write the
+#              reports; installs nothing.
 #   --out DIR  where logs and reports go (default build/gpu-check).
 # Environment: PYTHON (default python3); GPU_CHECK_VENV (default DIR/venv, created with
 #   --system-site-packages so a preinstalled GPU torch is reused); TORCH_INDEX_URL (where a
@@ -110,6 +112,11 @@ step properties 300 env -u TRITON_INTERPRET "$PY" -m pytest --pyargs tp_logprob.
     -p no:cacheprovider -n "$JOBS" "--tp-logprob-platform=$PLATFORM" --tp-logprob-profile=ci \
     "--tp-logprob-artifacts=$OUT/failures"
 step bench 300 env -u TRITON_INTERPRET "$PY" benchmarks/bench_kernels.py --json "$OUT/bench.json"
+# Fused LM head vs logits path, N 4096 and 32768 x infer/train: about 2 min on an H100-class GPU
+# (estimated, not measured; N=32768 train is the long one): --budget-s skips a shape that would
+# overrun, and the JSON is written after every shape.
+step bench-fused 300 env -u TRITON_INTERPRET "$PY" benchmarks/bench_fused.py --gpu-shapes --reps 3 \
+    --budget-s 240 --json "$OUT/bench-fused.json"
 
 if [ "$DRY_RUN" = 1 ]; then
     echo "==> dry run: the tiny interpreted bench shape, with $PYTHON"
@@ -118,6 +125,12 @@ if [ "$DRY_RUN" = 1 ]; then
     rc=$?
     printf '%s\t%s\t%s\t%s\n' "bench (interpreted)" "$rc" "$((SECONDS - start))" \
         "TRITON_INTERPRET=1 $PYTHON benchmarks/bench_kernels.py" >>"$STEPS"
+    echo "==> dry run: the fused LM-head bench at a tiny CPU shape, with $PYTHON"
+    start=$SECONDS
+    "$PYTHON" benchmarks/bench_fused.py --rows 256 --reps 1 --json "$OUT/bench-fused.json"
+    rc=$?
+    printf '%s\t%s\t%s\t%s\n' "bench-fused (cpu)" "$rc" "$((SECONDS - start))" \
+        "$PYTHON benchmarks/bench_fused.py --rows 256 --reps 1" >>"$STEPS"
 fi
 
 if [ "$DRY_RUN" = 1 ]; then

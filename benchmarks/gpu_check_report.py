@@ -2,7 +2,8 @@
 
 Reads ``DIR/steps.tsv`` (name, exit status or ``planned``, seconds, command),
 ``DIR/compile.json`` (``python -m tp_logprob.kernels.triton.aot --json``) and
-``DIR/bench.json`` (``benchmarks/bench_kernels.py --json``) when they exist, and
+``DIR/bench.json`` (``benchmarks/bench_kernels.py --json``) and ``DIR/bench-fused.json``
+(``benchmarks/bench_fused.py --json``) when they exist, and
 writes ``DIR/gpu-check.json`` and ``DIR/gpu-check.md``. Exits 1 when a step failed.
 
 Run: python benchmarks/gpu_check_report.py --out build/gpu-check --platform cuda [--dry-run]
@@ -96,7 +97,46 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"- {name}: {goal['value']:.3f} (goal {goal['goal']}): {met}")
     elif bench:
         lines += ["", "Bench: the tiny interpreted shape ran; it measures nothing."]
+    fused = report.get("bench_fused")
+    if fused:
+        lines += ["", *fused_markdown(fused)]
     return "\n".join(lines) + "\n"
+
+
+def fused_markdown(fused: dict[str, Any]) -> list[str]:
+    """``bench_fused.py``'s shapes: peak bytes (tracker, and CUDA's when measured), ms, targets."""
+    lines = [
+        f"## Fused LM head vs logits path ({fused['device']}, {fused['dtype']}, TP=1, "
+        f"median of {fused['reps']})",
+        "",
+        "| N | H | V | role | candidate | peak MiB | CUDA peak MiB | largest tensor | ms |",
+        "|---:|---:|---:|---|---|---:|---:|---|---:|",
+    ]
+    goals = []
+    for shape in fused["shapes"]:
+        lead = f"| {shape['rows']} | {shape['hidden']} | {shape['vocab']} | {shape['role']} |"
+        if "skipped" in shape:
+            lines.append(f"{lead} {shape['skipped']} | | | | |")
+            continue
+        for name, item in shape["candidates"].items():
+            cuda = item["cuda_peak_bytes"]
+            big = item["largest"]
+            cuda_mib = "" if cuda is None else f"{cuda / 2**20:.1f}"
+            largest = "" if big is None else f"{big['dtype']} {big['shape']}"
+            lines.append(
+                f"{lead} {name} | {item['peak_bytes'] / 2**20:.1f} | {cuda_mib} | {largest} | "
+                f"{item['ms']:.2f} |"
+            )
+        for name, goal in shape.get("targets", {}).items():
+            peak = "met" if goal["peak_met"] else "**not met**"
+            fast = "met" if goal["time_met"] else "**not met**"
+            goals.append(
+                f"- N={shape['rows']} {shape['role']} {name}: peak {goal['peak_ratio']:.3f} of the "
+                f"logits path (goal <= 0.125): {peak}; {goal['ms']:.2f} ms (goal <= logits path "
+                f"+ matmul, {goal['allowed_ms']:.2f} ms): {fast}"
+            )
+        goals += [f"- N={shape['rows']} {shape['role']}: {note}" for note in shape.get("notes", [])]
+    return lines + goals
 
 
 def main() -> int:
@@ -122,6 +162,7 @@ def main() -> int:
             "summary": compiled["summary"],
         },
         "bench": load_json(out / "bench.json"),
+        "bench_fused": load_json(out / "bench-fused.json"),
     }
     (out / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "gpu-check.md").write_text(markdown(report))

@@ -41,7 +41,16 @@ def test_dry_run_prints_the_plan_runs_the_tiny_shape_and_writes_reports(tmp_path
     assert names[:5] == ["install", "compile", "kernel-tests", "properties", "bench"]
     assert {step["status"] for step in report["steps"][:5]} == {"planned"}
     assert set(report["bench"]["ran"]) >= {"triton_online", "triton_exact_sum", "torch baseline"}
-    assert "PASSED" in (tmp_path / "gpu-check.md").read_text()
+    assert "bench_fused.py --gpu-shapes" in proc.stdout
+    assert "bench-fused" in names and "bench-fused (cpu)" in names
+    fused = report["bench_fused"]["shapes"]
+    assert [(shape["rows"], shape["role"]) for shape in fused] == [(256, "infer"), (256, "train")]
+    for shape in fused:
+        peaks = {name: item["peak_bytes"] for name, item in shape["candidates"].items()}
+        assert 0 < peaks["torch_native_fused"] < peaks["logits path"]
+    markdown = (tmp_path / "gpu-check.md").read_text()
+    assert "PASSED" in markdown
+    assert "## Fused LM head vs logits path" in markdown
 
 
 def test_report_fails_when_a_step_failed(tmp_path: Path) -> None:
@@ -59,3 +68,57 @@ def test_report_fails_when_a_step_failed(tmp_path: Path) -> None:
     assert not report["passed"]
     assert [step["passed"] for step in report["steps"]] == [True, False]
     assert "FAILED (exit 1)" in (tmp_path / "gpu-check.md").read_text()
+
+
+def test_report_renders_the_fused_bench_with_its_goals_and_skips(tmp_path: Path) -> None:
+    (tmp_path / "steps.tsv").write_text("bench-fused\t0\t95\tpython benchmarks/bench_fused.py\n")
+    candidate = {
+        "peak_bytes": 3 * 2**20,
+        "cuda_peak_bytes": 4 * 2**20,
+        "largest": {"shape": [27, 262144], "dtype": "torch.float32", "bytes": 27 * 2**20},
+        "ms": 12.5,
+    }
+    shapes = [
+        {
+            "rows": 4096,
+            "hidden": 4096,
+            "vocab": 152064,
+            "padded": 152064,
+            "role": "train",
+            "candidates": {"torch_native_fused": candidate},
+            "notes": ["triton_fused: skipped, out of device memory"],
+            "targets": {
+                "torch_native_fused": {
+                    "peak_ratio": 0.05,
+                    "peak_met": True,
+                    "ms": 12.5,
+                    "allowed_ms": 10.0,
+                    "time_met": False,
+                }
+            },
+        },
+        {
+            "rows": 32768,
+            "hidden": 4096,
+            "vocab": 152064,
+            "padded": 152064,
+            "role": "train",
+            "skipped": "skipped: estimated 300 s, 100 s of --budget-s left",
+        },
+    ]
+    bench = {"device": "H200", "dtype": "bf16", "reps": 3, "shapes": shapes}
+    (tmp_path / "bench-fused.json").write_text(json.dumps(bench))
+    proc = subprocess.run(
+        [sys.executable, str(REPORT), "--out", str(tmp_path), "--platform", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["bench_fused"] == bench
+    markdown = (tmp_path / "gpu-check.md").read_text()
+    assert "| 4096 | 4096 | 152064 | train | torch_native_fused | 3.0 | 4.0 |" in markdown
+    assert "peak 0.050 of the logits path (goal <= 0.125): met" in markdown
+    assert "12.50 ms (goal <= logits path + matmul, 10.00 ms): **not met**" in markdown
+    assert "| 32768 | 4096 | 152064 | train | skipped: estimated 300 s" in markdown
+    assert "triton_fused: skipped, out of device memory" in markdown
