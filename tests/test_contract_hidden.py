@@ -13,7 +13,6 @@ from tp_logprob.kernels.builtin import (
     TORCH_NATIVE,
     TORCH_NATIVE_FUSED,
     register_builtin_backends,
-    register_fused_backends,
 )
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.replay.schema import capability_from_dict
@@ -148,15 +147,14 @@ def test_rejection_reasons_name_the_input_kind_both_ways() -> None:
 
 @pytest.fixture
 def registry() -> tpl.KernelRegistry:
-    """The built-in backends plus the opt-in fused one."""
+    """A fresh registry of the built-in backends, fused ones included."""
     registry = tpl.KernelRegistry()
     register_builtin_backends(registry)
-    register_fused_backends(registry)
     return registry
 
 
-def test_the_default_registry_does_not_hold_the_fused_backend_yet() -> None:
-    assert all(cap.backend_id != "torch_native_fused" for cap in tpl.registry.backends("cpu"))
+def test_the_default_registry_holds_the_fused_backend() -> None:
+    assert any(cap.backend_id == "torch_native_fused" for cap in tpl.registry.backends("cpu"))
 
 
 def test_dispatch_picks_the_fused_backend_for_hidden_only(registry: tpl.KernelRegistry) -> None:

@@ -76,7 +76,6 @@ def run_tp(
             f"logits: width {logits.shape[1]} != padded_vocab_size={sharding.padded_vocab_size}"
             " (run_tp takes the full, unsharded logits)"
         )
-    world = sharding.tp_world_size
 
     def call(rank: int, contract_r: LogprobContract, group: Any) -> Any:
         start, end = sharding.vocab_shard_bounds[rank]

@@ -80,7 +80,8 @@ def triton_platforms() -> tuple[str, ...]:
 
 
 def register_builtin_backends(registry: Any) -> None:
-    """Register torch_native everywhere and the Triton backends where Triton runs."""
+    """Register torch_native everywhere, the Triton backends where Triton runs, and the
+    fused LM-head backends (:func:`register_fused_backends`)."""
     for platform in ("cuda", "rocm", "cpu"):
         registry.register_logprob_backend(
             platform, _lazy("tp_logprob.kernels.native", "torch_native_logprob"), TORCH_NATIVE
@@ -96,17 +97,13 @@ def register_builtin_backends(registry: Any) -> None:
             _lazy("tp_logprob.kernels.triton.exact_sum", "triton_exact_sum_logprob"),
             TRITON_EXACT_SUM,
         )
+    register_fused_backends(registry)
 
 
 def register_fused_backends(registry: Any) -> None:
     """Register the fused LM-head backends (hidden-state input): ``torch_native_fused``
-    everywhere, ``triton_fused`` where Triton runs.
-
-    Not yet part of the default registry: the property suite runs every default
-    backend on the logits contracts it draws, and draws no hidden-state contracts
-    yet (issue 14), so a hidden-only backend there would fail it on dispatch.
-    Opt in with ``register_fused_backends(tp_logprob.registry)``.
-    """
+    everywhere, ``triton_fused`` where Triton runs. Part of the default registry
+    (:func:`register_builtin_backends`)."""
     for platform in ("cuda", "rocm", "cpu"):
         registry.register_logprob_backend(
             platform,

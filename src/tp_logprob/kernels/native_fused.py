@@ -24,9 +24,8 @@ temporaries (at most ``max(CHUNK_ELEMENTS, live)`` elements each), an fp32 copy
 of the live weight rows ``[live, H]`` (independent of N) and of one hidden chunk,
 and ``[N, 3 or 4]`` partials; never ``[N, local_vocab]`` (for N > ``chunk_rows``).
 
-Registration: :func:`~tp_logprob.kernels.builtin.register_fused_backends` adds it
-to a registry as ``torch_native_fused`` (``input_kinds={"hidden"}``); it is not in
-the default registry until the property suite draws hidden-state contracts.
+Registration: :func:`~tp_logprob.kernels.builtin.register_fused_backends` (part of
+the default registry) adds it as ``torch_native_fused`` (``input_kinds={"hidden"}``).
 
 Role ``train``: the backward recomputes each logits chunk from ``hidden`` and
 ``W``, forms ``G = d out / d x`` with torch_native's local gradient, and returns

@@ -9,6 +9,7 @@ import numpy as np
 
 from tp_logprob.oracle.reference import reference_error_bounds, reference_selected_logprob
 from tp_logprob.oracle.reference_entropy import reference_entropy, reference_entropy_error_bounds
+from tp_logprob.properties._checks_fused import check_fused_gradients
 from tp_logprob.properties._gradients import check_gradient
 from tp_logprob.properties._harness import (
     allowed_error,
@@ -17,9 +18,10 @@ from tp_logprob.properties._harness import (
     exact_entropy_of,
     exact_outputs,
     execute,
+    input_error,
 )
 from tp_logprob.properties._report import SuiteStats
-from tp_logprob.strategies import LogprobCase
+from tp_logprob.strategies import HiddenCase, LogprobCase
 
 
 def _against_exact(
@@ -30,6 +32,7 @@ def _against_exact(
     finite_headline: str | None = None,
 ) -> None:
     selected, lse = exact_outputs(case)
+    extra_selected, extra_lse, extra_entropy = input_error(case)
     check_close(
         prop,
         case,
@@ -37,6 +40,9 @@ def _against_exact(
         execute(backend, case),
         selected,
         lse,
+        extra_selected=extra_selected,
+        extra_lse=extra_lse,
+        extra_entropy=extra_entropy,
         stats=stats,
         finite_headline=finite_headline,
     )
@@ -130,6 +136,7 @@ def check_claimed_contract(
 ) -> None:
     """A claimed contract kind agrees with the exact oracle and, for train, backprops."""
     selected, lse = exact_outputs(case)
+    extra_selected, extra_lse, extra_entropy = input_error(case)
     check_close(
         "capability truthfulness: a claimed contract kind is served wrongly",
         case,
@@ -137,9 +144,16 @@ def check_claimed_contract(
         execute(backend, case),
         selected,
         lse,
+        extra_selected=extra_selected,
+        extra_lse=extra_lse,
+        extra_entropy=extra_entropy,
         count_ulps=False,
     )
-    if case.contract.role.value == "train":
+    if case.contract.role.value != "train":
+        return
+    if isinstance(case, HiddenCase):
+        check_fused_gradients(backend, case, params)
+    else:
         check_gradient("capability truthfulness (train)", case, backend)
 
 

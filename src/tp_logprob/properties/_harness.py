@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from tp_logprob.contract import LogprobContract, MaskSpec
-from tp_logprob.oracle import apply_temperature, exact_entropy
+from tp_logprob.oracle import apply_temperature, exact_entropy, fused_extra_bounds
 from tp_logprob.oracle.exact import exact_selected_logprob
 from tp_logprob.oracle.tolerance import tolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.properties._report import SuiteStats, format_value, violation
-from tp_logprob.strategies import LogprobCase, cases, contracts
+from tp_logprob.strategies import HiddenCase, LogprobCase, cases, contracts
 
 __all__ = [
     "MIN_ONLINE_BLOCK",
@@ -42,6 +42,7 @@ __all__ = [
     "exact_entropy_of",
     "exact_outputs",
     "execute",
+    "input_error",
     "row_max_of_z",
     "row_summary",
     "select_rows",
@@ -69,21 +70,37 @@ class Outputs:
     entropy: Floats | None = None
 
 
-def execute(backend: Any, case: LogprobCase, *, logits: Any = None, targets: Any = None) -> Outputs:
+def execute(
+    backend: Any,
+    case: LogprobCase,
+    *,
+    logits: Any = None,
+    targets: Any = None,
+    operands: tuple[Any, Any, Any] | None = None,
+) -> Outputs:
     """Run ``case`` on every emulated rank of its contract; check replication and structure.
 
     ``logits`` and ``targets`` override the tensors made from ``case`` (e.g. logits
-    that require grad, or tensors the caller keeps to inspect afterwards).
+    that require grad, or tensors the caller keeps to inspect afterwards). A fused
+    LM-head case (``input_kind="hidden"``) runs through
+    :func:`~tp_logprob.run_tp_hidden` on its ``(hidden, weight, bias)``, or on
+    ``operands`` when given.
     """
-    from tp_logprob.emulate import ReplicationError, run_tp
+    from tp_logprob.emulate import ReplicationError, run_tp, run_tp_hidden
 
     contract = case.contract
     op = backend.op_for(contract)
-    full = case.torch_logits(backend.device) if logits is None else logits
     try:
         if targets is None:
             targets = case.torch_targets(backend.device)
-        results = run_tp(op, full, targets, contract)
+        if isinstance(case, HiddenCase):
+            hidden, weight, bias = (
+                case.torch_inputs(backend.device) if operands is None else operands
+            )
+            results = run_tp_hidden(op, hidden, weight, targets, contract, bias=bias)
+        else:
+            full = case.torch_logits(backend.device) if logits is None else logits
+            results = run_tp(op, full, targets, contract)
     except ReplicationError as error:
         raise violation(
             "replicated outputs: ranks returned different bits",
@@ -360,9 +377,40 @@ def sub_batch(case: LogprobCase, rows: Any) -> LogprobCase:
     sub_mask = MaskSpec(
         len(rows), None if mask is None else mask[rows], ignore_index=contract.mask.ignore_index
     )
-    return LogprobCase(
-        dataclasses.replace(contract, mask=sub_mask), case.logits[rows], case.targets[rows]
+    sub_contract = dataclasses.replace(contract, mask=sub_mask)
+    if isinstance(case, HiddenCase):
+        return HiddenCase(
+            sub_contract,
+            case.logits[rows],
+            case.targets[rows],
+            hidden=case.hidden[rows],
+            weight=case.weight,
+            bias=case.bias,
+        )
+    return LogprobCase(sub_contract, case.logits[rows], case.targets[rows])
+
+
+def input_error(case: LogprobCase) -> tuple[Floats, Floats, Floats]:
+    """Extra ``(selected_logp, lse, entropy)`` room, ``[N]`` each, for a backend's own logits.
+
+    Zero for a logits case (the backend reads ``case.logits``). A fused LM-head
+    case's backend forms ``x`` with fp32 dot products, off the oracle's
+    ``fp32(exact x)`` by up to :func:`~tp_logprob.oracle.dot_product_error_bound`;
+    :func:`~tp_logprob.oracle.fused_extra_bounds` turns that into output room.
+    Rows where the bound is not finite (NaN in an inactive row) get no room.
+    """
+    rows = case.contract.num_tokens
+    if not isinstance(case, HiddenCase):
+        zero = np.zeros(rows)
+        return zero, zero, zero
+    lse, selected, entropy = fused_extra_bounds(
+        case.exact_logits,
+        case.dot_bound,
+        case.targets,
+        temperature=case.contract.temperature,
     )
+    finite = [np.nan_to_num(np.asarray(v, np.float64), nan=0.0) for v in (selected, lse, entropy)]
+    return finite[0], finite[1], finite[2]
 
 
 def allowed_error(case: LogprobCase, selected: Floats, lse: Floats) -> tuple[Floats, Floats]:

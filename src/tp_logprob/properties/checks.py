@@ -22,6 +22,7 @@ import numpy as np
 from tp_logprob.contract import LogprobContract
 from tp_logprob.properties import (
     _checks_determinism,
+    _checks_fused,
     _checks_inputs,
     _checks_metamorphic,
     _checks_values,
@@ -141,6 +142,13 @@ _CHECKS = (
         PropertySpec({"tp_rank": "int", "vocab_shard_bounds": "bounds"}),
     ),
     PropertyCheck("inputs_untouched", _checks_inputs.check_inputs_untouched),
+    PropertyCheck(
+        "fused_padding_rows",
+        _checks_fused.check_fused_padding_rows,
+        PropertySpec({"seed": "int"}),
+    ),
+    PropertyCheck("fused_exact_products", _checks_fused.check_fused_exact_products),
+    PropertyCheck("fused_gradients", _checks_fused.check_fused_gradients),
     PropertyCheck(
         "bad_inputs",
         _checks_inputs.check_bad_inputs,

@@ -17,20 +17,27 @@ from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
+    LogprobInputKind,
     MaskMode,
     MaskSpec,
     ReductionSpec,
     ShardingSpec,
 )
+from tp_logprob.oracle import exact_hidden_logits
 from tp_logprob.properties.checks import run_check
-from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 
 _PADDED, _PADDED_REAL, _ROWS = 24, 21, 5
+_HIDDEN_SIZE = 8
 _PER_TOKEN_MASK = np.array([True, False, True, True, False])
 
 
 def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContract]:
-    """One rank-0 contract for every combination of contract kinds ``capability`` claims."""
+    """One rank-0 contract for every combination of contract kinds ``capability`` claims.
+
+    A backend that takes hidden states gets fused LM-head contracts (hidden size 8,
+    with and without bias) instead of logits ones.
+    """
     scopes = [
         scope
         for scope in DeterminismScope
@@ -47,8 +54,14 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
         [False, True] if capability.supports_vocab_padding else [False],
         [False, True] if capability.exports_vocab_lse else [False],
     )
+    fused = LogprobInputKind.LOGITS not in capability.input_kinds
     found = []
     for index, (role, dtype, scope, mode, padding, export) in enumerate(combos):
+        hidden: dict[str, Any] = (
+            {"input_kind": "hidden", "hidden_size": _HIDDEN_SIZE, "has_bias": index % 2 == 1}
+            if fused
+            else {}
+        )
         world = worlds[index % len(worlds)]
         # Balanced, generally uneven widths; with padding and TP=8 the last shard is all padding.
         # (Equal widths for an even_shards_only backend, since the TP degree divides 24.)
@@ -68,6 +81,7 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
                 ),
                 reduction=ReductionSpec(scope),
                 export_lse=export,
+                **hidden,
             )
         )
     return found
@@ -81,7 +95,24 @@ def _case(contract: LogprobContract, seed: int) -> LogprobCase:
     targets = np.where(
         contract.mask.dense(), rng.integers(0, real, _ROWS), contract.mask.ignore_index
     )
+    if contract.input_kind is LogprobInputKind.HIDDEN:
+        return _hidden_case(contract, rng, targets)
     return LogprobCase(contract, round_to_dtype(values, contract.dtype), targets)
+
+
+def _hidden_case(
+    contract: LogprobContract, rng: np.random.Generator, targets: np.ndarray
+) -> HiddenCase:
+    """Random operands; the weight's padding rows are 1e4 (they would win the max if read)."""
+    real = contract.sharding.real_vocab_size
+    hidden = round_to_dtype(rng.standard_normal((_ROWS, _HIDDEN_SIZE)), contract.dtype)
+    weight = round_to_dtype(rng.standard_normal((_PADDED, _HIDDEN_SIZE)), contract.dtype)
+    weight[real:] = 1e4
+    bias = (
+        round_to_dtype(rng.standard_normal(_PADDED), contract.dtype) if contract.has_bias else None
+    )
+    logits = exact_hidden_logits(hidden, weight, bias).astype(np.float32)
+    return HiddenCase(contract, logits, targets, hidden=hidden, weight=weight, bias=bias)
 
 
 def test_serves_every_claimed_contract_kind(tp_logprob_backend: Any, tp_logprob_suite: Any) -> None:

@@ -19,9 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.contract import LogprobInputKind
 from tp_logprob.properties.checks import run_check
 from tp_logprob.properties.profiles import scaled
 from tp_logprob.strategies import wide_cases
@@ -44,6 +46,8 @@ def test_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data:
     block, padding across a block edge and shard bounds that cut blocks: within the
     float64 reference's bound plus the tolerance table."""
     backend = tp_logprob_backend
+    if LogprobInputKind.LOGITS not in backend.capability.input_kinds:
+        pytest.skip(f"{backend.backend_id} takes hidden states: the wide sweep is on logits")
     limit = wide_max_vocab(backend, tp_logprob_suite.wide_max_vocab)
     case = data.draw(wide_cases(backend.capability, max_vocab=limit), label="wide case")
     tp_logprob_suite.stats.example(backend.backend_id)

@@ -25,6 +25,12 @@ from tp_logprob.strategies.contracts import (
     shard_bounds,
     temperatures,
 )
+from tp_logprob.strategies.hidden import (
+    HIDDEN_ROW_KINDS,
+    WEIGHT_ROW_KINDS,
+    HiddenCase,
+    hidden_cases,
+)
 from tp_logprob.strategies.logits import (
     DTYPE_MAX,
     DTYPE_SMALLEST_SUBNORMAL,
@@ -45,16 +51,20 @@ __all__ = [
     "ACTIVE_TARGET_KINDS",
     "DTYPE_MAX",
     "DTYPE_SMALLEST_SUBNORMAL",
+    "HIDDEN_ROW_KINDS",
     "INACTIVE_TARGET_KINDS",
     "LAYOUT_KINDS",
     "LOGIT_KINDS",
     "MASK_KINDS",
     "SPECIAL_KINDS",
+    "WEIGHT_ROW_KINDS",
     "WIDE_ROW_KINDS",
+    "HiddenCase",
     "LogprobCase",
     "active_masks",
     "cases",
     "contracts",
+    "hidden_cases",
     "ignore_indices",
     "logits",
     "round_to_dtype",

@@ -23,6 +23,7 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
+    LogprobInputKind,
     LogprobRole,
     MaskMode,
     MaskSpec,
@@ -232,6 +233,7 @@ def _contract(
     temperature: st.SearchStrategy[float],
     export_entropy: tuple[bool, ...],
     even_only: bool,
+    hidden: tuple[tuple[int, int], tuple[bool, ...]] | None,
 ) -> LogprobContract:
     world = draw(st.sampled_from(worlds))
     low = max(world, vocab[0], 1 + (False not in padding))
@@ -256,7 +258,22 @@ def _contract(
         export_lse=draw(st.sampled_from(export_lse)),
         temperature=draw(temperature),
         export_entropy=draw(st.sampled_from(export_entropy)),
+        **_hidden_fields(draw, hidden),
     )
+
+
+def _hidden_fields(
+    draw: Any, hidden: tuple[tuple[int, int], tuple[bool, ...]] | None
+) -> dict[str, Any]:
+    """The fused LM-head fields: none for logits input; hidden size and bias for hidden."""
+    if hidden is None:
+        return {}
+    sizes, biases = hidden
+    return {
+        "input_kind": LogprobInputKind.HIDDEN,
+        "hidden_size": draw(st.integers(*sizes)),
+        "has_bias": draw(st.sampled_from(biases)),
+    }
 
 
 _FP32_TINIEST_NORMAL = 2.0**-126
@@ -301,6 +318,10 @@ def contracts(
     max_num_tokens: int = 8,
     min_padded_vocab_size: int = 1,
     max_padded_vocab_size: int = 64,
+    input_kind: LogprobInputKind | str = LogprobInputKind.LOGITS,
+    min_hidden_size: int = 1,
+    max_hidden_size: int = 24,
+    has_bias: bool | None = None,
 ) -> st.SearchStrategy[LogprobContract]:
     """Valid :class:`~tp_logprob.LogprobContract` values (as seen by a random rank).
 
@@ -313,6 +334,10 @@ def contracts(
     ``export_entropy`` None draws both (False only without ``exports_entropy``).
     TP degrees are 1..8 unless ``tp_world_sizes`` says otherwise; shapes stay
     small by default (raise ``max_num_tokens`` / ``max_padded_vocab_size``).
+    ``input_kind="hidden"`` draws fused LM-head contracts: ``hidden_size`` in
+    ``[min_hidden_size, max_hidden_size]`` and ``has_bias`` (None draws both);
+    ``allow_tf32`` stays False. A capability whose ``input_kinds`` lacks the
+    requested kind serves none of these contracts (InvalidArgument).
 
     Example::
 
@@ -347,9 +372,30 @@ def contracts(
         except LogprobContractError as error:
             raise InvalidArgument(str(error)) from None
         temperature = st.just(fixed_temperature)
+    kind = _input_kind(input_kind)
+    hidden = None
+    if kind is LogprobInputKind.HIDDEN:
+        sizes = (
+            _positive("min_hidden_size", min_hidden_size),
+            _positive("max_hidden_size", max_hidden_size),
+        )
+        if sizes[0] > sizes[1]:
+            raise InvalidArgument(
+                f"min_hidden_size={sizes[0]!r}: must be <= max_hidden_size={sizes[1]!r}"
+            )
+        biases = (False, True) if has_bias is None else (bool(has_bias),)
+        hidden = (sizes, biases)
+    elif has_bias is not None:
+        raise InvalidArgument(f"has_bias={has_bias!r}: only meaningful with input_kind='hidden'")
     if capability is not None:
         if not isinstance(capability, LogprobBackendCapability):
             raise InvalidArgument(f"capability={capability!r}: expected a LogprobBackendCapability")
+        if kind not in capability.input_kinds:
+            offered = ", ".join(sorted(k.value for k in capability.input_kinds))
+            raise InvalidArgument(
+                f"input_kind={kind.value!r}: capability={capability.backend_id!r} takes "
+                f"{offered} input only"
+            )
         if capability.cp_world_sizes is not None and 1 not in capability.cp_world_sizes:
             raise InvalidArgument(
                 f"capability={capability.backend_id!r}: serves no cp_world_size=1 contract, "
@@ -421,7 +467,16 @@ def contracts(
         temperature=temperature,
         export_entropy=tuple(sorted(entropy_set)),
         even_only=even_only,
+        hidden=hidden,
     )
+
+
+def _input_kind(value: object) -> LogprobInputKind:
+    try:
+        return LogprobInputKind(value)
+    except ValueError:
+        known = ", ".join(repr(k.value) for k in LogprobInputKind)
+        raise InvalidArgument(f"input_kind={value!r}: expected one of {known}") from None
 
 
 def _ordered(members: set[E], first: E) -> tuple[E, ...]:
