@@ -5,6 +5,11 @@ so the same failure found twice (or by two xdist workers at once) is one
 artifact, and a tampered one no longer matches its name. Writes go through a
 temporary file and an atomic :func:`os.replace`; the ``.json`` is written last.
 
+A fused LM-head case (``input_kind="hidden"``) also stores its operands
+``hidden``, ``weight`` and ``bias``; :mod:`tp_logprob.replay.hidden` says what is
+checked before it is rebuilt. Schema version 2 added them; version 1 artifacts
+(logits cases only) still load.
+
 Artifacts are data only. :func:`load_artifact` refuses anything that does not
 fit the schema (sizes, types, ranges, array dtypes and shapes against the
 contract, the mask digest, the content hash) with :class:`ArtifactError`; it
@@ -28,15 +33,22 @@ from typing import Any
 
 import numpy as np
 
-from tp_logprob.contract import LogprobContract
+from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.properties._params import PropertySpec
 from tp_logprob.properties.checks import PROPERTY_CHECKS
+from tp_logprob.replay.hidden import (
+    HIDDEN_ARRAYS,
+    load_hidden_case,
+    operand_arrays,
+    operand_names,
+)
 from tp_logprob.replay.schema import ArtifactError, check_document
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
 __all__ = [
     "ARTIFACT_FORMAT",
+    "READABLE_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
     "ArtifactError",
     "FailureArtifact",
@@ -48,7 +60,9 @@ __all__ = [
 ]
 
 ARTIFACT_FORMAT = "tp-logprob-failure"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 added the fused LM head's operands (``hidden``, ``weight``, ``bias``)."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
 MAX_JSON_BYTES = 1 << 20
 MAX_NPZ_BYTES = 256 << 20
 _CASE_ARRAYS = ("logits", "targets", "mask")
@@ -96,6 +110,7 @@ def _case_arrays(case: LogprobCase) -> dict[str, np.ndarray[Any, Any]]:
         "logits": np.ascontiguousarray(case.logits, dtype=np.float32),
         "targets": np.ascontiguousarray(case.targets, dtype=np.int64),
         "mask": np.ascontiguousarray(case.active, dtype=np.bool_),
+        **operand_arrays(case),
     }
 
 
@@ -155,8 +170,9 @@ def write_artifact(
     if prop not in PROPERTY_CHECKS:
         raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(PROPERTY_CHECKS)})")
     scalars, extra = _split_params(params)
-    if set(extra) & set(_CASE_ARRAYS):
-        raise ValueError(f"params: array names {sorted(extra)} collide with {_CASE_ARRAYS}")
+    reserved = _CASE_ARRAYS + HIDDEN_ARRAYS
+    if set(extra) & set(reserved):
+        raise ValueError(f"params: array names {sorted(extra)} collide with {reserved}")
     arrays = {**_case_arrays(case), **extra}
     name = content_name(prop, backend.backend_id, case.contract.to_dict(), scalars, arrays)
     folder = Path(directory)
@@ -314,25 +330,20 @@ def load_artifact(path: str | os.PathLike[str]) -> FailureArtifact:
     """
     json_path = artifact_paths(path)[0]
     document = _read_json(json_path)
-    check_document(json_path, document, PROPERTY_CHECKS, ARTIFACT_FORMAT, SCHEMA_VERSION)
+    check_document(json_path, document, PROPERTY_CHECKS, ARTIFACT_FORMAT, READABLE_SCHEMA_VERSIONS)
     if document["name"] != json_path.stem:
         raise ArtifactError(
             json_path, f"name={document['name']!r} does not match the file name {json_path.stem!r}"
         )
     arrays = _read_npz(json_path.with_suffix(".npz"), document["arrays"])
     contract = _contract(json_path, document, arrays)
-    try:
-        case = LogprobCase(contract, arrays["logits"], arrays["targets"])
-    except LogprobContractError as error:
-        raise ArtifactError(json_path, f"case: {error}") from None
-    exact = round_to_dtype(case.logits, contract.dtype)
-    if not np.array_equal(exact, case.logits, equal_nan=True):
-        raise ArtifactError(json_path, f"logits: values not representable in {contract.dtype}")
+    case = _case(json_path, document["schema_version"], contract, arrays)
     prop = document["property"]
     spec: PropertySpec = PROPERTY_CHECKS[prop].spec
     scalars = document["params"]
     problems = spec.param_problems(scalars)
-    extras = {key: value for key, value in arrays.items() if key not in _CASE_ARRAYS}
+    stored = _CASE_ARRAYS + operand_names(contract)
+    extras = {key: value for key, value in arrays.items() if key not in stored}
     if set(extras) != set(spec.arrays):
         problems.append(f"arrays: {sorted(extras)}, property {prop!r} takes {sorted(spec.arrays)}")
     else:
@@ -362,6 +373,33 @@ def load_artifact(path: str | os.PathLike[str]) -> FailureArtifact:
         document=document,
         json_path=json_path,
     )
+
+
+def _case(
+    path: Path,
+    schema_version: int,
+    contract: LogprobContract,
+    arrays: Mapping[str, np.ndarray[Any, Any]],
+) -> LogprobCase:
+    """The case: a fused one from its operands, else logits of the contract dtype."""
+    if contract.input_kind is LogprobInputKind.HIDDEN:
+        return load_hidden_case(path, schema_version, contract, arrays)
+    stray = sorted(set(HIDDEN_ARRAYS) & set(arrays))
+    if stray:
+        raise ArtifactError(
+            path,
+            f"{stray[0]}: a fused LM-head operand, but the contract has "
+            f"input_kind={contract.input_kind.value!r}",
+        )
+    try:
+        case = LogprobCase(contract, arrays["logits"], arrays["targets"])
+    except LogprobContractError as error:
+        raise ArtifactError(path, f"case: {error}") from None
+    # A fused case's logits are fp32 of exact dot products, not dtype values: not checked here.
+    exact = round_to_dtype(case.logits, contract.dtype)
+    if not np.array_equal(exact, case.logits, equal_nan=True):
+        raise ArtifactError(path, f"logits: values not representable in {contract.dtype}")
+    return case
 
 
 def _contract(

@@ -23,6 +23,7 @@ from tp_logprob.replay.artifacts import (
     load_artifact,
 )
 from tp_logprob.replay.drift import format_rows, measure, worst_rows
+from tp_logprob.replay.hidden import describe_operands
 
 __all__ = ["Outcome", "ReplayResult", "replay", "replay_paths", "select_backends"]
 
@@ -107,6 +108,13 @@ def drift_report(artifact: FailureArtifact, backend: BackendUnderTest) -> list[s
     return lines
 
 
+def case_lines(artifact: FailureArtifact) -> list[str]:
+    """The recorded case in a line (two for a fused case: its operands too)."""
+    lines = [f"case: {artifact.case.describe()}"]
+    operands = describe_operands(artifact.case)
+    return lines if operands is None else [*lines, f"operands: {operands}"]
+
+
 def replay_paths(
     paths: Sequence[str],
     platform: str,
@@ -143,7 +151,8 @@ def replay_paths(
             if result.outcome is Outcome.SKIPPED:
                 print(f"      not applicable: {result.detail}", file=out)
             if result.outcome is Outcome.FAILED:
-                for line in [*result.detail.splitlines(), *drift_report(artifact, backend)]:
+                lines = [*case_lines(artifact), *result.detail.splitlines()]
+                for line in [*lines, *drift_report(artifact, backend)]:
                     print(f"      {line}", file=out)
                 if status == EXIT_PASSED:
                     status = EXIT_FAILED

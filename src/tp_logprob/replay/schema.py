@@ -162,7 +162,11 @@ def _arrays_problems(arrays: object) -> list[str]:
 
 
 def check_document(
-    path: Path, document: Mapping[str, Any], checks: Mapping[str, Any], fmt: str, version: int
+    path: Path,
+    document: Mapping[str, Any],
+    checks: Mapping[str, Any],
+    fmt: str,
+    versions: tuple[int, ...],
 ) -> None:
     """Raise :class:`ArtifactError` listing every way ``document`` breaks the schema."""
     keys = set(document)
@@ -171,9 +175,11 @@ def check_document(
         raise ArtifactError(path, f"keys: unexpected {extra}, missing {missing}")
     if document["format"] != fmt:
         raise ArtifactError(path, f"format={document['format']!r}: expected {fmt!r}")
-    if document["schema_version"] != version or isinstance(document["schema_version"], bool):
+    version = document["schema_version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
         raise ArtifactError(
-            path, f"schema_version={document['schema_version']!r}: this version reads {version}"
+            path,
+            f"schema_version={version!r}: this version reads {', '.join(str(v) for v in versions)}",
         )
     problems = []
     if not (isinstance(document["name"], str) and _NAME.fullmatch(document["name"])):
