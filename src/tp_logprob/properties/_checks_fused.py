@@ -34,8 +34,10 @@ from tp_logprob.properties._report import SuiteStats, format_value, violation
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase, round_to_dtype
 
 __all__ = [
+    "MEMORY_ROWS",
     "check_fused_exact_products",
     "check_fused_gradients",
+    "check_fused_memory",
     "check_fused_padding_rows",
     "fused_only",
     "logits_contract",
@@ -313,3 +315,73 @@ def _describe(case: HiddenCase, name: str, position: tuple[Any, ...]) -> str:
         return "inactive row: must be 0" if not case.active[row] else "active row"
     column = int(position[0])
     return "padding row: must be 0" if column >= real else "live row"
+
+
+MEMORY_ROWS = 384
+"""Rows of the memory check's batch: a backend that processes rows in chunks of fewer
+rows never holds an fp32 tensor as wide as a shard with all of them."""
+
+
+def check_fused_memory(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The case's rows repeated to :data:`MEMORY_ROWS` rows: no fp32 tensor that the op
+    allocates (forward, and backward for train; every aten op, every rank's thread) is
+    ``[MEMORY_ROWS, w]`` or taller for ``w`` a shard's live or padded width.
+
+    Seen through :func:`~tp_logprob.properties._allocations.track_allocations`: outputs of
+    aten ops, not memory inside a kernel (a BLAS workspace). A width equal to the hidden
+    size is not watched (``d hidden`` is legitimately ``[N, H]`` fp32).
+    """
+    import torch
+
+    from tp_logprob.emulate import run_tp_hidden
+    from tp_logprob.properties._allocations import track_allocations
+    from tp_logprob.properties._harness import sub_batch
+
+    case = fused_only(case)
+    big = fused_only(sub_batch(case, np.arange(MEMORY_ROWS) % case.contract.num_tokens))
+    contract = big.contract
+    sharding = contract.sharding
+    widths = {end - start for start, end in sharding.vocab_shard_bounds}
+    widths |= {
+        end - start for start, end in map(sharding.live_bounds, range(sharding.tp_world_size))
+    }
+    widths -= {0, contract.hidden_size}
+    if not widths:
+        return
+    op = backend.op_for(contract)
+    hidden, weight, bias = big.torch_inputs(backend.device)
+    train = contract.role.value == "train"
+    for tensor in (hidden, weight, bias):
+        if tensor is not None and train:
+            tensor.requires_grad_(True)
+    targets = big.torch_targets(backend.device)
+    with track_allocations() as seen:
+        results = run_tp_hidden(seen.wrap(op), hidden, weight, targets, contract, bias=bias)
+        if train:
+            total = sum(result.selected_logp.float().sum() for result in results)
+            if isinstance(total, torch.Tensor) and total.requires_grad:
+                total.backward()
+    largest = seen.largest_2d(torch.float32, widths)
+    if largest is not None and largest.shape[0] >= MEMORY_ROWS:
+        raise violation(
+            "fused memory: an fp32 tensor as wide as a shard holds every row (the logits)",
+            big,
+            backend.backend_id,
+            [
+                (
+                    "worst",
+                    f"{largest.op} allocated float32 {list(largest.shape)} "
+                    f"({largest.nbytes} bytes) on thread {largest.thread}",
+                ),
+                (
+                    "rows",
+                    f"N={MEMORY_ROWS} (the case's rows repeated); shard widths {sorted(widths)}",
+                ),
+                (
+                    "peak",
+                    f"{seen.peak_live_bytes} bytes live at once ({'train' if train else 'infer'})",
+                ),
+            ],
+        )

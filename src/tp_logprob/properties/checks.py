@@ -149,6 +149,7 @@ _CHECKS = (
     ),
     PropertyCheck("fused_exact_products", _checks_fused.check_fused_exact_products),
     PropertyCheck("fused_gradients", _checks_fused.check_fused_gradients),
+    PropertyCheck("fused_memory", _checks_fused.check_fused_memory),
     PropertyCheck(
         "bad_inputs",
         _checks_inputs.check_bad_inputs,

@@ -114,3 +114,15 @@ def test_fused_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, da
     case = draw_hidden_case(data, backend, tp_logprob_suite)
     layout = data.draw(_relayout(case.contract.sharding, capability), label="second layout")
     run_check("tp_consistency", backend, case, layout)
+
+
+@scaled(0.12)
+@given(data=st.data())
+def test_fused_never_materializes_the_logits(
+    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+) -> None:
+    """384 rows, forward and (train) backward: no fp32 tensor the op allocates is a
+    shard's width with every row, i.e. the ``[N, local_vocab]`` logits never exist."""
+    backend = tp_logprob_backend
+    case = draw_hidden_case(data, backend, tp_logprob_suite, max_num_tokens=4)
+    run_check("fused_memory", backend, case)
