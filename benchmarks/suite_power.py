@@ -10,7 +10,9 @@ process and with an empty Hypothesis example database::
 (an example stored by an earlier run would be replayed first and make a kill look
 instant). A mutant is *killed* when a property fails on it (pytest exit status 1
 with a failed test); it *survives* when the suite passes. The controls (torch_native,
-torch_native rebuilt from the mutants' parts, and examples/my_kernel.py) must pass.
+torch_native rebuilt from the mutants' parts, examples/my_kernel.py, torch_native_fused
+and its rebuild) must pass. Every run is the whole suite: a fused (hidden-input) mutant
+skips the logits-path properties as any hidden-only backend does, and the other way round.
 Time to kill is the wall time of that pytest process: start-up and imports, the
 properties that passed before, and the failing one with its shrinking (``-x``
 stops there). ``--all-properties`` drops ``-x`` to list every property that
@@ -234,9 +236,10 @@ def report(
         f"load average {load:.1f} when it finished), on the property suite whose sources",
         f"(`src/tp_logprob/properties/*.py`) hash to `{suite_digest()}`.",
         "",
-        "Each mutant is torch_native with one realistic bug (`tests/mutants/`, the line",
-        "marked `# BUG:`), registered with torch_native's capability (or, where the",
-        "lie is the bug, a false claim). Each run is a fresh process with an empty",
+        "Each mutant is torch_native (`fused_*`: torch_native_fused) with one realistic",
+        "bug (`tests/mutants/`, the line marked `# BUG:`), registered with its base",
+        "backend's capability (or, where the lie is the bug, a false claim). Each run is",
+        "the whole suite in a fresh process with an empty",
         "Hypothesis database and `TRITON_INTERPRET` unset:",
         "",
         f"    {example}",

@@ -2,9 +2,10 @@
 
 The suite's power is measured by ``benchmarks/suite_power.py`` (minutes); these
 fast tests keep the zoo honest: every mutant loads through the suite's own
-``module:attr`` loader with torch_native's capability (bar its declared lie), the
-control rebuilt from the same parts matches torch_native bit for bit, and each
-mutant differs from torch_native on a case designed for its bug.
+``module:attr`` loader with its base backend's capability (torch_native, or
+torch_native_fused for ``fused_bugs``; bar its declared lie), the controls rebuilt
+from the same parts pass every demo, and each mutant differs from its base
+backend on a case designed for its bug.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import torch
 import tp_logprob as tpl
 from tests.mutants import CONTROLS, MUTANTS
 from tests.mutants.control import control_native
+from tests.mutants.fused_bugs import control_fused
 from tp_logprob.comm import CollectiveError, EmulatedGroup
 from tp_logprob.emulate import ReplicationError
-from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.kernels.builtin import TORCH_NATIVE, TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import apply_temperature, exact_selected_logprob, tolerance
 from tp_logprob.properties._backends import resolve_backends
 
@@ -116,6 +119,7 @@ Pair = tuple[Callable[..., Any], Any]
 """A backend as ``(op, capability)``."""
 
 NATIVE: Pair = (torch_native_logprob, TORCH_NATIVE)
+NATIVE_FUSED: Pair = (torch_native_fused_logprob, TORCH_NATIVE_FUSED)
 
 
 def _forward_differs(case: Case) -> Callable[[Pair], bool]:
@@ -231,11 +235,99 @@ def _lone_rank_with_bad_width(pair: Pair) -> bool:
     raise AssertionError("a shard of the wrong width was accepted")
 
 
+@dataclasses.dataclass(frozen=True)
+class HiddenDemo:
+    """A fused case: hidden ``[N, H]``, the full padded weight ``[V, H]`` and bias, targets."""
+
+    contract: tpl.LogprobContract
+    hidden: Any
+    weight: Any
+    targets: list[int]
+    bias: Any = None
+
+    def tensors(self, *, grad: bool = False) -> tuple[torch.Tensor, ...]:
+        """``(hidden, weight, bias or None, targets)``; with ``grad`` the floats are leaves."""
+        floats = [
+            None if v is None else torch.tensor(np.asarray(v, dtype=np.float32))
+            for v in (self.hidden, self.weight, self.bias)
+        ]
+        leaves = [None if t is None else t.requires_grad_(grad) for t in floats]
+        return (*leaves, torch.tensor(self.targets))
+
+
+def _fused_contract(
+    bounds: tuple[tuple[int, int], ...],
+    *,
+    rows: int = 1,
+    real: int | None = None,
+    mask: Any = None,
+    role: str = "infer",
+    hidden_size: int = 2,
+    bias: bool = False,
+) -> tpl.LogprobContract:
+    return dataclasses.replace(
+        _contract(bounds, rows=rows, real=real, mask=mask, role=role),
+        input_kind=tpl.LogprobInputKind.HIDDEN,
+        hidden_size=hidden_size,
+        has_bias=bias,
+    )
+
+
+def _fused_results(op: Callable[..., Any], case: HiddenDemo, *, grad: bool = False) -> Any:
+    hidden, weight, bias, targets = case.tensors(grad=grad)
+    results = tpl.run_tp_hidden(op, hidden, weight, targets, case.contract, bias=bias)
+    return results, (hidden, weight, bias)
+
+
+def _fused_forward_differs(case: HiddenDemo) -> Callable[[Pair], bool]:
+    def differs(pair: Pair) -> bool:
+        (mine, *_), _ = _fused_results(pair[0], case)
+        (native, *_), _ = _fused_results(NATIVE_FUSED[0], case)
+        pairs = [(mine.selected_logp, native.selected_logp), (mine.lse, native.lse)]
+        return not all(torch.equal(_bits(a), _bits(b)) for a, b in pairs)
+
+    return differs
+
+
+def _fused_gradients(op: Callable[..., Any], case: HiddenDemo) -> list[torch.Tensor]:
+    """d hidden (every rank's partial, summed by autograd), d weight and d bias of sum(selected)."""
+    results, leaves = _fused_results(op, case, grad=True)
+    sum(result.selected_logp.sum() for result in results).backward()
+    return [leaf.grad for leaf in leaves if leaf is not None and leaf.grad is not None]
+
+
+def _fused_gradient_differs(case: HiddenDemo) -> Callable[[Pair], bool]:
+    def differs(pair: Pair) -> bool:
+        mine, native = _fused_gradients(pair[0], case), _fused_gradients(NATIVE_FUSED[0], case)
+        return len(mine) != len(native) or not all(
+            torch.equal(_bits(a), _bits(b)) for a, b in zip(mine, native, strict=True)
+        )
+
+    return differs
+
+
+def _fused_batch_dependent(case: HiddenDemo) -> Callable[[Pair], bool]:
+    """Some row's lse bits differ between the whole batch and that row run alone."""
+
+    def differs(pair: Pair) -> bool:
+        op = pair[0]
+        hidden, weight, _, targets = case.tensors()
+        whole = op(hidden, targets, case.contract, weight=weight).lse
+        alone = dataclasses.replace(case.contract, mask=tpl.MaskSpec(1))
+        rows = range(len(targets))
+        lse = [op(hidden[i : i + 1], targets[i : i + 1], alone, weight=weight).lse for i in rows]
+        return not torch.equal(_bits(whole), _bits(torch.cat(lse)))
+
+    return differs
+
+
 _PADDED = _contract(((0, 4), (4, 6), (6, _V)), real=5)
 _MASKED = _contract(rows=2, mask=[True, False])
 _TRAIN_TP2 = _contract(_TP2, role="train")
 _WIDE = _random(_WIDE_ROWS, 16)
 _WIDE_TARGETS = [0] * _WIDE_ROWS
+_H = [[1.0, 0.5]]
+_FUSED_W = [[float(v), 1.0] for v in range(5)] + [[100.0, 0.0], [_NAN, 0.0], [_INF, 1.0]]
 
 DEMOS: dict[str, Callable[[Pair], bool]] = {
     # name -> does this backend show the bug on a case made for it? (never torch_native)
@@ -309,7 +401,37 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
     "temperature_reciprocal": _outside_oracle(
         Case(_contract(temperature=0.7), [[2103.0, *range(_V - 1)]], [1])
     ),
+    # Fused LM head (vs torch_native_fused). Rank 1 holds live column 4 and padding 5-7,
+    # whose weight rows hold garbage; the target (column 1) is rank 0's.
+    "fused_sentinel_collides_with_padding": _fused_forward_differs(
+        HiddenDemo(_fused_contract(_TP2, real=5), _H, _FUSED_W, [1])
+    ),
+    "fused_hidden_grad_missing_rank_sum": _fused_gradient_differs(
+        HiddenDemo(_fused_contract(_TP2, real=5, role="train"), _H, _FUSED_W, [1])
+    ),
+    "fused_bias_on_padding": _fused_forward_differs(
+        HiddenDemo(
+            _fused_contract(_TP2, real=5, bias=True), _H, _FUSED_W, [1], [0.0] * 5 + [_INF] * 3
+        )
+    ),
+    "fused_chunk_from_n": _fused_batch_dependent(
+        HiddenDemo(
+            _fused_contract(((0, 40),), rows=_WIDE_ROWS, hidden_size=16),
+            _random(_WIDE_ROWS, 16),
+            _random(40, 16, seed=1),
+            _WIDE_TARGETS,
+        )
+    ),
+    "fused_inactive_nan_into_weight_grad": _fused_gradient_differs(
+        HiddenDemo(
+            _fused_contract(_TP2, rows=2, real=5, mask=[True, False], role="train"),
+            [[1.0, 0.5], [_NAN, _NAN]],
+            _FUSED_W,
+            [1, 2],
+        )
+    ),
 }
+_FUSED_DEMOS = {m.name for m in MUTANTS if m.module == "fused_bugs"}
 
 
 def _pair(name: str) -> Pair:
@@ -328,21 +450,29 @@ def test_mutant_shows_its_bug(name: str) -> None:
     assert DEMOS[name](_pair(name))
 
 
-@pytest.mark.parametrize("backend", ["torch_native", "control_native"])
+@pytest.mark.parametrize("backend", ["builtin", "control"])
 @pytest.mark.parametrize("name", sorted(DEMOS))
 def test_unmutated_backends_do_not(name: str, backend: str) -> None:
-    """torch_native, and the control built from the mutants' parts, pass every demo."""
-    assert not DEMOS[name](NATIVE if backend == "torch_native" else control_native)
+    """The built-in base backend (torch_native, or torch_native_fused for a fused demo), and
+    the control built from the mutants' parts, pass every demo."""
+    builtin, control = (
+        (NATIVE_FUSED, control_fused) if name in _FUSED_DEMOS else (NATIVE, control_native)
+    )
+    assert not DEMOS[name](builtin if backend == "builtin" else control)
 
 
-@pytest.mark.parametrize("spec", [m.spec for m in MUTANTS] + [dict(CONTROLS)["control_native"]])
+_CONTROL_SPECS = [dict(CONTROLS)[name] for name in ("control_native", "control_fused")]
+
+
+@pytest.mark.parametrize("spec", [m.spec for m in MUTANTS] + _CONTROL_SPECS)
 def test_loads_through_the_suite_with_native_capability(spec: str) -> None:
     (backend,) = resolve_backends([spec], "cpu")
-    claimed = dataclasses.replace(backend.capability, backend_id=TORCH_NATIVE.backend_id)
+    base = TORCH_NATIVE_FUSED if spec.startswith("tests.mutants.fused_bugs:") else TORCH_NATIVE
+    claimed = dataclasses.replace(backend.capability, backend_id=base.backend_id)
     lies = {
         field.name
         for field in dataclasses.fields(claimed)
-        if getattr(claimed, field.name) != getattr(TORCH_NATIVE, field.name)
+        if getattr(claimed, field.name) != getattr(base, field.name)
     }
     # Base-op mutants claim neither temperature nor entropy (see _compose): a narrower claim.
     assert lies <= {"determinism_scopes", "supports_temperature", "exports_entropy"}, lies

@@ -1,8 +1,9 @@
-"""Planted-bug backends: torch_native with one realistic bug each, which the suite must catch.
+"""Planted-bug backends: torch_native (or, in ``fused_bugs``, torch_native_fused) with one
+realistic bug each, which the suite must catch.
 
 Every mutant is exposed as ``tests.mutants.<module>:<name>``, an ``(op, capability)``
 pair that ``pytest --pyargs tp_logprob.properties --tp-logprob-backend=SPEC``
-loads, registered as ``mutant_<name>`` with torch_native's capability (or the
+loads, registered as ``mutant_<name>`` with its base backend's capability (or the
 false claim that is its bug). ``benchmarks/suite_power.py`` runs the suite on
 each of them and on the :data:`CONTROLS`, which must pass.
 
@@ -223,6 +224,37 @@ MUTANTS: tuple[Mutant, ...] = (
         "rl_bugs",
         "z = x * fp32(1/T) instead of the IEEE division x / T: one ulp off for some x",
     ),
+    Mutant(
+        "fused_sentinel_collides_with_padding",
+        "fused_bugs",
+        "fused LM head: a target the rank does not own is read at sentinel local index "
+        "live_end - start, meant as a zero column past the shard; on a padded shard it is "
+        "a padding column (garbage W row), and the all-reduced (summed) target logit adds it",
+    ),
+    Mutant(
+        "fused_hidden_grad_missing_rank_sum",
+        "fused_bugs",
+        "fused LM head: only rank 0 returns its d hidden partial ('hidden is replicated: count "
+        "its gradient once'); after the caller's all-reduce the other shards' terms are missing",
+    ),
+    Mutant(
+        "fused_bias_on_padding",
+        "fused_bugs",
+        "fused LM head: padding columns masked to -inf before the bias is added over the whole "
+        "shard: a +inf or NaN padding bias makes them NaN, and NaN reaches the max and the sum",
+    ),
+    Mutant(
+        "fused_chunk_from_n",
+        "fused_bugs",
+        "fused LM head: Liger's chunk size next_power_of_2(cdiv(N, cdiv(V, H))): the matmul "
+        "shape, hence a row's bits, depend on N",
+    ),
+    Mutant(
+        "fused_inactive_nan_into_weight_grad",
+        "fused_bugs",
+        "fused LM head: d W = G.T @ hidden without zeroing inactive rows' hidden: G is 0 there, "
+        "but 0 * NaN = NaN",
+    ),
 )
 """Every planted bug, in the order the runner reports them."""
 
@@ -230,7 +262,10 @@ CONTROLS: tuple[tuple[str, str], ...] = (
     ("torch_native", "torch_native"),
     ("control_native", "tests.mutants.control:control_native"),
     ("my_kernel", "examples/my_kernel.py:register"),
+    ("torch_native_fused", "torch_native_fused"),
+    ("control_fused", "tests.mutants.fused_bugs:control_fused"),
 )
 """``(name, spec)`` of the backends that must pass: the built-in torch_native,
 torch_native rebuilt by the mutants' own composition (loaded as module:attr),
-and the third-party example backend (loaded from its file)."""
+the third-party example backend (loaded from its file), and the same pair for the
+fused LM head (the built-in torch_native_fused, and its rebuild by ``fused_bugs``)."""
