@@ -92,7 +92,7 @@ def test_exact_products_check_flags_logits_rounded_to_bf16() -> None:
 
 
 def _case(*, hidden_size: int, integers: bool = False) -> HiddenCase:
-    """A TP=2 fp32 case over 10 columns, 8 live; padding rows hold NaN."""
+    """A TP=2 fp32 case over 20 columns, 16 live; padding rows hold NaN."""
     from tp_logprob.contract import LogprobContract, MaskSpec, ReductionSpec, ShardingSpec
     from tp_logprob.oracle import exact_hidden_logits
 
@@ -101,7 +101,7 @@ def _case(*, hidden_size: int, integers: bool = False) -> HiddenCase:
         "infer",
         "fp32",
         MaskSpec(rows),
-        ShardingSpec(0, 2, ((0, 5), (5, 10)), 8, 10),
+        ShardingSpec(0, 2, ((0, 10), (10, 20)), 16, 20),
         ReductionSpec("fixed_topology"),
         input_kind="hidden",
         hidden_size=hidden_size,
@@ -109,10 +109,10 @@ def _case(*, hidden_size: int, integers: bool = False) -> HiddenCase:
     rng = np.random.default_rng(3)
     if integers:
         hidden = rng.integers(-8, 9, (rows, hidden_size)).astype(np.float32)
-        weight = rng.integers(-8, 9, (10, hidden_size)).astype(np.float32) * 37
+        weight = rng.integers(-8, 9, (20, hidden_size)).astype(np.float32) * 37
     else:
         hidden = rng.standard_normal((rows, hidden_size)).astype(np.float32)
-        weight = rng.standard_normal((10, hidden_size)).astype(np.float32)
-    weight[8:] = np.nan
+        weight = rng.standard_normal((20, hidden_size)).astype(np.float32)
+    weight[16:] = np.nan
     logits = exact_hidden_logits(hidden, weight).astype(np.float32)
-    return HiddenCase(contract, logits, np.array([0, 3, 5, 7]), hidden=hidden, weight=weight)
+    return HiddenCase(contract, logits, np.array([0, 3, 10, 15]), hidden=hidden, weight=weight)

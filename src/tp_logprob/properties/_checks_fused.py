@@ -318,6 +318,7 @@ def _describe(case: HiddenCase, name: str, position: tuple[Any, ...]) -> str:
 
 
 MEMORY_ROWS = 384
+_PARTIAL_WIDTH = 8
 """Rows of the memory check's batch: a backend that processes rows in chunks of fewer
 rows never holds an fp32 tensor as wide as a shard with all of them."""
 
@@ -330,8 +331,9 @@ def check_fused_memory(
     ``[MEMORY_ROWS, w]`` or taller for ``w`` a shard's live or padded width.
 
     Seen through :func:`~tp_logprob.properties._allocations.track_allocations`: outputs of
-    aten ops, not memory inside a kernel (a BLAS workspace). A width equal to the hidden
-    size is not watched (``d hidden`` is legitimately ``[N, H]`` fp32).
+    aten ops, not memory inside a kernel (a BLAS workspace). Widths up to 8 (per-row
+    partials hold 3-4 fp32 fields) and the hidden size (``d hidden`` is ``[N, H]`` fp32)
+    are not watched; the property draws vocabularies wide enough to have other widths.
     """
     import torch
 
@@ -347,7 +349,8 @@ def check_fused_memory(
     widths |= {
         end - start for start, end in map(sharding.live_bounds, range(sharding.tp_world_size))
     }
-    widths -= {0, contract.hidden_size}
+    # [N, k] fp32 for k <= 8 are per-row partials (3-4 fields); [N, H] is d hidden.
+    widths = {w for w in widths if w > _PARTIAL_WIDTH and w != contract.hidden_size}
     if not widths:
         return
     op = backend.op_for(contract)

@@ -124,5 +124,7 @@ def test_fused_never_materializes_the_logits(
     """384 rows, forward and (train) backward: no fp32 tensor the op allocates is a
     shard's width with every row, i.e. the ``[N, local_vocab]`` logits never exist."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite, max_num_tokens=4)
+    case = draw_hidden_case(
+        data, backend, tp_logprob_suite, max_num_tokens=4, min_padded_vocab_size=32
+    )
     run_check("fused_memory", backend, case)
