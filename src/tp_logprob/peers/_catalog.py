@@ -96,6 +96,18 @@ _TRL_POS_INF = (
     ),
 )
 
+_FLCE_BATCH = (
+    (
+        "test_fused_run_to_run_and_batch_invariance",
+        Explanation(
+            PEER_LIMITATION,
+            "each chunk's logits come from one torch matmul whose row count follows N "
+            "(chunk_size = min(next_pow2(ceil(N / ceil(V / H))), N)), and a matmul's bits for "
+            "a row depend on its shape (CPU BLAS kernels; cuBLAS heuristics on GPU)",
+        ),
+    ),
+)
+
 PEERS = (
     Peer(
         name="liger_ce",
@@ -144,16 +156,18 @@ PEERS = (
         library="Liger-Kernel fused linear cross entropy, hidden in (Triton, interpreter on CPU)",
         distribution="liger-kernel",
         cells={
-            "honest": Cell("honest"),
-            "padding": Cell("assume_padding", explanation=_PADDING),
+            "honest": Cell("honest", by_property=_FLCE_BATCH),
+            "padding": Cell("assume_padding", explanation=_PADDING, by_property=_FLCE_BATCH),
             "uneven": _ONE_RANK,
             "16bit": Cell(
                 "assume_16bit",
                 explanation=Explanation(
                     PEER_LIMITATION,
                     "each logits chunk is the matmul's output in the input dtype (hidden @ W.T "
-                    "in bf16/fp16), so the logits carry 8/11 bits before the fp32 softmax",
+                    "in bf16/fp16), so the logits carry 8/11 bits before the fp32 softmax, and "
+                    "d weight is accumulated in that dtype too",
                 ),
+                by_property=_FLCE_BATCH,
             ),
             "inactive": Cell(
                 note="not run: an inactive row's out-of-range target is read unchecked "

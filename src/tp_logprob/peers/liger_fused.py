@@ -22,9 +22,12 @@ Capability, from ``ops/fused_linear_cross_entropy.py`` (``FLCE`` below) and
 - fp32 only: the chunk's logits are the matmul's output in the input dtype
   (FLCE:168), so bf16/fp16 logits are rounded to 8/11 bits before the fp32 softmax;
 - bias: added to each logits chunk (FLCE:169-170);
-- train and infer; ``fixed_topology`` (the only scope a backend may claim; the
-  suite checks batch invariance, which the matmul's shape-dependent blocking may
-  break);
+- train and infer;
+- ``fixed_topology``, the weakest scope a backend can declare, and it does not
+  fully hold: each chunk's matmul has ``min(next_pow2(ceil(N / ceil(V / H))), N)``
+  rows (FLCE:103-105), and a matmul's bits for a row depend on that shape, so a
+  row's result depends on N (the suite's batch-invariance property fails; run to
+  run it is reproducible);
 - no temperature (``softcap`` is a tanh cap, another function), no entropy.
 
 Glue (see :mod:`tp_logprob.peers._glue`):
