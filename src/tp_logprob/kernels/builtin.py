@@ -27,6 +27,7 @@ __all__ = [
     "TORCH_NATIVE_FUSED",
     "TRITON_EXACT_SUM",
     "TRITON_FUSED",
+    "TRITON_FUSED_EXACT_SUM",
     "TRITON_ONLINE",
     "register_builtin_backends",
     "register_fused_backends",
@@ -57,6 +58,10 @@ TORCH_NATIVE_FUSED = dataclasses.replace(
 )
 TRITON_FUSED = dataclasses.replace(
     _capability("triton_fused", DeterminismScope.FIXED_TOPOLOGY),
+    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+)
+TRITON_FUSED_EXACT_SUM = dataclasses.replace(
+    _capability("triton_fused_exact_sum", DeterminismScope.CROSS_TP_BITWISE),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
 )
 TRITON_ONLINE = _capability("triton_online", DeterminismScope.FIXED_TOPOLOGY)
@@ -102,8 +107,8 @@ def register_builtin_backends(registry: Any) -> None:
 
 def register_fused_backends(registry: Any) -> None:
     """Register the fused LM-head backends (hidden-state input): ``torch_native_fused``
-    everywhere, ``triton_fused`` where Triton runs. Part of the default registry
-    (:func:`register_builtin_backends`)."""
+    everywhere, ``triton_fused`` and ``triton_fused_exact_sum`` where Triton runs. Part
+    of the default registry (:func:`register_builtin_backends`)."""
     for platform in ("cuda", "rocm", "cpu"):
         registry.register_logprob_backend(
             platform,
@@ -115,4 +120,9 @@ def register_fused_backends(registry: Any) -> None:
             platform,
             _lazy("tp_logprob.kernels.triton.fused", "triton_fused_logprob"),
             TRITON_FUSED,
+        )
+        registry.register_logprob_backend(
+            platform,
+            _lazy("tp_logprob.kernels.triton.fused_exact_sum", "triton_fused_exact_sum_logprob"),
+            TRITON_FUSED_EXACT_SUM,
         )

@@ -18,7 +18,8 @@ integers for every split of the vocabulary. With entropy it also sums
 ``exp(d) d`` (``d = z - M``, in ``[-1/e, 0]``, 0 for ``d = -inf``) the same way,
 truncated toward zero to ``K`` fractional bits: the entropy is bitwise layout
 independent too. Traffic per row: ``live_width * itemsize`` bytes read (again),
-8 bytes written (16 with entropy).
+8 bytes written (16 with entropy). Its per-tile step, ``fixed_point_fold``, is
+shared with ``triton_fused_exact_sum`` (``fused_exact_sum_kernels``).
 
 ``exact_merge_kernel``: one program per block of rows adds the gathered int64
 sums, converts once, ``S = S_int * 2^-K``, and writes ``LSE = M + log S`` (fp64,
@@ -46,7 +47,13 @@ from tp_logprob.kernels.triton.common_kernels import (
     widen,
 )
 
-__all__ = ["STAGE_FIELDS", "exact_max_kernel", "exact_merge_kernel", "exact_sum_kernel"]
+__all__ = [
+    "STAGE_FIELDS",
+    "exact_max_kernel",
+    "exact_merge_kernel",
+    "exact_sum_kernel",
+    "fixed_point_fold",
+]
 
 STAGE_FIELDS = tl.constexpr(2)  # (m_r, t_r) per row, gathered before the sums
 
@@ -119,15 +126,29 @@ def exact_sum_kernel(
         cols = start + offsets
         x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         shifted = scaled(x, temperature, SCALE) - shift
-        weights = tl.exp(shifted)
-        # scale = 2^K: the product is exact, and the conversion truncates, i.e. floors.
-        units += tl.sum((weights * scale).to(tl.int64), axis=0)
-        if ENTROPY:
-            # exp(d) d lies in [-1/e, 0]: truncation toward zero, exact sums again.
-            moment_units += tl.sum((entropy_term(weights, shifted) * scale).to(tl.int64), axis=0)
+        units, moment_units = fixed_point_fold(shifted, scale, units, moment_units, ENTROPY, 0)
     tl.store(sums_ptr + row * SUM_FIELDS, units)
     if ENTROPY:
         tl.store(sums_ptr + row * SUM_FIELDS + 1, moment_units)
+
+
+@triton.jit
+def fixed_point_fold(
+    shifted, scale, units, moment_units, ENTROPY: tl.constexpr, AXIS: tl.constexpr
+):
+    """``units`` (and ``moment_units``) plus a tile's fixed-point terms summed along ``AXIS``.
+
+    ``shifted`` holds ``d = z - M`` (``<= 0`` or ``-inf``), ``scale`` is ``2^K``. Each
+    term depends on its own ``d`` only: ``floor(exp(d) 2^K)``, and with entropy
+    ``exp(d) d 2^K`` truncated toward zero.
+    """
+    weights = tl.exp(shifted)
+    # scale = 2^K: the product is exact, and the conversion truncates, i.e. floors.
+    units += tl.sum((weights * scale).to(tl.int64), axis=AXIS)
+    if ENTROPY:
+        # exp(d) d lies in [-1/e, 0]: truncation toward zero, exact sums again.
+        moment_units += tl.sum((entropy_term(weights, shifted) * scale).to(tl.int64), axis=AXIS)
+    return units, moment_units
 
 
 @triton.jit

@@ -33,16 +33,14 @@ caller all-reduces it); ``d W`` is zero on padding rows; inactive rows add exact
 Determinism: ``fixed_topology`` (see ``fused_kernels``): run to run and batch
 invariant for one TP degree and shard layout.
 
-Not ``cross_tp_bitwise``; there is no ``triton_fused_exact_sum`` variant. Its
-premise holds: each fp32 ``x[t, v]`` has the same bits whatever the shard layout
-(the K-loop order and chunk depth are fixed, and a ``tl.dot`` element depends only
-on its hidden row and weight row; ``test_triton_fused`` checks it under the
-interpreter, a GPU run has not checked it). The sums do not: the per-lane sums
-and the merge group the columns by shard, as ``triton_online``'s do. What
-remains is ``exact_sum_kernels``' two passes (gathered maxima and owned targets,
-then int64 fixed-point sums of ``exp(z - M)``) fed by ``logits_tile`` instead of
-a logits load, so the matmul runs twice, then ``exact_merge_kernel`` unchanged, and
-a test of bitwise equality across TP 1..4 layouts.
+Not ``cross_tp_bitwise``: each fp32 ``x[t, v]`` has the same bits whatever the
+shard layout (the K-loop order and chunk depth are fixed, and a ``tl.dot``
+element depends only on its hidden row and weight row; ``test_triton_fused``
+checks it under the interpreter, a GPU run has not checked it), but the sums do
+not: the per-lane sums and the merge group the columns by shard, as
+``triton_online``'s do. ``triton_fused_exact_sum`` (``fused_exact_sum.py``) runs
+``logits_tile`` under ``triton_exact_sum``'s fixed-point sums instead, and shares
+this module's front (``run_fused_op``) and backward.
 """
 
 from __future__ import annotations
@@ -70,12 +68,19 @@ from tp_logprob.kernels.triton.launch import (
 from tp_logprob.kernels.triton.online import online_merge
 
 __all__ = [
+    "FusedForwardFn",
     "TritonFusedFunction",
     "fused_backward",
     "fused_forward",
     "fused_logits",
+    "run_fused_op",
     "triton_fused_logprob",
 ]
+
+FusedForwardFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, RankInputs, LogprobContract, Any], Outputs
+]
+"""A fused forward: ``(hidden, weight, bias, inputs, contract, group) -> Outputs``."""
 
 
 def triton_fused_logprob(
@@ -95,18 +100,32 @@ def triton_fused_logprob(
         (-(result.selected_logp * advantages).sum()).backward()
         torch.distributed.all_reduce(hidden.grad)  # d hidden is this rank's partial
     """
+    return run_fused_op(fused_forward, hidden, targets, contract, group, weight, bias)
+
+
+def run_fused_op(
+    forward: FusedForwardFn,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> LogprobResult:
+    """Check and prepare the inputs and run a fused ``forward``; for the ``train`` role
+    through :class:`TritonFusedFunction` (the chunked backward)."""
     active = _check_inputs(hidden, targets, contract, group, weight, bias)
     inputs = _rank_inputs(hidden, targets, active, contract)
     if contract.role is LogprobRole.TRAIN:
         apply: Callable[..., tuple[torch.Tensor, ...]] = TritonFusedFunction.apply
-        selected, lse, entropy = apply(hidden, weight, bias, inputs, contract, group)
+        selected, lse, entropy = apply(hidden, weight, bias, inputs, contract, group, forward)
         return LogprobResult(
             selected,
             lse if contract.export_lse else None,
             entropy if contract.export_entropy else None,
         )
     with torch.no_grad():
-        outputs = fused_forward(hidden, weight, bias, inputs, contract, group)
+        outputs = forward(hidden, weight, bias, inputs, contract, group)
     return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
 
 
@@ -194,7 +213,8 @@ def _operands(
 
 
 class TritonFusedFunction(torch.autograd.Function):
-    """Forward: the fused op. Backward: ``d hidden`` (this rank's partial), ``d W``, ``d bias``.
+    """Forward: a fused op's ``forward``. Backward: ``d hidden`` (this rank's partial),
+    ``d W``, ``d bias``, from the forward's fp32 LSE (and entropy).
 
     Without ``export_entropy`` the entropy output is an empty, non-differentiable placeholder.
     """
@@ -208,8 +228,9 @@ class TritonFusedFunction(torch.autograd.Function):
         inputs: RankInputs,
         contract: LogprobContract,
         group: Any,
+        forward: FusedForwardFn,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        outputs = fused_forward(hidden, weight, bias, inputs, contract, group)
+        outputs = forward(hidden, weight, bias, inputs, contract, group)
         lse = outputs.lse_target()
         if outputs.entropy is None or outputs.entropy32 is None:
             entropy = entropy32 = outputs.selected.new_empty(0)
@@ -235,7 +256,7 @@ class TritonFusedFunction(torch.autograd.Function):
         d_hidden, d_weight, d_bias = fused_backward(
             hidden, weight, bias, ctx.inputs, contract, lse32, grad_selected, entropy_grads
         )
-        return d_hidden, d_weight, d_bias, None, None, None
+        return d_hidden, d_weight, d_bias, None, None, None, None
 
 
 def fused_backward(

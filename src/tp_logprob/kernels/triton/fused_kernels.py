@@ -42,7 +42,13 @@ import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import entropy_term, scaled, widen
 
-__all__ = ["fused_logits_kernel", "fused_partial_kernel", "logits_tile", "online_update"]
+__all__ = [
+    "fused_logits_kernel",
+    "fused_partial_kernel",
+    "logits_tile",
+    "online_update",
+    "picked_target",
+]
 
 
 @triton.jit
@@ -117,6 +123,15 @@ def online_update(z, running_max, lane_sums, lane_moments, ENTROPY: tl.constexpr
 
 
 @triton.jit
+def picked_target(z, cols, start, local, owned, target, BLOCK: tl.constexpr):
+    """``target`` with each owned row's ``z`` at its local target column ``local`` taken
+    from the tile of columns ``cols`` (``start`` to ``start + BLOCK``) when the tile holds it."""
+    # Adding -0.0 is exact for every z (NaN and -0.0 included): the sum is the target's z.
+    picked = tl.sum(tl.where(cols[None, :] == local[:, None], z, -0.0), axis=1)
+    return tl.where(owned & (local >= start) & (local < start + BLOCK), picked, target)
+
+
+@triton.jit
 def fused_partial_kernel(
     hidden_ptr,
     hidden_row_stride,
@@ -172,9 +187,7 @@ def fused_partial_kernel(
             BLOCK_K,
         )
         z = scaled(tl.where(col_mask[None, :], x, float("-inf")), temperature, SCALE)
-        # Adding -0.0 is exact for every z (NaN and -0.0 included): the sum is the target's z.
-        picked = tl.sum(tl.where(cols[None, :] == local[:, None], z, -0.0), axis=1)
-        target = tl.where(owned & (local >= start) & (local < start + BLOCK), picked, target)
+        target = picked_target(z, cols, start, local, owned, target, BLOCK)
         is_nan = z != z
         row_nans = row_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
         running_max, lane_sums, lane_moments = online_update(

@@ -1,0 +1,192 @@
+"""``triton_fused_exact_sum``: the fused LM head, bitwise equal for every TP degree and layout.
+
+Op signature (contracts with ``input_kind="hidden"``), as ``triton_fused``::
+
+    triton_fused_exact_sum_logprob(hidden, targets, contract, group=None, *, weight, bias=None)
+
+Forward: ``triton_exact_sum``'s construction on logits that are never stored
+(``fused_exact_sum_kernels``): a first pass forms each ``[BLOCK_M, BLOCK]`` logits
+tile with ``triton_fused``'s ``logits_tile`` and keeps the row maxima and owned
+targets; one all-gather gives every rank the global max ``M``; a second pass forms
+the same tiles again and sums ``exp(z - M)`` (and ``exp(z - M)(z - M)`` for
+entropy) as int64 fixed point with ``K = exact_sum.fraction_bits(padded)``
+fractional bits; a second all-gather and ``exact_merge_kernel`` finish. Same
+outputs and semantics as ``triton_fused`` (temperature, entropy, padding rows of
+``W`` never read, inactive rows exactly +0.0, special values), with
+``triton_exact_sum``'s quantization error (below ``padded * 2^-K`` against
+``S >= 1``). Cost over ``triton_fused``: the matmul runs twice and there is one
+more all-gather. Memory: ``O(N)`` (stage, sums, outputs); no logits.
+
+Determinism: ``cross_tp_bitwise`` for the outputs, ``selected_logp``, ``lse`` and
+``entropy`` (DESIGN section 2: the forward's results): each ``z[t, v]`` has the
+same bits whatever shard holds column ``v``, and the fixed-point sums are exact
+(``fused_exact_sum_kernels`` gives the argument). Also run to run and batch
+invariant (a row's bits depend on its own hidden row and ``W`` only).
+
+Role ``train``: ``triton_fused``'s chunked backward (``fused.fused_backward``) from
+this forward's fp32 LSE (and entropy), which are layout independent, so
+``G = d out / d x`` has the same bits for every layout (elementwise from ``x``,
+``LSE`` and ``entropy``). The gradients themselves are not in the scope:
+
+* ``d W`` row ``v`` and ``d bias[v]`` involve only column ``v`` of ``G``, but are
+  summed over rows by ``torch.matmul`` and ``sum`` per chunk of ``chunk_rows``
+  rows, and both the chunking (``chunk_rows`` shrinks below 128 rows for shards
+  wider than 32768 live columns) and the library's reduction order (it picks
+  its algorithm by the operand shapes, which include the shard width) may change
+  with the layout;
+* ``d hidden`` is this rank's partial over its own columns; the caller's
+  all-reduce groups the columns by shard, so the summed gradient is only
+  within tolerance across layouts.
+
+Each gradient is still run to run and batch invariant, as ``triton_fused``'s is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+
+from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.kernels.triton.exact_sum import fraction_bits
+from tp_logprob.kernels.triton.exact_sum_kernels import STAGE_FIELDS, exact_merge_kernel
+from tp_logprob.kernels.triton.fused import _ieee_products, _operands, run_fused_op
+from tp_logprob.kernels.triton.fused_exact_sum_kernels import (
+    fused_exact_max_kernel,
+    fused_exact_sum_kernel,
+)
+from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, allocate_outputs
+from tp_logprob.kernels.triton.launch import (
+    FUSED_TILES,
+    KernelKind,
+    launch,
+    launch_config,
+    platform_of,
+)
+
+__all__ = ["fused_exact_sum_forward", "triton_fused_exact_sum_logprob"]
+
+
+def triton_fused_exact_sum_logprob(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+    *,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> LogprobResult:
+    """One rank's selected logprob from hidden states and its LM-head weight rows, with the
+    same bits for every TP degree and shard layout.
+
+    Example, on rank r of a TP group (``hidden`` replicated, ``weight`` the rank's rows)::
+
+        result = triton_fused_exact_sum_logprob(hidden, targets, contract, group, weight=w_r)
+        (-(result.selected_logp * advantages).sum()).backward()
+        torch.distributed.all_reduce(hidden.grad)  # d hidden is this rank's partial
+    """
+    return run_fused_op(fused_exact_sum_forward, hidden, targets, contract, group, weight, bias)
+
+
+def fused_exact_sum_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    inputs: RankInputs,
+    contract: LogprobContract,
+    group: Any,
+) -> Outputs:
+    """Maxima, all-gather, fixed-point sums, all-gather, ``exact_merge_kernel``."""
+    rows, size = inputs.num_rows, hidden.shape[1]
+    device = hidden.device
+    platform = platform_of(hidden)
+    config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
+    block_m, block_k = FUSED_TILES[platform]
+    grid = (triton.cdiv(rows, block_m),)
+    operands = _operands(hidden, weight, bias)
+    tiles = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_K": block_k}
+    stage = torch.empty((rows, STAGE_FIELDS.value), dtype=torch.float32, device=device)
+    with _ieee_products():
+        launch(
+            fused_exact_max_kernel,
+            grid,
+            config,
+            hidden,
+            *operands,
+            rows,
+            size,
+            inputs.live_width,
+            inputs.col_start,
+            inputs.targets,
+            inputs.active,
+            stage,
+            inputs.temperature,
+            SCALE=inputs.scale,
+            **tiles,
+        )
+    gathered_stage = all_gather(stage, group)
+    bits = fraction_bits(contract.sharding.padded_vocab_size)
+    sum_fields = 1 + int(contract.export_entropy)
+    sums = torch.empty((rows, sum_fields), dtype=torch.int64, device=device)
+    with _ieee_products():
+        launch(
+            fused_exact_sum_kernel,
+            grid,
+            config,
+            hidden,
+            *operands,
+            rows,
+            size,
+            inputs.live_width,
+            gathered_stage,
+            gathered_stage.shape[0],
+            sums,
+            float(2**bits),
+            inputs.temperature,
+            SCALE=inputs.scale,
+            ENTROPY=contract.export_entropy,
+            SUM_FIELDS=sum_fields,
+            **tiles,
+        )
+    return _merge(gathered_stage, all_gather(sums, group), inputs, contract, bits)
+
+
+def _merge(
+    gathered_stage: torch.Tensor,
+    gathered_sums: torch.Tensor,
+    inputs: RankInputs,
+    contract: LogprobContract,
+    bits: int,
+) -> Outputs:
+    """``exact_merge_kernel`` over the gathered stage and sums, as ``exact_sum_forward`` runs it."""
+    rows = inputs.num_rows
+    device = gathered_stage.device
+    outputs = allocate_outputs(contract, rows, device)
+    config = launch_config(platform_of(gathered_stage), KernelKind.MERGE, inputs.logits.dtype)
+    lse = outputs.lse_target()
+    entropy, entropy32 = outputs.entropy_targets()
+    launch(
+        exact_merge_kernel,
+        (triton.cdiv(rows, config.block),),
+        config,
+        gathered_stage,
+        gathered_stage,
+        gathered_sums,
+        inputs.boundaries,
+        gathered_stage.shape[0],
+        rows,
+        inputs.targets,
+        inputs.active,
+        outputs.selected,
+        lse,
+        outputs.lse32,
+        entropy,
+        entropy32,
+        float(2.0**-bits),
+        STORE_LSE=lse is not outputs.lse32,
+        ENTROPY=contract.export_entropy,
+        STORE_ENTROPY=entropy is not entropy32,
+        SUM_FIELDS=gathered_sums.shape[2],
+    )
+    return outputs
