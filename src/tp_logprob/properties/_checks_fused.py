@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tp_logprob.contract import LogprobContract, LogprobDType, LogprobInputKind
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobInputKind,
+    ReductionSpec,
+)
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.properties._gradients import entropy_weights, gradient_bound, upstream_weights
@@ -57,9 +63,11 @@ def fused_only(case: LogprobCase) -> HiddenCase:
 
 
 def logits_contract(contract: LogprobContract) -> LogprobContract:
-    """The logits-path contract of a fused one: same everything, fp32 logits as input."""
+    """The logits-path contract of a fused one: fp32 logits as input, ``fixed_topology``
+    (what torch_native serves), everything else the same."""
     return dataclasses.replace(
         contract,
+        reduction=ReductionSpec(DeterminismScope.FIXED_TOPOLOGY),
         input_kind=LogprobInputKind.LOGITS,
         hidden_size=None,
         has_bias=False,
