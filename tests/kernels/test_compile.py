@@ -20,6 +20,9 @@ from typing import Any
 import pytest
 import torch
 
+import tp_logprob as tpl
+from tp_logprob.contract import LogprobInputKind
+
 from ._triton_cases import BACKENDS  # the interpreter on CPU, or a clean skip
 
 recorder = pytest.importorskip("tp_logprob.kernels.triton.recorder")
@@ -28,7 +31,14 @@ traffic = pytest.importorskip("tp_logprob.kernels.triton.traffic")
 aot = pytest.importorskip("tp_logprob.kernels.triton.aot")
 launch = pytest.importorskip("tp_logprob.kernels.triton.launch")
 
-_GATES = ("compile", "spills", "vectorized loads", "fp64 in loop", "approximate fp32 division")
+_GATES = (
+    "compile",
+    "spills",
+    "vectorized loads",
+    "fp64 in loop",
+    "approximate fp32 division",
+    "IEEE fp32 division",
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +103,44 @@ def test_recorder_takes_configs_from_the_gpu_launch_table() -> None:
     assert {x.num_warps for x in partial} == {row.num_warps}
     assert all(x.reads_logits for x in partial)
     assert not any(x.reads_logits for x in launches if "merge" in x.name)
-    assert {x.backend for x in launches} == set(BACKENDS)
+    assert {x.backend for x in launches if x.reads_logits} == set(BACKENDS)
     assert "logprob_grad_kernel" in {x.name for x in launches}  # the train role's backward
+
+
+def test_recorder_launches_every_kernel() -> None:
+    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    missing = _jit_kernels() - {x.name for x in launches}
+    assert not missing, f"@triton.jit kernels no recorded backend launches: {sorted(missing)}"
+
+
+def test_recorder_records_hidden_input_backends_on_fused_contracts() -> None:
+    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    hidden = {
+        capability.backend_id
+        for capability in tpl.registry.backends("cuda")
+        if LogprobInputKind.HIDDEN in capability.input_kinds
+        and capability.backend_id.startswith("triton_")
+    }
+    assert "triton_fused" in hidden
+    assert {x.backend for x in launches if x.forms_logits} == hidden
+    fused = [x for x in launches if x.backend == "triton_fused"]
+    assert not any(x.reads_logits for x in fused)
+    partial = [x for x in fused if x.name == "fused_partial_kernel"]
+    assert partial and all(x.forms_logits for x in partial)
+    config = launch.launch_config("cuda", launch.KernelKind.FUSED, torch.bfloat16)
+    block_m, block_k = launch.FUSED_TILES["cuda"]
+    tiles = {
+        (c["BLOCK"], c["BLOCK_M"], c["BLOCK_K"], x.num_warps)
+        for x in partial
+        for c in [dict(x.constexprs)]
+    }
+    assert tiles == {(config.block, block_m, block_k, config.num_warps)}
+    assert {x.dtype for x in partial} == {"bf16", "fp16", "fp32"}
+    for flag in ("HAS_BIAS", "ENTROPY", "SCALE"):
+        assert {dict(x.constexprs)[flag] for x in partial} == {False, True}, flag
+    train = {x.name for x in fused if "role=train" in x.contract}
+    assert {"fused_partial_kernel", "fused_logits_kernel", "logprob_grad_kernel"} <= train
+    assert "fused_logits_kernel" not in {x.name for x in fused if "role=train" not in x.contract}
 
 
 def test_recorder_specializations_follow_the_layout() -> None:
@@ -102,19 +148,27 @@ def test_recorder_specializations_follow_the_layout() -> None:
     unaligned = recorder.record(["rocm"], ["unaligned"], (torch.int64,), exhaustive=False)
     wide = recorder.record(["rocm"], ["aligned-2gib"], (torch.int64,), exhaustive=False)
 
-    def logits_args(launches: list[Any]) -> set[Any]:
-        return {a for x in launches for a in x.args if getattr(a, "is_logits", False)}
+    def operand_args(launches: list[Any], operand: str) -> set[Any]:
+        return {a for x in launches for a in x.args if getattr(a, "operand", None) == operand}
 
-    assert {a.data_ptr_mod_16 for a in logits_args(aligned)} == {0}
-    assert {a.data_ptr_mod_16 for a in logits_args(unaligned)} != {0}
-    assert max(a.nbytes for a in logits_args(aligned)) < 2**31
-    assert min(a.nbytes for a in logits_args(wide)) > 2**31
+    for operand in ("logits", "hidden", "weight"):
+        assert {a.data_ptr_mod_16 for a in operand_args(aligned, operand)} == {0}, operand
+        assert {a.data_ptr_mod_16 for a in operand_args(unaligned, operand)} != {0}, operand
+        assert max(a.nbytes for a in operand_args(aligned, operand)) < 2**31, operand
+    for operand in ("logits", "weight"):  # the buffers past 2 GiB at N=8192, V=152064, H=8192
+        assert min(a.nbytes for a in operand_args(wide, operand)) > 2**31, operand
+    assert max(a.nbytes for a in operand_args(wide, "hidden")) < 2**31
 
 
-def test_contract_variants_cover_every_option() -> None:
-    base = recorder._base_contract(recorder.LAYOUTS["aligned"], 0, 0)
+@pytest.mark.parametrize("kind", list(LogprobInputKind), ids=lambda kind: kind.value)
+def test_contract_variants_cover_every_option(kind: LogprobInputKind) -> None:
+    base = recorder._base_contract(recorder.LAYOUTS["aligned"], 0, 0, kind)
     choices = recorder._field_choices(base)
     assert {"role", "dtype", "output.dtype", "export_lse"} <= set(choices)
+    assert not {"input_kind", "hidden_size"} & set(choices)
+    hidden_only = {"has_bias", "allow_tf32"}
+    expected = hidden_only if kind is LogprobInputKind.HIDDEN else set()
+    assert hidden_only & set(choices) == expected
     for exhaustive in (True, False):
         variants = list(recorder.contract_variants(base, exhaustive=exhaustive))
         for key, values in choices.items():
@@ -150,6 +204,40 @@ def test_ptx_loops_loads_fp64_and_division_are_read() -> None:
     assert resources._ptx_load_bits(lines[1]) == 16
     assert not any("add.f64" in line for line in loop)
     assert resources.element_lines(lines[:3], resources._PTX_BLOCK) == lines[:3]  # no loop
+
+
+_NESTED_PTX = """\
+// %bb.0:
+\tld.global.b16 %rs1, [%rd1];
+$L__BB0_3:                              // %._crit_edge
+                                        //   in Loop: Header=BB0_1 Depth=1
+\tdiv.rn.f32 %r5, %r4, %r3;
+\t@%p1 bra $L__BB0_5;
+$L__BB0_1:                              // =>This Loop Header: Depth=1
+                                        //     Child Loop BB0_2 Depth 2
+\tcp.async.ca.shared.global [ %r50 + 0 ], [ %rd34 + 0 ], 0x8, %r51;
+$L__BB0_2:                              // %.lr.ph
+                                        //   Parent Loop BB0_1 Depth=1
+                                        // =>  This Inner Loop Header: Depth=2
+\tcp.async.cg.shared.global [ %r52 + 0 ], [ %rd35 + 0 ], 0x10, %r53;
+\tfma.rn.f32 %r6, %r7, %r8, %r6;
+$L__BB0_5:                              // %exit
+\tret;
+}
+"""
+
+
+def test_nested_loops_and_async_copies_are_read() -> None:
+    """Nested loops annotate blocks on the lines after the label; tl.dot loads by cp.async."""
+    lines = _NESTED_PTX.splitlines()
+    loop = resources.loop_lines(lines, resources._PTX_BLOCK)
+    assert [line for line in loop if line.startswith("$L__BB")] == [
+        lines[2],
+        lines[6],
+        lines[9],
+    ]
+    assert "\tret;" not in loop and lines[1] not in loop
+    assert [resources._ptx_load_bits(line) for line in (lines[8], lines[12])] == [64, 128]
 
 
 def test_amdgcn_loop_blocks_are_read() -> None:

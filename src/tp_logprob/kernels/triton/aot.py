@@ -98,6 +98,8 @@ class CompiledLaunch:
     contract: str
     backend: str
     reads_logits: bool
+    forms_logits: bool  # reads hidden states and weight (the fused LM head)
+    scales: bool  # divides by the temperature (constexpr ``SCALE``)
     num_warps: int
     block: int
     resources: Any  # resources.Resources, or None when compiling failed
@@ -150,6 +152,8 @@ def compile_matrix(
             contract=launch.contract,
             backend=launch.backend,
             reads_logits=launch.reads_logits,
+            forms_logits=launch.forms_logits,
+            scales=bool(dict(launch.constexprs).get("SCALE", False)),
             num_warps=launch.num_warps,
             block=dict(launch.constexprs)["BLOCK"],
             resources=resources,
@@ -165,10 +169,12 @@ def compile_matrix(
 def gate_failures(rows: Iterable[CompiledLaunch]) -> list[str]:
     """Every gate violation, one line per kernel x target x layout x dtype and finding.
 
-    Gates: every launch compiles for every target; no spills; in the aligned layouts,
-    every kernel that reads the logits loads them 128 bits at a time; no fp64 in the
-    loops of a kernel that reads the logits; no approximate fp32 division there (the
-    contract's ``fp32(x) / T`` is IEEE; NVIDIA only, where PTX names the two apart).
+    Gates: every launch compiles for every target; no spills; for every kernel that
+    reads the logits or forms them (from hidden states and weight, the fused LM head):
+    in the aligned layouts its widest element-code load is 128 bits; no fp64 in its
+    loops; no approximate fp32 division, and with a temperature at least one IEEE
+    ``div.rn.f32`` (the contract's ``fp32(x) / T`` is IEEE; NVIDIA only, where PTX
+    names the two apart).
     """
     found: dict[tuple[str, str, str], list[str]] = {}
     for row in rows:
@@ -190,7 +196,7 @@ def _violations(row: CompiledLaunch) -> list[tuple[str, str]]:
         found.append(
             ("spills", f"{res.spill_bytes} spill bytes, {res.spill_registers} spilled registers")
         )
-    if not row.reads_logits:
+    if not (row.reads_logits or row.forms_logits):
         return found
     if row.layout in GATED_LAYOUTS and not res.vectorized:
         found.append(
@@ -203,6 +209,8 @@ def _violations(row: CompiledLaunch) -> list[tuple[str, str]]:
         found.append(("fp64 in loop", ", ".join(res.fp64_in_loop)))
     if res.approx_div_f32:
         found.append(("approximate fp32 division", f"{res.approx_div_f32} div.full/div.approx"))
+    if row.scales and TARGETS[row.target][0] == "cuda" and not res.ieee_div_f32:
+        found.append(("IEEE fp32 division", "SCALE=True but no div.rn.f32 in the element code"))
     return found
 
 

@@ -55,6 +55,7 @@ def summary(rows: Sequence[Any]) -> list[dict[str, Any]]:
                 "launches": len(members),
                 "errors": sum(row.error is not None for row in members),
                 "reads_logits": any(row.reads_logits for row in members),
+                "forms_logits": any(row.forms_logits for row in members),
                 "registers": max((r.registers for r in built), default=None),
                 "spill_bytes": max((r.spill_bytes for r in built), default=None),
                 "spill_registers": max((r.spill_registers for r in built), default=None),
@@ -75,7 +76,7 @@ def headline(report: Report) -> str:
     nvidia = [row.resources.registers for row in built if row.target.startswith("sm_")]
     amd = [row.resources.registers for row in built if row.target.startswith("gfx")]
     spilled = sum(row.resources.spills for row in built)
-    readers = sorted({row.kernel for row in report.rows if row.reads_logits})
+    readers = sorted({row.kernel for row in report.rows if row.reads_logits or row.forms_logits})
     vector = [
         kernel
         for kernel in readers
@@ -93,7 +94,7 @@ def headline(report: Report) -> str:
         f"max registers/thread: NVIDIA {max(nvidia, default=0)}, AMD {max(amd, default=0)} VGPRs; "
         f"rows with spills: {spilled}",
         f"128-bit loads in the aligned layouts: {', '.join(vector) or 'none'}"
-        f" (of {len(readers)} kernels that read the logits)",
+        f" (of {len(readers)} kernels that read the logits or form them from hidden states)",
         f"gates: {'PASS' if not report.failures else f'{len(report.failures)} FAILED'}",
     ]
     return "\n".join(lines)
@@ -109,6 +110,7 @@ def write_json(report: Report, path: str | Path) -> None:
             "contract": row.contract,
             "backend": row.backend,
             "reads_logits": row.reads_logits,
+            "forms_logits": row.forms_logits,
             "num_warps": row.num_warps,
             "block": row.block,
             "error": row.error,
@@ -146,10 +148,12 @@ def _markdown(report: Report) -> str:
         "",
         "Every launch comes from the backends' real launch path "
         "(`tp_logprob.kernels.triton.recorder`): each Triton backend's forward and `train` "
-        "backward run on tiny CPU tensors with `launch` recorded instead of run and the "
+        "backward run on tiny CPU tensors (logits; for the fused LM-head backends, which "
+        'take `input_kind="hidden"`, hidden states, weight rows and bias, H=64, 61 when '
+        "unaligned) with `launch` recorded instead of run and the "
         "platform forced to cuda or rocm, so the launch table picks the configs; every "
-        "contract variant (role, dtypes, determinism scope, export flags, temperature) and "
-        f"TP=1 and TP=2. Matrix `{report.matrix.name}`: {report.matrix.description}. "
+        "contract variant (role, dtypes, determinism scope, export flags, temperature, bias) "
+        f"and TP=1 and TP=2. Matrix `{report.matrix.name}`: {report.matrix.description}. "
         "The JIT's own binder picks each specialization; `triton.compile` builds it "
         "(`tp_logprob.kernels.triton.aot`), and `tp_logprob.kernels.triton.resources` "
         "reads the cubin (`cuobjdump -res-usage`) and PTX, or the AMDGCN.",
@@ -163,13 +167,15 @@ def _markdown(report: Report) -> str:
         "- every launch compiles for every target (`sm_80`, `sm_90`, `sm_100`, `gfx942`, "
         "`gfx950`);",
         "- zero spills everywhere;",
-        "- in the aligned layouts, every kernel that reads the logits loads them 128 bits "
-        "at a time in its element code (`ld.global.v4` in PTX; `global_load_dwordx4` or "
-        "`buffer_load_dwordx4` in AMDGCN);",
-        "- no fp64 instruction in the loops of a kernel that reads the logits (fp64 is "
-        "fine in the per-row merges);",
-        "- no approximate fp32 division (`div.full.f32`) where the logits are read: the "
-        "contract's `fp32(x) / T` is IEEE `div.rn.f32` (NVIDIA; AMD not checked).",
+        "- the kernels that read the logits, and those that form them from hidden states "
+        "and weight rows (the fused LM head's `tl.dot`), are held to the rest:",
+        "  - in the aligned layouts, their widest global load in the element code is 128 bits "
+        "(`ld.global.v4`, or a 16-byte `cp.async` into shared memory, in PTX; "
+        "`global_load_dwordx4` or `buffer_load_dwordx4` in AMDGCN);",
+        "  - no fp64 instruction in their loops (fp64 is fine in the per-row merges);",
+        "  - no approximate fp32 division (`div.full.f32`) in them, and with a temperature "
+        "(`SCALE`) at least one `div.rn.f32`: the contract's `fp32(x) / T` is IEEE "
+        "(NVIDIA; AMD not checked).",
         "",
     ]
     if not report.failures:
@@ -182,7 +188,7 @@ def _markdown(report: Report) -> str:
         out.append("")
     out += _layouts_section()
     out += _resources_section(report)
-    out += _roofline_section()
+    out += _roofline_section(report)
     return "\n".join(out)
 
 
@@ -230,7 +236,7 @@ def _resources_section(report: Report) -> list[str]:
     return [*lines, ""]
 
 
-def _roofline_section() -> list[str]:
+def _roofline_section(report: Report) -> list[str]:
     shape = traffic.BENCH_SHAPE
     names = list(traffic.PEAK_BANDWIDTH)
     lines = [
@@ -256,6 +262,9 @@ def _roofline_section() -> list[str]:
         )
         kernels = ", ".join(stage.kernel for stage in stages(shape))
         lines.append(f"| {backend} | {kernels} | {read} | {written} | {times} |")
+    fused = sorted({row.backend for row in report.rows if row.forms_logits})
+    if fused:
+        lines += ["", f"Not modelled: {', '.join(fused)}. {traffic.FUSED_NOT_MODELLED}"]
     return [*lines, ""]
 
 

@@ -1,10 +1,12 @@
 """Every Triton launch the backends make, recorded from their real launch path without a GPU.
 
 :func:`record` runs each Triton backend's public op (forward, and the backward for
-the ``train`` role) on tiny CPU tensors with the module-level ``launch`` of every
-launcher module replaced by a recorder, and ``platform_of`` forced to ``cuda`` or
-``rocm``: the launch table (:func:`~tp_logprob.kernels.triton.launch.launch_config`)
-chooses the configs exactly as it would on that GPU, and nothing runs. Contract
+the ``train`` role) on tiny CPU tensors (logits; hidden states, weight rows and
+bias for a backend whose capability takes ``input_kind="hidden"``, the fused LM
+head) with the module-level ``launch`` of every launcher module replaced by a
+recorder, and ``platform_of`` forced to ``cuda`` or ``rocm``: the launch table
+(:func:`~tp_logprob.kernels.triton.launch.launch_config`) chooses the configs
+exactly as it would on that GPU, and nothing runs. Contract
 variants are enumerated from the contract's own fields (every enum member, both
 values of every flag, a non-default value of every float), so a new option that
 changes which kernels or constexprs are launched is picked up without naming it.
@@ -13,11 +15,12 @@ Each launch is recorded as a :class:`KernelLaunch`: the kernel, its arguments
 (tensors reduced to what the JIT specializes on: element type, 16-byte
 alignment, whether the buffer fits a 32-bit offset), constexprs and warps. The
 shapes are chosen per :class:`Layout` so that the JIT's alignment specialization
-matches production shapes: ``aligned`` (every width, stride and pointer
-divisible by 16), ``aligned-2gib`` (the same with logits-sized buffers over
-2 GiB, as at N=8192, V=152064, which only AMD's buffer-op specialization
-distinguishes), ``padded`` (aligned shards of a padded vocabulary whose real size
-is not a multiple of 16) and ``unaligned`` (odd shard widths and offsets).
+matches production shapes: ``aligned`` (every width, stride, hidden size and
+pointer divisible by 16), ``aligned-2gib`` (the same with logits-sized buffers and
+the LM-head weight over 2 GiB, as at N=8192, V=152064, H=8192, which only AMD's
+buffer-op specialization distinguishes), ``padded`` (aligned shards of a padded
+vocabulary whose real size is not a multiple of 16) and ``unaligned`` (odd shard
+widths, hidden size and offsets).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import dataclasses
 import enum
 import importlib
 import itertools
+import math
 import pkgutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +39,7 @@ from typing import Any
 import torch
 
 import tp_logprob as tpl
-from tp_logprob.contract import LogprobContract, LogprobRole
+from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.checks import TORCH_DTYPES
 from tp_logprob.kernels.triton import launch as launch_module
@@ -65,8 +69,9 @@ class Layout:
     rows: int
     bounds: tuple[tuple[tuple[int, int], ...], ...]  # one shard layout per TP degree
     real_vocab_size: int
-    offset: int = 0  # elements before each rank's logits in their buffer
-    beyond_2gib: bool = False  # logits-shaped buffers counted as larger than 2 GiB
+    hidden_size: int = 64  # the fused LM head's H: two of the GPU's 32-deep K chunks
+    offset: int = 0  # elements before each of a rank's inputs in its buffer
+    beyond_2gib: bool = False  # logits- and weight-shaped buffers counted as over 2 GiB
     description: str = ""
 
 
@@ -86,7 +91,8 @@ LAYOUTS: dict[str, Layout] = {
             (((0, 128),), ((0, 64), (64, 128))),
             128,
             beyond_2gib=True,
-            description="aligned, with logits-sized buffers over 2 GiB (N=8192, V=152064)",
+            description="aligned, with logits-sized buffers and the LM-head weight over 2 GiB "
+            "(N=8192, V=152064, H=8192)",
         ),
         Layout(
             "padded",
@@ -100,8 +106,10 @@ LAYOUTS: dict[str, Layout] = {
             5,
             (((0, 61),), ((0, 31), (31, 61))),
             61,
+            hidden_size=61,
             offset=1,
-            description="odd rows, shard widths, strides and offsets; unaligned pointers",
+            description="odd rows, shard widths, hidden size, strides and offsets; unaligned "
+            "pointers",
         ),
     )
 }
@@ -109,12 +117,16 @@ LAYOUTS: dict[str, Layout] = {
 
 @dataclass(frozen=True)
 class TensorArg:
-    """What the JIT specializes a tensor argument on (and whether it is the logits)."""
+    """What the JIT specializes a tensor argument on (and which input of the op it is)."""
 
     dtype: torch.dtype
     data_ptr_mod_16: int
     nbytes: int
-    is_logits: bool
+    operand: str | None  # "logits", "hidden" or "weight" (a view of that input), else None
+
+    @property
+    def is_logits(self) -> bool:
+        return self.operand == "logits"
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,7 @@ class KernelLaunch:
     backend: str
     platform: str
     layout: str
-    dtype: str  # the logits dtype
+    dtype: str  # the contract's input dtype (logits, or hidden states and weight)
     contract: str  # the contract options that differ from the defaults
 
     @property
@@ -139,6 +151,13 @@ class KernelLaunch:
     @property
     def reads_logits(self) -> bool:
         return any(isinstance(arg, TensorArg) and arg.is_logits for arg in self.args)
+
+    @property
+    def forms_logits(self) -> bool:
+        """Reads the hidden states or weight: forms logits tiles in registers (fused LM head)."""
+        return any(
+            isinstance(arg, TensorArg) and arg.operand in ("hidden", "weight") for arg in self.args
+        )
 
     def compile_key(self) -> tuple[Any, ...]:
         """Launches with equal keys compile to the same binary for a given target."""
@@ -157,16 +176,20 @@ class _ReplicaGroup:
 
 def triton_backends(platform: str) -> tuple[str, ...]:
     """The ids of the backends registered on ``platform`` whose ops live in the Triton package."""
-    found = []
+    return tuple(dict.fromkeys(backend for backend, _ in _triton_ops(platform)))
+
+
+def _triton_ops(platform: str) -> Iterator[tuple[str, LogprobInputKind]]:
+    """``(backend id, input kind)`` for each input kind a Triton backend on ``platform`` takes."""
     for capability in tpl.registry.backends(platform):
-        contract = _base_contract(LAYOUTS["aligned"], 0, 0)
-        try:
-            op = tpl.registry.get_logprob_op(contract, capability.backend_id, platform=platform).op
-        except tpl.LogprobDispatchError:
-            continue
-        if getattr(op, "__module__", "").startswith(_PACKAGE + "."):
-            found.append(capability.backend_id)
-    return tuple(found)
+        for kind in sorted(capability.input_kinds):
+            contract = _base_contract(LAYOUTS["aligned"], 0, 0, kind)
+            try:
+                op = tpl.registry.get_logprob_op(contract, capability.backend_id, platform=platform)
+            except tpl.LogprobDispatchError:
+                continue
+            if getattr(op.op, "__module__", "").startswith(_PACKAGE + "."):
+                yield capability.backend_id, kind
 
 
 def contract_variants(
@@ -210,16 +233,17 @@ def record(
 ) -> list[KernelLaunch]:
     """Every launch of every Triton backend, per contract variant, platform and layout.
 
+    A backend is recorded on each input kind its capability lists (logits, hidden).
     ``exhaustive`` is passed to :func:`contract_variants`.
     """
     launches: list[KernelLaunch] = []
     for platform in platforms:
-        for backend in triton_backends(platform):
+        for backend, kind in _triton_ops(platform):
             for name in layouts:
                 layout = LAYOUTS[name]
                 for tp_index, bounds in enumerate(layout.bounds):
                     for rank in range(len(bounds)):
-                        base = _base_contract(layout, tp_index, rank)
+                        base = _base_contract(layout, tp_index, rank, kind)
                         for contract in contract_variants(base, exhaustive=exhaustive):
                             for target_dtype in target_dtypes:
                                 launches += _record_one(
@@ -239,18 +263,22 @@ def _record_one(
         op = tpl.registry.get_logprob_op(contract, backend, platform=platform).op
     except tpl.LogprobDispatchError:
         return []  # the backend does not serve this variant (its capability says why)
-    logits = _logits(layout, contract)
+    inputs = _inputs(layout, contract)
     targets = (torch.arange(layout.rows) % layout.real_vocab_size).to(target_dtype)
     world = contract.sharding.tp_world_size
     group = _ReplicaGroup(contract.sharding.tp_rank, world) if world > 1 else None
     raw: list[tuple[Any, ...]] = []
     with _recording(platform, raw):
-        result = op(logits, targets, contract, group)
+        if contract.input_kind is LogprobInputKind.HIDDEN:
+            hidden, weight, bias = inputs["hidden"], inputs["weight"], inputs.get("bias")
+            result = op(hidden, targets, contract, group, weight=weight, bias=bias)
+        else:
+            result = op(inputs["logits"], targets, contract, group)
         outputs = [out for out in result if isinstance(out, torch.Tensor) and out.requires_grad]
         if outputs:
             sum(out.float().sum() for out in outputs).backward()  # type: ignore[union-attr]
     return [
-        _describe(entry, logits, layout, backend, platform, contract, target_dtype) for entry in raw
+        _describe(entry, inputs, layout, backend, platform, contract, target_dtype) for entry in raw
     ]
 
 
@@ -284,7 +312,7 @@ def _launcher_modules() -> list[Any]:
 
 def _describe(
     entry: tuple[Any, ...],
-    logits: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
     layout: Layout,
     backend: str,
     platform: str,
@@ -299,7 +327,7 @@ def _describe(
         options.append(f"targets={str(target_dtype).removeprefix('torch.')}")
     return KernelLaunch(
         kernel=kernel,
-        args=tuple(_arg(value, logits, layout) for value in args),
+        args=tuple(_arg(value, inputs, layout) for value in args),
         constexprs=tuple(sorted(constexprs.items())),
         num_warps=config.num_warps,
         grid=grid,
@@ -311,45 +339,82 @@ def _describe(
     )
 
 
-def _arg(value: Any, logits: torch.Tensor, layout: Layout) -> Any:
+def _arg(value: Any, inputs: dict[str, torch.Tensor], layout: Layout) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
-    is_logits = value.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()
+    storage = value.untyped_storage().data_ptr()
+    operand = next(
+        (
+            name
+            for name, tensor in inputs.items()
+            if name != "bias" and tensor.untyped_storage().data_ptr() == storage
+        ),
+        None,
+    )
     nbytes = value.untyped_storage().nbytes()
-    if layout.beyond_2gib and tuple(value.shape) == tuple(logits.shape):
+    logits = inputs.get("logits")
+    large = operand == "weight" or (logits is not None and value.shape == logits.shape)
+    if layout.beyond_2gib and large:
         nbytes = _BEYOND_2GIB
-    return TensorArg(value.dtype, value.data_ptr() % 16, nbytes, is_logits)
+    return TensorArg(value.dtype, value.data_ptr() % 16, nbytes, operand)
 
 
-def _logits(layout: Layout, contract: LogprobContract) -> torch.Tensor:
+def _inputs(layout: Layout, contract: LogprobContract) -> dict[str, torch.Tensor]:
+    """The op's tensors (``logits``, or ``hidden``, ``weight`` and ``bias``) after ``offset``."""
     start, end = contract.sharding.local_bounds
     width = end - start
+    shapes: dict[str, tuple[int, ...]]
+    if contract.input_kind is LogprobInputKind.HIDDEN:
+        size = layout.hidden_size
+        shapes = {"hidden": (layout.rows, size), "weight": (width, size)}
+        if contract.has_bias:
+            shapes["bias"] = (width,)
+    else:
+        shapes = {"logits": (layout.rows, width)}
     dtype = TORCH_DTYPES[contract.dtype]
-    buffer = torch.zeros(layout.offset + layout.rows * width, dtype=dtype)
-    logits = buffer[layout.offset :].view(layout.rows, width).detach()
-    return logits.requires_grad_(contract.role is LogprobRole.TRAIN)
+    train = contract.role is LogprobRole.TRAIN
+    inputs = {}
+    for name, shape in shapes.items():
+        buffer = torch.zeros(layout.offset + math.prod(shape), dtype=dtype)
+        inputs[name] = buffer[layout.offset :].view(shape).detach().requires_grad_(train)
+    return inputs
 
 
-def _base_contract(layout: Layout, tp_index: int, rank: int) -> LogprobContract:
+def _base_contract(
+    layout: Layout,
+    tp_index: int,
+    rank: int,
+    input_kind: LogprobInputKind = LogprobInputKind.LOGITS,
+) -> LogprobContract:
     bounds = layout.bounds[tp_index]
+    hidden = input_kind is LogprobInputKind.HIDDEN
     return tpl.LogprobContract(
         role=LogprobRole.INFER,
         dtype=tpl.LogprobDType.BF16,
         mask=tpl.MaskSpec(layout.rows),
         sharding=tpl.ShardingSpec(rank, len(bounds), bounds, layout.real_vocab_size, bounds[-1][1]),
         reduction=tpl.ReductionSpec(tpl.DeterminismScope.FIXED_TOPOLOGY),
+        input_kind=input_kind,
+        hidden_size=layout.hidden_size if hidden else None,
     )
 
 
-# The Triton kernels read logits: the fused (hidden-input) options are not theirs to vary.
-_LOGITS_ONLY = frozenset({"input_kind", "hidden_size", "has_bias", "allow_tf32"})
+# The base contract's input kind and the layout's hidden size are fixed, not varied;
+# the bias and TF32 options exist only with hidden input.
+_INPUT_OPTIONS = frozenset({"input_kind", "hidden_size"})
+_HIDDEN_ONLY = frozenset({"has_bias", "allow_tf32"})
 
 
 def _field_choices(value: Any) -> dict[str, tuple[Any, ...]]:
     """Per dataclass field (dotted into nested specs): the values to try, default first."""
+    fixed: frozenset[str] = frozenset()
+    if isinstance(value, LogprobContract):
+        fixed = _INPUT_OPTIONS
+        if value.input_kind is not LogprobInputKind.HIDDEN:
+            fixed |= _HIDDEN_ONLY
     choices: dict[str, tuple[Any, ...]] = {}
     for field in dataclasses.fields(value):
-        if not field.init or field.name in _LOGITS_ONLY:
+        if not field.init or field.name in fixed:
             continue
         current = getattr(value, field.name)
         if isinstance(current, bool):
@@ -379,7 +444,7 @@ def _replace(value: Any, changes: dict[str, Any]) -> Any:
 
 def _options(contract: LogprobContract) -> list[str]:
     """The contract options that differ from the base contract's (input dtype aside)."""
-    base = _base_contract(LAYOUTS["aligned"], 0, 0)
+    base = _base_contract(LAYOUTS["aligned"], 0, 0, contract.input_kind)
     found = _field_choices(base)
     options = []
     for key in found:

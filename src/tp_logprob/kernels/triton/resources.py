@@ -9,19 +9,21 @@ memory) or AMD (the AMDGCN text and its metadata notes):
 - shared memory the launch requests (``metadata.shared``);
 - the widest global load in the *element code*: the loop bodies of a kernel with
   loops (a per-row kernel's column-tile loop), or the whole kernel when it has
-  none (a one-tile-per-program kernel). 128 bits is ``ld.global.v4.b32`` in PTX,
-  ``global_load_dwordx4`` (or ``buffer_load_dwordx4``, the same width through AMD's
-  buffer ops) in AMDGCN;
+  none (a one-tile-per-program kernel). 128 bits is ``ld.global.v4.b32`` in PTX
+  (or a 16-byte ``cp.async`` global-to-shared copy, how ``tl.dot`` operands load
+  there), ``global_load_dwordx4`` (or ``buffer_load_dwordx4``, the same
+  width through AMD's buffer ops) in AMDGCN;
 - fp64 instructions in loop bodies, and fp32 divisions in the element code by kind
   (PTX's IEEE ``div.rn.f32`` against the approximate ``div.full.f32``/``div.approx``).
 
 Loop bodies are the basic blocks LLVM's asm printer annotates as loop members
-(``=>This Inner Loop Header`` / ``in Loop: Header=...`` on the block label), in
-PTX and AMDGCN alike.
+(``=>This Inner Loop Header`` / ``in Loop: Header=...`` on the block label, or, in
+nested loops, on the comment lines right after it), in PTX and AMDGCN alike.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import tempfile
@@ -34,7 +36,10 @@ __all__ = ["Resources", "analyze", "element_lines", "loop_lines"]
 _PTX_BLOCK = re.compile(r"^(?:\$L__BB\d+_\d+:|// %bb\.\d+:)")
 _GCN_BLOCK = re.compile(r"^(?:\.LBB\d+_\d+:|; %bb\.\d+:)")
 _FUNCTION_END = re.compile(r"^(?:\.Lfunc_end|\$L__func_end|\})")
+_COMMENT_LINE = re.compile(r"^\s+(?://|;)")  # continues the annotation of the label above
+_LOOP_MARKS = ("Loop Header", "in Loop:")
 _PTX_LOAD = re.compile(r"\bld\.global((?:\.[\w:]+)*)\s")
+_PTX_ASYNC_COPY = re.compile(r"\bcp\.async\.\w+\.shared\.global\b[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)")
 _GCN_LOAD = re.compile(r"^\s*(?:global|buffer)_load_(\w+)")
 _GCN_LOAD_BITS = {
     "ubyte": 8, "sbyte": 8, "ushort": 16, "sshort": 16, "short_d16": 16, "short_d16_hi": 16,
@@ -84,15 +89,19 @@ def analyze(compiled: Any, backend: str) -> Resources:
 
 def loop_lines(lines: list[str], block: re.Pattern[str]) -> list[str]:
     """Lines of the basic blocks LLVM marks as loop members (``block`` matches a block start)."""
-    inside, found = False, []
+    blocks: list[list[str]] = [[]]
     for line in lines:
-        if block.match(line):
-            inside = "Loop Header" in line or "in Loop:" in line
-        elif _FUNCTION_END.match(line):
-            inside = False
-        if inside:
-            found.append(line)
-    return found
+        if block.match(line) or _FUNCTION_END.match(line):
+            blocks.append([])
+        blocks[-1].append(line)
+    return [line for body in blocks if _in_loop(body, block) for line in body]
+
+
+def _in_loop(body: list[str], block: re.Pattern[str]) -> bool:
+    if not body or not block.match(body[0]):
+        return False
+    marks = [body[0], *itertools.takewhile(_COMMENT_LINE.match, body[1:])]
+    return any(mark in line for line in marks for mark in _LOOP_MARKS)
 
 
 def element_lines(lines: list[str], block: re.Pattern[str]) -> list[str]:
@@ -148,6 +157,9 @@ def _analyze_amd(compiled: Any) -> Resources:
 
 
 def _ptx_load_bits(line: str) -> int:
+    copy = _PTX_ASYNC_COPY.search(line)
+    if copy:
+        return int(copy.group(1), 0) * 8
     found = _PTX_LOAD.search(line)
     if not found:
         return 0

@@ -5,7 +5,7 @@ numbers the kernel modules' docstrings state), for one rank of a
 :class:`Shape`. These kernels do a few flops per byte, so the predicted time
 is the bytes over peak HBM bandwidth: ``rows * sum(read + written) / bandwidth``.
 Launch latency and the all-gathers are left out (they do not scale with the
-vocabulary).
+vocabulary). The fused LM-head backends are not modelled (:data:`FUSED_NOT_MODELLED`).
 
 >>> shape = Shape(rows=8192, vocab=152064, itemsize=2)
 >>> round(predicted_seconds("triton_online", shape, PEAK_BANDWIDTH["H200"]) * 1e3, 3)
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "BENCH_SHAPE",
+    "FUSED_NOT_MODELLED",
     "PEAK_BANDWIDTH",
     "TRAFFIC",
     "Shape",
@@ -112,6 +113,16 @@ TRAFFIC: dict[str, Callable[[Shape], tuple[StageTraffic, ...]]] = {
     "triton_exact_sum": triton_exact_sum_traffic,
     "backward (both backends)": logprob_grad_traffic,
 }
+
+
+FUSED_NOT_MODELLED = (
+    "The fused LM head forms each logits tile with an fp32 `tl.dot` (ieee: FMAs, no tensor "
+    "cores) and reads the rank's weight rows once per block of `BLOCK_M` rows: 2 x BLOCK_M "
+    "flops per weight element read, so its time depends on the FMA rate as much as on "
+    "bytes, and bytes / bandwidth would not predict it. Its bytes per row are in "
+    "`tp_logprob.kernels.triton.fused`'s docstring."
+)
+"""Why :data:`TRAFFIC` has no entry for the backends that take hidden states."""
 
 
 def predicted_seconds(backend: str, shape: Shape, bandwidth: float) -> float:
