@@ -58,6 +58,7 @@ from tp_logprob.kernels.triton.fused_exact_sum_kernels import (
 )
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, allocate_outputs
 from tp_logprob.kernels.triton.launch import (
+    FUSED_SUM_DEPTH,
     FUSED_TILES,
     KernelKind,
     launch,
@@ -129,11 +130,12 @@ def fused_exact_sum_forward(
     bits = fraction_bits(contract.sharding.padded_vocab_size)
     sum_fields = 1 + int(contract.export_entropy)
     sums = torch.empty((rows, sum_fields), dtype=torch.int64, device=device)
+    sum_config = launch_config(platform, KernelKind.FUSED_SUM, hidden.dtype)
     with _ieee_products():
         launch(
             fused_exact_sum_kernel,
             grid,
-            config,
+            sum_config,
             hidden,
             *operands,
             rows,
@@ -147,9 +149,15 @@ def fused_exact_sum_forward(
             SCALE=inputs.scale,
             ENTROPY=contract.export_entropy,
             SUM_FIELDS=sum_fields,
-            **tiles,
+            **{**tiles, "BLOCK_K": _sum_depth(platform, hidden.dtype)},
         )
     return _merge(gathered_stage, all_gather(sums, group), inputs, contract, bits)
+
+
+def _sum_depth(platform: str, dtype: torch.dtype) -> int:
+    """The fixed-point pass's hidden-size chunk (``launch.FUSED_SUM_DEPTH``)."""
+    sixteen_bit, fp32 = FUSED_SUM_DEPTH[platform]
+    return fp32 if dtype == torch.float32 else sixteen_bit
 
 
 def _merge(

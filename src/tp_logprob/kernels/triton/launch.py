@@ -16,8 +16,13 @@ never on the number of rows: that is what keeps the row kernels batch invariant
 - fused (``triton_fused``'s LM head): ``block`` is the column tile; ``FUSED_TILES``
   adds the rows per program and the hidden-size chunk of its ``tl.dot`` K-loop. Its
   operands are widened to fp32 (an ``ieee`` dot, no tensor cores), so both dtypes
-  share one size: 16 x 64 tiles with 32-deep chunks on 4 warps (8 fp32
-  accumulators a lane), 16 x 16 x 16 under the interpreter.
+  share one size. cuda: 16 x 64 tiles with 16-deep chunks on 4 warps (8 fp32
+  accumulators a lane; 32-deep chunks spilled 12 bytes on sm_90 and sm_100 for
+  fp32 without 16-byte alignment, and 8 warps narrowed bf16 loads to 64 bits);
+  ``triton_fused_exact_sum``'s fixed-point pass (``FUSED_SUM``) keeps int64 sums
+  per element and takes 32-column tiles (64 spilled 4 bytes with temperature).
+  A logit's bits do not depend on the column tile, so the two passes may differ.
+  rocm: 16 x 64 x 32 on 4 wavefronts; 16 x 16 x 16 under the interpreter.
 - cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
   the multi-tile loops. The interpreter keeps global state while it runs a grid,
   so launches on CPU are serialized with a lock (ranks emulated as threads).
@@ -37,6 +42,7 @@ import torch
 from triton.runtime.interpreter import InterpretedFunction
 
 __all__ = [
+    "FUSED_SUM_DEPTH",
     "FUSED_TILES",
     "KernelKind",
     "LaunchConfig",
@@ -54,6 +60,7 @@ class KernelKind(str, Enum):
     TILE = "tile"  # one program per (row, column tile) (backward)
     MERGE = "merge"  # one program per block of rows (cross-rank merges)
     FUSED = "fused"  # one program per block of rows (x column tile), tl.dot over hidden
+    FUSED_SUM = "fused_sum"  # FUSED, for the fused fixed-point pass: int64 sums per element
 
 
 @dataclass(frozen=True)
@@ -71,20 +78,27 @@ _TABLE: dict[tuple[str, KernelKind], tuple[int, int, int]] = {
     ("cuda", KernelKind.TILE): (4096, 2048, 8),
     ("cuda", KernelKind.MERGE): (256, 256, 8),
     ("cuda", KernelKind.FUSED): (64, 64, 4),
+    ("cuda", KernelKind.FUSED_SUM): (64, 64, 8),
     ("rocm", KernelKind.ROW): (4096, 2048, 8),
     ("rocm", KernelKind.SUM): (4096, 2048, 8),
     ("rocm", KernelKind.TILE): (4096, 2048, 8),
     ("rocm", KernelKind.MERGE): (256, 256, 4),
     ("rocm", KernelKind.FUSED): (64, 64, 4),
+    ("rocm", KernelKind.FUSED_SUM): (64, 64, 4),
     ("cpu", KernelKind.ROW): (16, 16, 1),
     ("cpu", KernelKind.SUM): (16, 16, 1),
     ("cpu", KernelKind.TILE): (16, 16, 1),
     ("cpu", KernelKind.MERGE): (8, 8, 1),
     ("cpu", KernelKind.FUSED): (16, 16, 1),
+    ("cpu", KernelKind.FUSED_SUM): (16, 16, 1),
 }
 
-FUSED_TILES: dict[str, tuple[int, int]] = {"cuda": (16, 32), "rocm": (16, 32), "cpu": (16, 16)}
+FUSED_TILES: dict[str, tuple[int, int]] = {"cuda": (16, 16), "rocm": (16, 32), "cpu": (16, 16)}
 """platform -> (rows per program, hidden-size chunk) of the fused kernels: fixed, as ``block``."""
+
+FUSED_SUM_DEPTH: dict[str, tuple[int, int]] = {"cuda": (32, 16), "rocm": (32, 32), "cpu": (16, 16)}
+"""platform -> hidden-size chunk of ``triton_fused_exact_sum``'s fixed-point pass, for 16-bit
+and fp32 inputs: on cuda's 8 warps that is 16 bytes a lane per load either way."""
 
 _INTERPRETER_LOCK = threading.Lock()
 
