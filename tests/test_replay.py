@@ -15,6 +15,7 @@ import pytest
 
 from tests._artifact_cases import MUTANT, backend, padding_case, write_padding_artifact
 from tp_logprob.__main__ import main
+from tp_logprob.contract import LogprobInputKind
 from tp_logprob.properties._backends import resolve_backends
 from tp_logprob.properties.checks import run_check
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
@@ -100,7 +101,16 @@ def test_replay_of_a_registered_backend_and_all_backends(
         assert "TRITON_INTERPRET=1 -m tp_logprob replay" in capsys.readouterr().err
     else:
         assert status == 0
-        assert capsys.readouterr().out.count("PASS") == len(resolve_backends([], "cpu"))
+        out = capsys.readouterr().out
+        takes_logits = [
+            b
+            for b in resolve_backends([], "cpu")
+            if LogprobInputKind.LOGITS in b.capability.input_kinds
+        ]
+        assert out.count("PASS") == len(takes_logits)
+        assert out.count("not applicable: input_kind 'logits'") == (
+            len(resolve_backends([], "cpu")) - len(takes_logits)
+        )
 
 
 def test_pin_copies_a_validated_pair(tmp_path: Path) -> None:
