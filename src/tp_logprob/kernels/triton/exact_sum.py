@@ -40,7 +40,7 @@ from tp_logprob.kernels.triton.exact_sum_kernels import (
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, allocate_outputs
 from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
 
-__all__ = ["exact_sum_forward", "fraction_bits", "triton_exact_sum_logprob"]
+__all__ = ["exact_merge", "exact_sum_forward", "fraction_bits", "triton_exact_sum_logprob"]
 
 _STAGE_FIELDS = 2
 
@@ -111,20 +111,32 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
         ENTROPY=contract.export_entropy,
         SUM_FIELDS=sum_fields,
     )
-    gathered_sums = all_gather(sums, group)
-    outputs = allocate_outputs(contract, rows, logits.device)
-    merge_config = launch_config(platform, KernelKind.MERGE, logits.dtype)
+    return exact_merge(gathered_stage, all_gather(sums, group), inputs, contract, bits)
+
+
+def exact_merge(
+    gathered_stage: torch.Tensor,
+    gathered_sums: torch.Tensor,
+    inputs: RankInputs,
+    contract: LogprobContract,
+    bits: int,
+) -> Outputs:
+    """``exact_merge_kernel`` over every rank's gathered stage ``(m_r, t_r)`` and int64 sums
+    (``bits`` fraction bits): the outputs, the same on every rank."""
+    rows = inputs.num_rows
+    outputs = allocate_outputs(contract, rows, gathered_stage.device)
+    merge_config = launch_config(platform_of(gathered_stage), KernelKind.MERGE, inputs.logits.dtype)
     lse = outputs.lse_target()
     entropy, entropy32 = outputs.entropy_targets()
     launch(
         exact_merge_kernel,
         (triton.cdiv(rows, merge_config.block),),
         merge_config,
-        logits,
+        gathered_stage,
         gathered_stage,
         gathered_sums,
         inputs.boundaries,
-        num_ranks,
+        gathered_stage.shape[0],
         rows,
         inputs.targets,
         inputs.active,
@@ -137,6 +149,6 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
         STORE_LSE=lse is not outputs.lse32,
         ENTROPY=contract.export_entropy,
         STORE_ENTROPY=entropy is not entropy32,
-        SUM_FIELDS=sum_fields,
+        SUM_FIELDS=gathered_sums.shape[2],
     )
     return outputs

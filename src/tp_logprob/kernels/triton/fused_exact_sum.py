@@ -49,14 +49,14 @@ import torch
 import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult
-from tp_logprob.kernels.triton.exact_sum import fraction_bits
-from tp_logprob.kernels.triton.exact_sum_kernels import STAGE_FIELDS, exact_merge_kernel
+from tp_logprob.kernels.triton.exact_sum import exact_merge, fraction_bits
+from tp_logprob.kernels.triton.exact_sum_kernels import STAGE_FIELDS
 from tp_logprob.kernels.triton.fused import _ieee_products, _operands, run_fused_op
 from tp_logprob.kernels.triton.fused_exact_sum_kernels import (
     fused_exact_max_kernel,
     fused_exact_sum_kernel,
 )
-from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, allocate_outputs
+from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather
 from tp_logprob.kernels.triton.launch import (
     FUSED_SUM_DEPTH,
     FUSED_TILES,
@@ -151,50 +151,10 @@ def fused_exact_sum_forward(
             SUM_FIELDS=sum_fields,
             **{**tiles, "BLOCK_K": _sum_depth(platform, hidden.dtype)},
         )
-    return _merge(gathered_stage, all_gather(sums, group), inputs, contract, bits)
+    return exact_merge(gathered_stage, all_gather(sums, group), inputs, contract, bits)
 
 
 def _sum_depth(platform: str, dtype: torch.dtype) -> int:
     """The fixed-point pass's hidden-size chunk (``launch.FUSED_SUM_DEPTH``)."""
     sixteen_bit, fp32 = FUSED_SUM_DEPTH[platform]
     return fp32 if dtype == torch.float32 else sixteen_bit
-
-
-def _merge(
-    gathered_stage: torch.Tensor,
-    gathered_sums: torch.Tensor,
-    inputs: RankInputs,
-    contract: LogprobContract,
-    bits: int,
-) -> Outputs:
-    """``exact_merge_kernel`` over the gathered stage and sums, as ``exact_sum_forward`` runs it."""
-    rows = inputs.num_rows
-    device = gathered_stage.device
-    outputs = allocate_outputs(contract, rows, device)
-    config = launch_config(platform_of(gathered_stage), KernelKind.MERGE, inputs.logits.dtype)
-    lse = outputs.lse_target()
-    entropy, entropy32 = outputs.entropy_targets()
-    launch(
-        exact_merge_kernel,
-        (triton.cdiv(rows, config.block),),
-        config,
-        gathered_stage,
-        gathered_stage,
-        gathered_sums,
-        inputs.boundaries,
-        gathered_stage.shape[0],
-        rows,
-        inputs.targets,
-        inputs.active,
-        outputs.selected,
-        lse,
-        outputs.lse32,
-        entropy,
-        entropy32,
-        float(2.0**-bits),
-        STORE_LSE=lse is not outputs.lse32,
-        ENTROPY=contract.export_entropy,
-        STORE_ENTROPY=entropy is not entropy32,
-        SUM_FIELDS=gathered_sums.shape[2],
-    )
-    return outputs

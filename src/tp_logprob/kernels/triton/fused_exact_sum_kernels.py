@@ -3,7 +3,7 @@ over logits formed in registers, each running ``fused_kernels.logits_tile``.
 
 ``fused_exact_max_kernel``: one program per block of ``BLOCK_M`` rows walks the
 rank's live columns in ``BLOCK``-wide tiles, forms ``z = (hidden @ W.T (+ bias)) / T``
-(``z_tile``: ``logits_tile``, then ``div_rn`` when ``T != 1``) and keeps each row's
+(``fused_kernels.z_tile``: ``logits_tile``, then ``div_rn`` when ``T != 1``) and keeps each row's
 max of ``z`` (NaNs set aside and reported as ``m = NaN``) and the owned target's
 ``z`` (``fused_kernels.picked_target``). It writes ``exact_sum_kernels``' stage
 ``(m_r, t_r)``, which is all-gathered as ``exact_sum``'s is.
@@ -43,50 +43,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tp_logprob.kernels.triton.common_kernels import gathered_max, scaled
+from tp_logprob.kernels.triton.common_kernels import gathered_max
 from tp_logprob.kernels.triton.exact_sum_kernels import STAGE_FIELDS, fixed_point_fold
-from tp_logprob.kernels.triton.fused_kernels import logits_tile, picked_target
+from tp_logprob.kernels.triton.fused_kernels import owned_targets, picked_target, z_tile
 
-__all__ = ["fused_exact_max_kernel", "fused_exact_sum_kernel", "z_tile"]
-
-
-@triton.jit
-def z_tile(
-    hidden_ptr,
-    hidden_strides,
-    weight_ptr,
-    weight_strides,
-    bias_ptr,
-    rows,
-    cols,
-    row_mask,
-    col_mask,
-    size,
-    temperature,
-    SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """fp32 ``z = x / T`` of ``logits_tile``'s ``x``; ``-inf`` in columns past the live width."""
-    x = logits_tile(
-        hidden_ptr,
-        hidden_strides,
-        weight_ptr,
-        weight_strides,
-        bias_ptr,
-        rows,
-        cols,
-        row_mask,
-        col_mask,
-        size,
-        HAS_BIAS,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-    )
-    return scaled(tl.where(col_mask[None, :], x, float("-inf")), temperature, SCALE)
+__all__ = ["fused_exact_max_kernel", "fused_exact_sum_kernel"]
 
 
 @triton.jit
@@ -114,9 +75,7 @@ def fused_exact_max_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < num_rows
-    active = tl.load(active_ptr + rows, mask=row_mask, other=0) != 0
-    local = tl.load(targets_ptr + rows, mask=active, other=-1).to(tl.int64) - col_start
-    owned = active & (local >= 0) & (local < live_width)
+    local, owned = owned_targets(targets_ptr, active_ptr, rows, row_mask, col_start, live_width)
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
     target = tl.zeros([BLOCK_M], dtype=tl.float32)

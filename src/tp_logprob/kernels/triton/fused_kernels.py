@@ -47,7 +47,9 @@ __all__ = [
     "fused_partial_kernel",
     "logits_tile",
     "online_update",
+    "owned_targets",
     "picked_target",
+    "z_tile",
 ]
 
 
@@ -123,6 +125,54 @@ def online_update(z, running_max, lane_sums, lane_moments, ENTROPY: tl.constexpr
 
 
 @triton.jit
+def z_tile(
+    hidden_ptr,
+    hidden_strides,
+    weight_ptr,
+    weight_strides,
+    bias_ptr,
+    rows,
+    cols,
+    row_mask,
+    col_mask,
+    size,
+    temperature,
+    SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """fp32 ``z = x / T`` of ``logits_tile``'s ``x``; ``-inf`` in columns past the live width."""
+    x = logits_tile(
+        hidden_ptr,
+        hidden_strides,
+        weight_ptr,
+        weight_strides,
+        bias_ptr,
+        rows,
+        cols,
+        row_mask,
+        col_mask,
+        size,
+        HAS_BIAS,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
+    return scaled(tl.where(col_mask[None, :], x, float("-inf")), temperature, SCALE)
+
+
+@triton.jit
+def owned_targets(targets_ptr, active_ptr, rows, row_mask, col_start, live_width):
+    """Each row's target as a local column and whether this rank owns it (active rows only:
+    an inactive row's target is never read)."""
+    active = tl.load(active_ptr + rows, mask=row_mask, other=0) != 0
+    local = tl.load(targets_ptr + rows, mask=active, other=-1).to(tl.int64) - col_start
+    return local, active & (local >= 0) & (local < live_width)
+
+
+@triton.jit
 def picked_target(z, cols, start, local, owned, target, BLOCK: tl.constexpr):
     """``target`` with each owned row's ``z`` at its local target column ``local`` taken
     from the tile of columns ``cols`` (``start`` to ``start + BLOCK``) when the tile holds it."""
@@ -158,9 +208,7 @@ def fused_partial_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < num_rows
-    active = tl.load(active_ptr + rows, mask=row_mask, other=0) != 0
-    local = tl.load(targets_ptr + rows, mask=active, other=-1).to(tl.int64) - col_start
-    owned = active & (local >= 0) & (local < live_width)
+    local, owned = owned_targets(targets_ptr, active_ptr, rows, row_mask, col_start, live_width)
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
     target = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -169,8 +217,7 @@ def fused_partial_kernel(
     offsets = tl.arange(0, BLOCK)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        col_mask = cols < live_width
-        x = logits_tile(
+        z = z_tile(
             hidden_ptr,
             (hidden_row_stride, hidden_col_stride),
             weight_ptr,
@@ -179,14 +226,15 @@ def fused_partial_kernel(
             rows,
             cols,
             row_mask,
-            col_mask,
+            cols < live_width,
             size,
+            temperature,
+            SCALE,
             HAS_BIAS,
             BLOCK_M,
             BLOCK,
             BLOCK_K,
         )
-        z = scaled(tl.where(col_mask[None, :], x, float("-inf")), temperature, SCALE)
         target = picked_target(z, cols, start, local, owned, target, BLOCK)
         is_nan = z != z
         row_nans = row_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
