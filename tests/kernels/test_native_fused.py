@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import tp_logprob as tpl
 from tp_logprob.kernels import native_fused
@@ -25,6 +22,7 @@ from tp_logprob.oracle import (
     tolerance,
 )
 from tp_logprob.oracle.tolerance import within_tolerance
+from tp_logprob.properties._allocations import track_allocations
 
 REAL, PADDED, SIZE = 19, 24, 16
 LAYOUTS = {
@@ -63,25 +61,14 @@ def run_fused(
     targets: torch.Tensor,
     contract: tpl.LogprobContract,
     bias: torch.Tensor | None = None,
+    op: Any = torch_native_fused_logprob,
 ) -> list[tpl.LogprobResult]:
-    """Every rank of the contract's layout in threads (``run_tp``), each with its weight rows.
+    """Every rank of the contract's layout (``run_tp_hidden``), each with its weight rows.
 
-    ``run_tp`` shards the columns of the tensor it is given, so it is given ``weight.T``
-    (``[H, padded]``): rank r receives ``weight[start:end].T`` as a view. ``hidden`` is
-    shared, so autograd sums the ranks' ``d hidden`` partials into ``hidden.grad``,
-    which is the all-reduce a trainer performs.
+    ``hidden`` is shared, so autograd sums the ranks' ``d hidden`` partials into
+    ``hidden.grad``, which is the all-reduce a trainer performs.
     """
-
-    def rank_op(
-        weight_t: torch.Tensor, tgt: torch.Tensor, rank_contract: Any, group: Any
-    ) -> tpl.LogprobResult:
-        start, end = rank_contract.sharding.local_bounds
-        local_bias = None if bias is None else bias[start:end]
-        return torch_native_fused_logprob(
-            hidden, tgt, rank_contract, group, weight=weight_t.T, bias=local_bias
-        )
-
-    return tpl.run_tp(rank_op, weight.T, targets, contract)
+    return tpl.run_tp_hidden(op, hidden, weight, targets, contract, bias=bias)
 
 
 def random_case(
@@ -295,47 +282,9 @@ def test_batch_invariant_across_chunk_boundaries(
             assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (rows, name)
 
 
-class _Fp32Shapes(TorchDispatchMode):
-    """Records the shape of every new fp32 tensor an aten op returns (forward and backward).
-
-    Views (outputs sharing storage with an input, such as a transpose) allocate
-    nothing and are not recorded.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.shapes: list[tuple[int, ...]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        inputs = {
-            value.untyped_storage().data_ptr()
-            for value in torch.utils._pytree.tree_leaves((args, kwargs))
-            if isinstance(value, torch.Tensor)
-        }
-        for item in out if isinstance(out, (tuple, list)) else (out,):
-            if (
-                isinstance(item, torch.Tensor)
-                and item.dtype == torch.float32
-                and item.untyped_storage().data_ptr() not in inputs
-            ):
-                self.shapes.append(tuple(item.shape))
-        return out
-
-
-@contextmanager
-def recorded() -> Iterator[_Fp32Shapes]:
-    with _Fp32Shapes() as mode:
-        yield mode
-
-
-def _wide_rows(shapes: list[tuple[int, ...]], widths: set[int]) -> int:
-    """The most rows of any recorded 2-D fp32 tensor whose width is a vocabulary width."""
-    return max((s[0] for s in shapes if len(s) == 2 and s[1] in widths), default=0)
-
-
 def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every aten op's fp32 output, forward and backward, is watched (TorchDispatchMode).
+    """Every aten op's fp32 output, forward (every rank's thread) and backward, is watched
+    (``track_allocations``).
 
     Proves: no fp32 tensor as wide as a shard's live or padded vocabulary has more
     than ``chunk_rows`` rows, so no ``[N, local_vocab]`` fp32 logits exist at once
@@ -352,17 +301,18 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
         LAYOUTS["tp1"], num_tokens=num_tokens, dtype="bf16", role="train", export_entropy=True
     )
     widths = {REAL, PADDED}
-    with recorded() as fused:
-        results = run_fused(hidden, weight, targets, contract)
+    with track_allocations() as fused:
+        op = fused.wrap(torch_native_fused_logprob)
+        results = run_fused(hidden, weight, targets, contract, op=op)
         (results[0].selected_logp.float().sum() + results[0].entropy.float().sum()).backward()
-    assert _wide_rows(fused.shapes, widths) == native_fused.chunk_rows(contract) == 2
+    assert fused.max_rows(torch.float32, widths) == native_fused.chunk_rows(contract) == 2
     logits = torch.randn(num_tokens, PADDED).bfloat16().requires_grad_(True)
     plain = tpl.LogprobContract(
         "train", "bf16", contract.mask, contract.sharding, contract.reduction
     )
-    with recorded() as native:
+    with track_allocations() as native:
         torch_native_logprob(logits, targets, plain).selected_logp.float().sum().backward()
-    assert _wide_rows(native.shapes, widths) == num_tokens
+    assert native.max_rows(torch.float32, widths) == num_tokens
 
 
 def test_input_checks_run_before_any_work() -> None:

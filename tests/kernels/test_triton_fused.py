@@ -23,8 +23,9 @@ import tp_logprob as tpl
 from tp_logprob.kernels import native_fused
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_grads, exact_hidden_logits, tolerance
+from tp_logprob.properties._allocations import track_allocations
 
-from .test_native_fused import PADDED, REAL, _wide_rows, as_f64, assert_within, oracle, recorded
+from .test_native_fused import PADDED, REAL, as_f64, assert_within, oracle
 
 pytest.importorskip("triton", reason="triton_fused needs triton (on CPU, its interpreter)")
 from tp_logprob.kernels.builtin import register_fused_backends
@@ -89,13 +90,17 @@ def run_fused(
     targets: torch.Tensor,
     contract: tpl.LogprobContract,
     bias: torch.Tensor | None = None,
+    op: Any = None,
 ) -> list[tpl.LogprobResult]:
     """Every rank (``run_tp_hidden``) on ``DEVICE``; results back on the CPU.
 
     ``hidden`` is shared by the ranks, so autograd sums their ``d hidden`` partials.
+    ``op`` defaults to ``triton_fused_logprob``.
     """
     on = [None if t is None else t.to(DEVICE) for t in (hidden, weight, targets, bias)]
-    results = tpl.run_tp_hidden(triton_fused_logprob, on[0], on[1], on[2], contract, bias=on[3])
+    results = tpl.run_tp_hidden(
+        op or triton_fused_logprob, on[0], on[1], on[2], contract, bias=on[3]
+    )
     return [tpl.LogprobResult(*(None if t is None else t.cpu() for t in r)) for r in results]
 
 
@@ -293,8 +298,8 @@ def test_bitwise_batch_invariant_and_reproducible(
 def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     """No fp32 tensor as wide as a shard's vocabulary has more than ``chunk_rows`` rows.
 
-    Every aten op's fp32 output, forward and backward, is watched (test_native_fused's
-    TorchDispatchMode); the kernels' own registers are not tensors. H = 16 is no
+    Every aten op's fp32 output, forward (every rank's thread) and backward, is watched
+    (``track_allocations``); the kernels' own registers are not tensors. H = 16 is no
     vocabulary width, so ``[N, H]`` tensors are not mistaken for logits.
     """
     monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 2 * REAL)
@@ -310,11 +315,13 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
         role="train",
         export_entropy=True,
     )
-    with recorded() as fused:
-        result = run_fused(hidden, weight, targets, contract)[0]
+    with track_allocations() as fused:
+        result = run_fused(hidden, weight, targets, contract, op=fused.wrap(triton_fused_logprob))[
+            0
+        ]
         (result.selected_logp.float().sum() + result.entropy.float().sum()).backward()
     assert native_fused.chunk_rows(contract) == 2
-    assert _wide_rows(fused.shapes, {REAL, PADDED}) == 2
+    assert fused.max_rows(torch.float32, {REAL, PADDED}) == 2
     assert weight.grad is not None and weight.grad[:REAL].abs().sum() > 0
 
 
