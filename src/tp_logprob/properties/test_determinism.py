@@ -39,15 +39,15 @@ def test_batch_invariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: 
     """A row's bits do not depend on the other rows, their order, or N."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
-    rows = data.draw(
-        st.lists(
-            st.sampled_from(range(case.contract.num_tokens)),
-            min_size=1,
-            max_size=2 * case.contract.num_tokens,
-        ),
-        label="rows of the second batch, in order",
+    rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
+    run_check("batch_invariance", backend, case, {"rows": rows})
+
+
+def batch_rows(num_tokens: int) -> st.SearchStrategy[np.ndarray]:
+    """Rows of a case, in any order, repeats allowed: a second batch for batch invariance."""
+    return st.lists(st.sampled_from(range(num_tokens)), min_size=1, max_size=2 * num_tokens).map(
+        lambda rows: np.array(rows, dtype=np.int64)
     )
-    run_check("batch_invariance", backend, case, {"rows": np.array(rows, dtype=np.int64)})
 
 
 @st.composite
