@@ -12,17 +12,19 @@ contract's dtype and on one device. The result is the logits path's: fp32
 ``selected_logp``, ``lse`` (and ``entropy``), replicated.
 
 Algorithm: rows are processed in chunks of :func:`chunk_rows` rows, a number
-that depends only on the shard's live width (never on N), and the last chunk is
-padded with zero rows so every matmul has the same shape: a row's bits do not
-depend on N or on the other rows. Per chunk, ``x = fp32(hidden) @ fp32(W_live).T
-(+ fp32(bias))`` with fp32 products and fp32 accumulation (TF32 is switched off
-for the call), then torch_native's per-shard partial (``kernels/native.py``) runs
-on that fp32 ``x``; the partials of all chunks go through one all-gather and
-torch_native's merge (``kernels/merge.py``). Padding rows of ``W`` are never
-read. Memory: one ``[chunk_rows, live]`` fp32 logits chunk and its elementwise
-temporaries (at most ``max(CHUNK_ELEMENTS, live)`` elements each), an fp32 copy
-of the live weight rows ``[live, H]`` (independent of N) and of one hidden chunk,
-and ``[N, 3 or 4]`` partials; never ``[N, local_vocab]`` (for N > ``chunk_rows``).
+that depends only on the shard's live width (never on N). Per chunk, each row's
+``x = fp32(W_live) fp32(h) (+ fp32(bias))`` is one matrix-vector product with
+fp32 products and fp32 accumulation (TF32 off for the call), so a row's ``x``
+depends on that row alone (``kernels/rowwise.py``: a BLAS matrix product gives a
+row other bits at another position in its batch). The chunk's logits are padded
+with zero rows to ``chunk_rows`` rows, so torch_native's per-shard partial
+(``kernels/native.py``) always runs on one shape; the partials of all chunks go
+through one all-gather and torch_native's merge (``kernels/merge.py``). Padding
+rows of ``W`` are never read. Memory: one ``[chunk_rows, live]`` fp32 logits
+chunk and its elementwise temporaries (at most ``max(CHUNK_ELEMENTS, live)``
+elements each), an fp32 copy of the live weight rows ``[live, H]`` (independent
+of N) and of one hidden chunk, and ``[N, 3 or 4]`` partials; never
+``[N, local_vocab]`` (for N > ``chunk_rows``).
 
 Registration: :func:`~tp_logprob.kernels.builtin.register_fused_backends` (part of
 the default registry) adds it as ``torch_native_fused`` (``input_kinds={"hidden"}``).
@@ -30,7 +32,7 @@ the default registry) adds it as ``torch_native_fused`` (``input_kinds={"hidden"
 Role ``train``: the backward recomputes each logits chunk from ``hidden`` and
 ``W``, forms ``G = d out / d x`` with torch_native's local gradient, and returns
 
-* ``d hidden = G @ W_live``: this rank's PARTIAL. The caller all-reduces it
+* ``d hidden = G @ W_live``, one matrix-vector product per row: this rank's PARTIAL. The caller all-reduces it
   (sums it) across the TP group, as Megatron's column-parallel linear backward
   does; the op never reduces it;
 * ``d W = G.T @ hidden`` (zero on padding rows) and ``d bias = sum_t G``: local.
@@ -41,9 +43,7 @@ to ``d W`` and ``d bias`` even when their hidden row holds NaN.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -53,6 +53,7 @@ from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs, owner_ranks
 from tp_logprob.kernels.merge import merge_entropy, merge_partials
 from tp_logprob.kernels.native import _local_grad, _local_partial
+from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -74,8 +75,8 @@ MAX_CHUNK_ROWS = 128
 def chunk_rows(contract: LogprobContract) -> int:
     """Rows per chunk: ``CHUNK_ELEMENTS // live_width`` within ``[1, MAX_CHUNK_ROWS]``.
 
-    It depends on the shard only, never on N, so a row's matmul has the same shape
-    (and bits) whatever the batch.
+    It depends on the shard only, never on N, so a row's partial is computed on one
+    shape whatever the batch.
     """
     start, live_end = contract.sharding.live_bounds()
     return max(1, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(live_end - start, 1)))
@@ -152,33 +153,6 @@ class FusedLogprobFunction(torch.autograd.Function):
         return d_hidden, d_weight, d_bias, None, None, None, None, None
 
 
-_PRECISION_LOCK = threading.Lock()
-_PRECISION_USERS = 0
-_PRECISION_SAVED = "highest"
-
-
-@contextmanager
-def full_fp32_matmul() -> Iterator[None]:
-    """fp32 matmuls in full fp32 (no TF32, no bf16x3) for the duration; thread safe.
-
-    The setting is process-global, so concurrent users (ranks emulated as threads)
-    share one save/restore: the first to enter saves it, the last to leave restores it.
-    """
-    global _PRECISION_USERS, _PRECISION_SAVED
-    with _PRECISION_LOCK:
-        if _PRECISION_USERS == 0:
-            _PRECISION_SAVED = torch.get_float32_matmul_precision()
-            torch.set_float32_matmul_precision("highest")
-        _PRECISION_USERS += 1
-    try:
-        yield
-    finally:
-        with _PRECISION_LOCK:
-            _PRECISION_USERS -= 1
-            if _PRECISION_USERS == 0:
-                torch.set_float32_matmul_precision(_PRECISION_SAVED)
-
-
 def _live_width(contract: LogprobContract) -> int:
     start, live_end = contract.sharding.live_bounds()
     return live_end - start
@@ -202,9 +176,12 @@ def _padded_rows(values: torch.Tensor, begin: int, end: int, size: int) -> torch
 def logits_chunk(
     hidden32: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tensor | None
 ) -> torch.Tensor:
-    """``hidden32 @ weight32.T (+ bias32)``: one fp32 ``[chunk_rows, live]`` logits chunk."""
-    with full_fp32_matmul():
-        logits = torch.matmul(hidden32, weight32.T)
+    """``hidden32 @ weight32.T (+ bias32)`` in fp32, each row's bits from its own row alone.
+
+    One matrix-vector product per row (:func:`~tp_logprob.kernels.rowwise.rowwise_matmul`):
+    a BLAS matrix product gives a row other bits at another position in the batch.
+    """
+    logits = rowwise_matmul(hidden32, weight32)
     return logits if bias32 is None else logits + bias32
 
 
@@ -234,8 +211,8 @@ def _forward(
         if width == 0:
             logits = hidden.new_zeros((step, 0), dtype=torch.float32)
         else:
-            hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
-            logits = logits_chunk(hidden32, weight32, bias32)
+            logits = logits_chunk(hidden[begin:end].to(torch.float32), weight32, bias32)
+            logits = _padded_rows(logits, 0, end - begin, step)
         pieces.append(_local_partial(logits, chunk_targets, contract)[: end - begin])
     fields = 4 if contract.export_entropy else 3
     partial = torch.cat(pieces) if pieces else hidden.new_zeros((0, fields), dtype=torch.float32)
@@ -271,9 +248,9 @@ def _backward(
             count = end - begin
             chunk_active = _padded_rows(active, begin, end, step)
             hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
-            logits = logits_chunk(hidden32, weight32, bias32)
+            logits = logits_chunk(hidden32[:count], weight32, bias32)
             grad = _local_grad(
-                logits,
+                _padded_rows(logits, 0, count, step),
                 _padded_rows(targets, begin, end, step),
                 chunk_active,
                 _padded_rows(lse, begin, end, step),
@@ -284,8 +261,8 @@ def _backward(
             )
             # An inactive row's G is 0; zeroing its hidden row keeps NaN there out of d W.
             hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)
+            d_hidden[begin:end] = rowwise_matmul(grad[:count], weight32.T)
             with full_fp32_matmul():
-                d_hidden[begin:end] = torch.matmul(grad, weight32)[:count]
                 d_weight[:width] += torch.matmul(grad.T, hidden32)
             if d_bias is not None:
                 d_bias[:width] += grad.sum(dim=0).to(d_bias.device)

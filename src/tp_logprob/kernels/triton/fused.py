@@ -20,13 +20,14 @@ Role ``train`` (``TritonFusedFunction``): the backward walks rows in chunks of
 never on N). Per chunk it materializes exactly one fp32 ``[chunk_rows, live]``
 buffer: ``fused_logits_kernel`` writes the recomputed ``x`` (the forward's bits),
 ``logprob_grad_kernel`` (the logits backends' backward) overwrites it in place
-with ``G = d out / d x``, and full-fp32 ``torch.matmul`` forms ``d hidden = G @ W_live``
-and ``d W_live += G.T @ hidden``, ``d bias += sum_t G``. Per call, independent
+with ``G = d out / d x``; ``d hidden = G @ W_live`` is one full-fp32 matrix-vector
+product per row (``kernels/rowwise.py``), and full-fp32 ``torch.matmul`` forms
+``d W_live += G.T @ hidden``, ``d bias += sum_t G``. Per call, independent
 of N, there are also an fp32 copy of the live weight rows ``[live, H]`` and fp32
 ``d W`` ``[local, H]``; per chunk an fp32 copy of the chunk's hidden rows; and fp32
 ``d hidden`` ``[N, H]``. Never ``[N, local_vocab]`` in fp32 (for N > ``chunk_rows``).
-The last chunk is padded with zero rows so every matmul has one shape: a row's
-``d hidden`` bits do not depend on N. ``d hidden`` is this rank's PARTIAL (the
+A row's ``d hidden`` depends on its own row of ``G`` alone, never on N or on
+its position in the chunk. ``d hidden`` is this rank's PARTIAL (the
 caller all-reduces it); ``d W`` is zero on padding rows; inactive rows add exactly
 0 to ``d W`` and ``d bias`` even when their hidden row holds NaN.
 
@@ -54,7 +55,8 @@ import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
-from tp_logprob.kernels.native_fused import _check_inputs, chunk_rows, full_fp32_matmul
+from tp_logprob.kernels.native_fused import _check_inputs, chunk_rows
+from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
 from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel, fused_partial_kernel
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, prepare
@@ -287,8 +289,8 @@ def fused_backward(
             fused_logits(hidden[chunk], weight, bias, width, grad)
             _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads)
             _active_rows32(hidden[chunk], inputs.active[chunk], hidden32)
+            d_hidden[chunk] = rowwise_matmul(grad[: chunk.stop - begin], weight32.T)
             with full_fp32_matmul():
-                d_hidden[chunk] = torch.matmul(grad, weight32)[: chunk.stop - begin]
                 d_weight[:width] += torch.matmul(grad.T, hidden32)
             if d_bias is not None:
                 d_bias += grad.sum(dim=0)

@@ -22,7 +22,8 @@ never on the number of rows: that is what keeps the row kernels batch invariant
   ``triton_fused_exact_sum``'s fixed-point pass (``FUSED_SUM``) keeps int64 sums
   per element and takes 32-column tiles (64 spilled 4 bytes with temperature).
   A logit's bits do not depend on the column tile, so the two passes may differ.
-  rocm: 16 x 64 x 32 on 4 wavefronts; 16 x 16 x 16 under the interpreter.
+  rocm: 16 x 64 x 32 on 4 wavefronts; 16 x 16 x 1 under the interpreter (a 1-deep
+  K chunk: numpy's matmul is not row-position independent, a rounded product is).
 - cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
   the multi-tile loops. The interpreter keeps global state while it runs a grid,
   so launches on CPU are serialized with a lock (ranks emulated as threads).
@@ -93,10 +94,14 @@ _TABLE: dict[tuple[str, KernelKind], tuple[int, int, int]] = {
     ("cpu", KernelKind.FUSED_SUM): (16, 16, 1),
 }
 
-FUSED_TILES: dict[str, tuple[int, int]] = {"cuda": (16, 16), "rocm": (16, 32), "cpu": (16, 16)}
-"""platform -> (rows per program, hidden-size chunk) of the fused kernels: fixed, as ``block``."""
+FUSED_TILES: dict[str, tuple[int, int]] = {"cuda": (16, 16), "rocm": (16, 32), "cpu": (16, 1)}
+"""platform -> (rows per program, hidden-size chunk) of the fused kernels: fixed, as ``block``.
 
-FUSED_SUM_DEPTH: dict[str, tuple[int, int]] = {"cuda": (32, 16), "rocm": (32, 32), "cpu": (16, 16)}
+The interpreter's chunk is 1 deep: its ``tl.dot`` is numpy's matmul, whose BLAS gives a
+row other bits at another position in the tile; a 1-deep dot is one rounded product
+per element, added to the accumulator elementwise (see ``fused_kernels``)."""
+
+FUSED_SUM_DEPTH: dict[str, tuple[int, int]] = {"cuda": (32, 16), "rocm": (32, 32), "cpu": (1, 1)}
 """platform -> hidden-size chunk of ``triton_fused_exact_sum``'s fixed-point pass, for 16-bit
 and fp32 inputs: on cuda's 8 warps that is 16 bytes a lane per load either way."""
 
