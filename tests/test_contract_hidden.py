@@ -145,6 +145,20 @@ def test_rejection_reasons_name_the_input_kind_both_ways() -> None:
     assert any("allow_tf32=True" in reason for reason in tf32)
 
 
+def test_a_fused_backend_without_bias_says_so_and_is_sent_no_bias() -> None:
+    no_bias = dataclasses.replace(TORCH_NATIVE_FUSED, supports_bias=False)
+    assert no_bias.supports(make_contract())
+    assert "has_bias=True requested but supports_bias=False" in no_bias.incompatibilities(
+        make_contract(has_bias=True)
+    )
+    assert TORCH_NATIVE_FUSED.supports(make_contract(has_bias=True))
+    with pytest.raises(tpl.LogprobContractError, match="supports_bias=1: expected a bool"):
+        dataclasses.replace(TORCH_NATIVE_FUSED, supports_bias=1)
+    recorded = TORCH_NATIVE_FUSED.to_dict()
+    del recorded["supports_bias"]  # recorded before supports_bias: bias was served
+    assert capability_from_dict(recorded).supports_bias
+
+
 @pytest.fixture
 def registry() -> tpl.KernelRegistry:
     """A fresh registry of the built-in backends, fused ones included."""

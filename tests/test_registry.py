@@ -128,6 +128,46 @@ def test_cross_tp_bitwise_serves_fixed_topology_but_not_back() -> None:
     assert weak.supports(fixed) and not weak.supports(bitwise)
 
 
+def test_run_to_run_is_the_weakest_scope() -> None:
+    loose = capability(determinism_scopes={"run_to_run"})
+    for scope, served in (("run_to_run", True), ("fixed_topology", False), ("cross_tp_bitwise", False)):
+        contract = make_contract(reduction=tpl.ReductionSpec(scope))
+        assert loose.supports(contract) is served, scope
+        assert capability(determinism_scopes={"fixed_topology"}).supports(contract) is (
+            scope != "cross_tp_bitwise"
+        )
+    reasons = loose.incompatibilities(make_contract())
+    assert "determinism scope 'fixed_topology' not met by ['run_to_run']" in reasons
+
+
+def test_all_active_backends_serve_exactly_the_contracts_without_inactive_tokens() -> None:
+    no_mask = capability(mask_modes={"all_active"})
+    contract = make_contract(reduction=tpl.ReductionSpec("fixed_topology"))
+    assert contract.mask.active_token_count < contract.num_tokens
+    assert "explicit_active_mask" in "\n".join(no_mask.incompatibilities(contract))
+    every = dataclasses.replace(contract, mask=tpl.MaskSpec(contract.num_tokens))
+    assert no_mask.supports(every)
+    assert no_mask.to_dict()["mask_modes"] == ["all_active"]
+
+
+def test_fused_triton_backends_claim_run_to_run_only_on_rocm() -> None:
+    pytest.importorskip("triton")
+    from tp_logprob.kernels.builtin import register_fused_backends
+
+    registry = tpl.KernelRegistry()
+    register_fused_backends(registry)
+    scopes = {
+        (platform, cap.backend_id): {s.value for s in cap.determinism_scopes}
+        for platform in ("cuda", "rocm")
+        for cap in registry.backends(platform)
+    }
+    assert scopes[("cuda", "triton_fused")] == {"fixed_topology"}
+    assert scopes[("cuda", "triton_fused_exact_sum")] == {"cross_tp_bitwise"}
+    assert scopes[("rocm", "triton_fused")] == {"run_to_run"}
+    assert scopes[("rocm", "triton_fused_exact_sum")] == {"run_to_run"}
+    assert scopes[("rocm", "torch_native_fused")] == {"fixed_topology"}
+
+
 def test_register_twice_needs_replace() -> None:
     registry = tpl.KernelRegistry()
     registry.register_logprob_backend("cpu", op_named("a"), capability())

@@ -18,7 +18,7 @@ from tp_logprob import (
     LogprobContractError,
     even_shard_bounds,
 )
-from tp_logprob.kernels.builtin import TORCH_NATIVE, TRITON_EXACT_SUM
+from tp_logprob.kernels.builtin import TORCH_NATIVE, TORCH_NATIVE_FUSED, TRITON_EXACT_SUM
 from tp_logprob.strategies import (
     DTYPE_MAX,
     DTYPE_SMALLEST_SUBNORMAL,
@@ -131,11 +131,15 @@ _capabilities = st.builds(
     tp_world_sizes=st.none() | st.frozensets(st.integers(1, 8), min_size=1),
     cp_world_sizes=st.none() | st.just(frozenset({1})),
     supports_vocab_padding=st.booleans(),
-    mask_modes=st.frozensets(st.sampled_from(["explicit_active_mask", "ignore_index"]), min_size=1),
+    mask_modes=st.frozensets(
+        st.sampled_from(["explicit_active_mask", "ignore_index", "all_active"]), min_size=1
+    ),
     exports_vocab_lse=st.booleans(),
     determinism_scopes=st.frozensets(
-        st.sampled_from(["fixed_topology", "cross_tp_bitwise"]), min_size=1
+        st.sampled_from(["run_to_run", "fixed_topology", "cross_tp_bitwise"]), min_size=1
     ),
+    input_kinds=st.sampled_from([frozenset({"logits"}), frozenset({"hidden"})]),
+    supports_bias=st.booleans(),
 )
 
 
@@ -143,8 +147,23 @@ _capabilities = st.builds(
 @given(st.data())
 def test_contracts_from_a_capability_are_all_supported(data: Any) -> None:
     capability = data.draw(_capabilities, label="capability")
-    contract = data.draw(contracts(capability=capability), label="contract")
+    kind = next(iter(capability.input_kinds)).value
+    contract = data.draw(contracts(capability=capability, input_kind=kind), label="contract")
     assert capability.incompatibilities(contract) == ()
+    scopes = {scope.value for scope in capability.determinism_scopes}
+    if scopes != {"run_to_run"}:  # the same code serves it: drawn only where nothing else is
+        assert contract.reduction.determinism_scope.value != "run_to_run"
+
+
+def test_a_capability_without_bias_is_drawn_no_bias_and_refuses_to_be() -> None:
+    no_bias = dataclasses.replace(TORCH_NATIVE_FUSED, supports_bias=False)
+    strategy = contracts(capability=no_bias, input_kind="hidden")
+    assert _find(strategy, lambda c: True).has_bias is False
+    with pytest.raises(InvalidArgument, match="has_bias=True: capability='torch_native_fused'"):
+        contracts(capability=no_bias, input_kind="hidden", has_bias=True).example()
+    assert _find(
+        contracts(capability=TORCH_NATIVE_FUSED, input_kind="hidden"), lambda c: c.has_bias
+    ).has_bias
 
 
 @pytest.mark.parametrize(

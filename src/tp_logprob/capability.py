@@ -48,9 +48,10 @@ def _check_backend_id(value: object) -> str:
 class LogprobBackendCapability:
     """The contracts one backend serves on one platform.
 
-    ``tp_world_sizes`` / ``cp_world_sizes`` of None mean any size. A backend that
-    offers ``cross_tp_bitwise`` also meets ``fixed_topology`` requests, and one with
-    ``explicit_active_mask`` also serves masks that need only ``ignore_index``.
+    ``tp_world_sizes`` / ``cp_world_sizes`` of None mean any size. A determinism
+    scope meets every weaker request (``cross_tp_bitwise`` > ``fixed_topology`` >
+    ``run_to_run``), and a backend with ``explicit_active_mask`` also serves masks
+    that need only ``ignore_index`` (as ``ignore_index`` and ``all_active`` backends do).
     ``supports_temperature`` means the op divides ``fp32(x) / fp32(T)`` as the
     contract says (any backend serves ``temperature=1.0``); ``exports_entropy``
     means it returns ``entropy`` when ``export_entropy=True``. ``even_shards_only``
@@ -62,7 +63,9 @@ class LogprobBackendCapability:
     memory); without it the suite requires the inputs untouched. ``input_kinds``
     says what the op takes: ``logits`` (a rank's logits shard) or ``hidden`` (hidden
     states and the rank's LM-head weight rows, the fused form; see
-    :class:`~tp_logprob.LogprobInputKind`). No built-in backend claims TF32, so a
+    :class:`~tp_logprob.LogprobInputKind`); a ``hidden`` backend that adds the LM
+    head's bias says ``supports_bias``, and is sent no ``has_bias`` contract without
+    it. No built-in backend claims TF32, so a
     contract with ``allow_tf32=True`` is rejected rather than served in full fp32.
     """
 
@@ -81,6 +84,7 @@ class LogprobBackendCapability:
     even_shards_only: bool = False
     consumes_input: bool = False
     input_kinds: frozenset[LogprobInputKind] = frozenset({LogprobInputKind.LOGITS})
+    supports_bias: bool = False
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -107,6 +111,7 @@ class LogprobBackendCapability:
             "input_kinds": check_enum_set(
                 "input_kinds", self.input_kinds, LogprobInputKind, non_empty=True
             ),
+            "supports_bias": check_bool("supports_bias", self.supports_bias),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -154,6 +159,8 @@ class LogprobBackendCapability:
                 f"mask mode {needed.value!r}{why} not served by mask_modes "
                 f"{_names(self.mask_modes)}"
             )
+        if contract.has_bias and not self.supports_bias:
+            reasons.append("has_bias=True requested but supports_bias=False")
         if contract.export_lse and not self.exports_vocab_lse:
             reasons.append("export_lse requested but the backend does not export the LSE")
         if contract.temperature != 1.0 and not self.supports_temperature:
@@ -198,6 +205,7 @@ class LogprobBackendCapability:
             "even_shards_only": self.even_shards_only,
             "consumes_input": self.consumes_input,
             "input_kinds": _names(self.input_kinds),
+            "supports_bias": self.supports_bias,
         }
 
 

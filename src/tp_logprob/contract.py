@@ -87,10 +87,16 @@ class LogprobInputKind(str, Enum):
 class DeterminismScope(str, Enum):
     """How far bitwise reproducibility must reach (see DESIGN section 2).
 
-    ``fixed_topology``: run to run and across batch composition, for one shard layout.
+    ``run_to_run``: the same inputs (the whole batch) give the same bits on every run.
+    ``fixed_topology``: additionally batch invariant: a row's bits do not depend on
+    the other rows, their order, N, or the row's position, for one shard layout.
     ``cross_tp_bitwise``: additionally across every TP degree and shard layout.
+
+    ``run_to_run`` is what an all-reduce SUM of per-rank partials (``loss_parallel``)
+    or an N-dependent chunking of the rows (Liger's fused linear cross entropy) offers.
     """
 
+    RUN_TO_RUN = "run_to_run"
     FIXED_TOPOLOGY = "fixed_topology"
     CROSS_TP_BITWISE = "cross_tp_bitwise"
 
@@ -99,7 +105,11 @@ class DeterminismScope(str, Enum):
         return _SCOPE_STRENGTH[self] >= _SCOPE_STRENGTH[requested]
 
 
-_SCOPE_STRENGTH = {DeterminismScope.FIXED_TOPOLOGY: 0, DeterminismScope.CROSS_TP_BITWISE: 1}
+_SCOPE_STRENGTH = {
+    DeterminismScope.RUN_TO_RUN: 0,
+    DeterminismScope.FIXED_TOPOLOGY: 1,
+    DeterminismScope.CROSS_TP_BITWISE: 2,
+}
 
 
 class MaskMode(str, Enum):
@@ -109,14 +119,21 @@ class MaskMode(str, Enum):
     target may hold anything. ``ignore_index``: only from ``target == ignore_index``,
     so such a backend can serve a contract only when every token is active (the
     contract never promises that inactive targets hold ``ignore_index``).
+    ``all_active``: it has no notion of an inactive token and reads every target
+    (Megatron's vocab-parallel cross entropy, TRL's selective log-softmax); it
+    serves the same contracts as ``ignore_index``, and says so honestly.
+
+    A contract whose every token is active needs ``ignore_index`` (nothing to skip,
+    :attr:`MaskSpec.mode`); one with an inactive token needs ``explicit_active_mask``.
     """
 
     EXPLICIT_ACTIVE_MASK = "explicit_active_mask"
     IGNORE_INDEX = "ignore_index"
+    ALL_ACTIVE = "all_active"
 
     def serves(self, required: MaskMode) -> bool:
         """Whether a backend offering ``self`` serves a mask that needs ``required``."""
-        return self is MaskMode.EXPLICIT_ACTIVE_MASK or required is MaskMode.IGNORE_INDEX
+        return self is MaskMode.EXPLICIT_ACTIVE_MASK or required is not MaskMode.EXPLICIT_ACTIVE_MASK
 
 
 class LogprobResult(tuple):  # type: ignore[type-arg]

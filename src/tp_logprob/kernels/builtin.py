@@ -29,6 +29,7 @@ __all__ = [
     "TRITON_FUSED",
     "TRITON_FUSED_EXACT_SUM",
     "TRITON_ONLINE",
+    "ROCM_FUSED_CAPABILITIES",
     "register_builtin_backends",
     "register_fused_backends",
     "triton_platforms",
@@ -55,16 +56,32 @@ TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+    supports_bias=True,
 )
 TRITON_FUSED = dataclasses.replace(
     _capability("triton_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+    supports_bias=True,
 )
 TRITON_FUSED_EXACT_SUM = dataclasses.replace(
     _capability("triton_fused_exact_sum", DeterminismScope.CROSS_TP_BITWISE),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+    supports_bias=True,
 )
 TRITON_ONLINE = _capability("triton_online", DeterminismScope.FIXED_TOPOLOGY)
+
+_RUN_TO_RUN = frozenset({DeterminismScope.RUN_TO_RUN})
+ROCM_FUSED_CAPABILITIES = {
+    TRITON_FUSED.backend_id: dataclasses.replace(TRITON_FUSED, determinism_scopes=_RUN_TO_RUN),
+    TRITON_FUSED_EXACT_SUM.backend_id: dataclasses.replace(
+        TRITON_FUSED_EXACT_SUM, determinism_scopes=_RUN_TO_RUN
+    ),
+}
+"""The Triton fused backends on ROCm. Their batch invariance and cross-TP bits rest on a
+logit depending on its hidden row and weight row alone; Triton lowers an fp32 ``tl.dot``
+to MFMA instructions there, whose per-element summation order AMD does not document
+(``triton/fused_kernels.py``), so they claim run-to-run bits only until a device run of
+the suite establishes more."""
 TRITON_EXACT_SUM = _capability("triton_exact_sum", DeterminismScope.CROSS_TP_BITWISE)
 
 
@@ -116,13 +133,12 @@ def register_fused_backends(registry: Any) -> None:
             TORCH_NATIVE_FUSED,
         )
     for platform in triton_platforms():
-        registry.register_logprob_backend(
-            platform,
-            _lazy("tp_logprob.kernels.triton.fused", "triton_fused_logprob"),
-            TRITON_FUSED,
-        )
-        registry.register_logprob_backend(
-            platform,
-            _lazy("tp_logprob.kernels.triton.fused_exact_sum", "triton_fused_exact_sum_logprob"),
-            TRITON_FUSED_EXACT_SUM,
-        )
+        for module, op, capability in (
+            ("fused", "triton_fused_logprob", TRITON_FUSED),
+            ("fused_exact_sum", "triton_fused_exact_sum_logprob", TRITON_FUSED_EXACT_SUM),
+        ):
+            if platform == "rocm":
+                capability = ROCM_FUSED_CAPABILITIES[capability.backend_id]
+            registry.register_logprob_backend(
+                platform, _lazy(f"tp_logprob.kernels.triton.{module}", op), capability
+            )

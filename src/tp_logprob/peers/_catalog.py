@@ -24,6 +24,7 @@ COLUMNS = (
     ("uneven", "uneven shards"),
     ("16bit", "16-bit inputs"),
     ("inactive", "inactive tokens"),
+    ("batch", "batch invariance"),
     ("cross_tp", "cross-TP bitwise"),
 )
 """``(key, heading)`` of each matrix column, in order."""
@@ -96,17 +97,13 @@ _TRL_POS_INF = (
     ),
 )
 
-_FLCE_BATCH = (
-    (
-        "test_fused_run_to_run_and_batch_invariance",
-        Explanation(
-            PEER_LIMITATION,
-            "each chunk's logits come from one torch matmul whose row count follows N "
-            "(chunk_size = min(next_pow2(ceil(N / ceil(V / H))), N)), and a matmul's bits for "
-            "a row depend on its shape (CPU BLAS kernels; cuBLAS heuristics on GPU)",
-        ),
-    ),
+_FLCE_BATCH = Explanation(
+    PEER_LIMITATION,
+    "each chunk's logits come from one torch matmul whose row count follows N "
+    "(chunk_size = min(next_pow2(ceil(N / ceil(V / H))), N)), and a matmul's bits for "
+    "a row depend on its shape (CPU BLAS kernels; cuBLAS heuristics on GPU)",
 )
+_CLAIMED_BATCH = Cell(note="claimed: fixed_topology")
 
 PEERS = (
     Peer(
@@ -147,6 +144,7 @@ PEERS = (
                     "row's other target is read (a nonzero loss) or trips Liger's bounds assert",
                 ),
             ),
+            "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
         },
     ),
@@ -156,8 +154,8 @@ PEERS = (
         library="Liger-Kernel fused linear cross entropy, hidden in (Triton, interpreter on CPU)",
         distribution="liger-kernel",
         cells={
-            "honest": Cell("honest", by_property=_FLCE_BATCH),
-            "padding": Cell("assume_padding", explanation=_PADDING, by_property=_FLCE_BATCH),
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
             "uneven": _ONE_RANK,
             "16bit": Cell(
                 "assume_16bit",
@@ -167,12 +165,12 @@ PEERS = (
                     "in bf16/fp16), so the logits carry 8/11 bits before the fp32 softmax, and "
                     "d weight is accumulated in that dtype too",
                 ),
-                by_property=_FLCE_BATCH,
             ),
             "inactive": Cell(
                 note="not run: an inactive row's out-of-range target is read unchecked "
                 "(X_ptr + y), and the suite's (up to 2^40) crash the interpreter's process"
             ),
+            "batch": Cell("assume_batch_invariant", explanation=_FLCE_BATCH),
             "cross_tp": _NO_XTP,
         },
     ),
@@ -194,6 +192,7 @@ PEERS = (
                     "on inactive rows and NaN where an inactive row holds NaN or inf",
                 ),
             ),
+            "batch": _CLAIMED_BATCH,
             "cross_tp": Cell(
                 "assume_cross_tp_bitwise",
                 explanation=Explanation(
@@ -223,6 +222,7 @@ PEERS = (
             ),
             "16bit": Cell(note="claimed: upcast to fp32"),
             "inactive": Cell(note="as megatron_vp_ce"),
+            "batch": Cell(note="as megatron_vp_ce"),
             "cross_tp": Cell(note="as megatron_vp_ce"),
         },
     ),
@@ -232,21 +232,7 @@ PEERS = (
         library="PyTorch loss_parallel on a Shard(1) DTensor (TorchTitan's path)",
         distribution="torch",
         cells={
-            "honest": Cell(
-                "honest",
-                by_property=(
-                    (
-                        "test_batch_invariance",
-                        Explanation(
-                            PEER_LIMITATION,
-                            "the all-reduce SUM of per-rank fp32 partials is not batch invariant: "
-                            "the threaded group sums torch.stack(partials) with torch.sum, whose "
-                            "association changes with N; ring all-reduces (NCCL, gloo) likewise "
-                            "order an element's partials by the chunk it falls in",
-                        ),
-                    ),
-                ),
-            ),
+            "honest": Cell("honest"),
             "padding": Cell("assume_padding", explanation=_PADDING),
             "uneven": Cell(
                 "assume_uneven_shards",
@@ -264,6 +250,16 @@ PEERS = (
                     PEER_LIMITATION,
                     "only target == ignore_index is skipped; any other out-of-range target of "
                     "an inactive row is silently masked to a zero target logit (loss = lse)",
+                ),
+            ),
+            "batch": Cell(
+                "assume_batch_invariant",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "the all-reduce SUM of per-rank fp32 partials is not batch invariant: the "
+                    "threaded group sums torch.stack(partials) with torch.sum, whose association "
+                    "changes with N; ring all-reduces (NCCL, gloo) likewise order an element's "
+                    "partials by the chunk it falls in",
                 ),
             ),
             "cross_tp": Cell(
@@ -312,6 +308,7 @@ PEERS = (
                     "inactive row's out-of-range target raises an index error",
                 ),
             ),
+            "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
         },
     ),

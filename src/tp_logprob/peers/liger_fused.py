@@ -81,7 +81,7 @@ from tp_logprob.contract import (
 )
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs
-from tp_logprob.kernels.native_fused import full_fp32_matmul
+from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
 
 __all__ = [
@@ -104,8 +104,10 @@ CAPABILITY = LogprobBackendCapability(
     supports_vocab_padding=False,
     mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
     exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+    # Its chunk size follows N, so a row's matmul shape (and bits) follow the batch.
+    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+    supports_bias=True,
 )
 
 _NEVER_IGNORED = -1
@@ -259,3 +261,6 @@ honest = (liger_fused_logprob, CAPABILITY)
 
 assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
 assume_16bit = claiming(honest, "assume_16bit", dtypes=frozenset(LogprobDType))
+assume_batch_invariant = claiming(
+    honest, "assume_batch_invariant", determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY})
+)

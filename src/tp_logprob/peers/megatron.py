@@ -95,7 +95,7 @@ CAPABILITY = LogprobBackendCapability(
     dtypes=frozenset(LogprobDType),
     cp_world_sizes=frozenset({1}),
     supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
+    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),  # no mask: every target is read
     exports_vocab_lse=True,
     determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
 )

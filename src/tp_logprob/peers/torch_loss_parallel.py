@@ -85,7 +85,8 @@ CAPABILITY = LogprobBackendCapability(
     supports_vocab_padding=False,
     mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
     exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+    # An all-reduce SUM of per-rank partials: its association follows N and the chunking.
+    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
     even_shards_only=True,
 )
 
@@ -195,6 +196,9 @@ honest = (loss_parallel_logprob, CAPABILITY)
 
 assume_uneven_shards = claiming(honest, "assume_uneven_shards", even_shards_only=False)
 assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
+assume_batch_invariant = claiming(
+    honest, "assume_batch_invariant", determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY})
+)
 assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
 assume_cross_tp_bitwise = claiming(
     honest, "assume_cross_tp_bitwise", determinism_scopes=frozenset(DeterminismScope)

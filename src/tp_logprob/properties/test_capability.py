@@ -43,6 +43,8 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
         for scope in DeterminismScope
         if any(offered.satisfies(scope) for offered in capability.determinism_scopes)
     ]
+    if scopes != [DeterminismScope.RUN_TO_RUN]:  # the same code serves a run_to_run request
+        scopes.remove(DeterminismScope.RUN_TO_RUN)
     worlds = sorted(w for w in (capability.tp_world_sizes or range(1, 9)) if w <= 8)
     if capability.even_shards_only:  # equal shards: the TP degree divides the vocabulary
         worlds = [w for w in worlds if _PADDED % w == 0]
@@ -58,7 +60,11 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
     found = []
     for index, (role, dtype, scope, mode, padding, export) in enumerate(combos):
         hidden: dict[str, Any] = (
-            {"input_kind": "hidden", "hidden_size": _HIDDEN_SIZE, "has_bias": index % 2 == 1}
+            {
+                "input_kind": "hidden",
+                "hidden_size": _HIDDEN_SIZE,
+                "has_bias": capability.supports_bias and index % 2 == 1,
+            }
             if fused
             else {}
         )
@@ -66,7 +72,7 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
         # Balanced, generally uneven widths; with padding and TP=8 the last shard is all padding.
         # (Equal widths for an even_shards_only backend, since the TP degree divides 24.)
         edges = [round(rank * _PADDED / world) for rank in range(world + 1)]
-        mask = None if mode is MaskMode.IGNORE_INDEX else _PER_TOKEN_MASK
+        mask = _PER_TOKEN_MASK if mode is MaskMode.EXPLICIT_ACTIVE_MASK else None
         found.append(
             LogprobContract(
                 role=role,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import ShardingSpec
+from tp_logprob.contract import DeterminismScope, ShardingSpec
 from tp_logprob.properties._harness import draw_case
 from tp_logprob.properties.checks import run_check
 from tp_logprob.properties.profiles import scaled
@@ -38,9 +38,17 @@ def test_run_to_run_bitwise(tp_logprob_backend: Any, tp_logprob_suite: Any, data
 def test_batch_invariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """A row's bits do not depend on the other rows, their order, or N."""
     backend = tp_logprob_backend
+    skip_unless_batch_invariant(backend)
     case = draw_case(data, backend, tp_logprob_suite)
     rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
     run_check("batch_invariance", backend, case, {"rows": rows})
+
+
+def skip_unless_batch_invariant(backend: Any) -> None:
+    """Skip a batch-invariance property for a backend that claims run-to-run bits only."""
+    scope = DeterminismScope.FIXED_TOPOLOGY
+    if not any(offered.satisfies(scope) for offered in backend.capability.determinism_scopes):
+        pytest.skip(f"{backend.backend_id} claims run_to_run determinism only: not batch invariant")
 
 
 def batch_rows(num_tokens: int) -> st.SearchStrategy[np.ndarray]:

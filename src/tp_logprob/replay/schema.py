@@ -54,8 +54,8 @@ def _is_str(value: object, longest: int = 500) -> bool:
 
 
 # Schema-1 mask modes: "per_token" was an explicit mask; "all_active" meant no mask,
-# which every backend that declared it served, as an ignore-index backend does.
-_MASK_MODE_NAMES = {"per_token": "explicit_active_mask", "all_active": "ignore_index"}
+# the capability mode of that name today.
+_MASK_MODE_NAMES = {"per_token": "explicit_active_mask"}
 
 _CONTRACT_MASK_MODES = ("all_active", "per_token", "explicit_active_mask", "ignore_index")
 
@@ -83,6 +83,8 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         consumes_input=data.get("consumes_input", False),
         # Recorded before the fused LM head: the backend took logits.
         input_kinds=frozenset(data.get("input_kinds", ["logits"])),
+        # Recorded before supports_bias: every fused backend was sent bias contracts.
+        supports_bias=data.get("supports_bias", "hidden" in data.get("input_kinds", ())),
         mask_modes=frozenset(_MASK_MODE_NAMES.get(mode, mode) for mode in data["mask_modes"]),
     )
 

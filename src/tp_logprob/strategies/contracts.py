@@ -187,7 +187,7 @@ def active_masks(
     """``active_mask`` values for :class:`~tp_logprob.MaskSpec`: None or a bool array.
 
     Draws every kind in :data:`MASK_KINDS` that a backend offering ``mask_modes``
-    serves: with only ``ignore_index``, masks that leave every token active.
+    serves: with only ``ignore_index`` or ``all_active``, masks that leave every token active.
     Shrinks toward None.
     """
     n = _non_negative("num_tokens", num_tokens)
@@ -196,7 +196,7 @@ def active_masks(
         kind
         for kind in MASK_KINDS
         if MaskMode.EXPLICIT_ACTIVE_MASK in modes
-        or (MaskMode.IGNORE_INDEX in modes and kind in _EVERY_TOKEN_ACTIVE)
+        or (modes - {MaskMode.EXPLICIT_ACTIVE_MASK} and kind in _EVERY_TOKEN_ACTIVE)
     )
     if not kinds:
         raise InvalidArgument(f"mask_modes={mask_modes!r}: leaves no mask kind to draw")
@@ -408,6 +408,9 @@ def contracts(
             for scope in scope_set
             if any(offered.satisfies(scope) for offered in capability.determinism_scopes)
         }
+        if determinism_scopes is None and scope_set != {DeterminismScope.RUN_TO_RUN}:
+            # The same code serves a run_to_run request: draw it only where nothing stronger is.
+            scope_set.discard(DeterminismScope.RUN_TO_RUN)
         mode_set &= capability.mask_modes
         if capability.tp_world_sizes is not None:
             world_set &= capability.tp_world_sizes
@@ -417,6 +420,12 @@ def contracts(
             export_set.discard(True)
         if not capability.exports_entropy:
             entropy_set.discard(True)
+        if hidden is not None and not capability.supports_bias:
+            if hidden[1] == (True,):
+                raise InvalidArgument(
+                    f"has_bias=True: capability={capability.backend_id!r} has supports_bias=False"
+                )
+            hidden = (hidden[0], (False,))
         if not capability.supports_temperature:
             if fixed_temperature not in (None, 1.0):
                 raise InvalidArgument(

@@ -32,12 +32,13 @@ caller all-reduces it); ``d W`` is zero on padding rows; inactive rows add exact
 0 to ``d W`` and ``d bias`` even when their hidden row holds NaN.
 
 Determinism: ``fixed_topology`` (see ``fused_kernels``): run to run and batch
-invariant for one TP degree and shard layout.
+invariant for one TP degree and shard layout; ``run_to_run`` only on ROCm.
 
 Not ``cross_tp_bitwise``: each fp32 ``x[t, v]`` has the same bits whatever the
 shard layout (the K-loop order and chunk depth are fixed, and a ``tl.dot``
-element depends only on its hidden row and weight row; ``test_triton_fused``
-checks it under the interpreter, a GPU run has not checked it), but the sums do
+element depends only on its hidden row and weight row where ``fused_kernels``
+says; ``test_triton_fused`` checks it under the interpreter, a GPU run has not
+checked it), but the sums do
 not: the per-lane sums and the merge group the columns by shard, as
 ``triton_online``'s do. ``triton_fused_exact_sum`` (``fused_exact_sum.py``) runs
 ``logits_tile`` under ``triton_exact_sum``'s fixed-point sums instead, and shares

@@ -21,13 +21,16 @@ Why the bits do not depend on the TP degree or the shard layout: ``logits_tile``
 element ``x[t, v]`` is a function of hidden row ``t`` and weight row ``v`` only (the
 K-loop runs over the hidden size in fixed ``BLOCK_K`` chunks in one order, the
 tile shapes come from the launch table, and an element of an ``ieee`` fp32
-``tl.dot`` is one FMA chain on the GPU, numpy's matmul in the interpreter); ``z``
+``tl.dot`` is one FMA chain on NVIDIA and one rounded product a step under the
+interpreter; ``fused_kernels`` says where this premise holds, and ROCm is not
+among those places); ``z``
 is one IEEE division of it. So every ``z[t, v]`` has the same bits whichever
 shard, tile or lane holds column ``v``; max is exact, so ``M`` is too; each
 fixed-point term is a function of ``(z, M)``; and integer sums are exact and
 associative, so the gathered total is the same integer for every split.
 ``test_triton_fused_exact_sum`` checks the outputs' bits across TP 1..4 layouts
-under the interpreter; no GPU run has checked the per-element ``tl.dot`` premise yet.
+under the interpreter, and ``tests/kernels/test_row_position.py`` a row at every
+position of a batch; no GPU run has checked the per-element premise yet.
 
 Traffic per row, with ``w`` the live columns, ``b`` the item size and ``B`` the
 column tile: twice ``triton_fused``'s reads (``w H b / BLOCK_M + ceil(w / B) H b``

@@ -23,13 +23,27 @@ live ``W`` rows once per row block, and writes 12 bytes (16 with entropy).
 stores the same fp32 ``x`` tile into a caller's chunk buffer, for the logits
 backends' elementwise gradient kernel to turn into ``G = d out / d x`` in place.
 
-Determinism: the tile shapes come from the launch table (platform only), the K
-loop runs in one fixed order, and an element of ``tl.dot`` depends only on its
-row of ``hidden`` and its column of ``W.T`` (GPU: an FMA chain per element for
-``ieee`` fp32; interpreter: numpy's matmul), so a row's ``x`` and its partial do
-not depend on N, on the other rows of its block, or on the run, and the backward
-recomputes the forward's ``x`` bit for bit. The kernels never compute
-``inf - inf`` or ``0 * inf`` (see ``common_kernels``).
+Determinism: the tile shapes come from the launch table (platform only) and the
+K loop runs in one fixed order. Batch invariance (and ``triton_fused_exact_sum``'s
+cross-TP bits) rest on one more premise: an element of the ``tl.dot`` tile is a
+function of its row of ``hidden`` and its column of ``W.T`` alone, wherever the
+row and column sit in the tile. Where it holds:
+
+- NVIDIA: an ``ieee`` fp32 ``tl.dot`` never reaches the tensor cores; Triton's FMA
+  dot lowering gives each element one FMA chain over ``k`` in order, the same for
+  every element and every chunk depth. Holds by construction.
+- The interpreter (CPU): ``tl.dot`` is numpy's matmul, and BLAS micro-kernels give
+  a row other bits at another position of a register block (OpenBLAS's Haswell
+  kernels do). The launch table makes the K chunk 1 deep there, so each step is
+  one rounded product per element, added to the accumulator elementwise. Holds by
+  construction.
+- ROCm: Triton lowers an fp32 ``tl.dot`` to MFMA instructions, whose per-element
+  summation order AMD does not document. Not established: the fused Triton
+  backends claim run-to-run bits only there (``kernels/builtin.py``).
+
+Then a row's ``x`` and its partial do not depend on N, on the other rows of its
+block, or on the run, and the backward recomputes the forward's ``x`` bit for
+bit. The kernels never compute ``inf - inf`` or ``0 * inf`` (see ``common_kernels``).
 """
 
 # triton ships no type hints, and Triton types kernel parameters itself:
