@@ -130,7 +130,11 @@ def test_cross_tp_bitwise_serves_fixed_topology_but_not_back() -> None:
 
 def test_run_to_run_is_the_weakest_scope() -> None:
     loose = capability(determinism_scopes={"run_to_run"})
-    for scope, served in (("run_to_run", True), ("fixed_topology", False), ("cross_tp_bitwise", False)):
+    for scope, served in (
+        ("run_to_run", True),
+        ("fixed_topology", False),
+        ("cross_tp_bitwise", False),
+    ):
         contract = make_contract(reduction=tpl.ReductionSpec(scope))
         assert loose.supports(contract) is served, scope
         assert capability(determinism_scopes={"fixed_topology"}).supports(contract) is (

@@ -133,7 +133,9 @@ class MaskMode(str, Enum):
 
     def serves(self, required: MaskMode) -> bool:
         """Whether a backend offering ``self`` serves a mask that needs ``required``."""
-        return self is MaskMode.EXPLICIT_ACTIVE_MASK or required is not MaskMode.EXPLICIT_ACTIVE_MASK
+        return (
+            self is MaskMode.EXPLICIT_ACTIVE_MASK or required is not MaskMode.EXPLICIT_ACTIVE_MASK
+        )
 
 
 class LogprobResult(tuple):  # type: ignore[type-arg]

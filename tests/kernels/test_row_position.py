@@ -121,6 +121,8 @@ def test_fused_row_bits_do_not_depend_on_its_position(
     op = FUSED_OPS[backend]
     alone = _run(op, hidden[:1], weight, bias, targets[:1], dtype)
     batch = _run(op, hidden, weight, bias, targets, dtype)
-    for name, single, many in zip(("selected_logp", "lse", "entropy", "d hidden"), alone, batch):
+    for name, single, many in zip(
+        ("selected_logp", "lse", "entropy", "d hidden"), alone, batch, strict=True
+    ):
         moved = [p for p in positions if not np.array_equal(many[p], single[0])]
         assert not moved, f"{backend} {name}: positions {moved} differ from the row alone"

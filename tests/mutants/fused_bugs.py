@@ -263,9 +263,19 @@ def _forward_chunk_from_n(
         if width == 0:
             logits = hidden.new_zeros((step, 0), dtype=torch.float32)
         else:
-            logits = logits_chunk(_padded_rows(hidden, begin, end, step).float(), weight32, bias32)
+            hidden32 = _padded_rows(hidden, begin, end, step).float()
+            logits = _blas_logits_chunk(hidden32, weight32, bias32)
         pieces.append(_local_partial(logits, chunk_targets, contract)[: end - begin])
     return _merge(torch.cat(pieces), targets, active, contract, group)
+
+
+def _blas_logits_chunk(
+    hidden32: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tensor | None
+) -> torch.Tensor:
+    """Liger's chunk logits: one BLAS matrix product over the chunk (full fp32)."""
+    with full_fp32_matmul():
+        logits = torch.matmul(hidden32, weight32.T)
+    return logits if bias32 is None else logits + bias32
 
 
 def _chunked_backward(
@@ -297,8 +307,9 @@ def _chunked_backward(
             end = min(begin + step, rows)
             chunk_active = _padded_rows(active, begin, end, step)
             hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+            chunk_logits = _blas_logits_chunk if liger_rows else logits_chunk
             grad = _local_grad(
-                logits_chunk(hidden32, weight32, bias32),
+                chunk_logits(hidden32, weight32, bias32),
                 _padded_rows(targets, begin, end, step),
                 chunk_active,
                 _padded_rows(lse, begin, end, step),

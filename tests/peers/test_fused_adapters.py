@@ -44,7 +44,7 @@ def _contract(role: str = "infer", *, bias: bool = False, **fields: Any) -> tpl.
         "fp32",
         tpl.MaskSpec(TOKENS),
         sharding,
-        tpl.ReductionSpec("fixed_topology"),
+        tpl.ReductionSpec("run_to_run"),
         input_kind="hidden",
         hidden_size=SIZE,
         has_bias=bias,
@@ -185,7 +185,7 @@ def test_liger_flce_capability_rejects_what_liger_cannot_serve(
         fields.pop("dtype", "fp32"),
         mask,
         tpl.ShardingSpec(0, tp, tpl.even_shard_bounds(padded, tp), VOCAB, padded),
-        tpl.ReductionSpec("fixed_topology"),
+        tpl.ReductionSpec("run_to_run"),  # liger_flce's honest scope
         **hidden,
         **fields,
     )

@@ -44,7 +44,7 @@ def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapab
         tp_world_sizes=None,
         cp_world_sizes=frozenset({1}),
         supports_vocab_padding=True,
-        mask_modes=frozenset(MaskMode),
+        mask_modes=frozenset({MaskMode.EXPLICIT_ACTIVE_MASK, MaskMode.IGNORE_INDEX}),
         exports_vocab_lse=True,
         determinism_scopes=frozenset({scope}),
         supports_temperature=True,

@@ -32,9 +32,9 @@ the default registry) adds it as ``torch_native_fused`` (``input_kinds={"hidden"
 Role ``train``: the backward recomputes each logits chunk from ``hidden`` and
 ``W``, forms ``G = d out / d x`` with torch_native's local gradient, and returns
 
-* ``d hidden = G @ W_live``, one matrix-vector product per row: this rank's PARTIAL. The caller all-reduces it
-  (sums it) across the TP group, as Megatron's column-parallel linear backward
-  does; the op never reduces it;
+* ``d hidden = G @ W_live``, one matrix-vector product per row: this rank's
+  PARTIAL. The caller all-reduces it (sums it) across the TP group, as
+  Megatron's column-parallel linear backward does; the op never reduces it;
 * ``d W = G.T @ hidden`` (zero on padding rows) and ``d bias = sum_t G``: local.
 
 Products and sums of the backward are fp32 as well; inactive rows add exactly 0

@@ -262,5 +262,7 @@ honest = (liger_fused_logprob, CAPABILITY)
 assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
 assume_16bit = claiming(honest, "assume_16bit", dtypes=frozenset(LogprobDType))
 assume_batch_invariant = claiming(
-    honest, "assume_batch_invariant", determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY})
+    honest,
+    "assume_batch_invariant",
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
 )

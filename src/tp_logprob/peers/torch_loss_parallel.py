@@ -197,7 +197,9 @@ honest = (loss_parallel_logprob, CAPABILITY)
 assume_uneven_shards = claiming(honest, "assume_uneven_shards", even_shards_only=False)
 assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
 assume_batch_invariant = claiming(
-    honest, "assume_batch_invariant", determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY})
+    honest,
+    "assume_batch_invariant",
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
 )
 assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
 assume_cross_tp_bitwise = claiming(

@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from tp_logprob.contract import DeterminismScope
 from tp_logprob.properties.checks import run_check
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.contract import DeterminismScope
 from tp_logprob.properties.test_determinism import _relayout, batch_rows
 from tp_logprob.strategies import HiddenCase, hidden_cases
 

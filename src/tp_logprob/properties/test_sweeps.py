@@ -60,7 +60,11 @@ def _contract(
     """A contract of ``bounds`` that ``capability`` claims, or skip the test."""
     role = LogprobRole.INFER if LogprobRole.INFER in capability.roles else LogprobRole.TRAIN
     dtype = LogprobDType.FP32 if LogprobDType.FP32 in capability.dtypes else min(capability.dtypes)
-    mask = None if capability.mask_modes - {MaskMode.EXPLICIT_ACTIVE_MASK} else np.ones(num_tokens, bool)
+    mask = (
+        None
+        if capability.mask_modes - {MaskMode.EXPLICIT_ACTIVE_MASK}
+        else np.ones(num_tokens, bool)
+    )
     real = REAL if capability.supports_vocab_padding else PADDED
     contract = LogprobContract(
         role=role,
