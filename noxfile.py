@@ -97,7 +97,7 @@ def compile(session: nox.Session) -> None:
     cache = os.environ.get("TRITON_CACHE_DIR", str(ROOT / ".nox" / "triton-cache"))
     session.env["TRITON_CACHE_DIR"] = cache
     args = session.posargs or ["--matrix", "full", "--markdown", "docs/gpu-readiness.md"]
-    session.run("python", "-m", "tp_logprob.kernels.triton.aot", *args)
+    session.run("python", "-m", "tp_logprob.gpu_readiness", *args)
 
 
 @nox.session(default=False)

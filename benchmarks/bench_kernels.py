@@ -20,7 +20,7 @@ and is reported as a fraction of the copy bandwidth measured in the same run:
 candidates that do not fit in free device memory are skipped with a note.
 
 Each Triton row also shows measured / predicted time: the roofline of
-``tp_logprob.kernels.triton.traffic`` (bytes per row over the device's peak HBM
+``tp_logprob.gpu_readiness.traffic`` (bytes per row over the device's peak HBM
 bandwidth when the device is an H100, H200 or MI300X, else over the copy
 bandwidth measured here).
 
@@ -52,6 +52,7 @@ if not torch.cuda.is_available():
 import triton.testing
 
 import tp_logprob as tpl
+from tp_logprob.gpu_readiness.traffic import PEAK_BANDWIDTH, Shape, predicted_seconds
 from tp_logprob.kernels.checks import check_op_inputs
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.triton.exact_sum import (
@@ -60,7 +61,6 @@ from tp_logprob.kernels.triton.exact_sum import (
 )
 from tp_logprob.kernels.triton.inputs import prepare
 from tp_logprob.kernels.triton.online import online_forward, triton_online_logprob
-from tp_logprob.kernels.triton.traffic import PEAK_BANDWIDTH, Shape, predicted_seconds
 
 ROWS = (1024, 8192, 32768)
 VOCABS = (32000, 152064)

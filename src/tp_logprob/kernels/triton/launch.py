@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -47,9 +47,11 @@ __all__ = [
     "FUSED_TILES",
     "KernelKind",
     "LaunchConfig",
+    "RecordedLaunch",
     "launch",
     "launch_config",
     "platform_of",
+    "recording_launches",
 ]
 
 
@@ -108,8 +110,54 @@ and fp32 inputs: on cuda's 8 warps that is 16 bytes a lane per load either way."
 _INTERPRETER_LOCK = threading.Lock()
 
 
+@dataclass(frozen=True)
+class RecordedLaunch:
+    """One launch as :func:`launch` was asked for it, seen by :func:`recording_launches`."""
+
+    kernel: Any
+    grid: tuple[int, ...]
+    config: LaunchConfig
+    args: tuple[Any, ...]
+    constexprs: dict[str, Any]
+
+
+@dataclass
+class _Recording:
+    platform: str
+    sink: Callable[[RecordedLaunch], None]
+
+
+_RECORDING: _Recording | None = None
+_RECORDING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording_launches(platform: str, sink: Callable[[RecordedLaunch], None]) -> Iterator[None]:
+    """Within the block, every :func:`launch` goes to ``sink`` instead of running, and
+    :func:`platform_of` answers ``platform``: the launchers choose their configs exactly as
+    on that GPU, with CPU tensors and no GPU. The seam the GPU-readiness tools record
+    through (``tp_logprob.gpu_readiness.recorder``); one recording at a time per process.
+    """
+    global _RECORDING
+    if platform not in ("cuda", "rocm"):
+        raise ValueError(f"platform={platform!r}: expected 'cuda' or 'rocm'")
+    with _RECORDING_LOCK:
+        if _RECORDING is not None:
+            raise RuntimeError("recording_launches: a recording is already active")
+        _RECORDING = _Recording(platform, sink)
+    try:
+        yield
+    finally:
+        with _RECORDING_LOCK:
+            _RECORDING = None
+
+
 def platform_of(tensor: torch.Tensor) -> str:
-    """``cpu`` for a CPU tensor (the interpreter), ``rocm`` on a HIP build, else ``cuda``."""
+    """``cpu`` for a CPU tensor (the interpreter), ``rocm`` on a HIP build, else ``cuda``
+    (inside :func:`recording_launches`, the platform being recorded)."""
+    recording = _RECORDING
+    if recording is not None:
+        return recording.platform
     if tensor.device.type == "cpu":
         return "cpu"
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
@@ -129,7 +177,14 @@ def launch(
     *args: Any,
     **constexprs: Any,
 ) -> None:
-    """Launch ``kernel[grid]`` with ``config``'s block and warps; an empty grid launches nothing."""
+    """Launch ``kernel[grid]`` with ``config``'s block and warps; an empty grid launches nothing.
+
+    Inside :func:`recording_launches` the launch is handed to the recording instead.
+    """
+    recording = _RECORDING
+    if recording is not None:
+        recording.sink(RecordedLaunch(kernel, tuple(grid), config, args, constexprs))
+        return
     if min(grid) == 0:
         return
     with _launching(kernel, device_tensor):

@@ -2,7 +2,7 @@
 
 The compile matrix runs once, in a subprocess without ``TRITON_INTERPRET`` (the
 interpreter's ``@triton.jit`` objects cannot be compiled): ``python -m
-tp_logprob.kernels.triton.aot --matrix ci``. ``nox -s compile`` runs the full
+tp_logprob.gpu_readiness --matrix ci``. ``nox -s compile`` runs the full
 matrix and writes docs/gpu-readiness.md. The fast tests below check the pieces
 (recorder, asm reading, traffic) in process.
 """
@@ -23,12 +23,12 @@ import torch
 import tp_logprob as tpl
 from tp_logprob.contract import LogprobInputKind
 
-from ._triton_cases import BACKENDS  # the interpreter on CPU, or a clean skip
+from ..kernels._triton_cases import BACKENDS  # the interpreter on CPU, or a clean skip
 
-recorder = pytest.importorskip("tp_logprob.kernels.triton.recorder")
-resources = pytest.importorskip("tp_logprob.kernels.triton.resources")
-traffic = pytest.importorskip("tp_logprob.kernels.triton.traffic")
-aot = pytest.importorskip("tp_logprob.kernels.triton.aot")
+recorder = pytest.importorskip("tp_logprob.gpu_readiness.recorder")
+resources = pytest.importorskip("tp_logprob.gpu_readiness.resources")
+traffic = pytest.importorskip("tp_logprob.gpu_readiness.traffic")
+aot = pytest.importorskip("tp_logprob.gpu_readiness.aot")
 launch = pytest.importorskip("tp_logprob.kernels.triton.launch")
 
 _GATES = (
@@ -45,7 +45,7 @@ _GATES = (
 def ci_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("aot") / "ci.json"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "tp_logprob.kernels.triton.aot", "--matrix", "ci"]
+    command = [sys.executable, "-m", "tp_logprob.gpu_readiness", "--matrix", "ci"]
     proc = subprocess.run(
         [*command, "--jobs", "2", "--json", str(out)],
         env=env,

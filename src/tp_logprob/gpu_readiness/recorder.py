@@ -3,8 +3,9 @@
 :func:`record` runs each Triton backend's public op (forward, and the backward for
 the ``train`` role) on tiny CPU tensors (logits; hidden states, weight rows and
 bias for a backend whose capability takes ``input_kind="hidden"``, the fused LM
-head) with the module-level ``launch`` of every launcher module replaced by a
-recorder, and ``platform_of`` forced to ``cuda`` or ``rocm``: the launch table
+head) inside :func:`~tp_logprob.kernels.triton.launch.recording_launches`, the
+launch layer's seam: every launch is handed to the recorder instead of running,
+and ``platform_of`` answers ``cuda`` or ``rocm``, so the launch table
 (:func:`~tp_logprob.kernels.triton.launch.launch_config`) chooses the configs
 exactly as it would on that GPU, and nothing runs. Contract
 variants are enumerated from the contract's own fields (every enum member, both
@@ -25,13 +26,10 @@ widths, hidden size and offsets).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import importlib
 import itertools
 import math
-import pkgutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +40,7 @@ import tp_logprob as tpl
 from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.checks import TORCH_DTYPES
-from tp_logprob.kernels.triton import launch as launch_module
+from tp_logprob.kernels.triton.launch import RecordedLaunch, recording_launches
 
 __all__ = [
     "LAYOUTS",
@@ -268,7 +266,12 @@ def _record_one(
     world = contract.sharding.tp_world_size
     group = _ReplicaGroup(contract.sharding.tp_rank, world) if world > 1 else None
     raw: list[tuple[Any, ...]] = []
-    with _recording(platform, raw):
+
+    def sink(seen: RecordedLaunch) -> None:
+        constexprs = {"BLOCK": seen.config.block, **seen.constexprs}
+        raw.append((seen.kernel, seen.grid, seen.args, constexprs, seen.config))
+
+    with recording_launches(platform, sink):
         if contract.input_kind is LogprobInputKind.HIDDEN:
             hidden, weight, bias = inputs["hidden"], inputs["weight"], inputs.get("bias")
             result = op(hidden, targets, contract, group, weight=weight, bias=bias)
@@ -280,34 +283,6 @@ def _record_one(
     return [
         _describe(entry, inputs, layout, backend, platform, contract, target_dtype) for entry in raw
     ]
-
-
-@contextlib.contextmanager
-def _recording(platform: str, into: list[tuple[Any, ...]]) -> Iterator[None]:
-    """Swap ``launch`` and ``platform_of`` in every launcher module of the Triton package."""
-
-    def recorder(kernel: Any, grid: Any, config: Any, device_tensor: Any, *args: Any, **kw: Any):
-        into.append((kernel, tuple(grid), args, {"BLOCK": config.block, **kw}, config))
-
-    swaps = {launch_module.launch: recorder, launch_module.platform_of: lambda _: platform}
-    patched: list[tuple[Any, str, Any]] = []
-    for module in _launcher_modules():
-        for attr, value in vars(module).items():
-            if any(value is original for original in swaps):
-                patched.append((module, attr, value))
-    try:
-        for module, attr, value in patched:
-            setattr(module, attr, next(new for old, new in swaps.items() if old is value))
-        yield
-    finally:
-        for module, attr, value in patched:
-            setattr(module, attr, value)
-
-
-def _launcher_modules() -> list[Any]:
-    package = importlib.import_module(_PACKAGE)
-    names = [info.name for info in pkgutil.iter_modules(package.__path__, _PACKAGE + ".")]
-    return [importlib.import_module(name) for name in names if name != launch_module.__name__]
 
 
 def _describe(
@@ -393,7 +368,8 @@ def _base_contract(
         dtype=tpl.LogprobDType.BF16,
         mask=tpl.MaskSpec(layout.rows),
         sharding=tpl.ShardingSpec(rank, len(bounds), bounds, layout.real_vocab_size, bounds[-1][1]),
-        reduction=tpl.ReductionSpec(tpl.DeterminismScope.FIXED_TOPOLOGY),
+        # The weakest scope, which every backend serves; the variants try the others.
+        reduction=tpl.ReductionSpec(tpl.DeterminismScope.RUN_TO_RUN),
         input_kind=input_kind,
         hidden_size=layout.hidden_size if hidden else None,
     )

@@ -1,0 +1,47 @@
+"""The launch layer's recording seam: launches go to the sink, nothing runs, state is restored."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+pytest.importorskip("triton", reason="the launch layer needs triton")
+from tp_logprob.kernels.triton import launch as launch_layer
+
+pytestmark = pytest.mark.triton
+
+
+def test_recording_hands_launches_to_the_sink_as_on_the_gpu() -> None:
+    seen: list[launch_layer.RecordedLaunch] = []
+    config = launch_layer.launch_config("cuda", launch_layer.KernelKind.ROW, torch.bfloat16)
+    tensor = torch.zeros(3)
+    with launch_layer.recording_launches("rocm", seen.append):
+        assert launch_layer.platform_of(tensor) == "rocm"
+        launch_layer.launch("not a kernel", (0, 2), config, tensor, 1, 2, ENTROPY=True)
+    assert launch_layer.platform_of(tensor) == "cpu"
+    (only,) = seen
+    assert (only.kernel, only.grid, only.args) == ("not a kernel", (0, 2), (1, 2))
+    assert only.config == config
+    assert only.constexprs == {"ENTROPY": True}
+
+
+def test_recordings_do_not_nest_and_name_their_platform() -> None:
+    with (
+        pytest.raises(ValueError, match="platform='cpu'"),
+        launch_layer.recording_launches("cpu", print),
+    ):
+        pass
+    with (
+        launch_layer.recording_launches("cuda", print),
+        pytest.raises(RuntimeError, match="already active"),
+        launch_layer.recording_launches("cuda", print),
+    ):
+        pass
+    with launch_layer.recording_launches("cuda", print):  # released after each use
+        assert launch_layer.platform_of(torch.zeros(1)) == "cuda"
