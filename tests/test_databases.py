@@ -19,7 +19,7 @@ from hypothesis.database import (
     ReadOnlyDatabase,
 )
 
-from tp_logprob.replay.databases import REDIS_KEY_PREFIX, example_database
+from tp_logprob.properties.databases import REDIS_KEY_PREFIX, example_database
 
 
 def test_local_database_by_default(tmp_path: Path) -> None:

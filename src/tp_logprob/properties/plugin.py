@@ -8,6 +8,16 @@ header, parametrizes every property over them, turns a failing property into a
 short report ending with the command that replays it, and prints a per-backend
 summary table at the end of the session (merged across pytest-xdist workers).
 
+The plugin is inert unless the suite is requested: ``--tp-logprob-backend`` (or
+another ``--tp-logprob-*`` option) given, the suite's modules named on the command
+line or collected, or ``tp_logprob_suite = true`` in the project's pytest
+configuration. Until then it loads no Hypothesis profile, sets no database or
+seed, writes no file and prints nothing, so a project that merely has
+tp-logprob installed runs its own Hypothesis tests exactly as before. When the
+suite is requested, only the properties get the suite's settings and seed; the
+``tp_logprob_suite`` opt-in makes them the session's default for every
+Hypothesis test (this repository's own tests run that way).
+
 Importing it imports neither torch nor triton; nothing is resolved until a
 session asks for the suite.
 """
@@ -26,13 +36,21 @@ import pytest
 from hypothesis import settings
 
 from tp_logprob.properties._report import LABEL_WIDTH, PropertyViolation, SuiteStats
-from tp_logprob.properties.profiles import CI_SEED, DEFAULT_PROFILE, register_profiles
+from tp_logprob.properties.profiles import (
+    CI_SEED,
+    DEFAULT_PROFILE,
+    PROFILES,
+    profile_name,
+    property_settings,
+    register_profiles,
+)
 
 PROPERTIES_DIR = Path(__file__).resolve().parent
 BACKEND_FIXTURE = "tp_logprob_backend"
 _STATS_OUTPUT = "tp_logprob_stats"
 _SEED_INPUT = "tp_logprob_seed"
 DEFAULT_ARTIFACTS_DIR = ".tp_logprob/failures"
+OPT_IN_INI = "tp_logprob_suite"
 
 
 @dataclass
@@ -46,6 +64,8 @@ class _Suite:
     stats: SuiteStats
     artifacts: str = DEFAULT_ARTIFACTS_DIR
     wide_max_vocab: int = 1 << 18
+    active: bool = False
+    everywhere: bool = False
     _backends: list[Any] | None = None
     _platform: str | None = None
 
@@ -66,6 +86,16 @@ class _Suite:
             except BackendSpecError as error:
                 raise pytest.UsageError(str(error)) from None
         return self._backends
+
+    def activate(self) -> None:
+        """The suite was requested: register its profiles (once); with the project's
+        opt-in, also make the chosen profile the session's default."""
+        if self.active:
+            return
+        self.active = True
+        register_profiles()
+        if self.everywhere and self.profile in PROFILES:
+            settings.load_profile(profile_name(self.profile))  # else the user's own was loaded
 
 
 _SUITE = pytest.StashKey[_Suite]()
@@ -109,14 +139,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=("dev", "ci", "thorough"),
         help="Hypothesis profile for tp-logprob tests (default: dev, or $TP_LOGPROB_PROFILE)",
     )
+    parser.addini(
+        OPT_IN_INI,
+        type="bool",
+        default=False,
+        help="tp-logprob: request the property suite's settings for the whole session "
+        "(its Hypothesis profile, example database and, under ci, its seed for every test)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    register_profiles()
     profile = _chosen_profile(config)
-    if profile in _OWN_PROFILES:
-        settings.load_profile(profile)  # else Hypothesis' own plugin loaded the user's choice
-    config.stash[_SUITE] = _Suite(
+    suite = _Suite(
         specs=list(config.getoption("--tp-logprob-backend")),
         platform_option=config.getoption("--tp-logprob-platform"),
         profile=profile,
@@ -124,12 +158,19 @@ def pytest_configure(config: pytest.Config) -> None:
         stats=SuiteStats(),
         artifacts=config.getoption("--tp-logprob-artifacts"),
         wide_max_vocab=config.getoption("--tp-logprob-wide-max-vocab"),
+        everywhere=bool(config.getini(OPT_IN_INI)),
     )
-    if config.stash[_SUITE].specs:
-        config.stash[_SUITE].backends()  # a bad --tp-logprob-backend is a usage error, once
+    config.stash[_SUITE] = suite
+    if suite.everywhere or _suite_requested(config):
+        suite.activate()
+    if suite.specs:
+        suite.backends()  # a bad --tp-logprob-backend is a usage error, once
 
 
-_OWN_PROFILES = ("dev", "ci", "thorough")
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> None:
+    """Collecting one of the suite's modules requests the suite (before it is imported)."""
+    if PROPERTIES_DIR in file_path.resolve().parents:
+        parent.config.stash[_SUITE].activate()
 
 
 def _chosen_profile(config: pytest.Config) -> str:
@@ -176,7 +217,10 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def _suite_requested(config: pytest.Config) -> bool:
-    if config.getoption("--tp-logprob-backend"):
+    """A ``--tp-logprob-*`` option on the command line, or the suite's modules named."""
+    if config.getoption("--tp-logprob-backend") or any(
+        str(arg).startswith("--tp-logprob-") for arg in config.invocation_params.args
+    ):
         return True
     for arg in config.args:
         name = arg.split("::", 1)[0]
@@ -194,6 +238,8 @@ def _suite_requested(config: pytest.Config) -> bool:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     suite = config.stash[_SUITE]
+    if not suite.active:
+        return []
     if not _suite_requested(config):
         return [f"tp-logprob: hypothesis profile {suite.profile}, seed {suite.seed}"]
     names = ", ".join(
@@ -226,19 +272,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Seed the properties (under ci, every Hypothesis test) from the session seed.
+    """Give the properties the suite's settings and seed (with the project's opt-in, under
+    ci, every Hypothesis test gets the seed too); nothing unless the suite is requested.
 
     ``hypothesis.seed()`` and ``--hypothesis-seed`` would also switch the example
     database off; setting the attribute ``seed()`` sets keeps it on, so a failure
-    found once is still replayed first on the next run.
+    found once is still replayed first on the next run. The settings are set the way
+    ``@settings`` sets them, on the test alone, so no other test sees the profile.
     """
     suite = config.stash[_SUITE]
+    if not suite.active:
+        return
     for item in items:
-        test = getattr(item, "obj", None)
-        if hasattr(test, "_hypothesis_internal_use_seed") and (
-            suite.profile == "ci" or _is_property(item)
-        ):
-            test._hypothesis_internal_use_seed = suite.seed  # type: ignore[union-attr]
+        test: Any = getattr(item, "obj", None)
+        if not hasattr(test, "_hypothesis_internal_use_seed"):
+            continue
+        if _is_property(item):
+            test._hypothesis_internal_use_settings = property_settings(suite.profile, test)
+        if _is_property(item) or (suite.everywhere and suite.profile == "ci"):
+            test._hypothesis_internal_use_seed = suite.seed
 
 
 @pytest.fixture(scope="session")
@@ -271,7 +323,7 @@ def replay_command(item: pytest.Item, suite: _Suite, spec: str | None) -> str:
         f"--tp-logprob-platform={suite.platform}",
         (
             f"--tp-logprob-profile={suite.profile}"
-            if suite.profile in _OWN_PROFILES
+            if suite.profile in PROFILES
             else f"--hypothesis-profile={suite.profile}"
         ),
         f"--hypothesis-seed={suite.seed}",
@@ -344,7 +396,7 @@ def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | No
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     output = getattr(session.config, "workeroutput", None)
-    if output is not None:
+    if output is not None and session.config.stash[_SUITE].active:
         output[_STATS_OUTPUT] = session.config.stash[_SUITE].stats.to_json()
 
 
