@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -77,6 +78,66 @@ def test_rank_that_skips_the_collective_times_out_instead_of_hanging() -> None:
     with pytest.raises(CollectiveTimeoutError, match=r"timed out after 0.5 s.*rank\(s\) \[1\]"):
         run_tp(op, torch.zeros(3, 12), torch.zeros(3, dtype=torch.long), contract4(), timeout=0.5)
     assert time.monotonic() - started < 5.0
+
+
+def test_a_backends_own_collective_that_hangs_is_reported_with_its_rank() -> None:
+    """Rank 3 waits on a collective of the backend's own that no peer ever joins."""
+    never = threading.Event()
+
+    def op(local: torch.Tensor, targets: torch.Tensor, contract: Any, group: Any = None) -> Any:
+        if group.rank == 3:
+            never.wait()
+        return gathering_op(local, targets, contract, group)
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match=r"rank\(s\) \[3\] never reached"):
+        run_tp(op, torch.zeros(3, 12), torch.zeros(3, dtype=torch.long), contract4(), timeout=0.5)
+    assert time.monotonic() - started < 5.0
+    never.set()
+
+
+def test_every_rank_in_its_own_wait_is_reported_not_awaited() -> None:
+    barrier = threading.Barrier(5)  # one more party than ranks: never completes
+
+    def op(local: torch.Tensor, targets: torch.Tensor, contract: Any, group: Any = None) -> Any:
+        barrier.wait()
+        return gathering_op(local, targets, contract, group)
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match=r"rank\(s\) \[0, 1, 2, 3\] never reached"):
+        run_tp(op, torch.zeros(3, 12), torch.zeros(3, dtype=torch.long), contract4(), timeout=0.5)
+    assert time.monotonic() - started < 5.0
+    barrier.abort()
+
+
+def test_a_ranks_own_error_wins_over_a_peer_that_hangs() -> None:
+    never = threading.Event()
+
+    def op(local: torch.Tensor, targets: torch.Tensor, contract: Any, group: Any = None) -> Any:
+        if group.rank == 0:
+            raise ValueError("rank zero is broken")
+        if group.rank == 1:
+            never.wait()
+        return gathering_op(local, targets, contract, group)
+
+    with pytest.raises(ValueError, match="rank zero is broken") as caught:
+        run_tp(op, torch.zeros(3, 12), torch.zeros(3, dtype=torch.long), contract4(), timeout=0.5)
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "[1] never reached" in notes, notes
+    never.set()
+
+
+def test_slow_ranks_that_keep_exchanging_are_not_a_hang() -> None:
+    def op(local: torch.Tensor, targets: torch.Tensor, contract: Any, group: Any = None) -> Any:
+        for _ in range(4):  # 4 x 0.3 s in all, longer than the timeout, but never idle
+            time.sleep(0.3)
+            group.all_gather(torch.zeros(1))
+        return gathering_op(local, targets, contract, group)
+
+    results = run_tp(
+        op, torch.ones(3, 12), torch.zeros(3, dtype=torch.long), contract4(), timeout=0.9
+    )
+    assert torch.equal(results[0].selected_logp, torch.full((3,), 12.0))
 
 
 def _rank_dependent(values: dict[int, list[float]]) -> Any:

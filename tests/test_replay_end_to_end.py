@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -80,3 +81,56 @@ def test_triton_artifact_replays_on_cpu_through_the_interpreter(tmp_path: Path) 
     assert "TRITON_INTERPRET=1" in run.stderr
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.startswith("PASS") and "oracle on triton_online" in run.stdout
+
+
+VENDOR_MODULE = """
+import dataclasses
+
+from tp_logprob.kernels.builtin import TRITON_ONLINE
+
+CAPABILITY = dataclasses.replace(TRITON_ONLINE, backend_id="vendor_triton")
+
+
+def op(local_logits, targets, contract, group=None):
+    from tp_logprob.kernels.triton.online import triton_online_logprob
+
+    return triton_online_logprob(local_logits, targets, contract, group)
+
+
+PAIR = (op, CAPABILITY)
+"""
+
+
+@pytest.mark.triton
+def test_a_third_party_triton_backend_replays_on_cpu_through_the_interpreter(
+    tmp_path: Path,
+) -> None:
+    """Nothing in its id says it uses Triton: the replay switches the interpreter on anyway."""
+    pytest.importorskip("triton")
+    (tmp_path / "vendor_triton_backend.py").write_text(VENDOR_MODULE)
+    spec = "vendor_triton_backend:PAIR"
+    capability = dataclasses.replace(TRITON_ONLINE, backend_id="vendor_triton")
+    backend = BackendUnderTest(spec, capability, registry, "cpu")
+    path = write_artifact(
+        tmp_path / "failures",
+        prop="oracle",
+        backend=backend,
+        case=padding_case(),
+        params={},
+        failure="recorded on CPU",
+    )
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "tp_logprob", "replay", str(path), "--backend", spec]
+    run = subprocess.run(
+        [*command, "--platform", "cpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "TRITON_INTERPRET=1" in run.stderr, run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("PASS") and "vendor_triton" in run.stdout, run.stdout

@@ -105,6 +105,7 @@ class EmulatedGroup:
         self._delivered: list[torch.Tensor] = []
         self._delivery_error: str | None = None
         self._broken: CollectiveError | None = None
+        self._progress = time.monotonic()
         self._handles = [EmulatedRank(self, rank) for rank in range(self.world_size)]
 
     def handles(self) -> list[EmulatedRank]:
@@ -133,11 +134,27 @@ class EmulatedGroup:
                 self._broken = CollectiveAbortedError(f"group {self.name!r} aborted: {reason}")
             self._cond.notify_all()
 
+    def note_progress(self) -> None:
+        """Record that a rank moved on (entered or left a collective, or finished its op)."""
+        with self._cond:
+            self._progress = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        """Seconds since a rank last entered a collective, completed one, or finished."""
+        with self._cond:
+            return time.monotonic() - self._progress
+
+    def waiting_ranks(self) -> list[int]:
+        """The ranks waiting in this group's all_gather right now."""
+        with self._cond:
+            return [r for r, slot in enumerate(self._slots) if slot is not None]
+
     def _all_gather(self, rank: int, tensor: torch.Tensor) -> list[torch.Tensor]:
         sent = tensor.detach().clone()
         deadline = time.monotonic() + self.timeout
         with self._cond:
             self._raise_if_broken(rank)
+            self._progress = time.monotonic()
             generation = self._generation
             self._slots[rank] = sent
             arrived = [r for r, slot in enumerate(self._slots) if slot is not None]
@@ -176,6 +193,7 @@ class EmulatedGroup:
         self._delivered = slots
         self._slots = [None] * self.world_size
         self._generation += 1
+        self._progress = time.monotonic()
         self._cond.notify_all()
 
     def _break_on_timeout(self, rank: int) -> None:

@@ -14,6 +14,13 @@ own shard::
 
 Backpropagating only ``results[0]`` fills rank 0's columns and leaves the
 others' gradient at zero.
+
+Neither function can hang. Ranks waiting in the group's all-gather give up after
+``timeout`` seconds, and a rank stuck anywhere else (a backend's own collective,
+a lock that is never released) is reported once no rank has made progress for
+``timeout`` seconds: a :class:`~tp_logprob.comm.CollectiveTimeoutError` that names
+the ranks still running. Such a rank's thread cannot be stopped; it is left
+behind as a daemon thread.
 """
 
 from __future__ import annotations
@@ -21,7 +28,13 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tp_logprob.comm import DEFAULT_TIMEOUT_S, CollectiveAbortedError, EmulatedGroup
+from tp_logprob.comm import (
+    DEFAULT_TIMEOUT_S,
+    CollectiveAbortedError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    EmulatedGroup,
+)
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.errors import LogprobContractError
 
@@ -53,6 +66,8 @@ def run_tp(
     in its own thread. If a rank raises, the group is aborted so no peer waits,
     and the first rank's own exception is re-raised (not a peer's abort error).
     Outputs must be bitwise identical on every rank, else :class:`ReplicationError`.
+    ``timeout`` bounds every wait, the group's collectives and the ranks' progress
+    (see the module docstring).
 
     Example::
 
@@ -155,6 +170,8 @@ def _run_ranks(
         except BaseException as error:
             errors[rank] = error
             group.abort(f"rank {rank} raised {type(error).__name__}: {error}")
+        finally:
+            group.note_progress()
 
     threads = [
         threading.Thread(target=rank_main, args=(rank,), name=f"tp-rank-{rank}", daemon=True)
@@ -162,23 +179,65 @@ def _run_ranks(
     ]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    hung = _wait_for_ranks(threads, group, timeout)
+    if hung is not None:
+        _reraise_first(errors, note=str(hung))
+        raise hung
     _reraise_first(errors)
     checked = [_as_result(rank, result) for rank, result in enumerate(results)]
     check_replicated(checked)
     return checked
 
 
-def _reraise_first(errors: list[BaseException | None]) -> None:
-    """Raise the lowest rank's own error, preferring it over peers' consequential aborts."""
+_POLL_S = 0.05
+
+
+def _wait_for_ranks(
+    threads: list[threading.Thread], group: EmulatedGroup, timeout: float
+) -> CollectiveTimeoutError | None:
+    """Join every rank; the error to raise if some rank stops making progress."""
+    while True:
+        running = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
+        if not running:
+            return None
+        if group.idle_seconds() > timeout:
+            break
+        threads[running[0]].join(_POLL_S)
+    waiting = group.waiting_ranks()
+    group.abort(f"rank(s) {running} made no progress for {timeout:g} s")
+    for rank in waiting:
+        threads[rank].join(1.0)  # they raise the abort and finish
+    stuck = [rank for rank in running if rank not in waiting]
+    where = (
+        f"rank(s) {stuck} never reached the group's all_gather: the op waits in something "
+        "else (a collective of its own, a lock) or computes"
+        if stuck
+        else f"rank(s) {waiting} waited in the group's all_gather"
+    )
+    return CollectiveTimeoutError(
+        f"{group.name}: no rank made progress for {timeout:g} s and rank(s) {running} of "
+        f"{group.world_size} are still running; {where}. Pass a larger timeout= if the op is "
+        "only slow."
+    )
+
+
+def _reraise_first(errors: list[BaseException | None], *, note: str | None = None) -> None:
+    """Raise the lowest rank's own error, preferring it over peers' consequential aborts.
+
+    With ``note`` (ranks hung), only a rank's own error is raised, never an abort.
+    """
     raised = [(rank, error) for rank, error in enumerate(errors) if error is not None]
+    consequential = CollectiveAbortedError if note is None else CollectiveError
+    primary = [item for item in raised if not isinstance(item[1], consequential)]
+    if note is not None:
+        raised = primary
     if not raised:
         return
-    primary = [item for item in raised if not isinstance(item[1], CollectiveAbortedError)]
     rank, error = (primary or raised)[0]
     if hasattr(error, "add_note"):
         error.add_note(f"(raised on emulated TP rank {rank} of {len(errors)})")
+        if note is not None:
+            error.add_note(note)
     raise error
 
 

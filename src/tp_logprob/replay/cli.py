@@ -89,14 +89,21 @@ def _recorded_backends(paths: Sequence[str]) -> set[str]:
 
 
 def _interpreter_problem(args: argparse.Namespace, wanted: set[str]) -> int | None:
-    """Switch the Triton interpreter on (by re-executing) if this run needs it; else None."""
-    from tp_logprob.registry import detect_platform
+    """Switch the Triton interpreter on (by re-executing) if this run may need it; else None.
+
+    On CPU a Triton kernel runs only through the interpreter. Without it only the
+    torch backends are registered there, so the run needs it unless every backend
+    ``wanted`` is one of those: the built-in Triton backends, ``--all-backends`` and
+    any third-party backend (whose use of Triton is unknown until it is imported) do.
+    """
+    from tp_logprob.registry import detect_platform, registry
 
     if os.environ.get("TRITON_INTERPRET") is not None or importlib.util.find_spec("triton") is None:
         return None
     if (args.platform or detect_platform()) != "cpu":
         return None
-    if not (getattr(args, "all_backends", False) or any(w.startswith("triton") for w in wanted)):
+    torch_only = {capability.backend_id for capability in registry.backends("cpu")}
+    if not getattr(args, "all_backends", False) and wanted <= torch_only:
         return None
     command = [sys.executable, "-m", "tp_logprob", *args.argv]
     if args.may_exec and "triton" not in sys.modules:
