@@ -34,7 +34,7 @@ class _Timer:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        from tp_logprob.properties.plugin import BACKEND_FIXTURE, suite_stats
+        from tp_logprob.pytest_plugin import BACKEND_FIXTURE, suite_stats
 
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get(BACKEND_FIXTURE) if callspec is not None else None

@@ -8,9 +8,14 @@ from typing import Any
 import numpy as np
 
 from tp_logprob.contract import LogprobContract, MaskSpec, ReductionSpec, ShardingSpec
-from tp_logprob.properties._backends import BackendUnderTest, resolve_backends
+from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
+from tp_logprob.properties.registry import suite_properties
 from tp_logprob.replay.artifacts import write_artifact
 from tp_logprob.strategies import LogprobCase
+
+SUITE = suite_properties()
+
+SUITE = suite_properties()
 
 MUTANT = "tests.mutants.partial_bugs:padding_not_masked"
 
@@ -35,6 +40,7 @@ def write_padding_artifact(directory: Path, spec: str = MUTANT, **extra: Any) ->
     """A padding-independence failure: garbage 1e30 in the padding column."""
     return write_artifact(
         directory,
+        SUITE,
         prop="padding_ignored",
         backend=backend(spec),
         case=padding_case(),

@@ -1,4 +1,4 @@
-"""The fused-path checks fail where they should: a backend that materializes the logits,
+"""The fused-path properties fail where they should: a backend that materializes the logits,
 one that reads the weight's padding rows, one whose dot products are off."""
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from hypothesis import given, settings
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
-from tp_logprob.properties._backends import BackendUnderTest
-from tp_logprob.properties._checks_fused import (
-    check_fused_exact_products,
-    check_fused_memory,
-    check_fused_padding_rows,
-    logits_contract,
-)
-from tp_logprob.properties._report import PropertyViolation
+from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.lm_head import logits_contract
+from tp_logprob.properties.registry import suite_properties
+from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.registry import KernelRegistry
 from tp_logprob.strategies import HiddenCase, hidden_cases
+
+SUITE = suite_properties()
 
 
 def _backend(op: Any, name: str) -> Any:
@@ -68,27 +66,27 @@ REFERENCE = _backend(torch_native_fused_logprob, "reference_fused")
 @settings(max_examples=5, database=None, deadline=None)
 @given(hidden_cases(capability=TORCH_NATIVE_FUSED, max_num_tokens=3, max_padded_vocab_size=16))
 def test_memory_check_passes_the_chunked_backend(case: HiddenCase) -> None:
-    check_fused_memory(REFERENCE, case, {})
+    SUITE["fused_memory"](REFERENCE, case, {})
 
 
 def test_memory_check_flags_a_backend_that_materializes_the_logits() -> None:
     case = _case(hidden_size=3)
     with pytest.raises(PropertyViolation, match="fused memory"):
-        check_fused_memory(_backend(_materializing, "materializing"), case, {})
+        SUITE["fused_memory"](_backend(_materializing, "materializing"), case, {})
 
 
 def test_padding_check_flags_a_backend_that_reads_padding_rows() -> None:
     case = _case(hidden_size=3)
-    check_fused_padding_rows(REFERENCE, case, {"seed": 1})
+    SUITE["fused_padding_rows"](REFERENCE, case, {"seed": 1})
     with pytest.raises(PropertyViolation, match="fused padding rows"):
-        check_fused_padding_rows(_backend(_reads_padding, "reads_padding"), case, {"seed": 1})
+        SUITE["fused_padding_rows"](_backend(_reads_padding, "reads_padding"), case, {"seed": 1})
 
 
 def test_exact_products_check_flags_logits_rounded_to_bf16() -> None:
     case = _case(hidden_size=5, integers=True)
-    check_fused_exact_products(REFERENCE, case, {})
+    SUITE["fused_exact_products"](REFERENCE, case, {})
     with pytest.raises(PropertyViolation, match="fused exact dot products"):
-        check_fused_exact_products(_backend(_bf16_dot, "bf16_dot"), case, {})
+        SUITE["fused_exact_products"](_backend(_bf16_dot, "bf16_dot"), case, {})
 
 
 def _case(*, hidden_size: int, integers: bool = False) -> HiddenCase:

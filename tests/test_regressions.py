@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tp_logprob.properties._backends import resolve_backends
+from tp_logprob.properties.backends import resolve_backends
+from tp_logprob.properties.registry import suite_properties
 from tp_logprob.registry import detect_platform
 from tp_logprob.replay.artifacts import artifact_paths, load_artifact
 from tp_logprob.replay.runner import Outcome, replay
+
+SUITE = suite_properties()
 
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 PINNED = artifact_paths(REGRESSIONS)
@@ -28,8 +31,8 @@ def test_some_artifacts_are_pinned() -> None:
 @pytest.mark.parametrize("backend", BACKENDS, ids=[b.backend_id for b in BACKENDS])
 @pytest.mark.parametrize("path", PINNED, ids=[p.stem[:12] for p in PINNED])
 def test_pinned_failure_stays_fixed(path: Path, backend: object) -> None:
-    artifact = load_artifact(path)
-    result = replay(artifact, backend)  # type: ignore[arg-type]
+    artifact = load_artifact(path, SUITE)
+    result = replay(artifact, backend, SUITE)  # type: ignore[arg-type]
     if result.outcome is Outcome.SKIPPED:
         pytest.skip(f"{result.backend_id} does not claim the contract: {result.detail}")
     assert result.outcome is Outcome.PASSED, result.detail

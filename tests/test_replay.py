@@ -16,17 +16,19 @@ import pytest
 from tests._artifact_cases import MUTANT, backend, padding_case, write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.contract import LogprobInputKind
-from tp_logprob.properties._backends import resolve_backends
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.backends import resolve_backends
+from tp_logprob.properties.registry import run_property, suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
 from tp_logprob.replay.pin import pin
 from tp_logprob.replay.runner import Outcome, replay, replay_paths
 from tp_logprob.strategies import LogprobCase
 
+SUITE = suite_properties()
+
 
 def test_artifact_round_trip(tmp_path: Path) -> None:
     path = write_padding_artifact(tmp_path)
-    artifact = load_artifact(path)
+    artifact = load_artifact(path, SUITE)
     assert artifact.name == path.stem and len(artifact.name) == 64
     assert artifact.case == padding_case()
     np.testing.assert_array_equal(artifact.params["padding"], np.float32([[1e30], [np.nan]]))
@@ -50,29 +52,29 @@ def test_same_case_same_name_and_concurrent_writers(tmp_path: Path) -> None:
         thread.join()
     assert len(set(paths)) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [paths[0].name, paths[0].stem + ".npz"]
-    load_artifact(paths[0])
+    load_artifact(paths[0], SUITE)
     other = write_padding_artifact(tmp_path, spec="torch_native")
     assert other != paths[0]  # the backend is part of the content
 
 
-def test_run_check_tags_the_failing_case() -> None:
+def test_run_property_tags_the_failing_case() -> None:
     case = padding_case()
     params = {"padding": np.array([[1e30], [np.nan]], np.float32)}
     with pytest.raises(AssertionError) as caught:
-        run_check("padding_ignored", backend(MUTANT), case, params)
+        run_property("padding_ignored", backend(MUTANT), case, params)
     record = caught.value.tp_logprob_failure  # type: ignore[attr-defined]
     assert record.prop == "padding_ignored" and record.case == case
-    run_check("padding_ignored", backend("torch_native"), case, params)
+    run_property("padding_ignored", backend("torch_native"), case, params)
 
 
 def test_replay_passes_on_the_fixed_backend_and_fails_on_the_buggy_one(tmp_path: Path) -> None:
-    artifact = load_artifact(write_padding_artifact(tmp_path))
-    assert replay(artifact, backend("torch_native")).outcome is Outcome.PASSED
-    failed = replay(artifact, backend(MUTANT))
+    artifact = load_artifact(write_padding_artifact(tmp_path), SUITE)
+    assert replay(artifact, backend("torch_native"), SUITE).outcome is Outcome.PASSED
+    failed = replay(artifact, backend(MUTANT), SUITE)
     assert failed.outcome is Outcome.FAILED
     assert "padding independence" in failed.detail
     out = io.StringIO()
-    assert replay_paths([str(tmp_path)], "cpu", [MUTANT], out=out) == 1
+    assert replay_paths([str(tmp_path)], "cpu", [MUTANT], properties=SUITE, out=out) == 1
     assert "drift vs exact" in out.getvalue() and "tolerance ulp" in out.getvalue()
 
 
@@ -91,6 +93,7 @@ def test_recorded_module_backend_must_be_named_again(
 def test_replay_of_a_registered_backend_and_all_backends(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+
     write_padding_artifact(tmp_path, spec="torch_native")
     assert main(["replay", str(tmp_path), "--platform", "cpu"]) == 0
     assert "PASS" in capsys.readouterr().out
@@ -115,14 +118,14 @@ def test_replay_of_a_registered_backend_and_all_backends(
 
 def test_pin_copies_a_validated_pair(tmp_path: Path) -> None:
     source = write_padding_artifact(tmp_path / "failures")
-    pinned = pin(source, tmp_path / "regressions")
+    pinned = pin(source, SUITE, tmp_path / "regressions")
     assert [a.json_path for a in pinned] == [tmp_path / "regressions" / source.name]
     assert (tmp_path / "regressions" / source.with_suffix(".npz").name).read_bytes() == (
         source.with_suffix(".npz").read_bytes()
     )
     source.with_suffix(".npz").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(ArtifactError):
-        pin(source, tmp_path / "elsewhere")
+        pin(source, SUITE, tmp_path / "elsewhere")
     assert not (tmp_path / "elsewhere").exists()
 
 
@@ -130,10 +133,12 @@ def test_pinned_regressions_fail_on_their_planted_bug() -> None:
     """The pinned padding artifact still catches the mutant it was found on (exit 1)."""
     regressions = Path(__file__).resolve().parent / "regressions"
     out = io.StringIO()
-    assert replay_paths([str(regressions)], "cpu", ["torch_native"], out=out) == 0
+    assert replay_paths([str(regressions)], "cpu", ["torch_native"], properties=SUITE, out=out) == 0
     padding = [p for p in regressions.glob("*.json") if "padding_ignored" in p.read_text()]
     assert padding
-    assert replay_paths([str(padding[0])], "cpu", [MUTANT], out=io.StringIO()) == 1
+    assert (
+        replay_paths([str(padding[0])], "cpu", [MUTANT], properties=SUITE, out=io.StringIO()) == 1
+    )
 
 
 def test_artifact_records_temperature_and_entropy_and_replays_them(tmp_path: Path) -> None:
@@ -146,6 +151,7 @@ def test_artifact_records_temperature_and_entropy_and_replays_them(tmp_path: Pat
     spec = "tests.mutants.rl_bugs:entropy_zero_times_neg_inf"
     path = write_artifact(
         tmp_path,
+        SUITE,
         prop="oracle",
         backend=backend(spec),
         case=hot_case,
@@ -157,7 +163,7 @@ def test_artifact_records_temperature_and_entropy_and_replays_them(tmp_path: Pat
     document = json.loads(path.read_text())
     assert document["contract"]["temperature"] == 0.5
     assert document["contract"]["export_entropy"] is True
-    artifact = load_artifact(path)
+    artifact = load_artifact(path, SUITE)
     assert artifact.case.contract.temperature == 0.5 and artifact.case.contract.export_entropy
-    assert replay(artifact, backend(spec)).outcome is Outcome.FAILED
-    assert replay(artifact, backend("torch_native")).outcome is Outcome.PASSED
+    assert replay(artifact, backend(spec), SUITE).outcome is Outcome.FAILED
+    assert replay(artifact, backend("torch_native"), SUITE).outcome is Outcome.PASSED

@@ -13,9 +13,12 @@ import pytest
 
 from tests._artifact_cases import MUTANT, padding_case
 from tp_logprob.kernels.builtin import TRITON_ONLINE
-from tp_logprob.properties._backends import BackendUnderTest
+from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.registry import suite_properties
 from tp_logprob.registry import registry
 from tp_logprob.replay.artifacts import load_artifact, write_artifact
+
+SUITE = suite_properties()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +51,7 @@ def test_failing_property_writes_one_shrunk_artifact(tmp_path: Path) -> None:
     assert run.returncode == 1, run.stdout[-2000:]
     written = sorted((tmp_path / "failures").iterdir())
     assert [p.suffix for p in written] == [".json", ".npz"], written
-    artifact = load_artifact(written[0])
+    artifact = load_artifact(written[0], SUITE)
     assert artifact.prop == "padding_ignored" and artifact.backend_spec == MUTANT
     assert f"python -m tp_logprob replay {written[0]}" in run.stdout
     document = json.loads(written[0].read_text())
@@ -62,6 +65,7 @@ def test_triton_artifact_replays_on_cpu_through_the_interpreter(tmp_path: Path) 
     backend = BackendUnderTest("triton_online", TRITON_ONLINE, registry, "cuda")
     path = write_artifact(
         tmp_path,
+        SUITE,
         prop="oracle",
         backend=backend,
         case=padding_case(),
@@ -113,6 +117,7 @@ def test_a_third_party_triton_backend_replays_on_cpu_through_the_interpreter(
     backend = BackendUnderTest(spec, capability, registry, "cpu")
     path = write_artifact(
         tmp_path / "failures",
+        SUITE,
         prop="oracle",
         backend=backend,
         case=padding_case(),

@@ -27,9 +27,12 @@ from tp_logprob.contract import (
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_logits
+from tp_logprob.properties.registry import suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
 from tp_logprob.replay.runner import replay_paths
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
+
+SUITE = suite_properties()
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKEN = "tests.test_replay_fused:BROKEN_FUSED"
@@ -86,6 +89,7 @@ def fused_case(*, has_bias: bool = True, hidden_value: float | None = None) -> H
 def write_fused(directory: Path, case: LogprobCase | None = None, prop: str = "oracle") -> Path:
     return write_artifact(
         directory,
+        SUITE,
         prop=prop,
         backend=backend("torch_native_fused"),
         case=fused_case() if case is None else case,
@@ -101,7 +105,7 @@ def test_hidden_case_round_trip(tmp_path: Path, has_bias: bool) -> None:
     finite = np.isfinite(case.logits)
     assert not np.array_equal(round_to_dtype(case.logits, "bf16")[finite], case.logits[finite])
     path = write_fused(tmp_path, case)
-    artifact = load_artifact(path)
+    artifact = load_artifact(path, SUITE)
     assert isinstance(artifact.case, HiddenCase)
     assert artifact.case.digest() == case.digest()
     for name in ("hidden", "weight", "bias"):
@@ -120,6 +124,7 @@ def test_hidden_case_round_trip(tmp_path: Path, has_bias: bool) -> None:
 def test_version_1_logits_artifacts_still_load(tmp_path: Path) -> None:
     path = write_artifact(
         tmp_path,
+        SUITE,
         prop="oracle",
         backend=backend("torch_native"),
         case=padding_case(),
@@ -129,7 +134,7 @@ def test_version_1_logits_artifacts_still_load(tmp_path: Path) -> None:
     document = json.loads(path.read_text())
     document["schema_version"] = 1
     path.write_text(json.dumps(document))
-    assert load_artifact(path).case == padding_case()
+    assert load_artifact(path, SUITE).case == padding_case()
 
 
 def _edit(
@@ -196,7 +201,7 @@ def test_tampered_fused_artifact_is_refused(tmp_path: Path, tamper: str) -> None
     path = write_fused(tmp_path)
     edit(path)
     with pytest.raises(ArtifactError, match="refused") as caught:
-        load_artifact(path)
+        load_artifact(path, SUITE)
     for message in messages:
         assert message in str(caught.value)
 
@@ -246,13 +251,14 @@ def test_inconsistent_fused_case_is_refused(tmp_path: Path, problem: str) -> Non
     make, message = INCONSISTENT[problem]
     path = write_fused(tmp_path, make())
     with pytest.raises(ArtifactError, match="refused") as caught:
-        load_artifact(path)
+        load_artifact(path, SUITE)
     assert message in str(caught.value)
 
 
 def test_operands_in_a_logits_artifact_are_refused(tmp_path: Path) -> None:
     path = write_artifact(
         tmp_path,
+        SUITE,
         prop="oracle",
         backend=backend("torch_native"),
         case=padding_case(),
@@ -261,7 +267,7 @@ def test_operands_in_a_logits_artifact_are_refused(tmp_path: Path) -> None:
     )
     _edit(lambda a: a.__setitem__("weight", np.zeros((5, 3), np.float32)))(path)
     with pytest.raises(ArtifactError, match="weight: a fused LM-head operand"):
-        load_artifact(path)
+        load_artifact(path, SUITE)
 
 
 def test_a_hidden_contract_needs_a_hidden_case_to_be_written(tmp_path: Path) -> None:
@@ -275,14 +281,16 @@ def test_a_hidden_contract_needs_a_hidden_case_to_be_written(tmp_path: Path) -> 
 def test_replay_prints_the_operands(tmp_path: Path) -> None:
     path = write_fused(tmp_path)
     out = io.StringIO()
-    assert replay_paths([str(path)], "cpu", [BROKEN], out=out) == 1
+    assert replay_paths([str(path)], "cpu", [BROKEN], properties=SUITE, out=out) == 1
     text = out.getvalue()
     assert text.startswith("FAIL") and "oracle on broken_fused" in text
     assert "hidden H=3 +bias" in text and ", 1 rows with NaN hidden" in text
     assert "operands: hidden [2, 3], weight [5, 3], bias [5] (bf16 values)" in text
     assert "drift vs exact" in text
     fixed = io.StringIO()
-    assert replay_paths([str(path)], "cpu", ["torch_native_fused"], out=fixed) == 0
+    assert (
+        replay_paths([str(path)], "cpu", ["torch_native_fused"], properties=SUITE, out=fixed) == 0
+    )
 
 
 def test_failing_fused_property_writes_an_artifact_that_replays(tmp_path: Path) -> None:
@@ -320,7 +328,7 @@ def test_failing_fused_property_writes_an_artifact_that_replays(tmp_path: Path) 
     assert suite.returncode == 1, suite.stdout[-3000:] + suite.stderr[-2000:]
     written = sorted((tmp_path / "failures").iterdir())
     assert [p.suffix for p in written] == [".json", ".npz"], written
-    artifact = load_artifact(written[0])
+    artifact = load_artifact(written[0], SUITE)
     assert artifact.prop == "oracle" and artifact.backend_spec == BROKEN
     assert isinstance(artifact.case, HiddenCase)
     assert f"python -m tp_logprob replay {written[0]}" in suite.stdout

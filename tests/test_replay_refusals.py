@@ -15,7 +15,10 @@ import pytest
 
 from tests._artifact_cases import write_padding_artifact
 from tp_logprob.__main__ import main
+from tp_logprob.properties.registry import suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact
+
+SUITE = suite_properties()
 
 
 class _Payload:
@@ -39,6 +42,7 @@ def _edit_json(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], Non
 def _edit_arrays(
     change: Callable[[dict[str, np.ndarray[Any, Any]]], None],
 ) -> Callable[[Path], None]:
+
     def edit(path: Path) -> None:
         npz = path.with_suffix(".npz")
         with np.load(npz, allow_pickle=False) as stored:
@@ -142,7 +146,7 @@ def test_refused(tmp_path: Path, tamper: str) -> None:
     _Payload.marker = tmp_path / "unpickled"
     edit(path)
     with pytest.raises(ArtifactError, match="refused") as caught:
-        load_artifact(path)
+        load_artifact(path, SUITE)
     assert message in str(caught.value)
     assert not _Payload.marker.exists()
 
@@ -153,7 +157,7 @@ def test_renamed_artifact_is_refused(tmp_path: Path) -> None:
     path.rename(renamed)
     path.with_suffix(".npz").rename(renamed.with_suffix(".npz"))
     with pytest.raises(ArtifactError, match="does not match the file name"):
-        load_artifact(renamed)
+        load_artifact(renamed, SUITE)
 
 
 def test_cli_exits_2_on_a_bad_artifact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,10 @@ import pytest
 from tests._artifact_cases import MUTANT, backend, write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.properties.registry import suite_properties
 from tp_logprob.replay.report import build_report, generate_cases, load_cases, plot_report
+
+SUITE = suite_properties()
 
 
 def test_generated_cases_are_reproducible_and_spread() -> None:
@@ -37,7 +40,7 @@ def test_report_on_a_correct_backend_is_within_tolerance() -> None:
 
 def test_report_on_a_buggy_backend_finds_the_rows(tmp_path: Path) -> None:
     write_padding_artifact(tmp_path)
-    report = build_report(backend(MUTANT), load_cases([str(tmp_path)]), "artifacts")
+    report = build_report(backend(MUTANT), load_cases([str(tmp_path)], SUITE), "artifacts")
     (entry,) = [e for e in report.summary() if e["quantity"] == "lse"]
     assert entry["out_of_tolerance"] >= 1 and entry["max_used"] > 1
     assert entry["worst_rows"][0]["row"] in (0, 1)
@@ -63,6 +66,7 @@ def test_report_cli_exits_1_when_out_of_tolerance(tmp_path: Path) -> None:
 def test_plot_without_matplotlib_says_how_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+
     report = build_report(backend("torch_native"), generate_cases(TORCH_NATIVE, 1, 0), "test")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(RuntimeError, match=r"tp-logprob\[plot\]"):

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.cli import add_commands
 from tp_logprob.registry import PLATFORMS, detect_platform
-from tp_logprob.replay.cli import add_commands
 
 __all__ = ["build_parser", "main"]
 

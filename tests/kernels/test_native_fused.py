@@ -22,7 +22,7 @@ from tp_logprob.oracle import (
     tolerance,
 )
 from tp_logprob.oracle.tolerance import within_tolerance
-from tp_logprob.properties._allocations import track_allocations
+from tp_logprob.properties.allocations import track_allocations
 
 REAL, PADDED, SIZE = 19, 24, 16
 LAYOUTS = {

@@ -23,7 +23,7 @@ import tp_logprob as tpl
 from tp_logprob.kernels import native_fused
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_grads, exact_hidden_logits, tolerance
-from tp_logprob.properties._allocations import track_allocations
+from tp_logprob.properties.allocations import track_allocations
 
 from .test_native_fused import PADDED, REAL, as_f64, assert_within, oracle
 

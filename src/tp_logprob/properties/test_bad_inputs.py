@@ -1,11 +1,14 @@
 """Bad inputs raise LogprobContractError at the op's boundary, before any output exists.
 
-The test draws which bad input to make; :mod:`tp_logprob.properties._checks_inputs`
-makes the call and judges it.
+The test draws which bad input to make; its property makes the call and judges it.
+Every rank gets the bad input (through ``run_tp``), except for a wrong shard width,
+which is handed to a single rank whose peers never arrive: an op that reached a
+collective before checking its inputs fails instead of raising ``LogprobContractError``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -13,10 +16,100 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties._checks_inputs import BAD_DTYPES, BAD_INPUT_KINDS
-from tp_logprob.properties._harness import draw_case
-from tp_logprob.properties.checks import run_check
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.draws import draw_case
+from tp_logprob.properties.params import PropertyInputError
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats, violation
+from tp_logprob.properties.running import execute
 from tp_logprob.strategies import LogprobCase
+
+BAD_INPUT_KINDS = (
+    "active target outside the real vocabulary",
+    "wrong shard width",
+    "wrong logits dtype",
+    "wrong targets shape",
+)
+
+
+BAD_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+_PEER_TIMEOUT_S = 2.0
+
+
+class CollectiveBeforeCheckError(RuntimeError):
+    """A backend reached its collective before rejecting a bad input."""
+
+
+class _LoneRank:
+    """One rank's group whose peers are absent: a collective fails at once, not on timeout.
+
+    A backend must reject a bad shard width before any collective, so reaching
+    ``all_gather`` is itself the bug, and waiting for the peers would only cost time.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def all_gather(self, tensor: Any) -> list[Any]:
+        raise CollectiveBeforeCheckError(
+            f"rank {self.rank} reached all_gather before rejecting its bad input"
+        )
+
+
+def _need(params: Mapping[str, Any], key: str) -> Any:
+    value = params.get(key)
+    if value is None:
+        raise PropertyInputError(f"params.{key}: required for kind {params['kind']!r}")
+    return value
+
+
+def _bad_call(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any]
+) -> tuple[Callable[[], Any], Any]:
+    """The bad call, not yet made, and the logits tensor it passes."""
+    import torch
+
+    from tp_logprob.emulate import run_tp
+
+    kind = params["kind"]
+    contract = case.contract
+    op = backend.op_for(contract)
+    logits, targets = case.torch_logits(backend.device), case.torch_targets(backend.device)
+    if kind == "wrong shard width":
+        sharding = contract.sharding
+        rank, width = _need(params, "rank"), _need(params, "width")
+        # One column too many is a bad width too, even for a shard of the whole vocabulary.
+        if not (
+            0 <= rank < sharding.tp_world_size and 0 <= width <= sharding.padded_vocab_size + 1
+        ):
+            raise PropertyInputError(f"params: rank {rank} / width {width} do not fit the case")
+        local = torch.zeros((contract.num_tokens, width), dtype=logits.dtype, device=logits.device)
+        group = None if sharding.tp_world_size == 1 else _LoneRank(rank, sharding.tp_world_size)
+        local_contract = contract.with_rank(rank)
+        return lambda: op(local, targets, local_contract, group=group), local
+    if kind == "wrong logits dtype":
+        name = _need(params, "dtype")
+        if name not in BAD_DTYPES:
+            raise PropertyInputError(f"params.dtype={name!r}: expected one of {BAD_DTYPES}")
+        logits = logits.to(getattr(torch, name))
+    elif kind == "wrong targets shape":
+        shape = tuple(_need(params, "targets_shape"))
+        if any(size < 0 or size > 4096 for size in shape):
+            raise PropertyInputError(f"params.targets_shape={list(shape)}: sizes out of range")
+        targets = torch.zeros(shape, dtype=torch.int64, device=logits.device)
+    elif kind == BAD_INPUT_KINDS[0]:
+        row, target = _need(params, "row"), _need(params, "target")
+        if not (0 <= row < contract.num_tokens and -(2**63) <= target < 2**63):
+            raise PropertyInputError(f"params: row {row} / target {target} do not fit the case")
+        bad = np.array(case.targets)
+        bad[row] = target
+        targets = torch.from_numpy(bad).to(logits.device)
+    else:
+        raise PropertyInputError(f"params.kind={kind!r}: expected one of {BAD_INPUT_KINDS}")
+    return lambda: run_tp(op, logits, targets, contract, timeout=_PEER_TIMEOUT_S), logits
+
 
 _TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -63,6 +156,53 @@ def _draw_bad_input(data: Any, case: LogprobCase, kind: str) -> dict[str, Any]:
     return {"kind": kind, "row": row, "target": target}
 
 
+_BAD_INPUT_PARAMS = {
+    "kind": "str",
+    "rank": "int",
+    "width": "int",
+    "dtype": "str",
+    "targets_shape": "int_list",
+    "row": "int",
+    "target": "int",
+}
+
+
+@suite_property("bad_inputs", params=_BAD_INPUT_PARAMS, optional=set(_BAD_INPUT_PARAMS) - {"kind"})
+def bad_inputs(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
+    import torch
+
+    kind = params["kind"]
+    call, logits = _bad_call(backend, case, params)
+    original = logits.clone()
+    try:
+        result = call()
+    except LogprobContractError:
+        if not torch.equal(logits, original):  # no NaN: cases here hold no special values
+            raise violation(
+                f"bad inputs: {kind} raised, but only after writing into the logits",
+                case,
+                backend.backend_id,
+                [("observed", "the logits tensor changed during the rejected call")],
+            ) from None
+        return
+    except Exception as error:
+        raise violation(
+            f"bad inputs: {kind} raised {type(error).__name__}, not LogprobContractError",
+            case,
+            backend.backend_id,
+            [("error", f"{type(error).__name__}: {error}".splitlines()[0])],
+        ) from None
+    raise violation(
+        f"bad inputs: {kind} was accepted",
+        case,
+        backend.backend_id,
+        [("observed", f"returned {type(result).__name__} instead of raising LogprobContractError")],
+    )
+
+
 @given(data=st.data())
 def test_rejects_bad_inputs(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """Each bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
@@ -70,7 +210,71 @@ def test_rejects_bad_inputs(tp_logprob_backend: Any, tp_logprob_suite: Any, data
     case = draw_case(data, backend, tp_logprob_suite)
     kinds = [k for k in BAD_INPUT_KINDS if k != BAD_INPUT_KINDS[0] or case.active.any()]
     kind = data.draw(st.sampled_from(kinds), label="bad input")
-    run_check("bad_inputs", backend, case, _draw_bad_input(data, case, kind))
+    run_property("bad_inputs", backend, case, _draw_bad_input(data, case, kind))
+
+
+@suite_property("inputs_untouched")
+def inputs_untouched(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The forward (and, for train, the backward) leaves ``local_logits`` and ``targets``
+    as they were: the same bits and no in-place version bump, unless the capability
+    declares ``consumes_input``. A trainer reuses the logits for entropy or KL."""
+    import torch
+
+    if backend.capability.consumes_input:
+        return
+    logits = case.torch_logits(backend.device)
+    train = case.contract.role.value == "train"
+    if train:
+        logits.requires_grad_(True)
+    targets = case.torch_targets(backend.device)
+    saved = [
+        (name, t, t.detach().clone(), t._version)
+        for name, t in (("local_logits", logits), ("targets", targets))
+    ]
+    outputs = execute(backend, case, logits=logits, targets=targets)
+    _compare_inputs(case, backend, saved, "forward")
+    if train:
+        total = sum(result.selected_logp.float().sum() for result in outputs.results)
+        if isinstance(total, torch.Tensor) and total.requires_grad:
+            torch.autograd.backward(total)
+        _compare_inputs(case, backend, saved, "backward")
+
+
+def _compare_inputs(
+    case: LogprobCase, backend: Any, saved: list[tuple[str, Any, Any, int]], stage: str
+) -> None:
+    for name, tensor, before, version in saved:
+        now = tensor.detach()
+        same = _same_bits(before, now)
+        if same.all() and tensor._version == version:
+            continue
+        changed = np.argwhere(~same)
+        where = "no value changed" if changed.size == 0 else f"first at {changed[0].tolist()}"
+        lines = [
+            ("problem", f"{name} written in place during the {stage}: {where}"),
+            ("changed", f"{int((~same).sum())} elements; version {version} -> {tensor._version}"),
+            ("hint", "copy the input before an in-place kernel, or declare consumes_input=True"),
+        ]
+        if changed.size:
+            index = tuple(changed[0].tolist())
+            was, became = before[index].item(), now[index].item()
+            lines.insert(1, ("values", f"before {was!r}, after {became!r}"))
+        raise violation(
+            "inputs untouched: the op modified its inputs in place",
+            case,
+            backend.backend_id,
+            lines,
+        )
+
+
+def _same_bits(before: Any, now: Any) -> Any:
+    """Elementwise bit equality (NaN payloads and signed zeros included), as numpy bools."""
+    import torch
+
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[before.element_size()]
+    return (before.contiguous().view(bits) == now.contiguous().view(bits)).cpu().numpy()
 
 
 @given(data=st.data())
@@ -82,4 +286,4 @@ def test_inputs_are_left_untouched(
     if backend.capability.consumes_input:
         pytest.skip(f"{backend.backend_id} declares consumes_input: it may write its inputs")
     case = draw_case(data, backend, tp_logprob_suite, special_values=True)
-    run_check("inputs_untouched", backend, case, stats=tp_logprob_suite.stats)
+    run_property("inputs_untouched", backend, case, stats=tp_logprob_suite.stats)

@@ -9,6 +9,7 @@ and ``export_lse``, cycling through the claimed TP degrees.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,13 @@ from tp_logprob.contract import (
     ShardingSpec,
 )
 from tp_logprob.oracle import exact_hidden_logits
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.expected import exact_outputs
+from tp_logprob.properties.gradients import expect_gradient
+from tp_logprob.properties.lm_head import expect_fused_gradients
+from tp_logprob.properties.measuring import expect_close, input_error
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.running import execute
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 
 _PADDED, _PADDED_REAL, _ROWS = 24, 21, 5
@@ -121,6 +128,33 @@ def _hidden_case(
     return HiddenCase(contract, logits, targets, hidden=hidden, weight=weight, bias=bias)
 
 
+@suite_property("claimed_contract")
+def claimed_contract(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """A claimed contract kind agrees with the exact oracle and, for train, backprops."""
+    selected, lse = exact_outputs(case)
+    extra_selected, extra_lse, extra_entropy = input_error(case)
+    expect_close(
+        "capability truthfulness: a claimed contract kind is served wrongly",
+        case,
+        backend.backend_id,
+        execute(backend, case),
+        selected,
+        lse,
+        extra_selected=extra_selected,
+        extra_lse=extra_lse,
+        extra_entropy=extra_entropy,
+        count_ulps=False,
+    )
+    if case.contract.role.value != "train":
+        return
+    if isinstance(case, HiddenCase):
+        expect_fused_gradients(backend, case)
+    else:
+        expect_gradient("capability truthfulness (train)", case, backend)
+
+
 def test_serves_every_claimed_contract_kind(tp_logprob_backend: Any, tp_logprob_suite: Any) -> None:
     """Each claimed combination runs, agrees with the exact oracle, and (train) backprops."""
     backend = tp_logprob_backend
@@ -129,4 +163,4 @@ def test_serves_every_claimed_contract_kind(tp_logprob_backend: Any, tp_logprob_
     for seed, contract in enumerate(contracts):
         case = _case(contract, seed)
         tp_logprob_suite.stats.example(backend.backend_id)
-        run_check("claimed_contract", backend, case)
+        run_property("claimed_contract", backend, case)

@@ -8,16 +8,22 @@ with ours even when it is the only one under test.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties._backends import resolve_backends
-from tp_logprob.properties._harness import draw_case
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.backends import resolve_backends
+from tp_logprob.properties.draws import draw_case
+from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
+from tp_logprob.properties.measuring import allowed_error, entropy_error, expect_close
 from tp_logprob.properties.profiles import scaled
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.running import execute
+from tp_logprob.strategies import LogprobCase
 
 
 def _others(backend: Any, suite: Any) -> list[Any]:
@@ -26,6 +32,53 @@ def _others(backend: Any, suite: Any) -> list[Any]:
         chosen.setdefault(builtin.backend_id, builtin)
     chosen.pop(backend.backend_id, None)
     return [other for other in chosen.values() if other.load_failure() is None]
+
+
+@suite_property("backends_agree")
+def backends_agree(
+    backend: Any,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
+    others: Sequence[Any] | None = None,
+) -> None:
+    """Within both tolerances of every other backend that serves the case's contract.
+
+    ``others`` defaults to the built-in backends of ``backend``'s platform that load.
+    """
+    if others is None:
+        others = [
+            other
+            for other in resolve_backends([], backend.platform)
+            if other.backend_id != backend.backend_id and other.load_failure() is None
+        ]
+    serving = [other for other in others if other.capability.supports(case.contract)]
+    if not serving:
+        return
+    mine = execute(backend, case)
+    selected, lse = exact_outputs(case)
+    selected_error, lse_error = allowed_error(case, selected, lse)
+    entropy_bound = (
+        entropy_error(case, exact_entropy_of(case), lse) if mine.entropy is not None else 0.0
+    )
+    for other in serving:
+        theirs = execute(other, case)
+        expect_close(
+            f"cross-backend agreement: {backend.backend_id} and {other.backend_id} disagree",
+            case,
+            backend.backend_id,
+            mine,
+            theirs.selected,
+            lse if theirs.lse is None else theirs.lse,
+            expected_name=other.backend_id,
+            extra_selected=selected_error,
+            extra_lse=lse_error,
+            expected_entropy=theirs.entropy,
+            extra_entropy=entropy_bound,
+            count_ulps=False,
+            inactive_zero=False,
+        )
 
 
 @scaled(0.4)
@@ -37,4 +90,4 @@ def test_backends_agree(tp_logprob_backend: Any, tp_logprob_suite: Any, data: An
     if not candidates:
         pytest.skip(f"no other backend on {backend.platform} to compare {backend.backend_id} with")
     case = draw_case(data, backend, tp_logprob_suite, special_values=True)
-    run_check("backends_agree", backend, case, others=candidates)
+    run_property("backends_agree", backend, case, others=candidates)

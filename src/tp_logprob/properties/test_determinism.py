@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -10,10 +12,36 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, ShardingSpec
-from tp_logprob.properties._harness import draw_case
-from tp_logprob.properties.checks import run_check
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.draws import (
+    batch_rows,
+    draw_case,
+    relayouts,
+    skip_unless_batch_invariant,
+)
+from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
+from tp_logprob.properties.measuring import (
+    allowed_error,
+    entropy_error,
+    expect_bitwise,
+    expect_close,
+    input_error,
+)
+from tp_logprob.properties.params import ArraySpec, PropertyInputError, any_length
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.strategies import shard_bounds
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.running import execute, select_rows, sub_batch
+from tp_logprob.strategies import LogprobCase
+
+
+@suite_property("replicated")
+def replicated(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Every rank returns the same bits, NaN payloads and signed zeros included."""
+    outputs = execute(backend, case)  # raises the violation if ranks differ
+    assert len(outputs.results) == case.contract.sharding.tp_world_size
 
 
 @given(data=st.data())
@@ -23,7 +51,22 @@ def test_outputs_replicated_across_ranks(
     """Every rank returns the same bits, NaN payloads and signed zeros included."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, special_values=True)
-    run_check("replicated", backend, case)
+    run_property("replicated", backend, case)
+
+
+@suite_property("run_to_run")
+def run_to_run(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Running the same case twice gives the same bits."""
+    expect_bitwise(
+        "run-to-run determinism: two runs of one case differ",
+        case,
+        backend.backend_id,
+        execute(backend, case),
+        execute(backend, case),
+        labels=("first run", "second run"),
+    )
 
 
 @given(data=st.data())
@@ -31,7 +74,26 @@ def test_run_to_run_bitwise(tp_logprob_backend: Any, tp_logprob_suite: Any, data
     """Running the same case twice gives the same bits."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
-    run_check("run_to_run", backend, case)
+    run_property("run_to_run", backend, case)
+
+
+@suite_property("batch_invariance", arrays={"rows": ArraySpec("int64", any_length)})
+def batch_invariance(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Rows ``params["rows"]`` (in that order, repeats allowed) run as their own batch
+    give the bits they had in the whole batch."""
+    rows = np.asarray(params["rows"]).tolist()
+    if not rows or not all(0 <= row < case.contract.num_tokens for row in rows):
+        raise PropertyInputError(f"params.rows={rows!r}: not rows of the case")
+    expect_bitwise(
+        f"batch invariance: rows {rows} run as their own batch give other bits",
+        case,
+        backend.backend_id,
+        select_rows(execute(backend, case), rows),
+        execute(backend, sub_batch(case, rows)),
+        labels=("in the batch", "rearranged"),
+    )
 
 
 @given(data=st.data())
@@ -41,40 +103,67 @@ def test_batch_invariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: 
     skip_unless_batch_invariant(backend)
     case = draw_case(data, backend, tp_logprob_suite)
     rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
-    run_check("batch_invariance", backend, case, {"rows": rows})
+    run_property("batch_invariance", backend, case, {"rows": rows})
 
 
-def skip_unless_batch_invariant(backend: Any) -> None:
-    """Skip a batch-invariance property for a backend that claims run-to-run bits only."""
-    scope = DeterminismScope.FIXED_TOPOLOGY
-    if not any(offered.satisfies(scope) for offered in backend.capability.determinism_scopes):
-        pytest.skip(f"{backend.backend_id} claims run_to_run determinism only: not batch invariant")
-
-
-def batch_rows(num_tokens: int) -> st.SearchStrategy[np.ndarray]:
-    """Rows of a case, in any order, repeats allowed: a second batch for batch invariance."""
-    return st.lists(st.sampled_from(range(num_tokens)), min_size=1, max_size=2 * num_tokens).map(
-        lambda rows: np.array(rows, dtype=np.int64)
+@suite_property("tp_consistency", params={"tp_rank": "int", "vocab_shard_bounds": "bounds"})
+def tp_consistency(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The layout ``params["vocab_shard_bounds"]`` (seen by ``params["tp_rank"]``):
+    bitwise for cross_tp_bitwise, else within tolerance."""
+    contract = case.contract
+    sharding = contract.sharding
+    bounds = tuple(tuple(pair) for pair in params["vocab_shard_bounds"])
+    try:
+        relaid = ShardingSpec(
+            params["tp_rank"],
+            len(bounds),
+            bounds,
+            sharding.real_vocab_size,
+            sharding.padded_vocab_size,
+        )
+    except LogprobContractError as error:
+        raise PropertyInputError(
+            f"params: not a layout of the case's vocabulary: {error}"
+        ) from None
+    other_contract = dataclasses.replace(contract, sharding=relaid)
+    other = case.replace(contract=other_contract)
+    first, second = execute(backend, case), execute(backend, other)
+    layouts = (
+        f"tp={sharding.tp_world_size} {list(sharding.vocab_shard_bounds)}",
+        f"tp={relaid.tp_world_size} {list(relaid.vocab_shard_bounds)}",
     )
-
-
-@st.composite
-def _relayout(draw: Any, sharding: ShardingSpec, capability: Any) -> dict[str, Any]:
-    padded = sharding.padded_vocab_size
-    worlds = [w for w in range(1, 9) if w <= padded]
-    if capability.tp_world_sizes is not None:
-        worlds = [w for w in worlds if w in capability.tp_world_sizes]
-    if capability.even_shards_only:
-        worlds = [w for w in worlds if padded % w == 0]  # equal shards only
-    world = draw(st.sampled_from(worlds))
-    layouts = {"even"} if capability.even_shards_only else None
-    bounds = draw(
-        shard_bounds(padded, world, real_vocab_size=sharding.real_vocab_size, layouts=layouts)
+    if contract.reduction.determinism_scope is DeterminismScope.CROSS_TP_BITWISE:
+        expect_bitwise(
+            f"cross-TP bitwise: layouts {layouts[0]} and {layouts[1]} differ",
+            case,
+            backend.backend_id,
+            first,
+            second,
+            labels=layouts,
+        )
+        return
+    selected, lse = exact_outputs(case)
+    first_selected_error, first_lse_error = allowed_error(case, selected, lse)
+    entropy_bound = entropy_error(case, exact_entropy_of(case), lse)
+    # A fused backend's logits are off the exact ones in both runs: twice the room.
+    extra_selected, extra_lse, extra_entropy = (2.0 * extra for extra in input_error(case))
+    expect_close(
+        f"TP consistency: layout {layouts[1]} is out of tolerance of {layouts[0]}",
+        other,
+        backend.backend_id,
+        second,
+        first.selected,
+        lse if first.lse is None else first.lse,
+        expected_name=layouts[0],
+        extra_selected=first_selected_error + extra_selected,
+        extra_lse=first_lse_error + extra_lse,
+        expected_entropy=first.entropy,
+        extra_entropy=entropy_bound + extra_entropy,
+        count_ulps=False,
+        inactive_zero=False,
     )
-    return {
-        "tp_rank": draw(st.integers(0, world - 1)),
-        "vocab_shard_bounds": [list(pair) for pair in bounds],
-    }
 
 
 @scaled(0.6)
@@ -87,5 +176,5 @@ def test_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, data: An
     if single and (capability.tp_world_sizes == {1} or capability.even_shards_only):
         pytest.skip(f"{backend.backend_id} serves one shard layout per vocabulary: nothing to vary")
     case = draw_case(data, backend, tp_logprob_suite)
-    layout = data.draw(_relayout(case.contract.sharding, capability), label="second layout")
-    run_check("tp_consistency", backend, case, layout)
+    layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
+    run_property("tp_consistency", backend, case, layout)

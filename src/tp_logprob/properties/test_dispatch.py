@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobDispatchError
-from tp_logprob.properties._report import violation
+from tp_logprob.properties.report import violation
 from tp_logprob.strategies import contracts
 
 

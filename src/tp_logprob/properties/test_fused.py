@@ -12,29 +12,39 @@ the logits-path modules.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
-from tp_logprob.contract import DeterminismScope
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.draws import (
+    batch_rows,
+    claims_batch_invariance,
+    draw_hidden_case,
+    relayouts,
+)
+from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
+from tp_logprob.properties.lm_head import expect_fused_gradients, fused_only, logits_contract
+from tp_logprob.properties.measuring import (
+    allowed_error,
+    entropy_error,
+    expect_bitwise,
+    expect_close,
+)
+from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.test_determinism import _relayout, batch_rows
-from tp_logprob.strategies import HiddenCase, hidden_cases
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats, violation
+from tp_logprob.properties.running import execute, sub_batch
+from tp_logprob.registry import registry
+from tp_logprob.strategies import LogprobCase, round_to_dtype
 
-
-def draw_hidden_case(data: Any, backend: Any, suite: Any, **filters: Any) -> HiddenCase:
-    """A fused case from the contracts ``backend`` claims; skips backends that take logits."""
-    try:
-        strategy = hidden_cases(capability=backend.capability, **filters)
-    except InvalidArgument as error:
-        pytest.skip(f"{backend.backend_id} claims no fused LM-head contract: {error}")
-    case: HiddenCase = data.draw(strategy, label="case")
-    suite.stats.example(backend.backend_id)
-    return case
+Floats = npt.NDArray[np.float64]
 
 
 @given(data=st.data())
@@ -45,7 +55,61 @@ def test_fused_matches_exact_oracle(
     of the exact values on ``fp32(hidden @ W.T + b)``."""
     backend = tp_logprob_backend
     case = draw_hidden_case(data, backend, tp_logprob_suite)
-    run_check("oracle", backend, case, stats=tp_logprob_suite.stats)
+    run_property("oracle", backend, case, stats=tp_logprob_suite.stats)
+
+
+@suite_property("fused_exact_products")
+def fused_exact_products(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Operands whose fp32 dot products are exact (small integers): the fused backend must
+    be as accurate as a logits backend on ``x``, with no dot-product room, and agree with
+    torch_native run on those logits within both tolerances."""
+    case = fused_only(case)
+    dot = case.dot_bound
+    exact_x = case.exact_logits
+    if not np.array_equal(exact_x, exact_x.astype(np.float32), equal_nan=True) or (
+        np.isfinite(dot).all() and float(np.max(np.abs(exact_x), initial=0.0)) >= 2.0**24
+    ):
+        raise PropertyInputError(
+            "the case's dot products are not exact in fp32 (not small integers)"
+        )
+    fused = execute(backend, case)
+    selected, lse = exact_outputs(case)
+    expect_close(
+        "fused exact dot products: outside the logits path's tolerance of the oracle",
+        case,
+        backend.backend_id,
+        fused,
+        selected,
+        lse,
+        stats=stats,
+    )
+    plain = LogprobCase(logits_contract(case.contract), case.logits, case.targets)
+    capability = next(c for c in registry.backends("cpu") if c.backend_id == "torch_native")
+    native = BackendUnderTest("torch_native", capability, registry, "cpu")
+    logits_path = execute(native, plain)
+    selected_room, lse_room = allowed_error(plain, selected, lse)
+    expect_close(
+        "fused exact dot products: the fused path and the logits path (torch_native) disagree",
+        case,
+        backend.backend_id,
+        fused,
+        logits_path.selected,
+        lse if logits_path.lse is None else logits_path.lse,
+        expected_name="torch_native on fp32(x)",
+        extra_selected=selected_room,
+        extra_lse=lse_room,
+        expected_entropy=logits_path.entropy,
+        extra_entropy=2.0 * _entropy_room(case),
+        count_ulps=False,
+        inactive_zero=False,
+    )
+
+
+def _entropy_room(case: LogprobCase) -> Floats:
+    _, lse = exact_outputs(case)
+    return entropy_error(case, exact_entropy_of(case), lse)
 
 
 @scaled(0.5)
@@ -57,7 +121,37 @@ def test_fused_exact_dot_products_match_logits_path(
     and within tolerance of torch_native run on the same logits."""
     backend = tp_logprob_backend
     case = draw_hidden_case(data, backend, tp_logprob_suite, small_integers=True)
-    run_check("fused_exact_products", backend, case, stats=tp_logprob_suite.stats)
+    run_property("fused_exact_products", backend, case, stats=tp_logprob_suite.stats)
+
+
+_GARBAGE = np.array([np.nan, np.inf, -np.inf, 2.0**100, -(2.0**100), 0.0], dtype=np.float32)
+
+
+@suite_property("fused_padding_rows", params={"seed": "int"})
+def fused_padding_rows(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Other garbage in the weight's (and bias's) padding rows changes no output bit.
+
+    ``params["seed"]`` picks the new garbage (NaN, +-inf, 2^100, 0) for every element.
+    """
+    case = fused_only(case)
+    real = case.contract.sharding.real_vocab_size
+    rng = np.random.default_rng(int(params["seed"]))
+    weight = np.array(case.weight)
+    weight[real:] = round_to_dtype(rng.choice(_GARBAGE, weight[real:].shape), case.contract.dtype)
+    bias = None if case.bias is None else np.array(case.bias)
+    if bias is not None:
+        bias[real:] = round_to_dtype(rng.choice(_GARBAGE, bias[real:].shape), case.contract.dtype)
+    other = case.replace(weight=weight, bias=bias)
+    expect_bitwise(
+        "fused padding rows: other garbage in the weight's padding rows changed an output",
+        case,
+        backend.backend_id,
+        execute(backend, case),
+        execute(backend, other),
+        labels=("drawn padding rows", "other padding rows"),
+    )
 
 
 @scaled(0.5)
@@ -69,7 +163,17 @@ def test_fused_padding_rows_never_read(
     backend = tp_logprob_backend
     case = draw_hidden_case(data, backend, tp_logprob_suite, padding=True)
     seed = data.draw(st.integers(0, 2**31 - 1), label="garbage seed")
-    run_check("fused_padding_rows", backend, case, {"seed": seed})
+    run_property("fused_padding_rows", backend, case, {"seed": seed})
+
+
+@suite_property("fused_gradients")
+def fused_gradients(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """``d hidden`` (every rank's partial, summed as the caller's all-reduce does), ``d weight``
+    and ``d bias`` of ``sum(w selected_logp + v entropy)`` within their bounds of the exact
+    values; exactly 0 on inactive rows and padding rows."""
+    expect_fused_gradients(backend, case, stats)
 
 
 @given(data=st.data())
@@ -78,7 +182,7 @@ def test_fused_gradients(tp_logprob_backend: Any, tp_logprob_suite: Any, data: A
     within their bounds; exactly 0 on inactive rows and padding rows."""
     backend = tp_logprob_backend
     case = draw_hidden_case(data, backend, tp_logprob_suite, roles={"train"})
-    run_check("fused_gradients", backend, case, stats=tp_logprob_suite.stats)
+    run_property("fused_gradients", backend, case, stats=tp_logprob_suite.stats)
 
 
 @scaled(0.5)
@@ -90,12 +194,11 @@ def test_fused_run_to_run_and_batch_invariance(
     (unless the backend claims run_to_run determinism only)."""
     backend = tp_logprob_backend
     case = draw_hidden_case(data, backend, tp_logprob_suite)
-    run_check("run_to_run", backend, case)
-    scope = DeterminismScope.FIXED_TOPOLOGY
-    if not any(offered.satisfies(scope) for offered in backend.capability.determinism_scopes):
+    run_property("run_to_run", backend, case)
+    if not claims_batch_invariance(backend):
         return
     rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
-    run_check("batch_invariance", backend, case, {"rows": rows})
+    run_property("batch_invariance", backend, case, {"rows": rows})
 
 
 @scaled(0.5)
@@ -109,8 +212,81 @@ def test_fused_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, da
     if single and (capability.tp_world_sizes == {1} or capability.even_shards_only):
         pytest.skip(f"{backend.backend_id} serves one shard layout per vocabulary: nothing to vary")
     case = draw_hidden_case(data, backend, tp_logprob_suite)
-    layout = data.draw(_relayout(case.contract.sharding, capability), label="second layout")
-    run_check("tp_consistency", backend, case, layout)
+    layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
+    run_property("tp_consistency", backend, case, layout)
+
+
+MEMORY_ROWS = 384
+_PARTIAL_WIDTH = 8
+"""Rows of the memory check's batch: a backend that processes rows in chunks of fewer
+rows never holds an fp32 tensor as wide as a shard with all of them."""
+
+
+@suite_property("fused_memory")
+def fused_memory(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The case's rows repeated to :data:`MEMORY_ROWS` rows: no fp32 tensor that the op
+    allocates (forward, and backward for train; every aten op, every rank's thread) is
+    ``[MEMORY_ROWS, w]`` or taller for ``w`` a shard's live or padded width.
+
+    Seen through :func:`~tp_logprob.properties.allocations.track_allocations`: outputs of
+    aten ops, not memory inside a kernel (a BLAS workspace). Widths up to 8 (per-row
+    partials hold 3-4 fp32 fields) and the hidden size (``d hidden`` is ``[N, H]`` fp32)
+    are not watched; the property draws vocabularies wide enough to have other widths.
+    """
+    import torch
+
+    from tp_logprob.emulate import run_tp_hidden
+    from tp_logprob.properties.allocations import track_allocations
+
+    case = fused_only(case)
+    big = fused_only(sub_batch(case, np.arange(MEMORY_ROWS) % case.contract.num_tokens))
+    contract = big.contract
+    sharding = contract.sharding
+    widths = {end - start for start, end in sharding.vocab_shard_bounds}
+    widths |= {
+        end - start for start, end in map(sharding.live_bounds, range(sharding.tp_world_size))
+    }
+    # [N, k] fp32 for k <= 8 are per-row partials (3-4 fields); [N, H] is d hidden.
+    widths = {w for w in widths if w > _PARTIAL_WIDTH and w != contract.hidden_size}
+    if not widths:
+        return
+    op = backend.op_for(contract)
+    hidden, weight, bias = big.torch_inputs(backend.device)
+    train = contract.role.value == "train"
+    for tensor in (hidden, weight, bias):
+        if tensor is not None and train:
+            tensor.requires_grad_(True)
+    targets = big.torch_targets(backend.device)
+    with track_allocations() as seen:
+        results = run_tp_hidden(seen.wrap(op), hidden, weight, targets, contract, bias=bias)
+        if train:
+            total = sum(result.selected_logp.float().sum() for result in results)
+            if isinstance(total, torch.Tensor) and total.requires_grad:
+                total.backward()
+    largest = seen.largest_2d(torch.float32, widths)
+    if largest is not None and largest.shape[0] >= MEMORY_ROWS:
+        raise violation(
+            "fused memory: an fp32 tensor as wide as a shard holds every row (the logits)",
+            big,
+            backend.backend_id,
+            [
+                (
+                    "worst",
+                    f"{largest.op} allocated float32 {list(largest.shape)} "
+                    f"({largest.nbytes} bytes) on thread {largest.thread}",
+                ),
+                (
+                    "rows",
+                    f"N={MEMORY_ROWS} (the case's rows repeated); shard widths {sorted(widths)}",
+                ),
+                (
+                    "peak",
+                    f"{seen.peak_live_bytes} bytes live at once ({'train' if train else 'infer'})",
+                ),
+            ],
+        )
 
 
 @scaled(0.12)
@@ -124,4 +300,4 @@ def test_fused_never_materializes_the_logits(
     case = draw_hidden_case(
         data, backend, tp_logprob_suite, max_num_tokens=4, min_padded_vocab_size=32
     )
-    run_check("fused_memory", backend, case)
+    run_property("fused_memory", backend, case)

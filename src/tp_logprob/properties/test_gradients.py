@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties._harness import draw_case
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.draws import draw_case
+from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.profiles import scaled
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
+from tp_logprob.strategies import LogprobCase
+
+
+@suite_property("gradients")
+def gradients(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Within bound of the exact gradient; exactly 0 on padding and inactive rows."""
+    expect_gradient("gradients", case, backend, stats)
 
 
 @scaled(0.6)
@@ -18,4 +30,4 @@ def test_gradients_match_exact(tp_logprob_backend: Any, tp_logprob_suite: Any, d
     """Within bound of the exact gradient; exactly 0 on padding and inactive rows; rows sum to 0."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, roles={"train"})
-    run_check("gradients", backend, case, stats=tp_logprob_suite.stats)
+    run_property("gradients", backend, case, stats=tp_logprob_suite.stats)

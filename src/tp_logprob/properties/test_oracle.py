@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties._harness import draw_case
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.draws import draw_case
+from tp_logprob.properties.measuring import expect_exact, expect_reference
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.strategies import SPECIAL_KINDS
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
+from tp_logprob.strategies import SPECIAL_KINDS, LogprobCase
+
+
+@suite_property("oracle")
+def oracle(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """selected_logp and lse within the tolerance table of the correctly rounded values."""
+    expect_exact("oracle agreement: output outside the tolerance table", backend, case, stats)
 
 
 @given(data=st.data())
@@ -18,7 +29,22 @@ def test_matches_exact_oracle(tp_logprob_backend: Any, tp_logprob_suite: Any, da
     """selected_logp and lse within the tolerance table of the correctly rounded values."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
-    run_check("oracle", backend, case, stats=tp_logprob_suite.stats)
+    run_property("oracle", backend, case, stats=tp_logprob_suite.stats)
+
+
+@suite_property("special_values")
+def special_values(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """NaN, +inf and all -inf rows give exactly the oracle's NaN/inf pattern."""
+    expect_exact(
+        "special values: NaN/inf pattern differs from the oracle",
+        backend,
+        case,
+        stats,
+        finite_headline="special values: the NaN/inf pattern matches, but a finite output is "
+        "outside the tolerance table",
+    )
 
 
 @given(data=st.data())
@@ -30,7 +56,15 @@ def test_special_values_match_oracle(
     case = draw_case(
         data, backend, tp_logprob_suite, special_values=True, logit_kinds=("random", *SPECIAL_KINDS)
     )
-    run_check("special_values", backend, case, stats=tp_logprob_suite.stats)
+    run_property("special_values", backend, case, stats=tp_logprob_suite.stats)
+
+
+@suite_property("reference")
+def reference(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Within tolerance of the float64 reference (plus its own bound)."""
+    expect_reference("reference agreement", backend, case, stats)
 
 
 @scaled(0.5)
@@ -48,4 +82,4 @@ def test_matches_reference_on_larger_shapes(
         max_padded_vocab_size=320,
         max_num_tokens=16,
     )
-    run_check("reference", backend, case, stats=tp_logprob_suite.stats)
+    run_property("reference", backend, case, stats=tp_logprob_suite.stats)

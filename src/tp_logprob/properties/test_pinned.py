@@ -8,6 +8,7 @@ live here as literal cases, checked against the exact oracle and, for role
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,10 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.gradients import expect_gradient
+from tp_logprob.properties.measuring import expect_exact
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
 from tp_logprob.strategies import DTYPE_MAX, LogprobCase
 
 _INF = float("inf")
@@ -124,6 +128,17 @@ PINNED = {
 }
 
 
+@suite_property("pinned", params={"name": "str"})
+def pinned(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The exact oracle's values (and gradient, for train) on a pinned case."""
+    name = params["name"]
+    expect_exact(f"pinned case: {name}", backend, case, stats)
+    if case.contract.role.value == "train":
+        expect_gradient(f"pinned case: {name}", case, backend, stats)
+
+
 @pytest.mark.parametrize("name", list(PINNED))
 def test_pinned_case(tp_logprob_backend: Any, tp_logprob_suite: Any, name: str) -> None:
     """The exact oracle's values (and gradient, for train) on a case worth keeping."""
@@ -132,4 +147,4 @@ def test_pinned_case(tp_logprob_backend: Any, tp_logprob_suite: Any, name: str) 
     if not backend.capability.supports(case.contract):
         pytest.skip(f"{backend.backend_id} does not claim this contract")
     tp_logprob_suite.stats.example(backend.backend_id)
-    run_check("pinned", backend, case, {"name": name}, stats=tp_logprob_suite.stats)
+    run_property("pinned", backend, case, {"name": name}, stats=tp_logprob_suite.stats)

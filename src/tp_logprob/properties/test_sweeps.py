@@ -27,13 +27,9 @@ from tp_logprob.contract import (
     ShardingSpec,
     even_shard_bounds,
 )
-from tp_logprob.properties._harness import (
-    check_bitwise,
-    check_close,
-    exact_outputs,
-    execute,
-    select_rows,
-)
+from tp_logprob.properties.expected import exact_outputs
+from tp_logprob.properties.measuring import expect_bitwise, expect_close
+from tp_logprob.properties.running import execute, select_rows
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
 ROWS = 64
@@ -99,7 +95,7 @@ def test_cross_tp_bitwise_sweep(tp_logprob_backend: Any) -> None:
     baseline = execute(backend, first)
     for name, bounds in LAYOUTS.items():
         case = first.replace(contract=_contract(backend.capability, bounds, scope))
-        check_bitwise(
+        expect_bitwise(
             f"cross-TP bitwise sweep: {name} differs from tp1",
             case,
             backend.backend_id,
@@ -124,7 +120,7 @@ def test_batch_invariance_sweep(tp_logprob_backend: Any, layout: str) -> None:
             part = LogprobCase(contract, full.logits[rows], full.targets[rows])
             observed = execute(backend, part)
             expected = select_rows(whole, rows)
-            check_bitwise(
+            expect_bitwise(
                 f"batch invariance sweep: rows {rows.tolist()} alone vs in the batch of {ROWS}",
                 part,
                 backend.backend_id,
@@ -147,7 +143,7 @@ def test_special_rows_with_lse(tp_logprob_backend: Any) -> None:
     logits[3, 21] = inf  # +inf in the width-1 shard
     case = base.replace(logits=logits)
     selected, lse = exact_outputs(case)
-    check_close(
+    expect_close(
         "special rows sweep: NaN/inf pattern differs from the oracle",
         case,
         backend.backend_id,

@@ -16,6 +16,7 @@ for every other backend, it reaches ``--tp-logprob-wide-max-vocab`` (2^18).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import LogprobInputKind
-from tp_logprob.properties.checks import run_check
+from tp_logprob.properties.measuring import expect_reference
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.strategies import wide_cases
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
+from tp_logprob.strategies import LogprobCase, wide_cases
 
 _INTERPRETED = frozenset({"triton_online", "triton_exact_sum"})
 _INTERPRETED_MAX_VOCAB = 1 << 10
@@ -37,6 +40,14 @@ def wide_max_vocab(backend: Any, configured: int) -> int:
     if backend.platform == "cpu" and backend.backend_id in _INTERPRETED:
         return min(configured, _INTERPRETED_MAX_VOCAB)
     return configured
+
+
+@suite_property("wide_reference")
+def wide_reference(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """A wide case within tolerance of the float64 reference, entropy included."""
+    expect_reference("wide sweep", backend, case, stats)
 
 
 @scaled(0.4)
@@ -51,5 +62,5 @@ def test_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data:
     limit = wide_max_vocab(backend, tp_logprob_suite.wide_max_vocab)
     case = data.draw(wide_cases(backend.capability, max_vocab=limit), label="wide case")
     tp_logprob_suite.stats.example(backend.backend_id)
-    run_check("wide_reference", backend, case, stats=tp_logprob_suite.stats)
+    run_property("wide_reference", backend, case, stats=tp_logprob_suite.stats)
     assert np.isfinite(case.logits).any()

@@ -35,8 +35,8 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties._params import PropertySpec
-from tp_logprob.properties.checks import PROPERTY_CHECKS
+from tp_logprob.properties.params import PropertySpec
+from tp_logprob.properties.registry import SuiteProperty
 from tp_logprob.replay.hidden import (
     HIDDEN_ARRAYS,
     load_hidden_case,
@@ -157,6 +157,7 @@ def _environment() -> dict[str, Any]:
 
 def write_artifact(
     directory: str | os.PathLike[str],
+    properties: Mapping[str, SuiteProperty],
     *,
     prop: str,
     backend: Any,
@@ -166,9 +167,10 @@ def write_artifact(
     seed: int | str | None = None,
     test: str | None = None,
 ) -> Path:
-    """Write one failing example; return the ``.json`` path (existing if already written)."""
-    if prop not in PROPERTY_CHECKS:
-        raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(PROPERTY_CHECKS)})")
+    """Write one failing example of property ``prop`` (one of ``properties``); return the
+    ``.json`` path (the existing one if already written)."""
+    if prop not in properties:
+        raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(properties)})")
     scalars, extra = _split_params(params)
     reserved = _CASE_ARRAYS + HIDDEN_ARRAYS
     if set(extra) & set(reserved):
@@ -323,14 +325,17 @@ def _read_npz(
     return arrays
 
 
-def load_artifact(path: str | os.PathLike[str]) -> FailureArtifact:
-    """Load and validate one artifact (its ``.json`` or ``.npz`` path, or the stem).
+def load_artifact(
+    path: str | os.PathLike[str], properties: Mapping[str, SuiteProperty]
+) -> FailureArtifact:
+    """Load and validate one artifact (its ``.json`` or ``.npz`` path, or the stem) of one of
+    ``properties``, against that property's declared params.
 
     Raises :class:`ArtifactError` saying what is wrong; nothing in the artifact runs.
     """
     json_path = artifact_paths(path)[0]
     document = _read_json(json_path)
-    check_document(json_path, document, PROPERTY_CHECKS, ARTIFACT_FORMAT, READABLE_SCHEMA_VERSIONS)
+    check_document(json_path, document, properties, ARTIFACT_FORMAT, READABLE_SCHEMA_VERSIONS)
     if document["name"] != json_path.stem:
         raise ArtifactError(
             json_path, f"name={document['name']!r} does not match the file name {json_path.stem!r}"
@@ -339,7 +344,7 @@ def load_artifact(path: str | os.PathLike[str]) -> FailureArtifact:
     contract = _contract(json_path, document, arrays)
     case = _case(json_path, document["schema_version"], contract, arrays)
     prop = document["property"]
-    spec: PropertySpec = PROPERTY_CHECKS[prop].spec
+    spec: PropertySpec = properties[prop].spec
     scalars = document["params"]
     problems = spec.param_problems(scalars)
     stored = _CASE_ARRAYS + operand_names(contract)

@@ -14,8 +14,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
-from tp_logprob.properties._harness import _ulp, _ulps, allowed_error, exact_outputs, row_max_of_z
-from tp_logprob.properties._harness import execute as execute_case
+from tp_logprob.properties.expected import exact_outputs, row_max_of_z
+from tp_logprob.properties.measuring import allowed_error, fp32_ulp, ulps
+from tp_logprob.properties.running import execute as execute_case
 from tp_logprob.strategies import LogprobCase
 
 __all__ = ["RowErrors", "measure"]
@@ -78,8 +79,8 @@ def measure(backend: Any, case: LogprobCase) -> list[RowErrors]:
                 observed=np.asarray(value, dtype=np.float64)[rows],
                 exact=exact[rows],
                 abs_error=abs_error[rows],
-                ulp_error=_ulps(exact, value, scale)[rows],
-                tolerance_ulp=(bound / _ulp(scale))[rows],
+                ulp_error=ulps(exact, value, scale)[rows],
+                tolerance_ulp=(bound / fp32_ulp(scale))[rows],
                 within=within[rows],
             )
         )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
+from tp_logprob.properties.registry import SuiteProperty
 from tp_logprob.replay.artifacts import (
     FailureArtifact,
     artifact_paths,
@@ -18,15 +20,18 @@ DEFAULT_REGRESSIONS_DIR = "tests/regressions"
 
 
 def pin(
-    path: str | os.PathLike[str], destination: str | os.PathLike[str] = DEFAULT_REGRESSIONS_DIR
+    path: str | os.PathLike[str],
+    properties: Mapping[str, SuiteProperty],
+    destination: str | os.PathLike[str] = DEFAULT_REGRESSIONS_DIR,
 ) -> list[FailureArtifact]:
-    """Validate every artifact under ``path`` and copy its pair into ``destination``.
+    """Validate every artifact under ``path`` (of one of ``properties``) and copy its pair
+    into ``destination``.
 
     All artifacts are validated before any is copied, so a bad one pins nothing
     (:class:`~tp_logprob.replay.artifacts.ArtifactError`). Returns the pinned
     artifacts as loaded from ``destination``.
     """
-    loaded = [load_artifact(file) for file in artifact_paths(path)]
+    loaded = [load_artifact(file, properties) for file in artifact_paths(path)]
     folder = Path(destination)
     folder.mkdir(parents=True, exist_ok=True)
     pinned = []
@@ -34,5 +39,5 @@ def pin(
         target = folder / artifact.json_path.name
         atomic_write(target.with_suffix(".npz"), artifact.npz_path.read_bytes())
         atomic_write(target, artifact.json_path.read_bytes())
-        pinned.append(load_artifact(target))
+        pinned.append(load_artifact(target, properties))
     return pinned

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tp_logprob.properties.registry import SuiteProperty
 from tp_logprob.replay.artifacts import artifact_paths, load_artifact
 from tp_logprob.replay.drift import RowErrors, measure, worst_rows
 from tp_logprob.strategies import LogprobCase
@@ -65,9 +66,9 @@ def generate_cases(capability: Any, count: int, seed: int) -> list[LogprobCase]:
     return found[: max(count, len(groups))]
 
 
-def load_cases(paths: Sequence[str]) -> list[LogprobCase]:
-    """The cases of every artifact under ``paths`` (each validated)."""
-    return [load_artifact(file).case for path in paths for file in artifact_paths(path)]
+def load_cases(paths: Sequence[str], properties: Mapping[str, SuiteProperty]) -> list[LogprobCase]:
+    """The cases of every artifact under ``paths`` (each validated against ``properties``)."""
+    return [load_artifact(file, properties).case for path in paths for file in artifact_paths(path)]
 
 
 @dataclass

@@ -8,14 +8,14 @@ imports a module named inside an artifact.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from tp_logprob.properties._backends import BackendSpecError, BackendUnderTest, resolve_backends
-from tp_logprob.properties._params import CheckInputError
-from tp_logprob.properties._report import PropertyViolation
-from tp_logprob.properties.checks import PROPERTY_CHECKS
+from tp_logprob.properties.backends import BackendSpecError, BackendUnderTest, resolve_backends
+from tp_logprob.properties.params import PropertyInputError
+from tp_logprob.properties.registry import SuiteProperty
+from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.replay.artifacts import (
     ArtifactError,
     FailureArtifact,
@@ -76,8 +76,13 @@ def select_backends(
         raise BackendChoiceError(str(error).replace("--tp-logprob-backend", "--backend")) from None
 
 
-def replay(artifact: FailureArtifact, backend: BackendUnderTest) -> ReplayResult:
-    """Rerun the artifact's property on ``backend``; SKIP if it does not claim the contract."""
+def replay(
+    artifact: FailureArtifact,
+    backend: BackendUnderTest,
+    properties: Mapping[str, SuiteProperty],
+) -> ReplayResult:
+    """Rerun the artifact's property (from ``properties``) on ``backend``; SKIP if the
+    backend does not claim the contract."""
     reasons = backend.capability.incompatibilities(artifact.case.contract)
     if reasons:
         return ReplayResult(artifact, backend.backend_id, Outcome.SKIPPED, "; ".join(reasons))
@@ -85,8 +90,8 @@ def replay(artifact: FailureArtifact, backend: BackendUnderTest) -> ReplayResult
     if failure is not None:
         return ReplayResult(artifact, backend.backend_id, Outcome.FAILED, f"not loaded: {failure}")
     try:
-        PROPERTY_CHECKS[artifact.prop](backend, artifact.case, artifact.params)
-    except CheckInputError as error:
+        properties[artifact.prop](backend, artifact.case, artifact.params)
+    except PropertyInputError as error:
         raise ArtifactError(artifact.json_path, str(error)) from None
     except PropertyViolation as violation:
         return ReplayResult(artifact, backend.backend_id, Outcome.FAILED, str(violation))
@@ -120,10 +125,12 @@ def replay_paths(
     platform: str,
     specs: Sequence[str] = (),
     *,
+    properties: Mapping[str, SuiteProperty],
     all_backends: bool = False,
     out: TextIO,
 ) -> int:
-    """Replay every artifact under ``paths``; print one line per run (and reports); exit status.
+    """Replay every artifact under ``paths`` (each of one of ``properties``); print one line
+    per run (and reports); exit status.
 
     0: every run passed (or was skipped); 1: a property still fails; 2: an artifact
     was refused or its backend could not be chosen.
@@ -135,9 +142,9 @@ def replay_paths(
         return EXIT_PASSED
     for file in files:
         try:
-            artifact = load_artifact(file)
+            artifact = load_artifact(file, properties)
             backends = select_backends(artifact, platform, specs, all_backends=all_backends)
-            results = [replay(artifact, backend) for backend in backends]
+            results = [replay(artifact, backend, properties) for backend in backends]
         except (ArtifactError, BackendChoiceError) as error:
             print(f"BAD   {error}", file=out)
             status = EXIT_BAD_ARTIFACT

@@ -166,7 +166,7 @@ def _arrays_problems(arrays: object) -> list[str]:
 def check_document(
     path: Path,
     document: Mapping[str, Any],
-    checks: Mapping[str, Any],
+    properties: Mapping[str, Any],
     fmt: str,
     versions: tuple[int, ...],
 ) -> None:
@@ -186,9 +186,9 @@ def check_document(
     problems = []
     if not (isinstance(document["name"], str) and _NAME.fullmatch(document["name"])):
         problems.append(f"name={document['name']!r}: expected 64 lowercase hex digits")
-    if document["property"] not in checks:
+    if document["property"] not in properties:
         problems.append(
-            f"property={document['property']!r}: not a replayable property ({sorted(checks)})"
+            f"property={document['property']!r}: not a replayable property ({sorted(properties)})"
         )
     if document["platform"] not in PLATFORMS:
         problems.append(f"platform={document['platform']!r}: expected one of {PLATFORMS}")

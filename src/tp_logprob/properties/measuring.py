@@ -1,149 +1,54 @@
-"""Running one case on a backend at its TP degree, and judging the outputs.
+"""Measuring a backend's error against its bound, and failing with a readable report.
 
-Every property goes through :func:`execute`: dispatch by backend id (so the
-capability gate is exercised), :func:`~tp_logprob.run_tp` over emulated ranks
-(which also proves the outputs are replicated), then a structural check of what
-came back. :func:`check_close` compares with expected values under the
-tolerance table and raises a readable :class:`PropertyViolation`.
+:func:`expect_close` compares outputs with expected values under the tolerance
+table (``docs/tolerances.md``), row by row, and raises a
+:class:`~tp_logprob.properties.report.PropertyViolation` naming the worst row;
+:func:`expect_bitwise` demands identical fp32 bits. The bounds come from
+:func:`suite_tolerance` at the case's exact values (:func:`allowed_error`,
+:func:`entropy_error`), widened by :func:`input_error` for a fused LM head's own
+dot products; :func:`ulps` measures an error in fp32 ulps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pytest
 from hypothesis import currently_in_test_context, target
-from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
-from tp_logprob.contract import LogprobContract, MaskSpec
-from tp_logprob.oracle import apply_temperature, exact_entropy, fused_extra_bounds
-from tp_logprob.oracle.exact import exact_selected_logprob
+from tp_logprob.contract import LogprobContract
+from tp_logprob.oracle import fused_extra_bounds
+from tp_logprob.oracle.reference import reference_error_bounds, reference_selected_logprob
+from tp_logprob.oracle.reference_entropy import reference_entropy, reference_entropy_error_bounds
 from tp_logprob.oracle.tolerance import tolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
-from tp_logprob.properties._report import SuiteStats, format_value, violation
-from tp_logprob.strategies import HiddenCase, LogprobCase, cases, contracts
+from tp_logprob.properties.expected import exact_entropy_of, exact_outputs, row_max_of_z
+from tp_logprob.properties.report import SuiteStats, format_value, violation
+from tp_logprob.properties.running import Floats, Outputs, execute
+from tp_logprob.strategies import HiddenCase, LogprobCase
 
 __all__ = [
     "MIN_ONLINE_BLOCK",
-    "Outputs",
     "allowed_error",
-    "check_bitwise",
-    "cases_for",
-    "check_close",
-    "draw_case",
     "entropy_error",
-    "exact_entropy_of",
-    "exact_outputs",
-    "execute",
+    "entropy_room",
+    "expect_bitwise",
+    "expect_close",
+    "expect_exact",
+    "expect_reference",
+    "fp32_ulp",
     "input_error",
-    "row_max_of_z",
     "row_summary",
-    "select_rows",
-    "sub_batch",
     "suite_tolerance",
+    "ulps",
 ]
-
-Floats = npt.NDArray[np.float64]
 
 MIN_ONLINE_BLOCK = 16
 """The tolerance allows one exp-rescaling per 16 columns of a shard (an online
 softmax over blocks of at least 16 columns) plus the cross-rank merge."""
-
-
-@dataclass(frozen=True)
-class Outputs:
-    """One run's replicated outputs as float64 copies of the fp32 values.
-
-    ``entropy`` is None unless the contract has ``export_entropy``.
-    """
-
-    selected: Floats
-    lse: Floats | None
-    results: Any  # the per-rank LogprobResults, for gradients
-    entropy: Floats | None = None
-
-
-def execute(
-    backend: Any,
-    case: LogprobCase,
-    *,
-    logits: Any = None,
-    targets: Any = None,
-    operands: tuple[Any, Any, Any] | None = None,
-) -> Outputs:
-    """Run ``case`` on every emulated rank of its contract; check replication and structure.
-
-    ``logits`` and ``targets`` override the tensors made from ``case`` (e.g. logits
-    that require grad, or tensors the caller keeps to inspect afterwards). A fused
-    LM-head case (``input_kind="hidden"``) runs through
-    :func:`~tp_logprob.run_tp_hidden` on its ``(hidden, weight, bias)``, or on
-    ``operands`` when given.
-    """
-    from tp_logprob.emulate import ReplicationError, run_tp, run_tp_hidden
-
-    contract = case.contract
-    op = backend.op_for(contract)
-    try:
-        if targets is None:
-            targets = case.torch_targets(backend.device)
-        if isinstance(case, HiddenCase):
-            hidden, weight, bias = (
-                case.torch_inputs(backend.device) if operands is None else operands
-            )
-            results = run_tp_hidden(op, hidden, weight, targets, contract, bias=bias)
-        else:
-            full = case.torch_logits(backend.device) if logits is None else logits
-            results = run_tp(op, full, targets, contract)
-    except ReplicationError as error:
-        raise violation(
-            "replicated outputs: ranks returned different bits",
-            case,
-            backend.backend_id,
-            [("problem", str(error))],
-        ) from None
-    first = results[0]
-    problems = _structure_problems(first, contract)
-    if problems:
-        raise violation(
-            "output structure: not fp32 [N] tensors as the contract requires",
-            case,
-            backend.backend_id,
-            [("problem", "; ".join(problems))],
-        )
-    lse = None if first.lse is None else _numpy(first.lse)
-    entropy = None if first.entropy is None else _numpy(first.entropy)
-    return Outputs(_numpy(first.selected_logp), lse, results, entropy)
-
-
-def _numpy(tensor: Any) -> Floats:
-    return np.asarray(tensor.detach().float().cpu().numpy(), dtype=np.float64)
-
-
-def _structure_problems(result: Any, contract: LogprobContract) -> list[str]:
-    rows = contract.num_tokens
-    problems = []
-    fields = [
-        ("selected_logp", result.selected_logp, True, ""),
-        ("lse", result.lse, contract.export_lse, "export_lse"),
-        ("entropy", result.entropy, contract.export_entropy, "export_entropy"),
-    ]
-    for name, value, wanted, flag in fields:
-        if not wanted:
-            if value is not None:
-                problems.append(f"{name} should be None ({flag}=False), got {type(value).__name__}")
-            continue
-        shape = tuple(getattr(value, "shape", ()))
-        dtype = str(getattr(value, "dtype", type(value).__name__))
-        if shape != (rows,) or dtype != "torch.float32":
-            problems.append(f"{name} is {dtype} {list(shape)}, expected torch.float32 [{rows}]")
-    return problems
 
 
 def suite_tolerance(contract: LogprobContract) -> Any:
@@ -161,26 +66,17 @@ def suite_tolerance(contract: LogprobContract) -> Any:
     )
 
 
-def row_max_of_z(case: LogprobCase) -> Floats:
-    """Each row's max live ``z = fp32(x) / fp32(T)``: the magnitude the bounds scale with."""
-    live = apply_temperature(
-        case.logits[:, : case.contract.sharding.real_vocab_size], case.contract.temperature
-    )
-    with np.errstate(invalid="ignore"):
-        return live.max(axis=1) if live.shape[1] else np.full(live.shape[0], -np.inf)
-
-
-def _ulp(scale: Floats) -> Floats:
+def fp32_ulp(scale: Floats) -> Floats:
     """The fp32 ulp at each ``scale`` (finite; +-inf and NaN count as 0)."""
     finite = np.where(np.isfinite(scale), np.abs(scale), 0.0)
     return np.asarray(np.ldexp(1.0, ulp_exponent(finite, "fp32")), dtype=np.float64)
 
 
-def _ulps(exact: Floats, value: Floats, scale: Floats | None = None) -> Floats:
+def ulps(exact: Floats, value: Floats, scale: Floats | None = None) -> Floats:
     """``|value - exact|`` in fp32 ulps at ``scale`` (default: ``exact``).
 
     ``lse = M + log S`` and ``selected = target - lse`` can cancel to nearly 0,
-    where ulps at the exact value are meaningless; :func:`check_close` measures at
+    where ulps at the exact value are meaningless; :func:`expect_close` measures at
     ``max(|value|, |lse|, |row max|)``, the magnitude the computation works at.
     Special values: 0 if they match, else inf.
     """
@@ -188,11 +84,11 @@ def _ulps(exact: Floats, value: Floats, scale: Floats | None = None) -> Floats:
     if scale is None:
         return distance
     with np.errstate(invalid="ignore", over="ignore"):
-        scaled = np.abs(value - exact) / _ulp(scale)
+        scaled = np.abs(value - exact) / fp32_ulp(scale)
     return np.where(np.isfinite(exact) & np.isfinite(value), scaled, distance)
 
 
-def check_close(
+def expect_close(
     prop: str,
     case: LogprobCase,
     backend_id: str,
@@ -243,8 +139,8 @@ def check_close(
     for name, value, exact, bound, rows in fields:
         with np.errstate(invalid="ignore"):
             scale = np.fmax(np.fmax(np.abs(exact), np.abs(exact_lse)), np.abs(row_max))
-        errors = _ulps(exact, value, scale)
-        bounds = bound / _ulp(scale)
+        errors = ulps(exact, value, scale)
+        bounds = bound / fp32_ulp(scale)
         with np.errstate(invalid="ignore", divide="ignore"):
             used = errors / bounds
         if count_ulps:
@@ -326,7 +222,7 @@ def row_summary(case: LogprobCase, row: int) -> str:
     return text
 
 
-def check_bitwise(
+def expect_bitwise(
     prop: str,
     case: LogprobCase,
     backend_id: str,
@@ -345,7 +241,7 @@ def check_bitwise(
         differ = np.flatnonzero(_bits(a) != _bits(b))
         if differ.size:
             row = int(differ[0])
-            ulps = float(_ulps(a[row : row + 1], b[row : row + 1])[0])
+            distance = float(ulps(a[row : row + 1], b[row : row + 1])[0])
             raise violation(
                 prop,
                 case,
@@ -354,40 +250,13 @@ def check_bitwise(
                     ("worst", f"{name}, row {row}; {differ.size} rows differ: {differ.tolist()}"),
                     (labels[0], format_value(a[row])),
                     (labels[1], format_value(b[row])),
-                    ("error", f"{ulps:.4g} ulp; bitwise equality required"),
+                    ("error", f"{distance:.4g} ulp; bitwise equality required"),
                 ],
             )
 
 
 def _bits(values: Floats) -> npt.NDArray[np.uint32]:
     return np.asarray(values, dtype=np.float32).view(np.uint32)
-
-
-def select_rows(outputs: Outputs, rows: Any) -> Outputs:
-    """The outputs of ``rows`` only (in that order)."""
-    lse = None if outputs.lse is None else outputs.lse[rows]
-    entropy = None if outputs.entropy is None else outputs.entropy[rows]
-    return Outputs(outputs.selected[rows], lse, outputs.results, entropy)
-
-
-def sub_batch(case: LogprobCase, rows: Any) -> LogprobCase:
-    """The case made of ``rows`` only (in that order, repeats allowed)."""
-    contract = case.contract
-    mask = contract.mask.active_mask
-    sub_mask = MaskSpec(
-        len(rows), None if mask is None else mask[rows], ignore_index=contract.mask.ignore_index
-    )
-    sub_contract = dataclasses.replace(contract, mask=sub_mask)
-    if isinstance(case, HiddenCase):
-        return HiddenCase(
-            sub_contract,
-            case.logits[rows],
-            case.targets[rows],
-            hidden=case.hidden[rows],
-            weight=case.weight,
-            bias=case.bias,
-        )
-    return LogprobCase(sub_contract, case.logits[rows], case.targets[rows])
 
 
 def input_error(case: LogprobCase) -> tuple[Floats, Floats, Floats]:
@@ -437,40 +306,70 @@ def entropy_error(case: LogprobCase, entropy: Floats, lse: Floats) -> Floats:
     return np.asarray(bound, dtype=np.float64)
 
 
-def exact_outputs(case: LogprobCase) -> tuple[Floats, Floats]:
-    """The exact oracle's ``(selected_logp, lse)`` for ``case`` (on ``z = x / T``)."""
-    return exact_selected_logprob(
+def expect_exact(
+    prop: str,
+    backend: Any,
+    case: LogprobCase,
+    stats: SuiteStats | None = None,
+    *,
+    finite_headline: str | None = None,
+) -> None:
+    """Run ``case`` and :func:`expect_close` to the exact oracle, with a fused head's room."""
+    selected, lse = exact_outputs(case)
+    extra_selected, extra_lse, extra_entropy = input_error(case)
+    expect_close(
+        prop,
+        case,
+        backend.backend_id,
+        execute(backend, case),
+        selected,
+        lse,
+        extra_selected=extra_selected,
+        extra_lse=extra_lse,
+        extra_entropy=extra_entropy,
+        stats=stats,
+        finite_headline=finite_headline,
+    )
+
+
+def expect_reference(
+    prop: str, backend: Any, case: LogprobCase, stats: SuiteStats | None = None
+) -> None:
+    """Run ``case`` and :func:`expect_close` to the float64 reference plus its own bound."""
+    real = case.contract.sharding.real_vocab_size
+    temperature = case.contract.temperature
+    selected, lse = reference_selected_logprob(
         case.logits,
         case.targets,
         active_mask=case.active,
-        real_vocab_size=case.contract.sharding.real_vocab_size,
-        temperature=case.contract.temperature,
+        real_vocab_size=real,
+        temperature=temperature,
+    )
+    extra_selected, extra_lse = reference_error_bounds(selected, lse, real)
+    entropy = reference_entropy(
+        case.logits, active_mask=case.active, real_vocab_size=real, temperature=temperature
+    )
+    # Without lse and row_max the bound takes log S <= min(H, log n): sound with
+    # reference (not exact) values.
+    extra_entropy = reference_entropy_error_bounds(
+        np.where(np.isfinite(entropy), entropy, 0.0), real
+    )
+    expect_close(
+        f"{prop}: output outside the tolerance table",
+        case,
+        backend.backend_id,
+        execute(backend, case),
+        selected,
+        lse,
+        expected_name="reference",
+        extra_selected=extra_selected,
+        extra_lse=extra_lse,
+        expected_entropy=entropy,
+        extra_entropy=extra_entropy,
+        stats=stats,
     )
 
 
-def exact_entropy_of(case: LogprobCase) -> Floats:
-    """The exact oracle's entropy of every row of ``case`` (0.0 on inactive rows)."""
-    return exact_entropy(
-        case.logits,
-        active_mask=case.active,
-        real_vocab_size=case.contract.sharding.real_vocab_size,
-        temperature=case.contract.temperature,
-    )
-
-
-def cases_for(backend: Any, **filters: Any) -> st.SearchStrategy[LogprobCase]:
-    """Cases from the contracts ``backend`` claims; skips the test if it claims none such."""
-    special_values = filters.pop("special_values", False)
-    logit_kinds = filters.pop("logit_kinds", None)
-    try:
-        contract_strategy = contracts(capability=backend.capability, **filters)
-    except InvalidArgument as error:
-        pytest.skip(f"{backend.backend_id} claims no contract of this kind: {error}")
-    return cases(contract_strategy, special_values=special_values, logit_kinds=logit_kinds)
-
-
-def draw_case(data: Any, backend: Any, suite: Any, **filters: Any) -> LogprobCase:
-    """Draw one case for ``backend`` (labelled ``case``) and count the example."""
-    case: LogprobCase = data.draw(cases_for(backend, **filters), label="case")
-    suite.stats.example(backend.backend_id)
-    return case
+def entropy_room(case: LogprobCase, run: Outputs, lse: Floats) -> Floats | float:
+    """The entropy tolerance at ``case``'s exact values, when ``run`` returned entropy."""
+    return 0.0 if run.entropy is None else entropy_error(case, exact_entropy_of(case), lse)

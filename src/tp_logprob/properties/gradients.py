@@ -20,18 +20,13 @@ import numpy.typing as npt
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
-from tp_logprob.properties._harness import (
-    allowed_error,
-    entropy_error,
-    exact_entropy_of,
-    exact_outputs,
-    execute,
-    row_summary,
-)
-from tp_logprob.properties._report import SuiteStats, format_value, violation
+from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
+from tp_logprob.properties.measuring import allowed_error, entropy_error, row_summary
+from tp_logprob.properties.report import SuiteStats, format_value, violation
+from tp_logprob.properties.running import execute
 from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCase
 
-__all__ = ["check_gradient", "entropy_weights", "gradient_bound", "upstream_weights"]
+__all__ = ["expect_gradient", "entropy_weights", "gradient_bound", "upstream_weights"]
 
 Floats = npt.NDArray[np.float64]
 _U32 = 2.0**-24
@@ -128,7 +123,7 @@ def _entropy_term_bound(
     return np.where(p == 0.0, 0.0, np.nan_to_num(term * 1.01, nan=np.inf))
 
 
-def check_gradient(
+def expect_gradient(
     prop: str, case: LogprobCase, backend: Any, stats: SuiteStats | None = None
 ) -> None:
     """Backprop every rank's (replicated) weighted loss, as TP training does; compare.

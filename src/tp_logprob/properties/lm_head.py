@@ -1,16 +1,14 @@
-"""Case-level checks only a fused LM head has: its padding rows, exact dot products, the
-gradients of ``hidden``, ``weight`` and ``bias``, and the memory it allocates.
+"""What the suite knows of a fused LM-head case (``input_kind="hidden"``): the logits-path
+view of it, and the exact gradients of ``hidden``, ``weight`` and ``bias`` with their bounds.
 
-The oracle, special values, determinism and TP-consistency checks of the other
-modules take fused cases as they are (their bounds add
-:func:`~tp_logprob.properties._harness.input_error`).
+The oracle, special-value, determinism and TP-consistency properties take fused
+cases as they are (their bounds add :func:`~tp_logprob.properties.measuring.input_error`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,40 +23,27 @@ from tp_logprob.contract import (
 )
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
-from tp_logprob.properties._gradients import entropy_weights, gradient_bound, upstream_weights
-from tp_logprob.properties._harness import (
-    allowed_error,
-    check_bitwise,
-    check_close,
-    exact_entropy_of,
-    exact_outputs,
-    execute,
-    input_error,
-)
-from tp_logprob.properties._params import CheckInputError
-from tp_logprob.properties._report import SuiteStats, format_value, violation
-from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase, round_to_dtype
+from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
+from tp_logprob.properties.gradients import entropy_weights, gradient_bound, upstream_weights
+from tp_logprob.properties.measuring import input_error
+from tp_logprob.properties.params import PropertyInputError
+from tp_logprob.properties.report import SuiteStats, format_value, violation
+from tp_logprob.properties.running import execute
+from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase
 
-__all__ = [
-    "MEMORY_ROWS",
-    "check_fused_exact_products",
-    "check_fused_gradients",
-    "check_fused_memory",
-    "check_fused_padding_rows",
-    "fused_only",
-    "logits_contract",
-]
+__all__ = ["expect_fused_gradients", "fused_only", "logits_contract"]
 
 Floats = npt.NDArray[np.float64]
+
 _U32 = 2.0**-24
+
 _UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
-_GARBAGE = np.array([np.nan, np.inf, -np.inf, 2.0**100, -(2.0**100), 0.0], dtype=np.float32)
 
 
 def fused_only(case: LogprobCase) -> HiddenCase:
     """``case`` as a :class:`HiddenCase`; a bad artifact otherwise."""
     if not isinstance(case, HiddenCase):
-        raise CheckInputError("this check takes a fused LM-head case (input_kind='hidden')")
+        raise PropertyInputError("this check takes a fused LM-head case (input_kind='hidden')")
     return case
 
 
@@ -76,90 +61,8 @@ def logits_contract(contract: LogprobContract) -> LogprobContract:
     )
 
 
-def check_fused_padding_rows(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
-) -> None:
-    """Other garbage in the weight's (and bias's) padding rows changes no output bit.
-
-    ``params["seed"]`` picks the new garbage (NaN, +-inf, 2^100, 0) for every element.
-    """
-    case = fused_only(case)
-    real = case.contract.sharding.real_vocab_size
-    rng = np.random.default_rng(int(params["seed"]))
-    weight = np.array(case.weight)
-    weight[real:] = round_to_dtype(rng.choice(_GARBAGE, weight[real:].shape), case.contract.dtype)
-    bias = None if case.bias is None else np.array(case.bias)
-    if bias is not None:
-        bias[real:] = round_to_dtype(rng.choice(_GARBAGE, bias[real:].shape), case.contract.dtype)
-    other = case.replace(weight=weight, bias=bias)
-    check_bitwise(
-        "fused padding rows: other garbage in the weight's padding rows changed an output",
-        case,
-        backend.backend_id,
-        execute(backend, case),
-        execute(backend, other),
-        labels=("drawn padding rows", "other padding rows"),
-    )
-
-
-def check_fused_exact_products(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
-) -> None:
-    """Operands whose fp32 dot products are exact (small integers): the fused backend must
-    be as accurate as a logits backend on ``x``, with no dot-product room, and agree with
-    torch_native run on those logits within both tolerances."""
-    from tp_logprob.properties._backends import BackendUnderTest
-    from tp_logprob.registry import registry
-
-    case = fused_only(case)
-    dot = case.dot_bound
-    exact_x = case.exact_logits
-    if not np.array_equal(exact_x, exact_x.astype(np.float32), equal_nan=True) or (
-        np.isfinite(dot).all() and float(np.max(np.abs(exact_x), initial=0.0)) >= 2.0**24
-    ):
-        raise CheckInputError("the case's dot products are not exact in fp32 (not small integers)")
-    fused = execute(backend, case)
-    selected, lse = exact_outputs(case)
-    check_close(
-        "fused exact dot products: outside the logits path's tolerance of the oracle",
-        case,
-        backend.backend_id,
-        fused,
-        selected,
-        lse,
-        stats=stats,
-    )
-    plain = LogprobCase(logits_contract(case.contract), case.logits, case.targets)
-    capability = next(c for c in registry.backends("cpu") if c.backend_id == "torch_native")
-    native = BackendUnderTest("torch_native", capability, registry, "cpu")
-    logits_path = execute(native, plain)
-    selected_room, lse_room = allowed_error(plain, selected, lse)
-    check_close(
-        "fused exact dot products: the fused path and the logits path (torch_native) disagree",
-        case,
-        backend.backend_id,
-        fused,
-        logits_path.selected,
-        lse if logits_path.lse is None else logits_path.lse,
-        expected_name="torch_native on fp32(x)",
-        extra_selected=selected_room,
-        extra_lse=lse_room,
-        expected_entropy=logits_path.entropy,
-        extra_entropy=2.0 * _entropy_room(case),
-        count_ulps=False,
-        inactive_zero=False,
-    )
-
-
-def _entropy_room(case: LogprobCase) -> Floats:
-    from tp_logprob.properties._harness import entropy_error
-
-    _, lse = exact_outputs(case)
-    return entropy_error(case, exact_entropy_of(case), lse)
-
-
-def check_fused_gradients(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+def expect_fused_gradients(
+    backend: Any, case: LogprobCase, stats: SuiteStats | None = None
 ) -> None:
     """``d hidden`` (every rank's partial, summed as the caller's all-reduce does), ``d weight``
     and ``d bias`` of ``sum(w selected_logp + v entropy)`` within their bounds of the exact
@@ -323,76 +226,3 @@ def _describe(case: HiddenCase, name: str, position: tuple[Any, ...]) -> str:
         return "inactive row: must be 0" if not case.active[row] else "active row"
     column = int(position[0])
     return "padding row: must be 0" if column >= real else "live row"
-
-
-MEMORY_ROWS = 384
-_PARTIAL_WIDTH = 8
-"""Rows of the memory check's batch: a backend that processes rows in chunks of fewer
-rows never holds an fp32 tensor as wide as a shard with all of them."""
-
-
-def check_fused_memory(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
-) -> None:
-    """The case's rows repeated to :data:`MEMORY_ROWS` rows: no fp32 tensor that the op
-    allocates (forward, and backward for train; every aten op, every rank's thread) is
-    ``[MEMORY_ROWS, w]`` or taller for ``w`` a shard's live or padded width.
-
-    Seen through :func:`~tp_logprob.properties._allocations.track_allocations`: outputs of
-    aten ops, not memory inside a kernel (a BLAS workspace). Widths up to 8 (per-row
-    partials hold 3-4 fp32 fields) and the hidden size (``d hidden`` is ``[N, H]`` fp32)
-    are not watched; the property draws vocabularies wide enough to have other widths.
-    """
-    import torch
-
-    from tp_logprob.emulate import run_tp_hidden
-    from tp_logprob.properties._allocations import track_allocations
-    from tp_logprob.properties._harness import sub_batch
-
-    case = fused_only(case)
-    big = fused_only(sub_batch(case, np.arange(MEMORY_ROWS) % case.contract.num_tokens))
-    contract = big.contract
-    sharding = contract.sharding
-    widths = {end - start for start, end in sharding.vocab_shard_bounds}
-    widths |= {
-        end - start for start, end in map(sharding.live_bounds, range(sharding.tp_world_size))
-    }
-    # [N, k] fp32 for k <= 8 are per-row partials (3-4 fields); [N, H] is d hidden.
-    widths = {w for w in widths if w > _PARTIAL_WIDTH and w != contract.hidden_size}
-    if not widths:
-        return
-    op = backend.op_for(contract)
-    hidden, weight, bias = big.torch_inputs(backend.device)
-    train = contract.role.value == "train"
-    for tensor in (hidden, weight, bias):
-        if tensor is not None and train:
-            tensor.requires_grad_(True)
-    targets = big.torch_targets(backend.device)
-    with track_allocations() as seen:
-        results = run_tp_hidden(seen.wrap(op), hidden, weight, targets, contract, bias=bias)
-        if train:
-            total = sum(result.selected_logp.float().sum() for result in results)
-            if isinstance(total, torch.Tensor) and total.requires_grad:
-                total.backward()
-    largest = seen.largest_2d(torch.float32, widths)
-    if largest is not None and largest.shape[0] >= MEMORY_ROWS:
-        raise violation(
-            "fused memory: an fp32 tensor as wide as a shard holds every row (the logits)",
-            big,
-            backend.backend_id,
-            [
-                (
-                    "worst",
-                    f"{largest.op} allocated float32 {list(largest.shape)} "
-                    f"({largest.nbytes} bytes) on thread {largest.thread}",
-                ),
-                (
-                    "rows",
-                    f"N={MEMORY_ROWS} (the case's rows repeated); shard widths {sorted(widths)}",
-                ),
-                (
-                    "peak",
-                    f"{seen.peak_live_bytes} bytes live at once ({'train' if train else 'infer'})",
-                ),
-            ],
-        )

@@ -35,7 +35,6 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from tp_logprob.properties._report import LABEL_WIDTH, PropertyViolation, SuiteStats
 from tp_logprob.properties.profiles import (
     CI_SEED,
     DEFAULT_PROFILE,
@@ -44,8 +43,9 @@ from tp_logprob.properties.profiles import (
     property_settings,
     register_profiles,
 )
+from tp_logprob.properties.report import LABEL_WIDTH, PropertyViolation, SuiteStats
 
-PROPERTIES_DIR = Path(__file__).resolve().parent
+PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"
 _STATS_OUTPUT = "tp_logprob_stats"
 _SEED_INPUT = "tp_logprob_seed"
@@ -79,7 +79,7 @@ class _Suite:
 
     def backends(self) -> list[Any]:
         if self._backends is None:
-            from tp_logprob.properties._backends import BackendSpecError, resolve_backends
+            from tp_logprob.properties.backends import BackendSpecError, resolve_backends
 
             try:
                 self._backends = resolve_backends(self.specs, self.platform)
@@ -283,6 +283,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     suite = config.stash[_SUITE]
     if not suite.active:
         return
+    if any(_is_property(item) for item in items):
+        from tp_logprob.properties.registry import suite_properties
+
+        suite_properties()  # every property module, imported before a test runs
     for item in items:
         test: Any = getattr(item, "obj", None)
         if not hasattr(test, "_hypothesis_internal_use_seed"):
@@ -370,7 +374,7 @@ def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | No
     Only the exceptions of Hypothesis' final runs reach here, so each artifact is
     a minimal (shrunk) example, not an intermediate failure.
     """
-    from tp_logprob.properties.checks import failure_record
+    from tp_logprob.properties.registry import failure_record, suite_properties
     from tp_logprob.replay.artifacts import write_artifact
 
     lines = ""
@@ -378,6 +382,7 @@ def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | No
         try:
             path = write_artifact(
                 suite.artifacts,
+                suite_properties(),
                 prop=record.prop,
                 backend=record.backend,
                 case=record.case,

@@ -1,5 +1,7 @@
 """The ``replay``, ``pin`` and ``report`` commands (wired into ``python -m tp_logprob``).
 
+The top of the layers: it hands the suite's properties
+(:func:`~tp_logprob.properties.registry.suite_properties`) to the replay layer.
 Handlers import the property suite lazily, so ``python -m tp_logprob backends``
 stays light. The Triton backends run on CPU only through the interpreter, which
 must be switched on before triton is imported: when a command needs them and
@@ -127,6 +129,7 @@ def _replay(args: argparse.Namespace) -> int:
     problem = _interpreter_problem(args, wanted)
     if problem is not None:
         return problem
+    from tp_logprob.properties.registry import suite_properties
     from tp_logprob.registry import detect_platform
     from tp_logprob.replay.runner import replay_paths
 
@@ -134,17 +137,20 @@ def _replay(args: argparse.Namespace) -> int:
         args.paths,
         args.platform or detect_platform(),
         args.backend,
+        properties=suite_properties(),
         all_backends=args.all_backends,
         out=sys.stdout,
     )
 
 
 def _pin(args: argparse.Namespace) -> int:
+    from tp_logprob.properties.registry import suite_properties
     from tp_logprob.replay.artifacts import ArtifactError
     from tp_logprob.replay.pin import pin
 
+    properties = suite_properties()
     try:
-        pinned = [artifact for path in args.paths for artifact in pin(path, args.to)]
+        pinned = [artifact for path in args.paths for artifact in pin(path, properties, args.to)]
     except ArtifactError as error:
         print(f"BAD   {error}", file=sys.stderr)
         return EXIT_BAD
@@ -157,7 +163,8 @@ def _report(args: argparse.Namespace) -> int:
     problem = _interpreter_problem(args, set(args.backend))
     if problem is not None:
         return problem
-    from tp_logprob.properties._backends import BackendSpecError, resolve_backends
+    from tp_logprob.properties.backends import BackendSpecError, resolve_backends
+    from tp_logprob.properties.registry import suite_properties
     from tp_logprob.registry import detect_platform
     from tp_logprob.replay.artifacts import ArtifactError
     from tp_logprob.replay.report import build_report, generate_cases, load_cases, plot_report
@@ -176,7 +183,7 @@ def _report(args: argparse.Namespace) -> int:
             return EXIT_BAD
         if args.cases:
             try:
-                cases = load_cases(args.cases)
+                cases = load_cases(args.cases, suite_properties())
             except ArtifactError as error:
                 print(f"BAD   {error}", file=sys.stderr)
                 return EXIT_BAD

@@ -15,11 +15,20 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract
 
-__all__ = ["PARAM_KINDS", "ArraySpec", "CheckInputError", "PropertySpec"]
+__all__ = [
+    "PARAM_KINDS",
+    "ArraySpec",
+    "PropertyInputError",
+    "PropertySpec",
+    "any_length",
+    "live_columns",
+    "padding_columns",
+    "per_row",
+]
 
 
-class CheckInputError(ValueError):
-    """A check was given params or arrays that do not fit its case (a bad artifact)."""
+class PropertyInputError(ValueError):
+    """A property was given params or arrays that do not fit its case (a bad artifact)."""
 
 
 def _is_int(value: object) -> bool:
@@ -90,3 +99,24 @@ class PropertySpec:
             elif not PARAM_KINDS[kind](params[key]):
                 problems.append(f"params.{key}={params[key]!r}: expected {kind}")
         return problems
+
+
+def per_row(contract: LogprobContract) -> tuple[int | None, ...]:
+    """An array shape: one value per row of the case."""
+    return (contract.num_tokens,)
+
+
+def padding_columns(contract: LogprobContract) -> tuple[int | None, ...]:
+    """An array shape: every row's padding columns."""
+    sharding = contract.sharding
+    return (contract.num_tokens, sharding.padded_vocab_size - sharding.real_vocab_size)
+
+
+def live_columns(contract: LogprobContract) -> tuple[int | None, ...]:
+    """An array shape: one value per live column."""
+    return (contract.sharding.real_vocab_size,)
+
+
+def any_length(contract: LogprobContract) -> tuple[int | None, ...]:
+    """An array shape: any length up to the spec's ``max_length``."""
+    return (None,)
