@@ -18,7 +18,7 @@ from tp_logprob.replay.runner import Outcome, replay
 
 SUITE = suite_properties()
 
-REGRESSIONS = Path(__file__).resolve().parent / "regressions"
+REGRESSIONS = Path(__file__).resolve().parents[1] / "regressions"
 PINNED = artifact_paths(REGRESSIONS)
 PLATFORM = detect_platform()
 BACKENDS = resolve_backends([], PLATFORM)

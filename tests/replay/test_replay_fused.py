@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests._artifact_cases import backend, padding_case
+from tests.helpers.artifacts import backend, padding_case
 from tp_logprob.contract import (
     LogprobContract,
     LogprobResult,
@@ -34,8 +34,8 @@ from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 
 SUITE = suite_properties()
 
-ROOT = Path(__file__).resolve().parents[1]
-BROKEN = "tests.test_replay_fused:BROKEN_FUSED"
+ROOT = Path(__file__).resolve().parents[2]
+BROKEN = "tests.replay.test_replay_fused:BROKEN_FUSED"
 
 
 def _broken_fused(
@@ -94,7 +94,7 @@ def write_fused(directory: Path, case: LogprobCase | None = None, prop: str = "o
         backend=backend("torch_native_fused"),
         case=fused_case() if case is None else case,
         params={},
-        failure="recorded by tests/test_replay_fused.py",
+        failure="recorded by tests/replay/test_replay_fused.py",
         seed=1234,
     )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._artifact_cases import MUTANT, backend, write_padding_artifact
+from tests.helpers.artifacts import MUTANT, backend, write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.properties.registry import suite_properties

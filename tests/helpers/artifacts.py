@@ -47,6 +47,6 @@ def write_padding_artifact(directory: Path, spec: str = MUTANT, **extra: Any) ->
         params={"padding": np.array([[1e30], [np.nan]], np.float32)},
         failure="padding independence: values in padding columns changed the result",
         seed=1234,
-        test="tests/test_replay.py::example",
+        test="tests/replay/test_replay.py::example",
         **extra,
     )

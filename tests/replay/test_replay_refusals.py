@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests._artifact_cases import write_padding_artifact
+from tests.helpers.artifacts import write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.properties.registry import suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact

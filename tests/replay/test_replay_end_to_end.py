@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._artifact_cases import MUTANT, padding_case
+from tests.helpers.artifacts import MUTANT, padding_case
 from tp_logprob.kernels.builtin import TRITON_ONLINE
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.registry import suite_properties
@@ -20,7 +20,7 @@ from tp_logprob.replay.artifacts import load_artifact, write_artifact
 
 SUITE = suite_properties()
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_failing_property_writes_one_shrunk_artifact(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests._artifact_cases import MUTANT, backend, padding_case, write_padding_artifact
+from tests.helpers.artifacts import MUTANT, backend, padding_case, write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.contract import LogprobInputKind
 from tp_logprob.properties.backends import resolve_backends
@@ -131,7 +131,7 @@ def test_pin_copies_a_validated_pair(tmp_path: Path) -> None:
 
 def test_pinned_regressions_fail_on_their_planted_bug() -> None:
     """The pinned padding artifact still catches the mutant it was found on (exit 1)."""
-    regressions = Path(__file__).resolve().parent / "regressions"
+    regressions = Path(__file__).resolve().parents[1] / "regressions"
     out = io.StringIO()
     assert replay_paths([str(regressions)], "cpu", ["torch_native"], properties=SUITE, out=out) == 0
     padding = [p for p in regressions.glob("*.json") if "padding_ignored" in p.read_text()]
@@ -158,7 +158,7 @@ def test_artifact_records_temperature_and_entropy_and_replays_them(tmp_path: Pat
         params={},
         failure="oracle agreement: output outside the tolerance table",
         seed=1,
-        test="tests/test_replay.py::example",
+        test="tests/replay/test_replay.py::example",
     )
     document = json.loads(path.read_text())
     assert document["contract"]["temperature"] == 0.5

@@ -1,0 +1,203 @@
+"""The package's layers, read from its own imports: one direction, no circle.
+
+Bottom to top: the runtime core (contract, capability, registry, communication,
+emulation, kernels and the peer adapters), the oracle beside it, the strategies,
+the property suite, replay, and the tools on top (the command line, the pytest
+plugin, the conformance runner, the GPU-readiness tools). A module may import
+its own layer or a lower one, never a higher one; the kernels never import the
+oracle, and the oracle imports nothing of the package but itself (nor torch,
+triton or hypothesis). Every import counts, inside functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "core",
+        (
+            "tp_logprob",
+            "tp_logprob.errors",
+            "tp_logprob._validation",
+            "tp_logprob.contract",
+            "tp_logprob.capability",
+            "tp_logprob.comm",
+            "tp_logprob.registry",
+            "tp_logprob.emulate",
+            "tp_logprob.preflight",
+            "tp_logprob.kernels",
+            "tp_logprob.peers",
+        ),
+    ),
+    ("oracle", ("tp_logprob.oracle",)),
+    ("strategies", ("tp_logprob.strategies",)),
+    ("properties", ("tp_logprob.properties",)),
+    ("replay", ("tp_logprob.replay",)),
+    (
+        "tools",
+        (
+            "tp_logprob.__main__",
+            "tp_logprob.cli",
+            "tp_logprob.pytest_plugin",
+            "tp_logprob.peers.conformance",
+            "tp_logprob.peers._collect",
+            "tp_logprob.gpu_readiness",
+        ),
+    ),
+)
+"""Each layer's module prefixes; the longest matching prefix decides a module's layer."""
+
+RUNTIME_ONLY = ("tp_logprob.kernels",)
+FOREIGN_TO_THE_ORACLE = ("torch", "triton", "hypothesis")
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__``)."""
+    found = {}
+    for path in sorted((SRC / "tp_logprob").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """``(imported name, line)`` for every import in the module, relative ones resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield (full if full in known else base), node.lineno
+
+
+def layer_of(name: str) -> int:
+    best, level = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+                best, level = len(prefix), index
+    return level
+
+
+def graph() -> dict[str, dict[str, int]]:
+    """Module -> {imported package module: line}."""
+    known = modules()
+    edges: dict[str, dict[str, int]] = {}
+    for name, path in known.items():
+        edges[name] = {}
+        for imported, line in imports(name, path, known):
+            while imported and imported not in known:
+                imported = imported.rpartition(".")[0]
+            if imported.startswith("tp_logprob") and imported != name:
+                edges[name].setdefault(imported, line)
+    return edges
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in edges[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in edges:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    assert not [name for name in modules() if layer_of(name) < 0]
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    upward = [
+        f"{name} ({LAYERS[layer_of(name)][0]}) imports {other} ({LAYERS[layer_of(other)][0]}), "
+        f"{modules()[name].relative_to(SRC)}:{line}"
+        for name, targets in graph().items()
+        for other, line in targets.items()
+        if layer_of(other) > layer_of(name)
+    ]
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    assert not cycles(graph()), cycles(graph())
+
+
+def test_kernels_never_import_the_oracle() -> None:
+    found = [
+        f"{name} imports {other}"
+        for name, targets in graph().items()
+        if name.startswith(RUNTIME_ONLY)
+        for other in targets
+        if other.startswith("tp_logprob.oracle")
+    ]
+    assert not found, found
+
+
+def test_the_oracle_imports_only_itself_numpy_and_mpmath() -> None:
+    known = modules()
+    found = [
+        f"{name} imports {imported} (line {line})"
+        for name, path in known.items()
+        if name.startswith("tp_logprob.oracle")
+        for imported, line in imports(name, path, known)
+        if imported.split(".")[0] in FOREIGN_TO_THE_ORACLE
+        or (imported.startswith("tp_logprob") and not imported.startswith("tp_logprob.oracle"))
+    ]
+    assert not found, found
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks can fail: a planted upward import and a planted circle are reported."""
+    package = tmp_path / "tp_logprob"
+    (package / "oracle").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "contract.py").write_text("from tp_logprob.replay import artifacts\n")
+    (package / "oracle" / "__init__.py").write_text("import torch\n")
+    (package / "replay").mkdir()
+    (package / "replay" / "__init__.py").write_text("")
+    (package / "replay" / "artifacts.py").write_text("import tp_logprob.contract\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", tmp_path)
+    with pytest.raises(AssertionError, match=r"tp_logprob.contract \(core\) imports"):
+        test_no_module_imports_a_higher_layer()
+    with pytest.raises(AssertionError, match="tp_logprob.contract"):
+        test_the_import_graph_has_no_circle()
+    with pytest.raises(AssertionError, match="imports torch"):
+        test_the_oracle_imports_only_itself_numpy_and_mpmath()
