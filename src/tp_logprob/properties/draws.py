@@ -24,11 +24,19 @@ from tp_logprob.strategies import (
 )
 
 __all__ = [
+    "INTERPRETED",
+    "INTERPRETED_LONG_BATCH_ROWS",
+    "LONG_BATCH_ROWS",
     "batch_rows",
     "cases_for",
     "claims_batch_invariance",
     "draw_case",
     "draw_hidden_case",
+    "draw_positions",
+    "interpreted",
+    "long_lengths",
+    "max_batch_rows",
+    "position_lengths",
     "relayouts",
     "skip_unless_batch_invariant",
 ]
@@ -100,4 +108,57 @@ def relayouts(draw: Any, sharding: ShardingSpec, capability: Any) -> dict[str, A
     return {
         "tp_rank": draw(st.integers(0, world - 1)),
         "vocab_shard_bounds": [list(pair) for pair in bounds],
+    }
+
+
+INTERPRETED = frozenset(
+    {"triton_online", "triton_exact_sum", "triton_fused", "triton_fused_exact_sum"}
+)
+"""The built-in backends that a CPU runs through the Triton interpreter, at about 10 ms a
+program: the properties that draw long batches or wide rows keep them shorter there."""
+
+LONG_BATCH_ROWS = 700
+"""Most rows a long batch draws: past the 64- to 256-row tiles and chunks of real kernels."""
+
+INTERPRETED_LONG_BATCH_ROWS = 150
+"""Most rows for an interpreted backend: still past the 64- and 128-row boundaries."""
+
+
+def interpreted(backend: Any) -> bool:
+    """Whether ``backend`` is a built-in Triton backend run by the interpreter here."""
+    return bool(backend.platform == "cpu" and backend.backend_id in INTERPRETED)
+
+
+def max_batch_rows(backend: Any) -> int:
+    """The most rows a long batch for ``backend`` draws."""
+    return INTERPRETED_LONG_BATCH_ROWS if interpreted(backend) else LONG_BATCH_ROWS
+
+
+_BOUNDARIES = (64, 128, 256, 512)
+
+
+def long_lengths(max_rows: int) -> st.SearchStrategy[int]:
+    """Batch lengths past the first 64 rows and never a multiple of 64: a row just past a
+    tile boundary (65, 129, ...), one just short of it, or any length up to ``max_rows``."""
+    near = sorted(
+        {edge + offset for edge in _BOUNDARIES for offset in (-1, 1) if edge + offset > 64}
+    )
+    choices = [n for n in near if n <= max_rows]
+    anywhere = st.integers(65, max(65, max_rows)).filter(lambda n: n % 64 != 0)
+    return st.one_of(st.sampled_from(choices), anywhere) if choices else anywhere
+
+
+def position_lengths(max_rows: int) -> st.SearchStrategy[int]:
+    """Batch lengths for the row-position property: tiny ones (register blocks of 2-8 rows),
+    and ones that end just past or inside the 16-, 64- and 128-row tiles."""
+    lengths = [n for n in (2, 3, 5, 8, 9, 17, 33, 63, 65, 129, 257) if n <= max_rows]
+    return st.sampled_from(lengths)
+
+
+def draw_positions(data: Any, case: LogprobCase, backend: Any) -> dict[str, Any]:
+    """The ``row`` and ``length`` params of the row-position property."""
+    rows = case.contract.num_tokens
+    return {
+        "row": data.draw(st.integers(0, rows - 1), label="row placed at many positions"),
+        "length": data.draw(position_lengths(max_batch_rows(backend)), label="batch length"),
     }

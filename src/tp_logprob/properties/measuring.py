@@ -313,6 +313,7 @@ def expect_exact(
     stats: SuiteStats | None = None,
     *,
     finite_headline: str | None = None,
+    count_ulps: bool = True,
 ) -> None:
     """Run ``case`` and :func:`expect_close` to the exact oracle, with a fused head's room."""
     selected, lse = exact_outputs(case)
@@ -329,6 +330,7 @@ def expect_exact(
         extra_entropy=extra_entropy,
         stats=stats,
         finite_headline=finite_headline,
+        count_ulps=count_ulps,
     )
 
 

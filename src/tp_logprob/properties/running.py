@@ -20,7 +20,16 @@ from tp_logprob.contract import LogprobContract, MaskSpec
 from tp_logprob.properties.report import violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
 
-__all__ = ["Floats", "Outputs", "execute", "select_rows", "sub_batch"]
+__all__ = [
+    "GARBAGE_TARGETS",
+    "Floats",
+    "Outputs",
+    "execute",
+    "expanded_batch",
+    "outputs_of",
+    "select_rows",
+    "sub_batch",
+]
 
 Floats = npt.NDArray[np.float64]
 
@@ -76,13 +85,18 @@ def execute(
             backend.backend_id,
             [("problem", str(error))],
         ) from None
+    return outputs_of(results, case, backend.backend_id)
+
+
+def outputs_of(results: Any, case: LogprobCase, backend_id: str) -> Outputs:
+    """Every rank's ``results`` of ``case`` as :class:`Outputs`, after a structural check."""
     first = results[0]
-    problems = _structure_problems(first, contract)
+    problems = _structure_problems(first, case.contract)
     if problems:
         raise violation(
             "output structure: not fp32 [N] tensors as the contract requires",
             case,
-            backend.backend_id,
+            backend_id,
             [("problem", "; ".join(problems))],
         )
     lse = None if first.lse is None else _numpy(first.lse)
@@ -121,21 +135,69 @@ def select_rows(outputs: Outputs, rows: Any) -> Outputs:
     return Outputs(outputs.selected[rows], lse, outputs.results, entropy)
 
 
-def sub_batch(case: LogprobCase, rows: Any) -> LogprobCase:
-    """The case made of ``rows`` only (in that order, repeats allowed)."""
+def sub_batch(
+    case: LogprobCase, rows: Any, *, targets: Any = None, active: Any = None
+) -> LogprobCase:
+    """The case made of ``rows`` only (in that order, repeats allowed), with new ``targets``
+    and ``active`` mask (one per new row) when given.
+
+    A fused case's exact logits and dot-product bounds, when already computed, are
+    carried over row by row instead of being computed again.
+    """
     contract = case.contract
-    mask = contract.mask.active_mask
-    sub_mask = MaskSpec(
-        len(rows), None if mask is None else mask[rows], ignore_index=contract.mask.ignore_index
-    )
+    rows = np.asarray(rows, dtype=np.int64)
+    mask = contract.mask.active_mask if active is None else np.asarray(active, dtype=np.bool_)
+    if active is None and mask is not None:
+        mask = mask[rows]
+    sub_mask = MaskSpec(len(rows), mask, ignore_index=contract.mask.ignore_index)
     sub_contract = dataclasses.replace(contract, mask=sub_mask)
+    new_targets = case.targets[rows] if targets is None else np.asarray(targets)
     if isinstance(case, HiddenCase):
-        return HiddenCase(
+        sub = HiddenCase(
             sub_contract,
             case.logits[rows],
-            case.targets[rows],
+            new_targets,
             hidden=case.hidden[rows],
             weight=case.weight,
             bias=case.bias,
         )
-    return LogprobCase(sub_contract, case.logits[rows], case.targets[rows])
+        for name in ("exact_logits", "dot_bound"):  # functools.cached_property values
+            if name in case.__dict__:
+                sub.__dict__[name] = case.__dict__[name][rows]
+        return sub
+    return LogprobCase(sub_contract, case.logits[rows], new_targets)
+
+
+GARBAGE_TARGETS = (-1, -100, 2**31 - 1, 2**40, -(2**40))
+"""Targets an inactive row may hold: the op must never read them."""
+
+
+def expanded_batch(case: LogprobCase, length: int, seed: int) -> LogprobCase:
+    """A ``length``-row batch made of ``case``'s rows, every row its own problem.
+
+    Row ``i`` copies a random row of ``case`` (its activity included) and takes
+    its own target: the copied row's, or a random live column (an inactive row, a
+    garbage target from :data:`GARBAGE_TARGETS`). In a logits case half the copies
+    also permute their live columns (the target follows), so no two rows need
+    agree and a kernel that reads another row's logits or target is caught; padding
+    columns stay where they are. All of it follows from ``seed``.
+    """
+    rng = np.random.default_rng(seed)
+    contract = case.contract
+    real = contract.sharding.real_vocab_size
+    source = rng.integers(0, contract.num_tokens, length)
+    active = case.active[source]
+    targets = np.where(
+        rng.random(length) < 0.5, case.targets[source], rng.integers(0, real, length)
+    )
+    targets = np.where(active, targets, rng.choice(GARBAGE_TARGETS, length))
+    expanded = sub_batch(case, source, targets=targets, active=active)
+    if isinstance(case, HiddenCase):
+        return expanded
+    logits = np.array(expanded.logits)
+    for row in np.flatnonzero(rng.random(length) < 0.5):
+        order = rng.permutation(real)  # new column j holds old column order[j]
+        logits[row, :real] = logits[row, order]
+        if active[row]:
+            targets[row] = int(np.argsort(order)[targets[row]])
+    return expanded.replace(logits=logits, targets=targets)

@@ -16,6 +16,7 @@ from tp_logprob.errors import LogprobContractError
 from tp_logprob.properties.draws import (
     batch_rows,
     draw_case,
+    draw_positions,
     relayouts,
     skip_unless_batch_invariant,
 )
@@ -104,6 +105,51 @@ def test_batch_invariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: 
     case = draw_case(data, backend, tp_logprob_suite)
     rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
     run_property("batch_invariance", backend, case, {"rows": rows})
+
+
+def position_rows(row: int, length: int, num_tokens: int) -> list[int]:
+    """The rows of a ``length``-row batch that holds ``row`` at every position ``i`` with
+    ``i % 3 != 2`` (odd and even ones) and at the last; other rows of the case fill the rest."""
+    others = [r for r in range(num_tokens) if r != row] or [row]
+    return [
+        row if i % 3 != 2 or i == length - 1 else others[(i // 3) % len(others)]
+        for i in range(length)
+    ]
+
+
+@suite_property("row_positions", params={"row": "int", "length": "int"})
+def row_positions(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """Row ``params["row"]`` at many positions of a ``params["length"]``-row batch
+    (:func:`position_rows`): every copy has the bits of the row run alone. A BLAS matrix
+    product or a tiled kernel can treat a row by its position in a register block or tile."""
+    row, length = params["row"], params["length"]
+    if not (0 <= row < case.contract.num_tokens and 1 <= length <= 4096):
+        raise PropertyInputError(f"params: row {row} / length {length} do not fit the case")
+    rows = position_rows(row, length, case.contract.num_tokens)
+    copies = [i for i, chosen in enumerate(rows) if chosen == row]
+    alone = execute(backend, sub_batch(case, [row]))
+    placed = execute(backend, sub_batch(case, rows))
+    expect_bitwise(
+        f"row positions: row {row} at positions {copies} of a {length}-row batch gives "
+        "other bits than alone",
+        case,
+        backend.backend_id,
+        select_rows(alone, [0] * len(copies)),
+        select_rows(placed, copies),
+        labels=("alone", "in the batch"),
+    )
+
+
+@given(data=st.data())
+def test_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """One row at odd and even positions, inside and at the end of tiles: its own bits."""
+    backend = tp_logprob_backend
+    skip_unless_batch_invariant(backend)
+    case = draw_case(data, backend, tp_logprob_suite)
+    params = draw_positions(data, case, backend)
+    run_property("row_positions", backend, case, params)
 
 
 @suite_property("tp_consistency", params={"tp_rank": "int", "vocab_shard_bounds": "bounds"})

@@ -26,7 +26,9 @@ from tp_logprob.properties.draws import (
     batch_rows,
     claims_batch_invariance,
     draw_hidden_case,
+    draw_positions,
     relayouts,
+    skip_unless_batch_invariant,
 )
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.lm_head import expect_fused_gradients, fused_only, logits_contract
@@ -40,7 +42,7 @@ from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import execute, sub_batch
+from tp_logprob.properties.running import execute, outputs_of, select_rows, sub_batch
 from tp_logprob.registry import registry
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
@@ -203,6 +205,17 @@ def test_fused_run_to_run_and_batch_invariance(
 
 @scaled(0.5)
 @given(data=st.data())
+def test_fused_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """One hidden row at odd and even positions, inside and at the end of row chunks and
+    tiles: every copy has the bits of the row run alone."""
+    backend = tp_logprob_backend
+    skip_unless_batch_invariant(backend)
+    case = draw_hidden_case(data, backend, tp_logprob_suite)
+    run_property("row_positions", backend, case, draw_positions(data, case, backend))
+
+
+@scaled(0.5)
+@given(data=st.data())
 def test_fused_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """Another TP degree and shard layout of the same weight: bitwise for cross_tp_bitwise,
     else within tolerance (with the dot-product room of both runs)."""
@@ -228,7 +241,9 @@ def fused_memory(
 ) -> None:
     """The case's rows repeated to :data:`MEMORY_ROWS` rows: no fp32 tensor that the op
     allocates (forward, and backward for train; every aten op, every rank's thread) is
-    ``[MEMORY_ROWS, w]`` or taller for ``w`` a shard's live or padded width.
+    ``[MEMORY_ROWS, w]`` or taller for ``w`` a shard's live or padded width. A backend
+    that claims batch invariance must also give each of those rows the bits it has in
+    the case's own batch: a free check on a batch that crosses every chunk and tile.
 
     Seen through :func:`~tp_logprob.properties.allocations.track_allocations`: outputs of
     aten ops, not memory inside a kernel (a BLAS workspace). Widths up to 8 (per-row
@@ -286,6 +301,17 @@ def fused_memory(
                     f"{seen.peak_live_bytes} bytes live at once ({'train' if train else 'infer'})",
                 ),
             ],
+        )
+    if claims_batch_invariance(backend):  # the repeated rows are a free batch-invariance check
+        rows = case.contract.num_tokens
+        expect_bitwise(
+            f"fused memory: the {MEMORY_ROWS} rows, copies of the case's {rows}, do not have "
+            "the bits those rows have in the case's own batch",
+            big,
+            backend.backend_id,
+            select_rows(execute(backend, case), np.arange(MEMORY_ROWS) % rows),
+            outputs_of(results, big, backend.backend_id),
+            labels=(f"in the case's batch of {rows}", f"in the batch of {MEMORY_ROWS}"),
         )
 
 

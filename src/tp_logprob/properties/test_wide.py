@@ -12,6 +12,14 @@ The built-in Triton backends on CPU run through the Triton interpreter at about
 10 ms per 16-column tile, so there the sweep stops at 2^10 columns (where the
 CPU launch table's 16-column tiles still give 64 blocks a row); on a GPU, and
 for every other backend, it reaches ``--tp-logprob-wide-max-vocab`` (2^18).
+
+The fused sweep (:func:`tp_logprob.strategies.wide_hidden_cases`) gives a fused LM
+head shards of 2^10 to 2^14 columns and hidden sizes up to 256, with small-integer
+operands whose fp32 dot products are exact, so the same float64 reference judges
+them; a row of general operands goes to the exact dot-product oracle. Under the
+interpreter the shards stop at 2^10 columns and the hidden size at 16 (its K loop
+is one deep, so any size above 1 walks it), with no general row (the fused oracle
+property covers general operands).
 """
 
 from __future__ import annotations
@@ -25,19 +33,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import LogprobInputKind
-from tp_logprob.properties.measuring import expect_reference
+from tp_logprob.properties.draws import interpreted
+from tp_logprob.properties.lm_head import fused_only
+from tp_logprob.properties.measuring import expect_exact, expect_reference
+from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
-from tp_logprob.strategies import LogprobCase, wide_cases
+from tp_logprob.properties.running import sub_batch
+from tp_logprob.strategies import LogprobCase, wide_cases, wide_hidden_cases
+from tp_logprob.strategies.wide_hidden import INTEGER_BOUND
 
-_INTERPRETED = frozenset({"triton_online", "triton_exact_sum"})
 _INTERPRETED_MAX_VOCAB = 1 << 10
+_FUSED_MAX_VOCAB = 1 << 14
+_FUSED_MAX_HIDDEN = 256
+_INTERPRETED_MAX_HIDDEN = 16
 
 
 def wide_max_vocab(backend: Any, configured: int) -> int:
     """The widest vocabulary the sweep draws for ``backend``."""
-    if backend.platform == "cpu" and backend.backend_id in _INTERPRETED:
+    if interpreted(backend):
         return min(configured, _INTERPRETED_MAX_VOCAB)
     return configured
 
@@ -64,3 +79,62 @@ def test_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data:
     tp_logprob_suite.stats.example(backend.backend_id)
     run_property("wide_reference", backend, case, stats=tp_logprob_suite.stats)
     assert np.isfinite(case.logits).any()
+
+
+def _integer_rows(case: Any) -> list[int]:
+    """The rows whose hidden values are small integers (their fp32 dot products are exact)."""
+    hidden = case.hidden.astype(np.float64)
+    integral = np.all((hidden == np.round(hidden)) & (np.abs(hidden) <= INTEGER_BOUND), axis=1)
+    return np.flatnonzero(integral).tolist()
+
+
+@suite_property("fused_wide_reference")
+def fused_wide_reference(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """A wide fused case: its small-integer rows (exact dot products) within tolerance of
+    the float64 reference with no dot-product room, any other row within tolerance of the
+    exact oracle with it."""
+    case = fused_only(case)
+    exact_rows = _integer_rows(case)
+    live = case.contract.sharding.real_vocab_size
+    weights = case.weight[:live].astype(np.float64)
+    logits = np.abs(case.logits[exact_rows, :live])
+    exact = np.all(weights == np.round(weights)) and np.all(logits[np.isfinite(logits)] < 2.0**24)
+    if exact_rows and not exact:
+        raise PropertyInputError("the case's integer rows do not have exact fp32 dot products")
+    if exact_rows:
+        expect_reference("fused wide sweep", backend, sub_batch(case, exact_rows), stats)
+    others = [row for row in range(case.contract.num_tokens) if row not in exact_rows]
+    if others:
+        expect_exact(
+            "fused wide sweep (general operands): output outside the tolerance table",
+            backend,
+            sub_batch(case, others),
+            count_ulps=False,  # the sweep's ulp errors are the exact rows' (one target per label)
+        )
+
+
+@scaled(0.4)
+@given(data=st.data())
+def test_fused_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """Fused shards of 2^10 to 2^14 columns, hidden sizes up to 256, uneven TP, bias, garbage
+    padding rows, temperature and entropy; each row's maximum and target at the end of a
+    shard's last, partial tile: within the float64 reference's bound."""
+    backend = tp_logprob_backend
+    if LogprobInputKind.HIDDEN not in backend.capability.input_kinds:
+        pytest.skip(f"{backend.backend_id} takes logits: the fused wide sweep is on hidden states")
+    small = interpreted(backend)
+    strategy = wide_hidden_cases(
+        backend.capability,
+        max_vocab=min(
+            tp_logprob_suite.wide_max_vocab,
+            _FUSED_MAX_VOCAB,
+            wide_max_vocab(backend, _FUSED_MAX_VOCAB),
+        ),
+        max_hidden=_INTERPRETED_MAX_HIDDEN if small else _FUSED_MAX_HIDDEN,
+        general_row=not small,  # the interpreter's K loop is one deep: any H >= 2 walks it
+    )
+    case = data.draw(strategy, label="wide fused case")
+    tp_logprob_suite.stats.example(backend.backend_id)
+    run_property("fused_wide_reference", backend, case, stats=tp_logprob_suite.stats)

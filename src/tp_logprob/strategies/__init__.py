@@ -46,6 +46,7 @@ from tp_logprob.strategies.targets import (
     targets,
 )
 from tp_logprob.strategies.wide import WIDE_ROW_KINDS, wide_cases
+from tp_logprob.strategies.wide_hidden import wide_hidden_cases
 
 __all__ = [
     "ACTIVE_TARGET_KINDS",
@@ -73,4 +74,5 @@ __all__ = [
     "targets",
     "temperatures",
     "wide_cases",
+    "wide_hidden_cases",
 ]

@@ -1,0 +1,81 @@
+"""Long batches: hundreds of rows, so a bug past the first tile or chunk of rows shows.
+
+Real kernels walk the rows in tiles or chunks of 64 to 256 (a Triton ``BLOCK_M``,
+Liger's row chunks); a wrong row offset, a wrong target stride or a dropped last
+partial chunk lives past the first boundary, where the other properties' 16 rows
+never reach. Each example draws a small case and a length (never a multiple of
+64) and builds the long batch from it (:func:`~tp_logprob.properties.running.expanded_batch`:
+random copies of its rows, their own targets, permuted live columns), then judges
+every row against the exact oracle and, for role ``train``, the exact gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tp_logprob.properties.draws import (
+    draw_case,
+    draw_hidden_case,
+    long_lengths,
+    max_batch_rows,
+)
+from tp_logprob.properties.gradients import expect_gradient
+from tp_logprob.properties.lm_head import expect_fused_gradients
+from tp_logprob.properties.measuring import expect_exact
+from tp_logprob.properties.params import PropertyInputError
+from tp_logprob.properties.profiles import scaled
+from tp_logprob.properties.registry import run_property, suite_property
+from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.running import expanded_batch
+from tp_logprob.strategies import HiddenCase, LogprobCase
+
+
+@suite_property("long_batch", params={"length": "int", "seed": "int"})
+def long_batch(
+    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+) -> None:
+    """The ``params["length"]``-row batch built from ``case`` with ``params["seed"]``: every
+    row within the tolerance table of the exact values, inactive rows exactly +0.0, and
+    (train) the gradient within its bound."""
+    length = params["length"]
+    if not 1 <= length <= 4096:
+        raise PropertyInputError(f"params.length={length!r}: expected 1..4096")
+    long = expanded_batch(case, length, params["seed"])
+    expect_exact(f"long batch: {length} rows, a row out of tolerance", backend, long, stats)
+    if long.contract.role.value != "train":
+        return
+    if isinstance(long, HiddenCase):
+        expect_fused_gradients(backend, long, stats)
+    else:
+        expect_gradient(f"long batch: {length} rows (gradient)", long, backend, stats)
+
+
+def _long_params(data: Any, backend: Any) -> dict[str, Any]:
+    return {
+        "length": data.draw(long_lengths(max_batch_rows(backend)), label="rows of the batch"),
+        "seed": data.draw(st.integers(0, 2**32 - 1), label="batch seed"),
+    }
+
+
+@scaled(0.3)
+@given(data=st.data())
+def test_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """65 to 700 rows (150 under the Triton interpreter), never a multiple of 64: every row
+    against the exact oracle, and the gradient for train."""
+    backend = tp_logprob_backend
+    case = draw_case(data, backend, tp_logprob_suite, max_padded_vocab_size=48)
+    run_property("long_batch", backend, case, _long_params(data, backend))
+
+
+@scaled(0.3)
+@given(data=st.data())
+def test_fused_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+    """A fused LM head on 65 to 700 hidden rows: every row against the exact oracle (with
+    the dot-product room), and d hidden, d weight and d bias for train."""
+    backend = tp_logprob_backend
+    case = draw_hidden_case(data, backend, tp_logprob_suite, max_padded_vocab_size=40)
+    run_property("long_batch", backend, case, _long_params(data, backend))
