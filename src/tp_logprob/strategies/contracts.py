@@ -335,8 +335,9 @@ def contracts(
     """Valid :class:`~tp_logprob.LogprobContract` values (as seen by a random rank).
 
     Every keyword narrows what is drawn; ``capability=cap`` keeps exactly the
-    contracts ``cap`` claims to serve, so a backend tested on them is tested on
-    every kind of contract it claims. ``padding=True`` forces
+    contracts ``cap`` claims to serve (as ``cap.serves`` answers, from the rules
+    dispatch runs), so a backend tested on them is tested on every kind of contract
+    it claims. ``padding=True`` forces
     ``real_vocab_size < padded_vocab_size``, ``False`` forbids it, None draws both.
     ``temperature`` is a fixed value or a strategy (default :func:`temperatures`;
     1.0 only for a capability without ``supports_temperature``), and
@@ -400,8 +401,8 @@ def contracts(
     if capability is not None:
         if not isinstance(capability, LogprobBackendCapability):
             raise InvalidArgument(f"capability={capability!r}: expected a LogprobBackendCapability")
-        # Every narrowing below asks the capability's rules (capability.CAPABILITY_RULES),
-        # the code dispatch runs, so what is drawn is exactly what the backend is sent.
+        # Every narrowing below asks the rules dispatch runs (tp_logprob.capability's
+        # CAPABILITY_RULES), so what is drawn is exactly what the backend may be sent.
         if not capability.serves("input_kind", kind):
             offered = ", ".join(_values(capability, "input_kind"))
             raise InvalidArgument(
