@@ -172,6 +172,48 @@ def test_fused_triton_backends_claim_run_to_run_only_on_rocm() -> None:
     assert scopes[("rocm", "torch_native_fused")] == {"fixed_topology"}
 
 
+def test_served_values_answer_per_contract_dimension() -> None:
+    assert TORCH_NATIVE.served_values("role") == set(tpl.LogprobRole)
+    assert TORCH_NATIVE.served_values("tp_world_size") is None  # any TP degree
+    assert TORCH_NATIVE.served_values("temperature") is None
+    assert TORCH_NATIVE.served_values("allow_tf32") == {False}
+    assert TORCH_NATIVE.served_values("determinism_scope") == {"run_to_run", "fixed_topology"}
+    narrow = capability(
+        tp_world_sizes={2},
+        supports_vocab_padding=False,
+        mask_modes={"all_active"},
+        even_shards_only=True,
+    )
+    assert narrow.served_values("tp_world_size") == {2}
+    assert narrow.served_values("vocab_padding") == {False}
+    assert narrow.served_values("temperature") == {1.0}
+    assert narrow.served_values("mask_mode") == {tpl.MaskMode.IGNORE_INDEX}
+    assert narrow.served_values("even_layout") == {True}
+    assert narrow.serves("tp_world_size", 2) and not narrow.serves("tp_world_size", 4)
+    assert narrow.serves("temperature", 1.0) and not narrow.serves("temperature", 0.7)
+
+
+def test_each_rule_serves_values_of_its_domain_and_explains_the_rest() -> None:
+    from tp_logprob.capability import CAPABILITY_RULES
+
+    # train bf16, TP=2 with padding and an inactive token, cross_tp_bitwise
+    contract = make_contract(reduction=tpl.ReductionSpec())
+    for cap in (TORCH_NATIVE, capability(roles={"infer"}, dtypes={"fp32"}, tp_world_sizes={1})):
+        for rule in CAPABILITY_RULES:
+            served = rule.served(cap)
+            if rule.domain is not None:
+                assert served is not None and served <= set(rule.domain), rule.dimension
+            refusal = rule.refusal(cap, contract)
+            assert (refusal is None) is cap.serves(rule.dimension, rule.value_of(contract))
+            assert refusal is None or refusal in cap.incompatibilities(contract)
+
+
+@pytest.mark.parametrize("dimension", ["roles", "", None])
+def test_an_unknown_dimension_names_the_known_ones(dimension: object) -> None:
+    with pytest.raises(tpl.LogprobContractError, match=r"dimension=.*expected one of input_kind"):
+        TORCH_NATIVE.serves(dimension, "train")  # type: ignore[arg-type]
+
+
 def test_register_twice_needs_replace() -> None:
     registry = tpl.KernelRegistry()
     registry.register_logprob_backend("cpu", op_named("a"), capability())

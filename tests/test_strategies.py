@@ -14,7 +14,6 @@ from hypothesis.errors import InvalidArgument
 
 import tp_logprob.strategies as strategies
 from tp_logprob import (
-    LogprobBackendCapability,
     LogprobContractError,
     even_shard_bounds,
 )
@@ -121,38 +120,6 @@ def test_contracts_with_padding_shrink_to_the_even_layout() -> None:
     sharding = contract.sharding
     assert (sharding.real_vocab_size, sharding.padded_vocab_size) == (2, 3)
     assert sharding.vocab_shard_bounds == even_shard_bounds(3, 3)
-
-
-_capabilities = st.builds(
-    LogprobBackendCapability,
-    backend_id=st.just("drawn"),
-    roles=st.frozensets(st.sampled_from(["train", "infer"]), min_size=1),
-    dtypes=st.frozensets(st.sampled_from(["bf16", "fp16", "fp32"]), min_size=1),
-    tp_world_sizes=st.none() | st.frozensets(st.integers(1, 8), min_size=1),
-    cp_world_sizes=st.none() | st.just(frozenset({1})),
-    supports_vocab_padding=st.booleans(),
-    mask_modes=st.frozensets(
-        st.sampled_from(["explicit_active_mask", "ignore_index", "all_active"]), min_size=1
-    ),
-    exports_vocab_lse=st.booleans(),
-    determinism_scopes=st.frozensets(
-        st.sampled_from(["run_to_run", "fixed_topology", "cross_tp_bitwise"]), min_size=1
-    ),
-    input_kinds=st.sampled_from([frozenset({"logits"}), frozenset({"hidden"})]),
-    supports_bias=st.booleans(),
-)
-
-
-@MANY
-@given(st.data())
-def test_contracts_from_a_capability_are_all_supported(data: Any) -> None:
-    capability = data.draw(_capabilities, label="capability")
-    kind = next(iter(capability.input_kinds)).value
-    contract = data.draw(contracts(capability=capability, input_kind=kind), label="contract")
-    assert capability.incompatibilities(contract) == ()
-    scopes = {scope.value for scope in capability.determinism_scopes}
-    if scopes != {"run_to_run"}:  # the same code serves it: drawn only where nothing else is
-        assert contract.reduction.determinism_scope.value != "run_to_run"
 
 
 def test_a_capability_without_bias_is_drawn_no_bias_and_refuses_to_be() -> None:

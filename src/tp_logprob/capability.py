@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from tp_logprob._capability_rules import CAPABILITY_RULES, CapabilityRule, mask_modes_served
 from tp_logprob._validation import check_bool, check_enum, check_enum_set, check_int_set
 from tp_logprob.contract import (
     DeterminismScope,
@@ -17,10 +18,23 @@ from tp_logprob.contract import (
 )
 from tp_logprob.errors import LogprobContractError
 
-__all__ = ["POLICY_KEYWORDS", "ImplementationKind", "LogprobBackendCapability"]
+__all__ = [
+    "CAPABILITY_RULES",
+    "CONTRACT_DIMENSIONS",
+    "POLICY_KEYWORDS",
+    "CapabilityRule",
+    "ImplementationKind",
+    "LogprobBackendCapability",
+    "mask_modes_served",
+]
 
 POLICY_KEYWORDS = frozenset({"auto", "production", "reference", "deterministic"})
 """Words a backend id may not be: they name dispatch policies, not backends."""
+
+CONTRACT_DIMENSIONS = tuple(rule.dimension for rule in CAPABILITY_RULES)
+"""The contract dimensions a capability rules on, for :meth:`LogprobBackendCapability.serves`."""
+
+_RULES_BY_DIMENSION = {rule.dimension: rule for rule in CAPABILITY_RULES}
 
 
 class ImplementationKind(str, Enum):
@@ -67,6 +81,11 @@ class LogprobBackendCapability:
     head's bias says ``supports_bias``, and is sent no ``has_bias`` contract without
     it. No built-in backend claims TF32, so a
     contract with ``allow_tf32=True`` is rejected rather than served in full fp32.
+
+    Each of these rules is written once, in :data:`CAPABILITY_RULES`:
+    :meth:`incompatibilities` runs them, and :meth:`served_values` / :meth:`serves`
+    answer from them per contract dimension (the contract strategies draw from
+    those answers). ``docs/semantics.md``, "Capability rules", states them.
     """
 
     backend_id: str
@@ -117,71 +136,33 @@ class LogprobBackendCapability:
             object.__setattr__(self, name, value)
 
     def incompatibilities(self, contract: LogprobContract) -> tuple[str, ...]:
-        """Every reason this backend cannot serve ``contract``; empty when it can."""
-        reasons: list[str] = []
-        sharding = contract.sharding
-        if contract.input_kind not in self.input_kinds:
-            reasons.append(
-                f"input_kind {contract.input_kind.value!r} not in input_kinds "
-                f"{_names(self.input_kinds)}"
-            )
-        if contract.allow_tf32:
-            reasons.append(
-                "allow_tf32=True requested but no TF32 error model exists; "
-                "the backend computes fp32 dot products in full fp32"
-            )
-        if contract.role not in self.roles:
-            reasons.append(f"role {contract.role.value!r} not in {_names(self.roles)}")
-        if contract.dtype not in self.dtypes:
-            reasons.append(f"dtype {contract.dtype.value!r} not in {_names(self.dtypes)}")
-        if self.tp_world_sizes is not None and sharding.tp_world_size not in self.tp_world_sizes:
-            reasons.append(
-                f"tp_world_size {sharding.tp_world_size} not in {sorted(self.tp_world_sizes)}"
-            )
-        if self.cp_world_sizes is not None and sharding.cp_world_size not in self.cp_world_sizes:
-            reasons.append(
-                f"cp_world_size {sharding.cp_world_size} not in {sorted(self.cp_world_sizes)}"
-            )
-        if sharding.has_padding and not self.supports_vocab_padding:
-            reasons.append(
-                f"vocabulary padding (real {sharding.real_vocab_size} < padded "
-                f"{sharding.padded_vocab_size}) not supported"
-            )
-        needed = contract.mask_mode
-        if not any(mode.serves(needed) for mode in self.mask_modes):
-            inactive = contract.num_tokens - contract.mask.active_token_count
-            why = (
-                f" ({inactive} inactive tokens, whose targets need not hold ignore_index)"
-                if needed is MaskMode.EXPLICIT_ACTIVE_MASK
-                else ""
-            )
-            reasons.append(
-                f"mask mode {needed.value!r}{why} not served by mask_modes "
-                f"{_names(self.mask_modes)}"
-            )
-        if contract.has_bias and not self.supports_bias:
-            reasons.append("has_bias=True requested but supports_bias=False")
-        if contract.export_lse and not self.exports_vocab_lse:
-            reasons.append("export_lse requested but the backend does not export the LSE")
-        if contract.temperature != 1.0 and not self.supports_temperature:
-            reasons.append(
-                f"temperature={contract.temperature!r} requested but supports_temperature=False"
-            )
-        if contract.export_entropy and not self.exports_entropy:
-            reasons.append("export_entropy requested but exports_entropy=False")
-        if self.even_shards_only and not sharding.is_even_layout:
-            reasons.append(
-                f"vocab_shard_bounds {list(sharding.vocab_shard_bounds)} are not equal "
-                f"shards of {sharding.padded_vocab_size} columns over {sharding.tp_world_size} "
-                "ranks and the backend has even_shards_only=True"
-            )
-        requested = contract.reduction.determinism_scope
-        if not any(scope.satisfies(requested) for scope in self.determinism_scopes):
-            reasons.append(
-                f"determinism scope {requested.value!r} not met by "
-                f"{_names(self.determinism_scopes)}"
-            )
-        return tuple(reasons)
+        """Every reason this backend cannot serve ``contract``; empty when it can.
+
+        One reason per broken rule of :data:`CAPABILITY_RULES`, in its order.
+        """
+        refusals = (rule.refusal(self, contract) for rule in CAPABILITY_RULES)
+        return tuple(reason for reason in refusals if reason is not None)
+
+    def served_values(self, dimension: str) -> frozenset[Any] | None:
+        """The values of contract ``dimension`` this backend serves; None means every valid one.
+
+        ``dimension`` is one of :data:`CONTRACT_DIMENSIONS`; the answer comes from the
+        rule dispatch runs, so what is drawn for a backend is what it is sent.
+
+        >>> from tp_logprob.kernels.builtin import TORCH_NATIVE
+        >>> sorted(s.value for s in TORCH_NATIVE.served_values("determinism_scope"))
+        ['fixed_topology', 'run_to_run']
+        """
+        return _rule(dimension).served(self)
+
+    def serves(self, dimension: str, value: object) -> bool:
+        """Whether this backend serves a contract whose ``dimension`` holds ``value``.
+
+        >>> from tp_logprob.kernels.builtin import TORCH_NATIVE
+        >>> TORCH_NATIVE.serves("tp_world_size", 8), TORCH_NATIVE.serves("allow_tf32", True)
+        (True, False)
+        """
+        return _rule(dimension).serves(self, value)
 
     def supports(self, contract: LogprobContract) -> bool:
         """Whether this backend can serve ``contract``."""
@@ -211,3 +192,12 @@ class LogprobBackendCapability:
 
 def _names(members: frozenset[Any]) -> list[str]:
     return sorted(member.value for member in members)
+
+
+def _rule(dimension: object) -> CapabilityRule:
+    rule = _RULES_BY_DIMENSION.get(dimension) if isinstance(dimension, str) else None
+    if rule is None:
+        raise LogprobContractError(
+            f"dimension={dimension!r}: expected one of {', '.join(CONTRACT_DIMENSIONS)}"
+        )
+    return rule

@@ -85,7 +85,7 @@ class LogprobInputKind(str, Enum):
 
 
 class DeterminismScope(str, Enum):
-    """How far bitwise reproducibility must reach (see DESIGN section 2).
+    """How far bitwise reproducibility must reach (``docs/semantics.md``, "Determinism scopes").
 
     ``run_to_run``: the same inputs (the whole batch) give the same bits on every run.
     ``fixed_topology``: additionally batch invariant: a row's bits do not depend on

@@ -1,4 +1,6 @@
-"""The cross-rank merge of per-shard partials, in global shard-index order (DESIGN section 2).
+"""The cross-rank merge of per-shard partials, in global shard-index order.
+
+``docs/semantics.md``, "The per-rank partial and the merge", states what it computes.
 
 Every rank runs this on the same gathered partials in the same order, so every
 rank gets the same bits. Each partial is an fp32 ``[N, 3]`` tensor of
@@ -74,7 +76,7 @@ def merge_partials(
     target_logit = wide[..., 2].gather(0, owners.long().unsqueeze(0)).squeeze(0)
     # (t - M) - log S rather than t - LSE: when the target is the maximum, t - M is
     # exact and the logprob keeps its relative accuracy however large M is. With
-    # M = +inf, S is NaN (inf - inf), so the result is NaN as DESIGN requires.
+    # M = +inf, S is NaN (inf - inf), so the result is NaN, as docs/semantics.md requires.
     selected = finish_selected(target_logit - global_max, log_sum, active)
     return selected.to(stacked.dtype), lse.to(stacked.dtype)
 
@@ -82,7 +84,7 @@ def merge_partials(
 def finish_selected(
     target_logit: torch.Tensor, lse: torch.Tensor, active: torch.Tensor
 ) -> torch.Tensor:
-    """``target - lse`` with DESIGN's special values; exactly 0.0 on inactive rows.
+    """``target - lse`` with the special values of ``docs/semantics.md``; exactly 0.0 when inactive.
 
     Also takes the split form ``(target - M, log S)``, which the merge uses.
     """

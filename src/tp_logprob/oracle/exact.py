@@ -7,7 +7,7 @@ tighten as the working precision doubles (a Ziv loop); see
 the loop terminates. mpmath's raw ``libmp`` layer is used with an explicit
 precision, so no global mpmath state is read or changed.
 
-Semantics (DESIGN section 2): columns at or past ``real_vocab_size`` are ``-inf``
+Semantics (``docs/semantics.md``): columns at or past ``real_vocab_size`` are ``-inf``
 whatever they hold; ``lse`` follows ``torch.logsumexp`` and an active token's
 ``selected_logp`` follows ``torch.log_softmax(...).gather(...)`` on the live
 columns; inactive tokens get ``selected_logp = 0.0`` (and ``entropy = 0.0``) and

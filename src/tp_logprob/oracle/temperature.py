@@ -1,7 +1,7 @@
 """Temperature: the logits every oracle function works on are ``z = fp32(x) / fp32(T)``.
 
-DESIGN section 2: one IEEE fp32 division per element, the order a rollout
-engine uses before sampling. numpy's float32 division is correctly rounded, so
+``docs/semantics.md``, "Temperature": one IEEE fp32 division per element, the
+order a rollout engine uses before sampling. numpy's float32 division is correctly rounded, so
 ``z`` here is bit for bit what a conforming kernel forms; the oracle is then
 exact with respect to that ``z``. ``z`` may overflow to ``+-inf`` or underflow
 to zero in fp32: that is part of the semantics, not an error.

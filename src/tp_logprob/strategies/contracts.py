@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from tp_logprob._validation import check_temperature
-from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.capability import LogprobBackendCapability, mask_modes_served
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
@@ -61,11 +61,26 @@ the others are explicit per-token masks; ``runs`` alternates inactive and active
 stretches like prompt / response segments. ``no_mask`` and ``all_active`` leave
 every token active, so they need only mask mode ``ignore_index``."""
 
-_EVERY_TOKEN_ACTIVE = frozenset({"no_mask", "all_active"})
+_MASK_KIND_NEEDS = {
+    "no_mask": MaskMode.IGNORE_INDEX,
+    "all_active": MaskMode.IGNORE_INDEX,
+    "none_active": MaskMode.EXPLICIT_ACTIVE_MASK,
+    "random": MaskMode.EXPLICIT_ACTIVE_MASK,
+    "runs": MaskMode.EXPLICIT_ACTIVE_MASK,
+}
+"""The mask mode a contract of each mask kind may need (``random`` can leave a token out)."""
+
+
+def _mask_kinds(needs: Iterable[MaskMode]) -> tuple[str, ...]:
+    """The kinds of :data:`MASK_KINDS` whose every mask has a served mask mode, in order."""
+    served = frozenset(needs)
+    return tuple(kind for kind in MASK_KINDS if _MASK_KIND_NEEDS[kind] in served)
+
 
 MAX_TP_WORLD_SIZE = 8
 
 E = TypeVar("E", bound=Enum)
+T = TypeVar("T")
 
 
 def _even_layout(padded: int, world: int) -> Bounds:
@@ -191,13 +206,7 @@ def active_masks(
     Shrinks toward None.
     """
     n = _non_negative("num_tokens", num_tokens)
-    modes = _enum_filter("mask_modes", mask_modes, MaskMode)
-    kinds = tuple(
-        kind
-        for kind in MASK_KINDS
-        if MaskMode.EXPLICIT_ACTIVE_MASK in modes
-        or (modes - {MaskMode.EXPLICIT_ACTIVE_MASK} and kind in _EVERY_TOKEN_ACTIVE)
-    )
+    kinds = _mask_kinds(mask_modes_served(_enum_filter("mask_modes", mask_modes, MaskMode)))
     if not kinds:
         raise InvalidArgument(f"mask_modes={mask_modes!r}: leaves no mask kind to draw")
     return _mask(n, kinds)
@@ -224,7 +233,7 @@ def _contract(
     roles: tuple[LogprobRole, ...],
     dtypes: tuple[LogprobDType, ...],
     scopes: tuple[DeterminismScope, ...],
-    mask_modes: frozenset[MaskMode],
+    mask_kinds: tuple[str, ...],
     padding: frozenset[bool],
     export_lse: tuple[bool, ...],
     tokens: tuple[int, int],
@@ -248,7 +257,7 @@ def _contract(
     real = padded - pad
     bounds = draw(shard_bounds(padded, world, real_vocab_size=real, layouts=layouts))
     num_tokens = draw(st.integers(*tokens))
-    mask = draw(active_masks(num_tokens, mask_modes=mask_modes))
+    mask = draw(_mask(num_tokens, mask_kinds))
     return LogprobContract(
         role=draw(st.sampled_from(roles)),
         dtype=draw(st.sampled_from(dtypes)),
@@ -326,8 +335,9 @@ def contracts(
     """Valid :class:`~tp_logprob.LogprobContract` values (as seen by a random rank).
 
     Every keyword narrows what is drawn; ``capability=cap`` keeps exactly the
-    contracts ``cap`` claims to serve, so a backend tested on them is tested on
-    every kind of contract it claims. ``padding=True`` forces
+    contracts ``cap`` claims to serve (as ``cap.serves`` answers, from the rules
+    dispatch runs), so a backend tested on them is tested on every kind of contract
+    it claims. ``padding=True`` forces
     ``real_vocab_size < padded_vocab_size``, ``False`` forbids it, None draws both.
     ``temperature`` is a fixed value or a strategy (default :func:`temperatures`;
     1.0 only for a capability without ``supports_temperature``), and
@@ -358,7 +368,7 @@ def contracts(
     role_set = _enum_filter("roles", roles, LogprobRole)
     dtype_set = _enum_filter("dtypes", dtypes, LogprobDType)
     scope_set = _enum_filter("determinism_scopes", determinism_scopes, DeterminismScope)
-    mode_set = _enum_filter("mask_modes", mask_modes, MaskMode)
+    need_set = set(mask_modes_served(_enum_filter("mask_modes", mask_modes, MaskMode)))
     world_set = _world_filter(tp_world_sizes)
     padding_set = {True, False} if padding is None else {bool(padding)}
     export_set = {True, False} if export_lse is None else {bool(export_lse)}
@@ -383,61 +393,53 @@ def contracts(
             raise InvalidArgument(
                 f"min_hidden_size={sizes[0]!r}: must be <= max_hidden_size={sizes[1]!r}"
             )
-        biases = (False, True) if has_bias is None else (bool(has_bias),)
+        biases: tuple[bool, ...] = (False, True) if has_bias is None else (bool(has_bias),)
         hidden = (sizes, biases)
     elif has_bias is not None:
         raise InvalidArgument(f"has_bias={has_bias!r}: only meaningful with input_kind='hidden'")
+    even_only = False
     if capability is not None:
         if not isinstance(capability, LogprobBackendCapability):
             raise InvalidArgument(f"capability={capability!r}: expected a LogprobBackendCapability")
-        if kind not in capability.input_kinds:
-            offered = ", ".join(sorted(k.value for k in capability.input_kinds))
+        # Every narrowing below asks the rules dispatch runs (tp_logprob.capability's
+        # CAPABILITY_RULES), so what is drawn is exactly what the backend may be sent.
+        if not capability.serves("input_kind", kind):
+            offered = ", ".join(_values(capability, "input_kind"))
             raise InvalidArgument(
                 f"input_kind={kind.value!r}: capability={capability.backend_id!r} takes "
                 f"{offered} input only"
             )
-        if capability.cp_world_sizes is not None and 1 not in capability.cp_world_sizes:
+        if not capability.serves("cp_world_size", 1):
             raise InvalidArgument(
                 f"capability={capability.backend_id!r}: serves no cp_world_size=1 contract, "
                 "the only context-parallel size drawn"
             )
-        role_set &= capability.roles
-        dtype_set &= capability.dtypes
-        scope_set = {
-            scope
-            for scope in scope_set
-            if any(offered.satisfies(scope) for offered in capability.determinism_scopes)
-        }
+        role_set = _served(capability, "role", role_set)
+        dtype_set = _served(capability, "dtype", dtype_set)
+        scope_set = _served(capability, "determinism_scope", scope_set)
         if determinism_scopes is None and scope_set != {DeterminismScope.RUN_TO_RUN}:
             # The same code serves a run_to_run request: draw it only where nothing stronger is.
             scope_set.discard(DeterminismScope.RUN_TO_RUN)
-        mode_set &= capability.mask_modes
-        if capability.tp_world_sizes is not None:
-            world_set &= capability.tp_world_sizes
-        if not capability.supports_vocab_padding:
-            padding_set.discard(True)
-        if not capability.exports_vocab_lse:
-            export_set.discard(True)
-        if not capability.exports_entropy:
-            entropy_set.discard(True)
-        if hidden is not None and not capability.supports_bias:
-            if hidden[1] == (True,):
-                raise InvalidArgument(
-                    f"has_bias=True: capability={capability.backend_id!r} has supports_bias=False"
-                )
-            hidden = (hidden[0], (False,))
-        if not capability.supports_temperature:
-            if fixed_temperature not in (None, 1.0):
-                raise InvalidArgument(
-                    f"temperature={fixed_temperature!r}: capability="
-                    f"{capability.backend_id!r} does not support temperature"
-                )
-            temperature = st.just(1.0)
-    even_only = capability is not None and capability.even_shards_only
-    if capability is not None and even_only and layouts is not None and "even" not in layouts:
-        raise InvalidArgument(
-            f"layouts={layouts!r}: capability={capability.backend_id!r} serves even shards only"
-        )
+        need_set = _served(capability, "mask_mode", need_set)
+        world_set = _served(capability, "tp_world_size", world_set)
+        padding_set = _served(capability, "vocab_padding", padding_set)
+        export_set = _served(capability, "export_lse", export_set)
+        entropy_set = _served(capability, "export_entropy", entropy_set)
+        if hidden is not None:
+            biases = tuple(b for b in hidden[1] if capability.serves("has_bias", b))
+            if not biases:
+                raise _refused(capability, "has_bias", True)
+            hidden = (hidden[0], biases)
+        served_temperatures = capability.served_values("temperature")
+        if served_temperatures is not None:
+            if fixed_temperature is not None and fixed_temperature not in served_temperatures:
+                raise _refused(capability, "temperature", fixed_temperature)
+            temperature = st.sampled_from(sorted(served_temperatures))
+        even_only = not capability.serves("even_layout", False)
+        if even_only and layouts is not None and "even" not in layouts:
+            raise InvalidArgument(
+                f"layouts={layouts!r}: capability={capability.backend_id!r} serves even shards only"
+            )
     world_set = {world for world in world_set if world <= vocab_range[1]}
     if even_only:  # padded must be a multiple of the TP degree within the vocabulary range
         least = max(vocab_range[0], 1 + (False not in padding_set))
@@ -448,7 +450,7 @@ def contracts(
         ("roles", role_set),
         ("dtypes", dtype_set),
         ("determinism_scopes", scope_set),
-        ("mask_modes", mode_set),
+        ("mask_modes", need_set),
         ("tp_world_sizes", world_set),
         ("padding", padding_set),
         ("export_lse", export_set),
@@ -467,7 +469,7 @@ def contracts(
         roles=_ordered(role_set, LogprobRole.INFER),
         dtypes=_ordered(dtype_set, LogprobDType.FP32),
         scopes=_ordered(scope_set, DeterminismScope.FIXED_TOPOLOGY),
-        mask_modes=frozenset(mode_set),
+        mask_kinds=_mask_kinds(need_set),
         padding=frozenset(padding_set),
         export_lse=tuple(sorted(export_set, reverse=True)),
         tokens=token_range,
@@ -477,6 +479,25 @@ def contracts(
         export_entropy=tuple(sorted(entropy_set)),
         even_only=even_only,
         hidden=hidden,
+    )
+
+
+def _served(capability: LogprobBackendCapability, dimension: str, wanted: set[T]) -> set[T]:
+    """The ``wanted`` values of ``dimension`` that ``capability`` serves."""
+    return {value for value in wanted if capability.serves(dimension, value)}
+
+
+def _values(capability: LogprobBackendCapability, dimension: str) -> list[str]:
+    served = capability.served_values(dimension) or ()
+    return sorted(str(getattr(value, "value", value)) for value in served)
+
+
+def _refused(
+    capability: LogprobBackendCapability, dimension: str, value: object
+) -> InvalidArgument:
+    return InvalidArgument(
+        f"{dimension}={value!r}: capability={capability.backend_id!r} serves {dimension} "
+        f"{', '.join(_values(capability, dimension))} only"
     )
 
 

@@ -25,6 +25,7 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
+    LogprobInputKind,
     LogprobRole,
     MaskMode,
     MaskSpec,
@@ -93,16 +94,17 @@ def _cases(
     exponent = draw(st.integers(10, max(10, max_vocab.bit_length() - 1)), label="log2 vocabulary")
     block = 1 << draw(st.integers(4, min(exponent - 2, 16)), label="log2 block")
     padded = min(max_vocab, (1 << exponent) + draw(st.integers(0, block - 1), label="extra"))
-    worlds = sorted(capability.tp_world_sizes or {1, 2, 3, 4})
+    served_worlds = capability.served_values("tp_world_size")
+    worlds = sorted({1, 2, 3, 4} if served_worlds is None else served_worlds)
     world = draw(st.sampled_from([w for w in worlds if w <= 4] or worlds[:1]), label="tp")
     pad = 0
-    if capability.supports_vocab_padding:
+    if capability.serves("vocab_padding", True):
         # Padding that spans a block boundary: real ends before it, padded after it.
         boundary = (padded // block) * block
         if 0 < boundary < padded and draw(st.booleans(), label="padding across a block edge"):
             pad = padded - boundary + draw(st.integers(1, block // 2), label="live cut")
     real = padded - pad
-    if capability.even_shards_only:
+    if not capability.serves("even_layout", False):
         padded -= padded % world
         real = min(real, padded)
         bounds = even_shard_bounds(padded, world)
@@ -122,11 +124,14 @@ def _cases(
         edges = [0, *sorted(block * c + o for c, o in zip(chosen, offsets, strict=True)), padded]
         bounds = tuple(itertools.pairwise(edges))
     rows = draw(st.integers(1, max_rows), label="rows")
-    dtype = draw(st.sampled_from(sorted(capability.dtypes, key=lambda d: d.value)), label="dtype")
-    role = LogprobRole.INFER if LogprobRole.INFER in capability.roles else LogprobRole.TRAIN
+    dtypes = sorted(capability.served_values("dtype") or (), key=lambda d: d.value)
+    dtype = draw(st.sampled_from(dtypes), label="dtype")
+    role = LogprobRole.INFER if capability.serves("role", LogprobRole.INFER) else LogprobRole.TRAIN
     scope = DeterminismScope.FIXED_TOPOLOGY
-    if not any(s.satisfies(scope) for s in capability.determinism_scopes):
-        scope = DeterminismScope.RUN_TO_RUN  # what every backend offers
+    if not capability.serves("determinism_scope", scope):
+        scope = DeterminismScope.RUN_TO_RUN  # what every backend serves
+    # Every token is active: a backend that skips ignore_index targets gets no mask, others
+    # an explicit one; both need only mask mode ignore_index, which every backend serves.
     mode = MaskMode.IGNORE_INDEX
     try:
         contract = LogprobContract(
@@ -135,8 +140,8 @@ def _cases(
             mask=MaskSpec(rows, None if mode in capability.mask_modes else np.ones(rows, bool)),
             sharding=ShardingSpec(0, len(bounds), bounds, max(real, 1), padded),
             reduction=ReductionSpec(scope),
-            export_lse=capability.exports_vocab_lse,
-            export_entropy=capability.exports_entropy,
+            export_lse=capability.serves("export_lse", True),
+            export_entropy=capability.serves("export_entropy", True),
         )
     except LogprobContractError as error:
         raise InvalidArgument(f"wide_cases: no valid contract: {error}") from None
@@ -173,4 +178,11 @@ def wide_cases(
         raise InvalidArgument(f"capability={capability!r}: expected a LogprobBackendCapability")
     if max_vocab < 1 << 10:
         raise InvalidArgument(f"max_vocab={max_vocab!r}: must be >= 1024")
+    for dimension, value in (("input_kind", LogprobInputKind.LOGITS), ("cp_world_size", 1)):
+        if not capability.serves(dimension, value):
+            raise InvalidArgument(
+                f"capability={capability.backend_id!r}: serves no "
+                f"{dimension}={getattr(value, 'value', value)!r} "
+                "contract, and every wide case has one"
+            )
     return _cases(capability, max_vocab, max_rows)

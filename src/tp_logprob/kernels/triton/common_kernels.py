@@ -137,10 +137,10 @@ def store_results(
     """Write ``selected`` and ``lse`` from ``M``, ``S = sum exp(x - M)`` (fp64) and the target.
 
     ``LSE = M + log S`` and ``selected = (target - M) - log S`` are formed in fp64 and
-    rounded once to fp32 (then to the output dtype at the store). Special values follow DESIGN
-    section 2: NaN anywhere live gives NaN; ``M = +inf`` gives ``lse = +inf``; an
-    all ``-inf`` row gives ``lse = -inf``; then ``selected`` is NaN; inactive rows
-    get exactly 0.0.
+    rounded once to fp32 (then to the output dtype at the store). Special values follow
+    ``docs/semantics.md``, "Special values": NaN anywhere live gives NaN; ``M = +inf``
+    gives ``lse = +inf``; an all ``-inf`` row gives ``lse = -inf``; then ``selected`` is
+    NaN; inactive rows get exactly 0.0.
     """
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
     shift = tl.where(finite, maximum, 0.0).to(tl.float64)

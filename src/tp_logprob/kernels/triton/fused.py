@@ -190,8 +190,9 @@ def _ieee_products() -> Any:
 
     An infinite hidden or weight element meeting a zero (its own data, or a masked
     operand) makes a NaN logit, as ``torch.matmul`` and the GPU's FMA do silently;
-    the partial then reports the row as NaN (DESIGN section 2). numpy's matmul warns
-    about it, and the tests run with warnings as errors. Only the interpreter reads this.
+    the partial then reports the row as NaN (``docs/semantics.md``, "Special values").
+    numpy's matmul warns about it, and the tests run with warnings as errors. Only the
+    interpreter reads this.
     """
     return np.errstate(invalid="ignore")
 

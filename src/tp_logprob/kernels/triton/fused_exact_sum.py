@@ -18,8 +18,9 @@ outputs and semantics as ``triton_fused`` (temperature, entropy, padding rows of
 more all-gather. Memory: ``O(N)`` (stage, sums, outputs); no logits.
 
 Determinism: ``cross_tp_bitwise`` for the outputs, ``selected_logp``, ``lse`` and
-``entropy`` (DESIGN section 2: the forward's results): each ``z[t, v]`` has the
-same bits whatever shard holds column ``v``, and the fixed-point sums are exact
+``entropy`` (the scopes are about the outputs: ``docs/semantics.md``, "Determinism
+scopes"): each ``z[t, v]`` has the same bits whatever shard holds column ``v``, and
+the fixed-point sums are exact
 (``fused_exact_sum_kernels`` gives the argument). Also run to run and batch
 invariant (a row's bits depend on its own hidden row and ``W`` only).
 

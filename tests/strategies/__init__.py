@@ -1,0 +1,1 @@
+"""Meta-tests of tp_logprob.strategies against the capability rules."""
