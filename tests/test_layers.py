@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob",
             "tp_logprob.errors",
             "tp_logprob._validation",
+            "tp_logprob._capability_rules",
             "tp_logprob.contract",
             "tp_logprob.capability",
             "tp_logprob.comm",
@@ -52,7 +53,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
 )
-"""Each layer's module prefixes; the longest matching prefix decides a module's layer."""
+"""Each layer's module prefixes; the longest matching prefix decides a module's layer.
+The package itself (``tp_logprob``, its ``__init__``) matches only by name."""
 
 RUNTIME_ONLY = ("tp_logprob.kernels",)
 FOREIGN_TO_THE_ORACLE = ("torch", "triton", "hypothesis")
@@ -90,7 +92,8 @@ def layer_of(name: str) -> int:
     best, level = -1, -1
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+            nested = prefix != "tp_logprob" and name.startswith(prefix + ".")
+            if (name == prefix or nested) and len(prefix) > best:
                 best, level = len(prefix), index
     return level
 

@@ -73,8 +73,7 @@ def draw_hidden_case(data: Any, backend: Any, suite: Any, **filters: Any) -> Hid
 
 def claims_batch_invariance(backend: Any) -> bool:
     """Whether ``backend`` claims a scope with batch invariance (more than run-to-run bits)."""
-    scope = DeterminismScope.FIXED_TOPOLOGY
-    return any(offered.satisfies(scope) for offered in backend.capability.determinism_scopes)
+    return bool(backend.capability.serves("determinism_scope", DeterminismScope.FIXED_TOPOLOGY))
 
 
 def skip_unless_batch_invariant(backend: Any) -> None:
@@ -96,12 +95,12 @@ def relayouts(draw: Any, sharding: ShardingSpec, capability: Any) -> dict[str, A
     ``tp_rank`` and ``vocab_shard_bounds`` params of a TP-consistency property."""
     padded = sharding.padded_vocab_size
     worlds = [w for w in range(1, 9) if w <= padded]
-    if capability.tp_world_sizes is not None:
-        worlds = [w for w in worlds if w in capability.tp_world_sizes]
-    if capability.even_shards_only:
+    worlds = [w for w in worlds if capability.serves("tp_world_size", w)]
+    uneven = capability.serves("even_layout", False)
+    if not uneven:
         worlds = [w for w in worlds if padded % w == 0]  # equal shards only
     world = draw(st.sampled_from(worlds))
-    layouts = {"even"} if capability.even_shards_only else None
+    layouts = None if uneven else {"even"}
     bounds = draw(
         shard_bounds(padded, world, real_vocab_size=sharding.real_vocab_size, layouts=layouts)
     )

@@ -45,32 +45,30 @@ def claimed_contracts(capability: LogprobBackendCapability) -> list[LogprobContr
     A backend that takes hidden states gets fused LM-head contracts (hidden size 8,
     with and without bias) instead of logits ones.
     """
-    scopes = [
-        scope
-        for scope in DeterminismScope
-        if any(offered.satisfies(scope) for offered in capability.determinism_scopes)
-    ]
+    scopes = [scope for scope in DeterminismScope if capability.serves("determinism_scope", scope)]
     if scopes != [DeterminismScope.RUN_TO_RUN]:  # the same code serves a run_to_run request
         scopes.remove(DeterminismScope.RUN_TO_RUN)
-    worlds = sorted(w for w in (capability.tp_world_sizes or range(1, 9)) if w <= 8)
-    if capability.even_shards_only:  # equal shards: the TP degree divides the vocabulary
+    worlds = [w for w in range(1, 9) if capability.serves("tp_world_size", w)]
+    if not capability.serves(
+        "even_layout", False
+    ):  # equal shards: the TP degree divides the vocabulary
         worlds = [w for w in worlds if _PADDED % w == 0]
     combos = itertools.product(
-        sorted(capability.roles, key=lambda m: m.value),
-        sorted(capability.dtypes, key=lambda m: m.value),
+        sorted(capability.served_values("role") or (), key=lambda m: m.value),
+        sorted(capability.served_values("dtype") or (), key=lambda m: m.value),
         scopes,
-        sorted(capability.mask_modes, key=lambda m: m.value),
-        [False, True] if capability.supports_vocab_padding else [False],
-        [False, True] if capability.exports_vocab_lse else [False],
+        sorted(capability.served_values("mask_mode") or (), key=lambda m: m.value),
+        [p for p in (False, True) if capability.serves("vocab_padding", p)],
+        [e for e in (False, True) if capability.serves("export_lse", e)],
     )
-    fused = LogprobInputKind.LOGITS not in capability.input_kinds
+    fused = not capability.serves("input_kind", LogprobInputKind.LOGITS)
     found = []
     for index, (role, dtype, scope, mode, padding, export) in enumerate(combos):
         hidden: dict[str, Any] = (
             {
                 "input_kind": "hidden",
                 "hidden_size": _HIDDEN_SIZE,
-                "has_bias": capability.supports_bias and index % 2 == 1,
+                "has_bias": capability.serves("has_bias", True) and index % 2 == 1,
             }
             if fused
             else {}

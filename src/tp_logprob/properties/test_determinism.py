@@ -218,8 +218,9 @@ def test_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, data: An
     """Another TP degree and shard layout: bitwise for cross_tp_bitwise, else within tolerance."""
     backend = tp_logprob_backend
     capability = backend.capability
-    single = capability.tp_world_sizes is not None and len(capability.tp_world_sizes) == 1
-    if single and (capability.tp_world_sizes == {1} or capability.even_shards_only):
+    worlds = capability.served_values("tp_world_size")
+    single = worlds is not None and len(worlds) == 1
+    if single and (worlds == {1} or not capability.serves("even_layout", False)):
         pytest.skip(f"{backend.backend_id} serves one shard layout per vocabulary: nothing to vary")
     case = draw_case(data, backend, tp_logprob_suite)
     layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")

@@ -221,8 +221,9 @@ def test_fused_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, da
     else within tolerance (with the dot-product room of both runs)."""
     backend = tp_logprob_backend
     capability = backend.capability
-    single = capability.tp_world_sizes is not None and len(capability.tp_world_sizes) == 1
-    if single and (capability.tp_world_sizes == {1} or capability.even_shards_only):
+    worlds = capability.served_values("tp_world_size")
+    single = worlds is not None and len(worlds) == 1
+    if single and (worlds == {1} or not capability.serves("even_layout", False)):
         pytest.skip(f"{backend.backend_id} serves one shard layout per vocabulary: nothing to vary")
     case = draw_hidden_case(data, backend, tp_logprob_suite)
     layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")

@@ -54,23 +54,24 @@ def _contract(
     temperature: float = SWEEP_TEMPERATURE,
 ) -> LogprobContract:
     """A contract of ``bounds`` that ``capability`` claims, or skip the test."""
-    role = LogprobRole.INFER if LogprobRole.INFER in capability.roles else LogprobRole.TRAIN
-    dtype = LogprobDType.FP32 if LogprobDType.FP32 in capability.dtypes else min(capability.dtypes)
+    role = LogprobRole.INFER if capability.serves("role", LogprobRole.INFER) else LogprobRole.TRAIN
+    dtypes = capability.served_values("dtype") or frozenset(LogprobDType)
+    dtype = LogprobDType.FP32 if LogprobDType.FP32 in dtypes else min(dtypes)
     mask = (
         None
         if capability.mask_modes - {MaskMode.EXPLICIT_ACTIVE_MASK}
         else np.ones(num_tokens, bool)
     )
-    real = REAL if capability.supports_vocab_padding else PADDED
+    real = REAL if capability.serves("vocab_padding", True) else PADDED
     contract = LogprobContract(
         role=role,
         dtype=dtype,
         mask=MaskSpec(num_tokens, mask),
         sharding=ShardingSpec(0, len(bounds), bounds, real, PADDED),
         reduction=ReductionSpec(scope),
-        export_lse=capability.exports_vocab_lse,
-        temperature=temperature if capability.supports_temperature else 1.0,
-        export_entropy=capability.exports_entropy,
+        export_lse=capability.serves("export_lse", True),
+        temperature=temperature if capability.serves("temperature", temperature) else 1.0,
+        export_entropy=capability.serves("export_entropy", True),
     )
     reasons = capability.incompatibilities(contract)
     if reasons:
@@ -89,7 +90,7 @@ def test_cross_tp_bitwise_sweep(tp_logprob_backend: Any) -> None:
     """A cross_tp_bitwise claim: the same bits at TP 1, 2, 3, 4, 8, even and uneven."""
     backend = tp_logprob_backend
     scope = DeterminismScope.CROSS_TP_BITWISE
-    if not any(s.satisfies(scope) for s in backend.capability.determinism_scopes):
+    if not backend.capability.serves("determinism_scope", scope):
         pytest.skip(f"{backend.backend_id} does not claim cross_tp_bitwise")
     first = _case(_contract(backend.capability, LAYOUTS["tp1"], scope))
     baseline = execute(backend, first)

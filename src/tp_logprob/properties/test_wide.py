@@ -72,7 +72,7 @@ def test_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data:
     block, padding across a block edge and shard bounds that cut blocks: within the
     float64 reference's bound plus the tolerance table."""
     backend = tp_logprob_backend
-    if LogprobInputKind.LOGITS not in backend.capability.input_kinds:
+    if not backend.capability.serves("input_kind", LogprobInputKind.LOGITS):
         pytest.skip(f"{backend.backend_id} takes hidden states: the wide sweep is on logits")
     limit = wide_max_vocab(backend, tp_logprob_suite.wide_max_vocab)
     case = data.draw(wide_cases(backend.capability, max_vocab=limit), label="wide case")
@@ -122,7 +122,7 @@ def test_fused_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any,
     padding rows, temperature and entropy; each row's maximum and target at the end of a
     shard's last, partial tile: within the float64 reference's bound."""
     backend = tp_logprob_backend
-    if LogprobInputKind.HIDDEN not in backend.capability.input_kinds:
+    if not backend.capability.serves("input_kind", LogprobInputKind.HIDDEN):
         pytest.skip(f"{backend.backend_id} takes logits: the fused wide sweep is on hidden states")
     small = interpreted(backend)
     strategy = wide_hidden_cases(

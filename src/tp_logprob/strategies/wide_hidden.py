@@ -21,7 +21,6 @@ import itertools
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -58,13 +57,14 @@ def _contract(
     exponent = draw(st.integers(10, max(10, max_vocab.bit_length() - 1)), label="log2 vocabulary")
     tile = 1 << draw(st.integers(4, 8), label="log2 tile")
     padded = min(max_vocab, (1 << exponent) + draw(st.integers(0, tile - 1), label="extra"))
-    worlds = sorted(capability.tp_world_sizes or {1, 2, 3, 4})
+    served_worlds = capability.served_values("tp_world_size")
+    worlds = sorted({1, 2, 3, 4} if served_worlds is None else served_worlds)
     world = draw(st.sampled_from([w for w in worlds if w <= 4] or worlds[:1]), label="tp")
     real = padded
-    if capability.supports_vocab_padding and draw(st.booleans(), label="padding"):
+    if capability.serves("vocab_padding", True) and draw(st.booleans(), label="padding"):
         edge = (padded // tile) * tile  # the live columns end inside a tile, past its edge
         real = max(1, min(padded - 1, edge - tile + draw(st.integers(1, tile - 1))))
-    if capability.even_shards_only:
+    if not capability.serves("even_layout", False):
         padded -= padded % world
         real = min(real, padded)
         bounds = even_shard_bounds(padded, world)
@@ -85,28 +85,27 @@ def _contract(
         st.sampled_from([h for h in (1, 3, 16, 61, 64, 128, 256) if h <= max_hidden]),
         label="hidden size",
     )
-    role = LogprobRole.INFER if LogprobRole.INFER in capability.roles else LogprobRole.TRAIN
+    role = LogprobRole.INFER if capability.serves("role", LogprobRole.INFER) else LogprobRole.TRAIN
     scope = DeterminismScope.FIXED_TOPOLOGY
-    if not any(s.satisfies(scope) for s in capability.determinism_scopes):
-        scope = DeterminismScope.RUN_TO_RUN  # what every backend offers
-    temperature = 1.0
-    if capability.supports_temperature:
-        temperature = draw(st.sampled_from(_TEMPERATURES), label="temperature")
+    if not capability.serves("determinism_scope", scope):
+        scope = DeterminismScope.RUN_TO_RUN  # what every backend serves
+    temperatures = [t for t in _TEMPERATURES if capability.serves("temperature", t)]
+    temperature = draw(st.sampled_from(temperatures), label="temperature")
+    dtypes = sorted(capability.served_values("dtype") or (), key=lambda d: d.value)
+    bias = capability.serves("has_bias", True) and draw(st.booleans(), label="bias")
     try:
         contract = LogprobContract(
             role=role,
-            dtype=draw(
-                st.sampled_from(sorted(capability.dtypes, key=lambda d: d.value)), label="dtype"
-            ),
+            dtype=draw(st.sampled_from(dtypes), label="dtype"),
             mask=MaskSpec(rows),
             sharding=ShardingSpec(0, len(bounds), bounds, real, padded),
             reduction=ReductionSpec(scope),
-            export_lse=capability.exports_vocab_lse,
-            export_entropy=capability.exports_entropy,
+            export_lse=capability.serves("export_lse", True),
+            export_entropy=capability.serves("export_entropy", True),
             temperature=temperature,
             input_kind=LogprobInputKind.HIDDEN,
             hidden_size=hidden_size,
-            has_bias=capability.supports_bias and draw(st.booleans(), label="bias"),
+            has_bias=bias,
         )
     except LogprobContractError as error:
         raise InvalidArgument(f"wide_hidden_cases: no valid contract: {error}") from None
@@ -159,34 +158,30 @@ def _cases(
         weight[column] = bound * np.sign(hidden[row])
         if bias is not None:
             bias[column] = 8 * bound
-    hidden, weight = round_to_dtype(hidden, contract.dtype), round_to_dtype(weight, contract.dtype)
-    bias = None if bias is None else round_to_dtype(bias, contract.dtype)
+    with np.errstate(over="ignore"):  # garbage padding rows may overflow the dtype: inf
+        hidden32, weight32 = (round_to_dtype(a, contract.dtype) for a in (hidden, weight))
+        bias32 = None if bias is None else round_to_dtype(bias, contract.dtype)
     with np.errstate(invalid="ignore", over="ignore"):
-        exact = hidden.astype(np.float64) @ weight.astype(np.float64).T
-        if bias is not None:
-            exact = exact + bias
+        exact = hidden32.astype(np.float64) @ weight32.astype(np.float64).T
+        if bias32 is not None:
+            exact = exact + bias32
     if extra:
-        exact[-1:, :real] = exact_hidden_logits(hidden[-1:], weight[:real], _live(bias, real))
+        exact[-1:, :real] = exact_hidden_logits(
+            hidden32[-1:], weight32[:real], None if bias32 is None else bias32[:real]
+        )
     # The target: the row's maximum, the last live column, or the first shard's last one.
     targets = []
     for row in range(integer_rows + extra):
         peak = peaks[row] if row < integer_rows else real - 1
         choices = sorted({peak, real - 1, ends[0]})
         targets.append(draw(st.sampled_from(choices), label=f"target of row {row}"))
+    with np.errstate(over="ignore"):
+        logits = exact.astype(np.float32)
     case = HiddenCase(
-        contract,
-        exact.astype(np.float32),
-        np.array(targets),
-        hidden=hidden,
-        weight=weight,
-        bias=bias,
+        contract, logits, np.array(targets), hidden=hidden32, weight=weight32, bias=bias32
     )
     case.__dict__["exact_logits"] = exact[:, :real]  # the cached property, computed exactly here
     return case
-
-
-def _live(bias: npt.NDArray[np.float32] | None, real: int) -> npt.NDArray[np.float32] | None:
-    return None if bias is None else bias[:real]
 
 
 def wide_hidden_cases(
@@ -206,7 +201,7 @@ def wide_hidden_cases(
     """
     if not isinstance(capability, LogprobBackendCapability):
         raise InvalidArgument(f"capability={capability!r}: expected a LogprobBackendCapability")
-    if LogprobInputKind.HIDDEN not in capability.input_kinds:
+    if not capability.serves("input_kind", LogprobInputKind.HIDDEN):
         raise InvalidArgument(f"capability={capability.backend_id!r} takes no hidden input")
     if max_vocab < 1 << 10:
         raise InvalidArgument(f"max_vocab={max_vocab!r}: must be >= 1024")
