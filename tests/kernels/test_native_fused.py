@@ -10,6 +10,7 @@ import torch
 
 import tp_logprob as tpl
 from tp_logprob.kernels import native_fused
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import logits_chunk, torch_native_fused_logprob
 from tp_logprob.oracle import (
@@ -30,7 +31,7 @@ LAYOUTS = {
     "tp2-padding-shard": ((0, 19), (19, 24)),
     "tp3-uneven": ((0, 10), (10, 11), (11, 24)),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = ("fp32", "bf16", "fp16")
 MASK = np.array([True, True, False, True, True, True])
 
 
@@ -76,11 +77,11 @@ def random_case(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Hidden, weight (padding rows hold NaN and inf), bias and in-range targets."""
     gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(num_tokens, SIZE, generator=gen).to(DTYPES[dtype])
-    weight = (torch.randn(PADDED, SIZE, generator=gen) * 0.6).to(DTYPES[dtype])
+    hidden = torch.randn(num_tokens, SIZE, generator=gen).to(TORCH_DTYPES[dtype])
+    weight = (torch.randn(PADDED, SIZE, generator=gen) * 0.6).to(TORCH_DTYPES[dtype])
     weight[REAL:] = float("nan")
     weight[REAL + 1, :3] = float("inf")
-    biases = (torch.randn(PADDED, generator=gen)).to(DTYPES[dtype]) if bias else None
+    biases = (torch.randn(PADDED, generator=gen)).to(TORCH_DTYPES[dtype]) if bias else None
     if biases is not None:
         biases[REAL:] = float("-inf")
     targets = torch.randint(0, REAL, (num_tokens,), generator=gen)

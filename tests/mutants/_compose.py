@@ -22,7 +22,8 @@ from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels import native
 from tp_logprob.kernels.builtin import TORCH_NATIVE
-from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs, owner_ranks
+from tp_logprob.kernels.checks import check_op_inputs, owner_ranks
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials
 
 __all__ = ["Forward", "Grad", "MutantPair", "compose", "forward_from", "mutant"]

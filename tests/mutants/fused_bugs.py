@@ -21,7 +21,8 @@ import torch
 from tests.mutants._compose import MutantPair
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
-from tp_logprob.kernels.checks import TORCH_DTYPES, owner_ranks
+from tp_logprob.kernels.checks import owner_ranks
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials
 from tp_logprob.kernels.native import _local_grad, _local_partial
 from tp_logprob.kernels.native_fused import (

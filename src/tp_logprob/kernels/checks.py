@@ -11,16 +11,11 @@ from typing import Any
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobDType
+from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 
 __all__ = ["TORCH_DTYPES", "active_mask_tensor", "check_op_inputs", "owner_ranks"]
-
-TORCH_DTYPES = {
-    LogprobDType.BF16: torch.bfloat16,
-    LogprobDType.FP16: torch.float16,
-    LogprobDType.FP32: torch.float32,
-}
 
 
 def check_op_inputs(

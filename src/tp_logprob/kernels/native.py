@@ -33,12 +33,8 @@ from typing import Any
 import torch
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
-from tp_logprob.kernels.checks import (
-    TORCH_DTYPES,
-    active_mask_tensor,
-    check_op_inputs,
-    owner_ranks,
-)
+from tp_logprob.kernels.checks import active_mask_tensor, check_op_inputs, owner_ranks
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials, pack_partial
 
 __all__ = [

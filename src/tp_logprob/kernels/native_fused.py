@@ -50,7 +50,8 @@ import torch
 
 from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobResult, LogprobRole
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs, owner_ranks
+from tp_logprob.kernels.checks import check_op_inputs, owner_ranks
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials
 from tp_logprob.kernels.native import _local_grad, _local_partial
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul

@@ -80,7 +80,8 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs
+from tp_logprob.kernels.checks import check_op_inputs
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
 

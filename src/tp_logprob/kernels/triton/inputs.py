@@ -14,15 +14,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobDType
+from tp_logprob.contract import LogprobContract
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 
 __all__ = ["Outputs", "RankInputs", "all_gather", "allocate_outputs", "prepare"]
-
-_OUTPUT_DTYPES = {
-    LogprobDType.BF16: torch.bfloat16,
-    LogprobDType.FP16: torch.float16,
-    LogprobDType.FP32: torch.float32,
-}
 
 
 @dataclass(frozen=True)
@@ -108,7 +103,7 @@ def _boundaries(bounds: tuple[tuple[int, int], ...], device: torch.device) -> to
 
 def allocate_outputs(contract: LogprobContract, num_rows: int, device: torch.device) -> Outputs:
     """Empty outputs for a merge kernel to write."""
-    dtype = _OUTPUT_DTYPES[contract.output.dtype]
+    dtype = TORCH_DTYPES[contract.output.dtype]
     lse32 = torch.empty(num_rows, dtype=torch.float32, device=device)
     selected = torch.empty(num_rows, dtype=dtype, device=device)
     lse = _exported(contract.export_lse, lse32, dtype)
