@@ -22,9 +22,10 @@ from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels import native
 from tp_logprob.kernels.builtin import TORCH_NATIVE
-from tp_logprob.kernels.checks import check_op_inputs, owner_ranks
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials
+from tp_logprob.kernels.shards import owner_ranks
+from tp_logprob.kernels.validation import check_op_inputs
 
 __all__ = ["Forward", "Grad", "MutantPair", "compose", "forward_from", "mutant"]
 

@@ -21,22 +21,21 @@ import torch
 from tests.mutants._compose import MutantPair
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
-from tp_logprob.kernels.checks import owner_ranks
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials
 from tp_logprob.kernels.native import _local_grad, _local_partial
 from tp_logprob.kernels.native_fused import (
     _backward,
-    _check_inputs,
     _chunks,
     _forward,
     _live_params,
-    _live_width,
     _padded_rows,
     chunk_rows,
     full_fp32_matmul,
     logits_chunk,
 )
+from tp_logprob.kernels.shards import live_width, owner_ranks
+from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = ["FusedBackward", "FusedForward", "control_fused", "fused_mutant"]
 
@@ -101,7 +100,7 @@ def fused_mutant(
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> LogprobResult:
-        active = _check_inputs(hidden, targets, contract, group, weight, bias)
+        active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
         output_dtype = TORCH_DTYPES[contract.output.dtype]
         if contract.role is LogprobRole.TRAIN:
             apply: Callable[..., tuple[torch.Tensor, ...]] = _FusedMutantFunction.apply
@@ -224,7 +223,7 @@ def _forward_bias_after_mask(
     whole = dataclasses.replace(
         contract, sharding=dataclasses.replace(sharding, real_vocab_size=sharding.padded_vocab_size)
     )
-    width, step = _live_width(contract), chunk_rows(contract)
+    width, step = live_width(contract), chunk_rows(contract)
     padding = torch.arange(weight.shape[0], device=weight.device) >= width
     weight32 = weight.to(torch.float32)
     bias32 = None if bias is None else bias.to(torch.float32)
@@ -241,7 +240,7 @@ def _forward_bias_after_mask(
 
 def _liger_rows(rows: int, contract: LogprobContract) -> int:
     """Liger's chunk size: ``next_power_of_2(cdiv(N, cdiv(V, H)))`` rows, from N."""
-    growth = max(1, -(-_live_width(contract) // (contract.hidden_size or 1)))
+    growth = max(1, -(-live_width(contract) // (contract.hidden_size or 1)))
     return 1 << (max(1, -(-rows // growth)) - 1).bit_length()
 
 
@@ -254,7 +253,7 @@ def _forward_chunk_from_n(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, width = hidden.shape[0], _live_width(contract)
+    rows, width = hidden.shape[0], live_width(contract)
     step = _liger_rows(rows, contract)  # BUG: the chunk's shape, hence a row's bits, depend on N
     weight32, bias32 = _live_params(weight, bias, width)
     pieces = []
@@ -295,7 +294,7 @@ def _chunked_backward(
     zero_inactive_hidden: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """native_fused's ``_backward``, with the chunk size and the inactive-row guard as options."""
-    rows, width = hidden.shape[0], _live_width(contract)
+    rows, width = hidden.shape[0], live_width(contract)
     step = _liger_rows(rows, contract) if liger_rows else chunk_rows(contract)
     d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)

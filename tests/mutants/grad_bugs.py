@@ -12,11 +12,10 @@ from tests.mutants._compose import mutant
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.native import (
     _compute_dtype,
-    _live_width,
     _local_grad,
     _local_partial,
-    _owned_local_targets,
 )
+from tp_logprob.kernels.shards import live_width, owned_local_targets
 
 
 def _grad_no_one_hot(
@@ -29,7 +28,7 @@ def _grad_no_one_hot(
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
     grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width > 0:
         live = local_logits[:, :width].to(dtype)
         probs = torch.exp(live - lse.unsqueeze(1))
@@ -50,9 +49,9 @@ def _grad_padding_nonzero(
     dtype = _compute_dtype(local_logits.dtype)
     width = local_logits.shape[1]  # BUG: the whole shard, padding columns included
     grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
-    if _live_width(contract) > 0:
+    if live_width(contract) > 0:
         live = local_logits.to(dtype)
-        owned, local = _owned_local_targets(targets, contract)
+        owned, local = owned_local_targets(targets, contract)
         columns = torch.arange(width, device=live.device)
         one_hot = (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
         probs = torch.exp(live - lse.unsqueeze(1))
@@ -72,10 +71,10 @@ def _grad_ignores_upstream(
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
     grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width > 0:
         live = local_logits[:, :width].to(dtype)
-        owned, local = _owned_local_targets(targets, contract)
+        owned, local = owned_local_targets(targets, contract)
         columns = torch.arange(width, device=live.device)
         one_hot = (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
         probs = torch.exp(live - lse.unsqueeze(1))

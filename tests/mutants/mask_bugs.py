@@ -14,9 +14,10 @@ import torch
 from tests.mutants._compose import forward_from, mutant
 from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import active_mask_tensor, check_op_inputs, owner_ranks
 from tp_logprob.kernels.merge import merge_partials
 from tp_logprob.kernels.native import _forward, _local_partial
+from tp_logprob.kernels.shards import owner_ranks
+from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
 
 
 def _merge_without_mask(

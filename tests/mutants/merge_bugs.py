@@ -13,9 +13,9 @@ import torch
 
 from tests.mutants._compose import forward_from, mutant
 from tp_logprob.contract import DeterminismScope, LogprobContract
-from tp_logprob.kernels.checks import owner_ranks
 from tp_logprob.kernels.merge import finish_selected, merge_partials
 from tp_logprob.kernels.native import _forward, _local_partial
+from tp_logprob.kernels.shards import owner_ranks
 
 _INF = float("inf")
 

@@ -14,10 +14,9 @@ from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import pack_partial
 from tp_logprob.kernels.native import (
     _compute_dtype,
-    _live_width,
-    _owned_local_targets,
     tree_sum,
 )
+from tp_logprob.kernels.shards import live_width, owned_local_targets
 
 _NEG_INF = float("-inf")
 
@@ -36,7 +35,7 @@ def _shifted_sum(live: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
 def _target_logit(
     live: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    owned, local = _owned_local_targets(targets, contract)
+    owned, local = owned_local_targets(targets, contract)
     target_logit = live.gather(1, local.unsqueeze(1)).squeeze(1)
     return torch.where(owned, target_logit, 0.0)
 
@@ -52,7 +51,7 @@ def _partial_padding_not_masked(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    if _live_width(contract) == 0:
+    if live_width(contract) == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits.to(dtype)  # BUG: the whole shard, padding columns included
     row_max = torch.amax(live, dim=1)
@@ -63,7 +62,7 @@ def _partial_padding_in_max_only(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
@@ -108,7 +107,7 @@ def _partial_target_local_index(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
@@ -124,7 +123,7 @@ def _partial_half_precision(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = local_logits.dtype  # BUG: exp and sum in bf16/fp16, not promoted to fp32
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
@@ -136,7 +135,7 @@ def _partial_no_max_shift(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
@@ -159,7 +158,7 @@ def _partial_tiling_by_n(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)

@@ -20,11 +20,10 @@ from tp_logprob.kernels.merge import merge_entropy, pack_partial
 from tp_logprob.kernels.native import (
     _compute_dtype,
     _forward,
-    _live_width,
-    _owned_local_targets,
     scaled_logits,
     tree_sum,
 )
+from tp_logprob.kernels.shards import live_width, owned_local_targets
 
 _NEG_INF = float("-inf")
 
@@ -54,7 +53,7 @@ def _partial(
     row_max = torch.amax(live, dim=1)
     shift = torch.where(row_max == _NEG_INF, 0.0, row_max)
     shifted = live - shift.unsqueeze(1)
-    owned, local = _owned_local_targets(targets, contract)
+    owned, local = owned_local_targets(targets, contract)
     target_logit = torch.where(owned, live.gather(1, local.unsqueeze(1)).squeeze(1), 0.0)
     return row_max, shifted, tree_sum(torch.exp(shifted)), target_logit
 
@@ -63,7 +62,7 @@ def _partial_zero_times_neg_inf(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], local_logits, contract)
     # Padding made -inf in place (the masked_fill idiom) instead of sliced off.
@@ -80,7 +79,7 @@ def _partial_entropy_over_padding(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], local_logits, contract)
     live = scaled_logits(local_logits[:, :width].to(dtype), contract)
@@ -95,7 +94,7 @@ def _partial_reciprocal(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], local_logits, contract)
     inverse = torch.tensor(1.0 / contract.temperature_fp32, dtype=dtype, device=local_logits.device)
@@ -143,10 +142,10 @@ def _grad_nan_to_num(
 ) -> torch.Tensor:
     dtype = _compute_dtype(local_logits.dtype)
     grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width > 0:
         live = scaled_logits(local_logits[:, :width].to(dtype), contract)
-        owned, local = _owned_local_targets(targets, contract)
+        owned, local = owned_local_targets(targets, contract)
         columns = torch.arange(width, device=live.device)
         one_hot = (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
         centred = live - lse.unsqueeze(1)

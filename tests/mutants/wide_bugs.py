@@ -15,7 +15,8 @@ from tests.mutants._compose import forward_from, mutant
 from tests.mutants.partial_bugs import _target_logit
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import pack_partial
-from tp_logprob.kernels.native import _compute_dtype, _live_width, _local_partial, tree_sum
+from tp_logprob.kernels.native import _compute_dtype, _local_partial, tree_sum
+from tp_logprob.kernels.shards import live_width
 
 _BLOCK = 2048
 
@@ -27,7 +28,7 @@ def _blocked_partial(
     *,
     skip_last_partial: bool = False,
 ) -> torch.Tensor:
-    width = _live_width(contract)
+    width = live_width(contract)
     if width <= _BLOCK:
         return _local_partial(local_logits, targets, contract)
     live = local_logits[:, :width].to(_compute_dtype(local_logits.dtype))

@@ -33,9 +33,10 @@ from typing import Any
 import torch
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
-from tp_logprob.kernels.checks import active_mask_tensor, check_op_inputs, owner_ranks
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials, pack_partial
+from tp_logprob.kernels.shards import live_width, owned_local_targets, owner_ranks
+from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
 
 __all__ = [
     "NativeLogprobFunction",
@@ -142,11 +143,6 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _live_width(contract: LogprobContract) -> int:
-    live_start, live_end = contract.sharding.live_bounds()
-    return live_end - live_start
-
-
 def tree_sum(values: torch.Tensor) -> torch.Tensor:
     """Row sums of ``[N, W]`` by a fixed pairwise tree of elementwise adds.
 
@@ -171,16 +167,6 @@ def scaled_logits(live: torch.Tensor, contract: LogprobContract) -> torch.Tensor
     return live / divisor
 
 
-def _owned_local_targets(
-    targets: torch.Tensor, contract: LogprobContract
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which rows' targets lie in this rank's live columns, and their clamped local index."""
-    start, live_end = contract.sharding.live_bounds()
-    owned = (targets >= start) & (targets < live_end)
-    local = (targets.long() - start).clamp(0, max(live_end - start - 1, 0))
-    return owned, local
-
-
 def _local_partial(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
@@ -188,7 +174,7 @@ def _local_partial(
     with no live column."""
     rows = local_logits.shape[0]
     dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         full = torch.full((rows,), _NEG_INF, dtype=dtype, device=local_logits.device)
         zeros = torch.zeros(rows, dtype=dtype, device=local_logits.device)
@@ -200,7 +186,7 @@ def _local_partial(
     shifted = live - shift.unsqueeze(1)
     terms = torch.exp(shifted)
     sum_exp = tree_sum(terms)
-    owned, local = _owned_local_targets(targets, contract)
+    owned, local = owned_local_targets(targets, contract)
     target_logit = live.gather(1, local.unsqueeze(1)).squeeze(1)
     target_logit = torch.where(owned, target_logit, 0.0)
     entropy_sum = None
@@ -245,10 +231,10 @@ def _local_grad(
     """
     dtype = _compute_dtype(local_logits.dtype)
     grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width > 0:
         live = scaled_logits(local_logits[:, :width].to(dtype), contract)
-        owned, local = _owned_local_targets(targets, contract)
+        owned, local = owned_local_targets(targets, contract)
         columns = torch.arange(width, device=live.device)
         one_hot = (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
         centred = live - lse.unsqueeze(1)

@@ -48,13 +48,13 @@ from typing import Any
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobResult, LogprobRole
-from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import check_op_inputs, owner_ranks
+from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.merge import merge_entropy, merge_partials
 from tp_logprob.kernels.native import _local_grad, _local_partial
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
+from tp_logprob.kernels.shards import live_width, owner_ranks
+from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -100,7 +100,7 @@ def torch_native_fused_logprob(
         (-(result.selected_logp * advantages).sum()).backward()
         torch.distributed.all_reduce(hidden.grad)  # d hidden is this rank's partial
     """
-    active = _check_inputs(hidden, targets, contract, group, weight, bias)
+    active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
     output_dtype = TORCH_DTYPES[contract.output.dtype]
     if contract.role is LogprobRole.TRAIN:
         apply: Callable[..., tuple[torch.Tensor, ...]] = FusedLogprobFunction.apply
@@ -154,11 +154,6 @@ class FusedLogprobFunction(torch.autograd.Function):
         return d_hidden, d_weight, d_bias, None, None, None, None, None
 
 
-def _live_width(contract: LogprobContract) -> int:
-    start, live_end = contract.sharding.live_bounds()
-    return live_end - start
-
-
 def _chunks(rows: int, contract: LogprobContract) -> Iterator[tuple[int, int]]:
     step = chunk_rows(contract)
     for begin in range(0, rows, step):
@@ -203,7 +198,7 @@ def _forward(
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Chunked partials, one all-gather, torch_native's merge; fp32 results."""
-    rows, width = hidden.shape[0], _live_width(contract)
+    rows, width = hidden.shape[0], live_width(contract)
     step = chunk_rows(contract)
     weight32, bias32 = _live_params(weight, bias, width)
     pieces = []
@@ -236,7 +231,7 @@ def _backward(
     contract: LogprobContract,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Chunk by chunk: recompute ``x``, ``G = d out / d x``, then ``G @ W`` and ``G.T @ hidden``."""
-    rows, width = hidden.shape[0], _live_width(contract)
+    rows, width = hidden.shape[0], live_width(contract)
     step = chunk_rows(contract)
     d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -272,63 +267,3 @@ def _backward(
         d_weight.to(weight.dtype),
         None if d_bias is None or bias is None else d_bias.to(device=bias.device, dtype=bias.dtype),
     )
-
-
-def _check_inputs(
-    hidden: Any,
-    targets: Any,
-    contract: Any,
-    group: Any,
-    weight: Any,
-    bias: Any,
-) -> torch.Tensor:
-    """Every check before any work; returns the active mask on the inputs' device."""
-    if not isinstance(contract, LogprobContract):
-        raise LogprobContractError(
-            f"contract={contract!r}: expected a LogprobContract, got {type(contract).__name__}"
-        )
-    if contract.input_kind is not LogprobInputKind.HIDDEN:
-        raise LogprobContractError(
-            f"input_kind={contract.input_kind.value!r}: torch_native_fused takes hidden states "
-            "(input_kind='hidden'); use torch_native for logits"
-        )
-    if contract.allow_tf32:
-        raise LogprobContractError(
-            "allow_tf32=True: torch_native_fused computes fp32 dot products in full fp32 only"
-        )
-    size, local = contract.hidden_size, contract.sharding.local_vocab_size
-    dtype = TORCH_DTYPES[contract.dtype]
-    _check_tensor("hidden", hidden, (contract.num_tokens, size), dtype, None)
-    _check_tensor("weight", weight, (local, size), dtype, hidden.device)
-    if contract.has_bias:
-        if bias is None:
-            raise LogprobContractError("bias=None: the contract has has_bias=True")
-        _check_tensor("bias", bias, (local,), dtype, hidden.device)
-    elif bias is not None:
-        raise LogprobContractError(
-            "bias: given, but the contract has has_bias=False (set has_bias=True to add it)"
-        )
-    # The shared checks (group, targets, active target range) on a zero-stride stand-in
-    # of the logits shape: it has the right shape, dtype and device and no storage.
-    stand_in = torch.zeros((), dtype=dtype, device=hidden.device).expand(contract.num_tokens, local)
-    return check_op_inputs(stand_in, targets, contract, group)
-
-
-def _check_tensor(
-    name: str,
-    value: Any,
-    shape: tuple[Any, ...],
-    dtype: torch.dtype,
-    device: torch.device | None,
-) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise LogprobContractError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
-    if tuple(value.shape) != shape:
-        raise LogprobContractError(
-            f"{name}.shape={tuple(value.shape)}: expected {shape} from the contract "
-            "(num_tokens, local_vocab_size, hidden_size)"
-        )
-    if value.dtype != dtype:
-        raise LogprobContractError(f"{name}.dtype={value.dtype}: contract dtype is {dtype}")
-    if device is not None and value.device != device:
-        raise LogprobContractError(f"{name}.device={value.device} != hidden.device={device}")

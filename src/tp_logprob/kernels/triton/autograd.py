@@ -17,10 +17,10 @@ import torch
 import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
-from tp_logprob.kernels.checks import check_op_inputs
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, prepare
 from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
+from tp_logprob.kernels.validation import check_op_inputs
 
 __all__ = ["ForwardFn", "TritonLogprobFunction", "logprob_grad", "run_op"]
 

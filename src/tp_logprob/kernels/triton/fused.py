@@ -56,7 +56,7 @@ import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
-from tp_logprob.kernels.native_fused import _check_inputs, chunk_rows
+from tp_logprob.kernels.native_fused import chunk_rows
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
 from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel, fused_partial_kernel
@@ -69,6 +69,7 @@ from tp_logprob.kernels.triton.launch import (
     platform_of,
 )
 from tp_logprob.kernels.triton.online import online_merge
+from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = [
     "FusedForwardFn",
@@ -117,7 +118,7 @@ def run_fused_op(
 ) -> LogprobResult:
     """Check and prepare the inputs and run a fused ``forward``; for the ``train`` role
     through :class:`TritonFusedFunction` (the chunked backward)."""
-    active = _check_inputs(hidden, targets, contract, group, weight, bias)
+    active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
     inputs = _rank_inputs(hidden, targets, active, contract)
     if contract.role is LogprobRole.TRAIN:
         apply: Callable[..., tuple[torch.Tensor, ...]] = TritonFusedFunction.apply
