@@ -19,11 +19,9 @@ from typing import Any
 import torch
 
 from tests.mutants._compose import MutantPair
-from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
-from tp_logprob.kernels.dtypes import TORCH_DTYPES
-from tp_logprob.kernels.merge import merge_entropy, merge_partials
-from tp_logprob.kernels.native import _local_grad, _local_partial
+from tp_logprob.kernels.merge import gather, gather_and_merge, merge_gathered
 from tp_logprob.kernels.native_fused import (
     _backward,
     _chunks,
@@ -34,7 +32,9 @@ from tp_logprob.kernels.native_fused import (
     full_fp32_matmul,
     logits_chunk,
 )
-from tp_logprob.kernels.shards import live_width, owner_ranks
+from tp_logprob.kernels.partials import local_grad, local_partial
+from tp_logprob.kernels.results import differentiable_outputs, run_for_role
+from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = ["FusedBackward", "FusedForward", "control_fused", "fused_mutant"]
@@ -70,10 +70,7 @@ class _FusedMutantFunction(torch.autograd.Function):
         selected, lse, entropy = forward(hidden, weight, bias, targets, active, contract, group)
         ctx.save_for_backward(hidden, weight, bias, targets, active, lse, entropy)
         ctx.contract, ctx.backward = contract, backward
-        lse_out, entropy_out = lse.to(output_dtype), entropy.to(output_dtype)
-        frozen = (lse_out,) if contract.export_entropy else (lse_out, entropy_out)
-        ctx.mark_non_differentiable(*frozen)
-        return selected.to(output_dtype), lse_out, entropy_out
+        return differentiable_outputs(ctx, contract, output_dtype, selected, lse, entropy)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -101,47 +98,15 @@ def fused_mutant(
         bias: torch.Tensor | None = None,
     ) -> LogprobResult:
         active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
-        output_dtype = TORCH_DTYPES[contract.output.dtype]
-        if contract.role is LogprobRole.TRAIN:
-            apply: Callable[..., tuple[torch.Tensor, ...]] = _FusedMutantFunction.apply
-            selected, lse, entropy = apply(
-                hidden,
-                weight,
-                bias,
-                targets,
-                active,
-                contract,
-                group,
-                output_dtype,
-                forward,
-                backward,
-            )
-        else:
-            with torch.no_grad():
-                outputs = forward(hidden, weight, bias, targets, active, contract, group)
-                selected, lse, entropy = (t.to(output_dtype) for t in outputs)
-        return LogprobResult(
-            selected,
-            lse if contract.export_lse else None,
-            entropy if contract.export_entropy else None,
+        return run_for_role(
+            contract, train, forward, hidden, weight, bias, targets, active, contract, group
         )
+
+    def train(*inputs: Any) -> Any:
+        return _FusedMutantFunction.apply(*inputs, forward, backward)
 
     op.__qualname__ = op.__name__ = backend_id
     return op, dataclasses.replace(TORCH_NATIVE_FUSED, backend_id=backend_id)
-
-
-def _merge(
-    partial: torch.Tensor,
-    targets: torch.Tensor,
-    active: torch.Tensor,
-    contract: LogprobContract,
-    group: Any,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """native_fused's tail: one all-gather, torch_native's merge."""
-    partials = [partial] if group is None else group.all_gather(partial)
-    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
-    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
-    return selected, lse, entropy
 
 
 def _forward_sentinel(
@@ -166,7 +131,7 @@ def _forward_sentinel(
         tile = torch.cat(
             [logits_chunk(hidden32, weight32, bias32), hidden32.new_zeros((step, 1))], dim=1
         )
-        partial = _local_partial(tile, chunk_targets, contract)  # m, s, q: live columns only
+        partial = local_partial(tile, chunk_targets, contract)  # m, s, q: live columns only
         owned = (chunk_targets >= start) & (chunk_targets < live_end)
         # BUG: a target this rank does not own points at the sentinel column `width`, "a
         # padding column, 0 because padding rows of W are zero"; it is the shard's first
@@ -174,16 +139,13 @@ def _forward_sentinel(
         masked_target = torch.where(owned, chunk_targets.long() - start, width)
         partial[:, 2] = tile.gather(1, masked_target.unsqueeze(1)).squeeze(1)
         pieces.append(partial[: end - begin])
-    partial = torch.cat(pieces)
-    partials = [partial] if group is None else group.all_gather(partial)
+    partials = gather(torch.cat(pieces), group)
     # Megatron's all-reduce (sum) of the predicted logit: non-owners are meant to add 0.
     summed = partials[0][:, 2]
     for other in partials[1:]:
         summed = summed + other[:, 2]
     partials = [torch.cat([p[:, :2], summed.unsqueeze(1), p[:, 3:]], dim=1) for p in partials]
-    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
-    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
-    return selected, lse, entropy
+    return merge_gathered(partials, targets, active, contract)
 
 
 def _backward_rank0_only(
@@ -234,8 +196,8 @@ def _forward_bias_after_mask(
         if bias32 is not None:
             tile = tile + bias32  # BUG: bias added after the mask: -inf + (+inf or NaN) = NaN
         chunk_targets = _padded_rows(targets, begin, end, step)
-        pieces.append(_local_partial(tile, chunk_targets, whole)[: end - begin])
-    return _merge(torch.cat(pieces), targets, active, contract, group)
+        pieces.append(local_partial(tile, chunk_targets, whole)[: end - begin])
+    return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
 
 
 def _liger_rows(rows: int, contract: LogprobContract) -> int:
@@ -265,8 +227,8 @@ def _forward_chunk_from_n(
         else:
             hidden32 = _padded_rows(hidden, begin, end, step).float()
             logits = _blas_logits_chunk(hidden32, weight32, bias32)
-        pieces.append(_local_partial(logits, chunk_targets, contract)[: end - begin])
-    return _merge(torch.cat(pieces), targets, active, contract, group)
+        pieces.append(local_partial(logits, chunk_targets, contract)[: end - begin])
+    return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
 
 
 def _blas_logits_chunk(
@@ -308,7 +270,7 @@ def _chunked_backward(
             chunk_active = _padded_rows(active, begin, end, step)
             hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
             chunk_logits = _blas_logits_chunk if liger_rows else logits_chunk
-            grad = _local_grad(
+            grad = local_grad(
                 chunk_logits(hidden32, weight32, bias32),
                 _padded_rows(targets, begin, end, step),
                 chunk_active,

@@ -18,7 +18,7 @@ fp32 products and fp32 accumulation (TF32 off for the call), so a row's ``x``
 depends on that row alone (``kernels/rowwise.py``: a BLAS matrix product gives a
 row other bits at another position in its batch). The chunk's logits are padded
 with zero rows to ``chunk_rows`` rows, so torch_native's per-shard partial
-(``kernels/native.py``) always runs on one shape; the partials of all chunks go
+(``kernels/partials.py``) always runs on one shape; the partials of all chunks go
 through one all-gather and torch_native's merge (``kernels/merge.py``). Padding
 rows of ``W`` are never read. Memory: one ``[chunk_rows, live]`` fp32 logits
 chunk and its elementwise temporaries (at most ``max(CHUNK_ELEMENTS, live)``
@@ -48,12 +48,12 @@ from typing import Any
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
-from tp_logprob.kernels.dtypes import TORCH_DTYPES
-from tp_logprob.kernels.merge import merge_entropy, merge_partials
-from tp_logprob.kernels.native import _local_grad, _local_partial
+from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.kernels.merge import gather_and_merge
+from tp_logprob.kernels.partials import local_grad, local_partial
+from tp_logprob.kernels.results import Outputs, differentiable_outputs, run_for_role
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
-from tp_logprob.kernels.shards import live_width, owner_ranks
+from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = [
@@ -101,22 +101,9 @@ def torch_native_fused_logprob(
         torch.distributed.all_reduce(hidden.grad)  # d hidden is this rank's partial
     """
     active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
-    output_dtype = TORCH_DTYPES[contract.output.dtype]
-    if contract.role is LogprobRole.TRAIN:
-        apply: Callable[..., tuple[torch.Tensor, ...]] = FusedLogprobFunction.apply
-        selected, lse, entropy = apply(
-            hidden, weight, bias, targets, active, contract, group, output_dtype
-        )
-    else:
-        with torch.no_grad():
-            selected, lse, entropy = _forward(
-                hidden, weight, bias, targets, active, contract, group
-            )
-            selected, lse, entropy = (t.to(output_dtype) for t in (selected, lse, entropy))
-    return LogprobResult(
-        selected,
-        lse if contract.export_lse else None,
-        entropy if contract.export_entropy else None,
+    apply: Callable[..., Outputs] = FusedLogprobFunction.apply
+    return run_for_role(
+        contract, apply, _forward, hidden, weight, bias, targets, active, contract, group
     )
 
 
@@ -134,14 +121,11 @@ class FusedLogprobFunction(torch.autograd.Function):
         contract: LogprobContract,
         group: Any,
         output_dtype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> Outputs:
         selected, lse, entropy = _forward(hidden, weight, bias, targets, active, contract, group)
         ctx.save_for_backward(hidden, weight, bias, targets, active, lse, entropy)
         ctx.contract = contract
-        lse_out, entropy_out = lse.to(output_dtype), entropy.to(output_dtype)
-        frozen = (lse_out,) if contract.export_entropy else (lse_out, entropy_out)
-        ctx.mark_non_differentiable(*frozen)
-        return selected.to(output_dtype), lse_out, entropy_out
+        return differentiable_outputs(ctx, contract, output_dtype, selected, lse, entropy)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -209,13 +193,10 @@ def _forward(
         else:
             logits = logits_chunk(hidden[begin:end].to(torch.float32), weight32, bias32)
             logits = _padded_rows(logits, 0, end - begin, step)
-        pieces.append(_local_partial(logits, chunk_targets, contract)[: end - begin])
+        pieces.append(local_partial(logits, chunk_targets, contract)[: end - begin])
     fields = 4 if contract.export_entropy else 3
     partial = torch.cat(pieces) if pieces else hidden.new_zeros((0, fields), dtype=torch.float32)
-    partials = [partial] if group is None else group.all_gather(partial)
-    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
-    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
-    return selected, lse, entropy
+    return gather_and_merge(partial, targets, active, contract, group)
 
 
 def _backward(
@@ -245,7 +226,7 @@ def _backward(
             chunk_active = _padded_rows(active, begin, end, step)
             hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
             logits = logits_chunk(hidden32[:count], weight32, bias32)
-            grad = _local_grad(
+            grad = local_grad(
                 _padded_rows(logits, 0, count, step),
                 _padded_rows(targets, begin, end, step),
                 chunk_active,
