@@ -5,7 +5,8 @@ A fused op is ``check -> forward -> (train: autograd with backward)``, exactly a
 forward or the backward as an argument (default: native_fused's own) and returns
 the ``(op, capability)`` pair ``--tp-logprob-backend=module:attr`` accepts, with
 torch_native_fused's capability. Each private step below is native_fused's with
-one change, marked ``# BUG:``. :data:`control_fused` replaces nothing and must
+one change, marked ``# BUG:``, built from the same public pieces (``kernels/lm_head.py``,
+``kernels/partials.py``, ``kernels/merge.py``). :data:`control_fused` replaces nothing and must
 pass the whole suite.
 """
 
@@ -21,19 +22,18 @@ import torch
 from tests.mutants._compose import MutantPair
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
-from tp_logprob.kernels.merge import gather, gather_and_merge, merge_gathered
-from tp_logprob.kernels.native_fused import (
-    _backward,
-    _chunks,
-    _forward,
-    _live_params,
-    _padded_rows,
+from tp_logprob.kernels.lm_head import (
     chunk_rows,
-    full_fp32_matmul,
+    live_params,
     logits_chunk,
+    padded_rows,
+    row_chunks,
 )
+from tp_logprob.kernels.merge import gather, gather_and_merge, merge_gathered
+from tp_logprob.kernels.native_fused import native_fused_backward, native_fused_forward
 from tp_logprob.kernels.partials import local_grad, local_partial
 from tp_logprob.kernels.results import differentiable_outputs, run_for_role
+from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.validation import check_fused_inputs
 
@@ -84,7 +84,10 @@ class _FusedMutantFunction(torch.autograd.Function):
 
 
 def fused_mutant(
-    backend_id: str, *, forward: FusedForward = _forward, backward: FusedBackward = _backward
+    backend_id: str,
+    *,
+    forward: FusedForward = native_fused_forward,
+    backward: FusedBackward = native_fused_backward,
 ) -> MutantPair:
     """The ``(op, capability)`` pair of a native_fused-built backend with id ``backend_id``."""
 
@@ -123,9 +126,9 @@ def _forward_sentinel(
     weight32 = weight.to(torch.float32)
     bias32 = None if bias is None else bias.to(torch.float32)
     pieces = []
-    for begin, end in _chunks(hidden.shape[0], contract):
-        chunk_targets = _padded_rows(targets, begin, end, step)
-        hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+    for begin, end in row_chunks(hidden.shape[0], contract):
+        chunk_targets = padded_rows(targets, begin, end, step)
+        hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
         # The whole shard's tile, padding rows of W included, and one column past the
         # shard's end that a masked tile load reads as 0.
         tile = torch.cat(
@@ -160,7 +163,7 @@ def _backward_rank0_only(
     grad_entropy: torch.Tensor | None,
     contract: LogprobContract,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    d_hidden, d_weight, d_bias = _backward(
+    d_hidden, d_weight, d_bias = native_fused_backward(
         hidden, weight, bias, targets, active, lse, entropy, grad_selected, grad_entropy, contract
     )
     if contract.sharding.tp_rank != 0:
@@ -190,12 +193,12 @@ def _forward_bias_after_mask(
     weight32 = weight.to(torch.float32)
     bias32 = None if bias is None else bias.to(torch.float32)
     pieces = []
-    for begin, end in _chunks(hidden.shape[0], contract):
-        hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+    for begin, end in row_chunks(hidden.shape[0], contract):
+        hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
         tile = logits_chunk(hidden32, weight32, None).masked_fill(padding, _NEG_INF)
         if bias32 is not None:
             tile = tile + bias32  # BUG: bias added after the mask: -inf + (+inf or NaN) = NaN
-        chunk_targets = _padded_rows(targets, begin, end, step)
+        chunk_targets = padded_rows(targets, begin, end, step)
         pieces.append(local_partial(tile, chunk_targets, whole)[: end - begin])
     return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
 
@@ -217,15 +220,15 @@ def _forward_chunk_from_n(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     rows, width = hidden.shape[0], live_width(contract)
     step = _liger_rows(rows, contract)  # BUG: the chunk's shape, hence a row's bits, depend on N
-    weight32, bias32 = _live_params(weight, bias, width)
+    weight32, bias32 = live_params(weight, bias, width)
     pieces = []
     for begin in range(0, rows, step):
         end = min(begin + step, rows)
-        chunk_targets = _padded_rows(targets, begin, end, step)
+        chunk_targets = padded_rows(targets, begin, end, step)
         if width == 0:
             logits = hidden.new_zeros((step, 0), dtype=torch.float32)
         else:
-            hidden32 = _padded_rows(hidden, begin, end, step).float()
+            hidden32 = padded_rows(hidden, begin, end, step).float()
             logits = _blas_logits_chunk(hidden32, weight32, bias32)
         pieces.append(local_partial(logits, chunk_targets, contract)[: end - begin])
     return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
@@ -255,7 +258,7 @@ def _chunked_backward(
     liger_rows: bool = False,
     zero_inactive_hidden: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """native_fused's ``_backward``, with the chunk size and the inactive-row guard as options."""
+    """``native_fused_backward``, with the chunk size and the inactive-row guard as options."""
     rows, width = hidden.shape[0], live_width(contract)
     step = _liger_rows(rows, contract) if liger_rows else chunk_rows(contract)
     d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
@@ -264,21 +267,21 @@ def _chunked_backward(
         None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
     )
     if width > 0:
-        weight32, bias32 = _live_params(weight, bias, width)
+        weight32, bias32 = live_params(weight, bias, width)
         for begin in range(0, rows, step):
             end = min(begin + step, rows)
-            chunk_active = _padded_rows(active, begin, end, step)
-            hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+            chunk_active = padded_rows(active, begin, end, step)
+            hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
             chunk_logits = _blas_logits_chunk if liger_rows else logits_chunk
             grad = local_grad(
                 chunk_logits(hidden32, weight32, bias32),
-                _padded_rows(targets, begin, end, step),
+                padded_rows(targets, begin, end, step),
                 chunk_active,
-                _padded_rows(lse, begin, end, step),
-                _padded_rows(grad_selected, begin, end, step),
+                padded_rows(lse, begin, end, step),
+                padded_rows(grad_selected, begin, end, step),
                 contract,
-                _padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
-                None if grad_entropy is None else _padded_rows(grad_entropy, begin, end, step),
+                padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
+                None if grad_entropy is None else padded_rows(grad_entropy, begin, end, step),
             )
             if zero_inactive_hidden:
                 hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)

@@ -11,7 +11,7 @@ is ``[local_vocab_size]`` exactly when ``contract.has_bias``. All three are in t
 contract's dtype and on one device. The result is the logits path's: fp32
 ``selected_logp``, ``lse`` (and ``entropy``), replicated.
 
-Algorithm: rows are processed in chunks of :func:`chunk_rows` rows, a number
+Algorithm: rows are processed in chunks of ``lm_head.chunk_rows`` rows, a number
 that depends only on the shard's live width (never on N). Per chunk, each row's
 ``x = fp32(W_live) fp32(h) (+ fp32(bias))`` is one matrix-vector product with
 fp32 products and fp32 accumulation (TF32 off for the call), so a row's ``x``
@@ -21,7 +21,7 @@ with zero rows to ``chunk_rows`` rows, so torch_native's per-shard partial
 (``kernels/partials.py``) always runs on one shape; the partials of all chunks go
 through one all-gather and torch_native's merge (``kernels/merge.py``). Padding
 rows of ``W`` are never read. Memory: one ``[chunk_rows, live]`` fp32 logits
-chunk and its elementwise temporaries (at most ``max(CHUNK_ELEMENTS, live)``
+chunk and its elementwise temporaries (at most ``max(lm_head.CHUNK_ELEMENTS, live)``
 elements each), an fp32 copy of the live weight rows ``[live, H]`` (independent
 of N) and of one hidden chunk, and ``[N, 3 or 4]`` partials; never
 ``[N, local_vocab]`` (for N > ``chunk_rows``).
@@ -43,12 +43,19 @@ to ``d W`` and ``d bias`` even when their hidden row holds NaN.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.kernels.lm_head import (
+    chunk_rows,
+    live_params,
+    logits_chunk,
+    padded_rows,
+    row_chunks,
+)
 from tp_logprob.kernels.merge import gather_and_merge
 from tp_logprob.kernels.partials import local_grad, local_partial
 from tp_logprob.kernels.results import Outputs, differentiable_outputs, run_for_role
@@ -57,30 +64,11 @@ from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = [
-    "CHUNK_ELEMENTS",
-    "MAX_CHUNK_ROWS",
     "FusedLogprobFunction",
-    "chunk_rows",
-    "full_fp32_matmul",
-    "logits_chunk",
+    "native_fused_backward",
+    "native_fused_forward",
     "torch_native_fused_logprob",
 ]
-
-CHUNK_ELEMENTS = 1 << 22
-"""Most fp32 elements in one logits chunk (16 MiB): ``chunk_rows * live_width`` stays below."""
-
-MAX_CHUNK_ROWS = 128
-"""Most rows in one chunk; every chunk is padded to ``chunk_rows``, so small N stays cheap."""
-
-
-def chunk_rows(contract: LogprobContract) -> int:
-    """Rows per chunk: ``CHUNK_ELEMENTS // live_width`` within ``[1, MAX_CHUNK_ROWS]``.
-
-    It depends on the shard only, never on N, so a row's partial is computed on one
-    shape whatever the batch.
-    """
-    start, live_end = contract.sharding.live_bounds()
-    return max(1, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(live_end - start, 1)))
 
 
 def torch_native_fused_logprob(
@@ -103,7 +91,16 @@ def torch_native_fused_logprob(
     active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
     apply: Callable[..., Outputs] = FusedLogprobFunction.apply
     return run_for_role(
-        contract, apply, _forward, hidden, weight, bias, targets, active, contract, group
+        contract,
+        apply,
+        native_fused_forward,
+        hidden,
+        weight,
+        bias,
+        targets,
+        active,
+        contract,
+        group,
     )
 
 
@@ -122,7 +119,9 @@ class FusedLogprobFunction(torch.autograd.Function):
         group: Any,
         output_dtype: torch.dtype,
     ) -> Outputs:
-        selected, lse, entropy = _forward(hidden, weight, bias, targets, active, contract, group)
+        selected, lse, entropy = native_fused_forward(
+            hidden, weight, bias, targets, active, contract, group
+        )
         ctx.save_for_backward(hidden, weight, bias, targets, active, lse, entropy)
         ctx.contract = contract
         return differentiable_outputs(ctx, contract, output_dtype, selected, lse, entropy)
@@ -132,47 +131,13 @@ class FusedLogprobFunction(torch.autograd.Function):
         hidden, weight, bias, targets, active, lse, entropy = ctx.saved_tensors
         contract: LogprobContract = ctx.contract
         grad_entropy = grads[2] if contract.export_entropy else None
-        d_hidden, d_weight, d_bias = _backward(
+        d_hidden, d_weight, d_bias = native_fused_backward(
             hidden, weight, bias, targets, active, lse, entropy, grads[0], grad_entropy, contract
         )
         return d_hidden, d_weight, d_bias, None, None, None, None, None
 
 
-def _chunks(rows: int, contract: LogprobContract) -> Iterator[tuple[int, int]]:
-    step = chunk_rows(contract)
-    for begin in range(0, rows, step):
-        yield begin, min(begin + step, rows)
-
-
-def _padded_rows(values: torch.Tensor, begin: int, end: int, size: int) -> torch.Tensor:
-    """``values[begin:end]`` padded with zero rows to ``size`` rows (a fixed matmul shape)."""
-    chunk = values[begin:end]
-    if end - begin == size:
-        return chunk
-    pad = chunk.new_zeros((size - (end - begin), *chunk.shape[1:]))
-    return torch.cat([chunk, pad])
-
-
-def logits_chunk(
-    hidden32: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tensor | None
-) -> torch.Tensor:
-    """``hidden32 @ weight32.T (+ bias32)`` in fp32, each row's bits from its own row alone.
-
-    One matrix-vector product per row (:func:`~tp_logprob.kernels.rowwise.rowwise_matmul`):
-    a BLAS matrix product gives a row other bits at another position in the batch.
-    """
-    logits = rowwise_matmul(hidden32, weight32)
-    return logits if bias32 is None else logits + bias32
-
-
-def _live_params(
-    weight: torch.Tensor, bias: torch.Tensor | None, width: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight32 = weight[:width].to(torch.float32)
-    return weight32, None if bias is None else bias[:width].to(torch.float32)
-
-
-def _forward(
+def native_fused_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -180,26 +145,26 @@ def _forward(
     active: torch.Tensor,
     contract: LogprobContract,
     group: Any,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Outputs:
     """Chunked partials, one all-gather, torch_native's merge; fp32 results."""
     rows, width = hidden.shape[0], live_width(contract)
     step = chunk_rows(contract)
-    weight32, bias32 = _live_params(weight, bias, width)
+    weight32, bias32 = live_params(weight, bias, width)
     pieces = []
-    for begin, end in _chunks(rows, contract):
-        chunk_targets = _padded_rows(targets, begin, end, step)
+    for begin, end in row_chunks(rows, contract):
+        chunk_targets = padded_rows(targets, begin, end, step)
         if width == 0:
             logits = hidden.new_zeros((step, 0), dtype=torch.float32)
         else:
             logits = logits_chunk(hidden[begin:end].to(torch.float32), weight32, bias32)
-            logits = _padded_rows(logits, 0, end - begin, step)
+            logits = padded_rows(logits, 0, end - begin, step)
         pieces.append(local_partial(logits, chunk_targets, contract)[: end - begin])
     fields = 4 if contract.export_entropy else 3
     partial = torch.cat(pieces) if pieces else hidden.new_zeros((0, fields), dtype=torch.float32)
     return gather_and_merge(partial, targets, active, contract, group)
 
 
-def _backward(
+def native_fused_backward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -220,21 +185,21 @@ def _backward(
         None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
     )
     if width > 0:
-        weight32, bias32 = _live_params(weight, bias, width)
-        for begin, end in _chunks(rows, contract):
+        weight32, bias32 = live_params(weight, bias, width)
+        for begin, end in row_chunks(rows, contract):
             count = end - begin
-            chunk_active = _padded_rows(active, begin, end, step)
-            hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+            chunk_active = padded_rows(active, begin, end, step)
+            hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
             logits = logits_chunk(hidden32[:count], weight32, bias32)
             grad = local_grad(
-                _padded_rows(logits, 0, count, step),
-                _padded_rows(targets, begin, end, step),
+                padded_rows(logits, 0, count, step),
+                padded_rows(targets, begin, end, step),
                 chunk_active,
-                _padded_rows(lse, begin, end, step),
-                _padded_rows(grad_selected, begin, end, step),
+                padded_rows(lse, begin, end, step),
+                padded_rows(grad_selected, begin, end, step),
                 contract,
-                _padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
-                None if grad_entropy is None else _padded_rows(grad_entropy, begin, end, step),
+                padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
+                None if grad_entropy is None else padded_rows(grad_entropy, begin, end, step),
             )
             # An inactive row's G is 0; zeroing its hidden row keeps NaN there out of d W.
             hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)

@@ -16,7 +16,7 @@ read ``w H b / BLOCK_M`` (the live ``W`` rows, once per row block) + ``ceil(w / 
 active flag); written 12 to the partial (16 with entropy); then the merge's.
 
 Role ``train`` (``TritonFusedFunction``): the backward walks rows in chunks of
-``native_fused.chunk_rows(contract)`` rows (it depends on the shard's live width,
+``lm_head.chunk_rows(contract)`` rows (it depends on the shard's live width,
 never on N). Per chunk it materializes exactly one fp32 ``[chunk_rows, live]``
 buffer: ``fused_logits_kernel`` writes the recomputed ``x`` (the forward's bits),
 ``logprob_grad_kernel`` (the logits backends' backward) overwrites it in place
@@ -55,8 +55,8 @@ import torch
 import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.kernels.lm_head import chunk_rows, row_chunks
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
-from tp_logprob.kernels.native_fused import chunk_rows
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
 from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel, fused_partial_kernel
@@ -286,12 +286,12 @@ def fused_backward(
         weight32 = weight[:width].detach().to(torch.float32)
         grad = torch.empty((step, width), dtype=torch.float32, device=hidden.device)
         hidden32 = torch.empty((step, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
-        for begin in range(0, rows, step):
-            chunk = slice(begin, min(begin + step, rows))
+        for begin, end in row_chunks(rows, contract):
+            chunk = slice(begin, end)
             fused_logits(hidden[chunk], weight, bias, width, grad)
             _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads)
             _active_rows32(hidden[chunk], inputs.active[chunk], hidden32)
-            d_hidden[chunk] = rowwise_matmul(grad[: chunk.stop - begin], weight32.T)
+            d_hidden[chunk] = rowwise_matmul(grad[: end - begin], weight32.T)
             with full_fp32_matmul():
                 d_weight[:width] += torch.matmul(grad.T, hidden32)
             if d_bias is not None:
