@@ -57,8 +57,9 @@ import triton
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.lm_head import chunk_rows, row_chunks
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
+from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
-from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
+from tp_logprob.kernels.triton.autograd import launch_logprob_grad
 from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel, fused_partial_kernel
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, prepare
 from tp_logprob.kernels.triton.launch import (
@@ -77,6 +78,8 @@ __all__ = [
     "fused_backward",
     "fused_forward",
     "fused_logits",
+    "fused_operands",
+    "ieee_products",
     "run_fused_op",
     "triton_fused_logprob",
 ]
@@ -123,11 +126,7 @@ def run_fused_op(
     if contract.role is LogprobRole.TRAIN:
         apply: Callable[..., tuple[torch.Tensor, ...]] = TritonFusedFunction.apply
         selected, lse, entropy = apply(hidden, weight, bias, inputs, contract, group, forward)
-        return LogprobResult(
-            selected,
-            lse if contract.export_lse else None,
-            entropy if contract.export_entropy else None,
-        )
+        return exported_result(contract, selected, lse, entropy)
     with torch.no_grad():
         outputs = forward(hidden, weight, bias, inputs, contract, group)
     return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
@@ -161,13 +160,13 @@ def fused_forward(
     platform = platform_of(hidden)
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
     block_m, block_k = FUSED_TILES[platform]
-    with _ieee_products():
+    with ieee_products():
         launch(
             fused_partial_kernel,
             (triton.cdiv(rows, block_m),),
             config,
             hidden,
-            *_operands(hidden, weight, bias),
+            *fused_operands(hidden, weight, bias),
             rows,
             hidden.shape[1],
             inputs.live_width,
@@ -186,7 +185,7 @@ def fused_forward(
     return online_merge(all_gather(partial, group), inputs, contract)
 
 
-def _ieee_products() -> Any:
+def ieee_products() -> Any:
     """Let the interpreter's matmul form ``inf * 0 = NaN`` without a warning.
 
     An infinite hidden or weight element meeting a zero (its own data, or a masked
@@ -197,7 +196,7 @@ def _ieee_products() -> Any:
     return np.errstate(invalid="ignore")
 
 
-def _operands(
+def fused_operands(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[Any, ...]:
     """The fused kernels' leading arguments: ``hidden`` and ``W`` with their strides, the bias.
@@ -235,17 +234,11 @@ class TritonFusedFunction(torch.autograd.Function):
         forward: FusedForwardFn,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         outputs = forward(hidden, weight, bias, inputs, contract, group)
-        lse = outputs.lse_target()
-        if outputs.entropy is None or outputs.entropy32 is None:
-            entropy = entropy32 = outputs.selected.new_empty(0)
-            frozen: tuple[torch.Tensor, ...] = (lse, entropy)
-        else:
-            entropy, entropy32 = outputs.entropy, outputs.entropy32
-            frozen = (lse,)
+        selected, lse, entropy, entropy32, frozen = outputs.for_autograd()
         ctx.save_for_backward(hidden, weight, bias, outputs.lse32, entropy32)
         ctx.inputs, ctx.contract = inputs, contract
         ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
-        return outputs.selected, lse, entropy
+        return selected, lse, entropy
 
     @staticmethod
     def backward(
@@ -336,13 +329,13 @@ def fused_logits(
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
     block_m, block_k = FUSED_TILES[platform]
     out[count:].zero_()
-    with _ieee_products():
+    with ieee_products():
         launch(
             fused_logits_kernel,
             (triton.cdiv(count, block_m), triton.cdiv(width, config.block)),
             config,
             hidden,
-            *_operands(hidden, weight, bias),
+            *fused_operands(hidden, weight, bias),
             count,
             hidden.shape[1],
             width,
@@ -366,31 +359,18 @@ def _grad_in_place(
     ``logprob_grad_kernel`` reads each tile before it writes the same tile, so one
     buffer serves as its logits and its gradient.
     """
-    width = inputs.live_width
     count = len(range(inputs.num_rows)[chunk])
-    config = launch_config(platform_of(buffer), KernelKind.TILE, buffer.dtype)
-    if entropy_grads is None or entropy_grads[1] is None:
-        entropy32, grad_entropy, with_entropy = lse32, lse32, False
-    else:
-        entropy32, grad_entropy, with_entropy = entropy_grads[0], entropy_grads[1], True
-    launch(
-        logprob_grad_kernel,
-        (count, triton.cdiv(width, config.block)),
-        config,
+    if entropy_grads is not None and entropy_grads[1] is not None:
+        entropy_grads = (entropy_grads[0][chunk], entropy_grads[1][chunk])
+    launch_logprob_grad(
         buffer,
         buffer,
-        width,
-        width,
-        width,
-        inputs.col_start,
+        count,
+        inputs.live_width,
         inputs.targets[chunk],
         inputs.active[chunk],
         lse32[chunk],
-        grad_selected[chunk].contiguous(),
-        buffer,
-        entropy32[chunk],
-        grad_entropy[chunk].contiguous(),
-        inputs.temperature,
-        SCALE=inputs.scale,
-        ENTROPY=with_entropy,
+        grad_selected[chunk],
+        inputs,
+        entropy_grads,
     )

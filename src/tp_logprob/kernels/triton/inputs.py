@@ -72,6 +72,18 @@ class Outputs(NamedTuple):
             return self.lse32, self.lse32
         return self.entropy, self.entropy32
 
+    def for_autograd(
+        self,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(selected, lse, entropy, entropy32, frozen)`` for an autograd Function's forward:
+        ``lse`` in the output dtype, an empty entropy placeholder (and ``entropy32``) when the
+        contract has no entropy, and the outputs to mark non-differentiable."""
+        lse = self.lse_target()
+        if self.entropy is None or self.entropy32 is None:
+            entropy = entropy32 = self.selected.new_empty(0)
+            return self.selected, lse, entropy, entropy32, (lse, entropy)
+        return self.selected, lse, self.entropy, self.entropy32, (lse,)
+
 
 def prepare(
     local_logits: torch.Tensor,
