@@ -50,12 +50,13 @@ from typing import Any
 import torch
 
 import tp_logprob as tpl
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.properties.allocations import track_allocations
 
 GPU_ROWS, GPU_HIDDEN, GPU_VOCAB = (4096, 32768), 4096, 152064
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = ("bf16", "fp16", "fp32")
 MEMORY_TARGET = 1 / 8
 FUSED = ("torch_native_fused", "triton_fused")
 MiB = 2**20
@@ -184,7 +185,7 @@ def bench_shape(
     triton_op: Callable[..., Any] | None,
 ) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     shape = {"rows": rows, "hidden": hidden_size, "vocab": vocab, "padded": padded, "role": role}
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

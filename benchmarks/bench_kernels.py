@@ -53,7 +53,6 @@ import triton.testing
 
 import tp_logprob as tpl
 from tp_logprob.gpu_readiness.traffic import PEAK_BANDWIDTH, Shape, predicted_seconds
-from tp_logprob.kernels.checks import check_op_inputs
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.triton.exact_sum import (
     exact_sum_forward,
@@ -61,6 +60,7 @@ from tp_logprob.kernels.triton.exact_sum import (
 )
 from tp_logprob.kernels.triton.inputs import prepare
 from tp_logprob.kernels.triton.online import online_forward, triton_online_logprob
+from tp_logprob.kernels.validation import check_op_inputs
 
 ROWS = (1024, 8192, 32768)
 VOCABS = (32000, 152064)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import tp_logprob as tpl
-from tp_logprob.kernels.checks import check_op_inputs
+from tp_logprob.kernels.validation import check_op_inputs
 
 CAPABILITY = tpl.LogprobBackendCapability(
     backend_id="my_kernel",

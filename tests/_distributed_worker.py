@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 import tp_logprob as tpl
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = ("bf16", "fp16", "fp32")
 
 
 def build_case(seed: int, world: int) -> tuple[tpl.LogprobContract, torch.Tensor, torch.Tensor]:
@@ -54,7 +55,7 @@ def build_case(seed: int, world: int) -> tuple[tpl.LogprobContract, torch.Tensor
         output=tpl.LogprobOutputSpec(str(rng.choice(list(DTYPES)))),
         export_lse=bool(rng.random() < 0.8),
     )
-    return contract, torch.from_numpy(logits).to(DTYPES[dtype]), torch.from_numpy(targets)
+    return contract, torch.from_numpy(logits).to(TORCH_DTYPES[dtype]), torch.from_numpy(targets)
 
 
 def _run(rank: int, world: int, port: int, cases: int, hang_timeout: float) -> dict[str, Any]:

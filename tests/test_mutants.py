@@ -26,6 +26,7 @@ from tests.mutants.fused_bugs import control_fused
 from tp_logprob.comm import CollectiveError, EmulatedGroup
 from tp_logprob.emulate import ReplicationError
 from tp_logprob.kernels.builtin import TORCH_NATIVE, TORCH_NATIVE_FUSED
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import apply_temperature, exact_selected_logprob, tolerance
@@ -69,7 +70,7 @@ class Case:
     targets: list[int]
 
     def tensors(self, *, grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[self.contract.dtype.value]
+        dtype = TORCH_DTYPES[self.contract.dtype]
         logits = torch.tensor(np.asarray(self.logits, dtype=np.float32)).to(dtype)
         return logits.requires_grad_(grad), torch.tensor(self.targets)
 

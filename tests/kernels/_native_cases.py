@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 import tp_logprob as tpl
-from tp_logprob.kernels.checks import TORCH_DTYPES
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.oracle import exact_selected_logprob
 
 REAL = 19

@@ -26,6 +26,7 @@ import pytest
 
 import tp_logprob as tpl
 from tp_logprob.emulate import run_tp
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.oracle import tolerance
 
@@ -51,7 +52,7 @@ online_merge = on_device(_online.online_merge, DEVICE)
 
 def row_block(dtype: str) -> int:
     """The column tile of the row kernels on CPU (the tests span several tiles)."""
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     return int(_launch.launch_config("cpu", _launch.KernelKind.ROW, torch_dtype).block)
 
 

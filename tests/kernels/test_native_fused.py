@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import tp_logprob as tpl
-from tp_logprob.kernels import native_fused
+from tp_logprob.kernels import lm_head
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
+from tp_logprob.kernels.lm_head import logits_chunk
 from tp_logprob.kernels.native import torch_native_logprob
-from tp_logprob.kernels.native_fused import logits_chunk, torch_native_fused_logprob
+from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import (
     dot_product_error_bound,
     exact_entropy,
@@ -30,7 +32,7 @@ LAYOUTS = {
     "tp2-padding-shard": ((0, 19), (19, 24)),
     "tp3-uneven": ((0, 10), (10, 11), (11, 24)),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = ("fp32", "bf16", "fp16")
 MASK = np.array([True, True, False, True, True, True])
 
 
@@ -76,11 +78,11 @@ def random_case(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Hidden, weight (padding rows hold NaN and inf), bias and in-range targets."""
     gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(num_tokens, SIZE, generator=gen).to(DTYPES[dtype])
-    weight = (torch.randn(PADDED, SIZE, generator=gen) * 0.6).to(DTYPES[dtype])
+    hidden = torch.randn(num_tokens, SIZE, generator=gen).to(TORCH_DTYPES[dtype])
+    weight = (torch.randn(PADDED, SIZE, generator=gen) * 0.6).to(TORCH_DTYPES[dtype])
     weight[REAL:] = float("nan")
     weight[REAL + 1, :3] = float("inf")
-    biases = (torch.randn(PADDED, generator=gen)).to(DTYPES[dtype]) if bias else None
+    biases = (torch.randn(PADDED, generator=gen)).to(TORCH_DTYPES[dtype]) if bias else None
     if biases is not None:
         biases[REAL:] = float("-inf")
     targets = torch.randint(0, REAL, (num_tokens,), generator=gen)
@@ -176,7 +178,7 @@ def test_bitwise_equal_to_torch_native_on_the_same_logits(layout: str, dtype: st
     )
     fused = run_fused(hidden, weight, targets, contract, biases)
     assert biases is not None
-    rows = native_fused.chunk_rows(contract)
+    rows = lm_head.chunk_rows(contract)
     hidden32 = torch.cat([hidden.float(), hidden.new_zeros(rows - 6, SIZE).float()])
     columns = []
     for start, end in bounds:
@@ -212,7 +214,7 @@ def test_gradients_match_exact(layout: str, dtype: str, monkeypatch: pytest.Monk
     rounding (and, in low precision, the sum of per-rank partials in that dtype).
     Chunks of 2 rows make the backward run several chunks.
     """
-    monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
     hidden, weight, _, targets = random_case(dtype, seed=11)
     hidden[2] = float("nan")  # an inactive row: must not reach weight.grad
     hidden.requires_grad_(True)
@@ -263,7 +265,7 @@ def test_batch_invariant_across_chunk_boundaries(
     dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A row's bits do not depend on N or on where chunk boundaries (3 rows) fall."""
-    monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 3 * REAL)
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
     hidden, weight, biases, targets = random_case(dtype, seed=2, num_tokens=8, bias=True)
     bounds = LAYOUTS["tp3-uneven"]
 
@@ -292,7 +294,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
     internally). The same watch over torch_native's logits path does see
     ``[N, vocab]`` fp32 tensors, so it can fail.
     """
-    monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
     num_tokens = 12
     hidden, weight, _, targets = random_case("bf16", seed=4, num_tokens=num_tokens)
     hidden.requires_grad_(True)
@@ -305,7 +307,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
         op = fused.wrap(torch_native_fused_logprob)
         results = run_fused(hidden, weight, targets, contract, op=op)
         (results[0].selected_logp.float().sum() + results[0].entropy.float().sum()).backward()
-    assert fused.max_rows(torch.float32, widths) == native_fused.chunk_rows(contract) == 2
+    assert fused.max_rows(torch.float32, widths) == lm_head.chunk_rows(contract) == 2
     logits = torch.randn(num_tokens, PADDED).bfloat16().requires_grad_(True)
     plain = tpl.LogprobContract(
         "train", "bf16", contract.mask, contract.sharding, contract.reduction

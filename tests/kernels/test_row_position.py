@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import tp_logprob as tpl
-from tp_logprob.kernels import native_fused
+from tp_logprob.kernels import lm_head
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.kernels.rowwise import rowwise_matmul
 
@@ -107,8 +108,8 @@ def test_fused_row_bits_do_not_depend_on_its_position(
 ) -> None:
     """One hidden row at the even positions and the last of a 37-row batch (odd
     positions hold other rows): every copy has the bits of the row run alone."""
-    monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 4 * REAL)  # 4-row torch chunks
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 4 * REAL)  # 4-row torch chunks
+    torch_dtype = TORCH_DTYPES[dtype]
     gen = torch.Generator().manual_seed(11)
     weight = torch.randn(PADDED, SIZE, generator=gen).to(torch_dtype)
     weight[REAL:] = float("nan")  # padding rows: never read

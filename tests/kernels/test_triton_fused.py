@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import tp_logprob as tpl
-from tp_logprob.kernels import native_fused
+from tp_logprob.kernels import lm_head
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_grads, exact_hidden_logits, tolerance
 from tp_logprob.properties.allocations import track_allocations
@@ -41,7 +42,7 @@ LAYOUTS = {
     "tp3-uneven": ((0, 10), (10, 11), (11, 24)),
     "tp4-uneven": ((0, 3), (3, 17), (17, 20), (20, 24)),
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = ("fp32", "bf16", "fp16")
 MASK = np.array([True, True, False, True, True, True])
 GRAD_REL = {"fp32": 2.0**-14, "bf16": 2.0**-6, "fp16": 2.0**-9}
 
@@ -73,11 +74,11 @@ def random_case(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Hidden, weight (padding rows hold NaN and inf), bias (-inf padding) and targets."""
     gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(num_tokens, size, generator=gen).to(DTYPES[dtype])
-    weight = (torch.randn(PADDED, size, generator=gen) * 0.6).to(DTYPES[dtype])
+    hidden = torch.randn(num_tokens, size, generator=gen).to(TORCH_DTYPES[dtype])
+    weight = (torch.randn(PADDED, size, generator=gen) * 0.6).to(TORCH_DTYPES[dtype])
     weight[REAL:] = float("nan")
     weight[REAL + 1, :3] = float("inf")
-    biases = torch.randn(PADDED, generator=gen).to(DTYPES[dtype]) if bias else None
+    biases = torch.randn(PADDED, generator=gen).to(TORCH_DTYPES[dtype]) if bias else None
     if biases is not None:
         biases[REAL:] = float("-inf")
     targets = torch.randint(0, REAL, (num_tokens,), generator=gen)
@@ -188,7 +189,7 @@ def test_gradients_match_exact(layout: str, dtype: str, monkeypatch: pytest.Monk
     The bound is test_native_fused's: ``GRAD_REL * (|G| + onehot) @ |operand|``.
     Chunks of 2 rows make the backward run several chunks, the last one padded.
     """
-    monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
     hidden, weight, biases, targets = random_case(dtype, seed=11, bias=True)
     assert biases is not None
     hidden[2] = float("nan")  # an inactive row: must not reach weight.grad or bias.grad
@@ -283,7 +284,7 @@ def test_bitwise_batch_invariant_and_reproducible(
     Chunks of 3 rows: row 7 is alone in a chunk in the full batch, and slices move
     every row to other chunk positions and other row-block neighbours.
     """
-    monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 3 * REAL)
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
     inputs = random_case(dtype, seed=2, num_tokens=8, bias=True)
     full, full_grad = _run_rows(slice(0, 8), dtype, inputs)
     again, again_grad = _run_rows(slice(0, 8), dtype, inputs)
@@ -302,7 +303,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
     (``track_allocations``); the kernels' own registers are not tensors. H = 16 is no
     vocabulary width, so ``[N, H]`` tensors are not mistaken for logits.
     """
-    monkeypatch.setattr(native_fused, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
     num_tokens = 8
     hidden, weight, _, targets = random_case("bf16", seed=4, num_tokens=num_tokens, size=16)
     hidden.requires_grad_(True)
@@ -320,7 +321,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
             0
         ]
         (result.selected_logp.float().sum() + result.entropy.float().sum()).backward()
-    assert native_fused.chunk_rows(contract) == 2
+    assert lm_head.chunk_rows(contract) == 2
     assert fused.max_rows(torch.float32, {REAL, PADDED}) == 2
     assert weight.grad is not None and weight.grad[:REAL].abs().sum() > 0
 
@@ -350,9 +351,9 @@ def test_logit_bits_do_not_depend_on_the_shard_layout_or_the_rows(dtype: str) ->
     fixed-point construction.
     """
     gen = torch.Generator().manual_seed(3)
-    hidden = (torch.randn(8, 40, generator=gen) * 3).to(DTYPES[dtype])
-    weight = torch.randn(40, 40, generator=gen).to(DTYPES[dtype])
-    bias = torch.randn(40, generator=gen).to(DTYPES[dtype])
+    hidden = (torch.randn(8, 40, generator=gen) * 3).to(TORCH_DTYPES[dtype])
+    weight = torch.randn(40, 40, generator=gen).to(TORCH_DTYPES[dtype])
+    bias = torch.randn(40, generator=gen).to(TORCH_DTYPES[dtype])
     whole = logits_of(hidden, weight, bias)
     for bounds in (((0, 1), (1, 17), (17, 40)), ((0, 7), (7, 9), (9, 33), (33, 40))):
         shards = [logits_of(hidden, weight[a:b], bias[a:b]) for a, b in bounds]

@@ -19,11 +19,14 @@ from typing import Any
 import torch
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
-from tp_logprob.kernels import native
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.builtin import TORCH_NATIVE
-from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs, owner_ranks
-from tp_logprob.kernels.merge import merge_entropy, merge_partials
+from tp_logprob.kernels.merge import gather, merge_entropy, merge_partials
+from tp_logprob.kernels.native import native_forward
+from tp_logprob.kernels.partials import local_grad, local_partial
+from tp_logprob.kernels.results import differentiable_outputs, run_for_role
+from tp_logprob.kernels.shards import owner_ranks
+from tp_logprob.kernels.validation import check_op_inputs
 
 __all__ = ["Forward", "Grad", "MutantPair", "compose", "forward_from", "mutant"]
 
@@ -42,7 +45,7 @@ MutantPair = tuple[Callable[..., LogprobResult], LogprobBackendCapability]
 
 
 def forward_from(
-    partial: Callable[..., torch.Tensor] = native._local_partial,
+    partial: Callable[..., torch.Tensor] = local_partial,
     merge: Callable[..., tuple[torch.Tensor, torch.Tensor]] = merge_partials,
     owners: Callable[..., torch.Tensor] = owner_ranks,
     entropy_merge: Callable[..., torch.Tensor] = merge_entropy,
@@ -56,8 +59,7 @@ def forward_from(
         contract: LogprobContract,
         group: Any,
     ) -> tuple[torch.Tensor, ...]:
-        mine = partial(local_logits, targets, contract)
-        partials = [mine] if group is None else group.all_gather(mine)
+        partials = gather(partial(local_logits, targets, contract), group)
         selected, lse = merge(partials, owners(targets, contract), active)
         if not contract.export_entropy:
             return selected, lse, selected.new_empty(0)
@@ -89,10 +91,7 @@ class _MutantFunction(torch.autograd.Function):
         selected, lse, entropy = _triple(forward(local_logits, targets, active, contract, group))
         ctx.save_for_backward(local_logits, targets, active, lse, entropy)
         ctx.contract, ctx.grad = contract, grad
-        lse_out, entropy_out = lse.to(output_dtype), entropy.to(output_dtype)
-        frozen = (lse_out,) if contract.export_entropy else (lse_out, entropy_out)
-        ctx.mark_non_differentiable(*frozen)
-        return selected.to(output_dtype), lse_out, entropy_out
+        return differentiable_outputs(ctx, contract, output_dtype, selected, lse, entropy)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -107,8 +106,8 @@ def compose(
     backend_id: str,
     *,
     check: Check = check_op_inputs,
-    forward: Forward = native._forward,
-    grad: Grad = native._local_grad,
+    forward: Forward = native_forward,
+    grad: Grad = local_grad,
     **claims: Any,
 ) -> MutantPair:
     """The ``(op, capability)`` pair of a native-built backend registered as ``backend_id``.
@@ -124,21 +123,13 @@ def compose(
         group: Any = None,
     ) -> LogprobResult:
         active = check(local_logits, targets, contract, group)
-        output_dtype = TORCH_DTYPES[contract.output.dtype]
-        if contract.role is LogprobRole.TRAIN:
-            apply: Callable[..., tuple[torch.Tensor, ...]] = _MutantFunction.apply
-            selected, lse, entropy = apply(
-                local_logits, targets, active, contract, group, output_dtype, forward, grad
-            )
-        else:
-            with torch.no_grad():
-                outputs = _triple(forward(local_logits, targets, active, contract, group))
-                selected, lse, entropy = (t.to(output_dtype) for t in outputs)
-        return LogprobResult(
-            selected,
-            lse if contract.export_lse else None,
-            entropy if contract.export_entropy else None,
-        )
+        return run_for_role(contract, train, infer, local_logits, targets, active, contract, group)
+
+    def train(*inputs: Any) -> Any:
+        return _MutantFunction.apply(*inputs, forward, grad)
+
+    def infer(*inputs: Any) -> tuple[torch.Tensor, ...]:
+        return _triple(forward(*inputs))
 
     op.__qualname__ = op.__name__ = backend_id
     claims = {"supports_temperature": False, "exports_entropy": False, **claims}

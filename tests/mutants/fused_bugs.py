@@ -5,7 +5,8 @@ A fused op is ``check -> forward -> (train: autograd with backward)``, exactly a
 forward or the backward as an argument (default: native_fused's own) and returns
 the ``(op, capability)`` pair ``--tp-logprob-backend=module:attr`` accepts, with
 torch_native_fused's capability. Each private step below is native_fused's with
-one change, marked ``# BUG:``. :data:`control_fused` replaces nothing and must
+one change, marked ``# BUG:``, built from the same public pieces (``kernels/lm_head.py``,
+``kernels/partials.py``, ``kernels/merge.py``). :data:`control_fused` replaces nothing and must
 pass the whole suite.
 """
 
@@ -19,23 +20,22 @@ from typing import Any
 import torch
 
 from tests.mutants._compose import MutantPair
-from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
-from tp_logprob.kernels.checks import TORCH_DTYPES, owner_ranks
-from tp_logprob.kernels.merge import merge_entropy, merge_partials
-from tp_logprob.kernels.native import _local_grad, _local_partial
-from tp_logprob.kernels.native_fused import (
-    _backward,
-    _check_inputs,
-    _chunks,
-    _forward,
-    _live_params,
-    _live_width,
-    _padded_rows,
+from tp_logprob.kernels.lm_head import (
     chunk_rows,
-    full_fp32_matmul,
+    live_params,
     logits_chunk,
+    padded_rows,
+    row_chunks,
 )
+from tp_logprob.kernels.merge import gather, gather_and_merge, merge_gathered
+from tp_logprob.kernels.native_fused import native_fused_backward, native_fused_forward
+from tp_logprob.kernels.partials import local_grad, local_partial
+from tp_logprob.kernels.results import differentiable_outputs, run_for_role
+from tp_logprob.kernels.rowwise import full_fp32_matmul
+from tp_logprob.kernels.shards import live_width
+from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = ["FusedBackward", "FusedForward", "control_fused", "fused_mutant"]
 
@@ -70,10 +70,7 @@ class _FusedMutantFunction(torch.autograd.Function):
         selected, lse, entropy = forward(hidden, weight, bias, targets, active, contract, group)
         ctx.save_for_backward(hidden, weight, bias, targets, active, lse, entropy)
         ctx.contract, ctx.backward = contract, backward
-        lse_out, entropy_out = lse.to(output_dtype), entropy.to(output_dtype)
-        frozen = (lse_out,) if contract.export_entropy else (lse_out, entropy_out)
-        ctx.mark_non_differentiable(*frozen)
-        return selected.to(output_dtype), lse_out, entropy_out
+        return differentiable_outputs(ctx, contract, output_dtype, selected, lse, entropy)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -87,7 +84,10 @@ class _FusedMutantFunction(torch.autograd.Function):
 
 
 def fused_mutant(
-    backend_id: str, *, forward: FusedForward = _forward, backward: FusedBackward = _backward
+    backend_id: str,
+    *,
+    forward: FusedForward = native_fused_forward,
+    backward: FusedBackward = native_fused_backward,
 ) -> MutantPair:
     """The ``(op, capability)`` pair of a native_fused-built backend with id ``backend_id``."""
 
@@ -100,48 +100,16 @@ def fused_mutant(
         weight: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> LogprobResult:
-        active = _check_inputs(hidden, targets, contract, group, weight, bias)
-        output_dtype = TORCH_DTYPES[contract.output.dtype]
-        if contract.role is LogprobRole.TRAIN:
-            apply: Callable[..., tuple[torch.Tensor, ...]] = _FusedMutantFunction.apply
-            selected, lse, entropy = apply(
-                hidden,
-                weight,
-                bias,
-                targets,
-                active,
-                contract,
-                group,
-                output_dtype,
-                forward,
-                backward,
-            )
-        else:
-            with torch.no_grad():
-                outputs = forward(hidden, weight, bias, targets, active, contract, group)
-                selected, lse, entropy = (t.to(output_dtype) for t in outputs)
-        return LogprobResult(
-            selected,
-            lse if contract.export_lse else None,
-            entropy if contract.export_entropy else None,
+        active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
+        return run_for_role(
+            contract, train, forward, hidden, weight, bias, targets, active, contract, group
         )
+
+    def train(*inputs: Any) -> Any:
+        return _FusedMutantFunction.apply(*inputs, forward, backward)
 
     op.__qualname__ = op.__name__ = backend_id
     return op, dataclasses.replace(TORCH_NATIVE_FUSED, backend_id=backend_id)
-
-
-def _merge(
-    partial: torch.Tensor,
-    targets: torch.Tensor,
-    active: torch.Tensor,
-    contract: LogprobContract,
-    group: Any,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """native_fused's tail: one all-gather, torch_native's merge."""
-    partials = [partial] if group is None else group.all_gather(partial)
-    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
-    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
-    return selected, lse, entropy
 
 
 def _forward_sentinel(
@@ -158,15 +126,15 @@ def _forward_sentinel(
     weight32 = weight.to(torch.float32)
     bias32 = None if bias is None else bias.to(torch.float32)
     pieces = []
-    for begin, end in _chunks(hidden.shape[0], contract):
-        chunk_targets = _padded_rows(targets, begin, end, step)
-        hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+    for begin, end in row_chunks(hidden.shape[0], contract):
+        chunk_targets = padded_rows(targets, begin, end, step)
+        hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
         # The whole shard's tile, padding rows of W included, and one column past the
         # shard's end that a masked tile load reads as 0.
         tile = torch.cat(
             [logits_chunk(hidden32, weight32, bias32), hidden32.new_zeros((step, 1))], dim=1
         )
-        partial = _local_partial(tile, chunk_targets, contract)  # m, s, q: live columns only
+        partial = local_partial(tile, chunk_targets, contract)  # m, s, q: live columns only
         owned = (chunk_targets >= start) & (chunk_targets < live_end)
         # BUG: a target this rank does not own points at the sentinel column `width`, "a
         # padding column, 0 because padding rows of W are zero"; it is the shard's first
@@ -174,16 +142,13 @@ def _forward_sentinel(
         masked_target = torch.where(owned, chunk_targets.long() - start, width)
         partial[:, 2] = tile.gather(1, masked_target.unsqueeze(1)).squeeze(1)
         pieces.append(partial[: end - begin])
-    partial = torch.cat(pieces)
-    partials = [partial] if group is None else group.all_gather(partial)
+    partials = gather(torch.cat(pieces), group)
     # Megatron's all-reduce (sum) of the predicted logit: non-owners are meant to add 0.
     summed = partials[0][:, 2]
     for other in partials[1:]:
         summed = summed + other[:, 2]
     partials = [torch.cat([p[:, :2], summed.unsqueeze(1), p[:, 3:]], dim=1) for p in partials]
-    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
-    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
-    return selected, lse, entropy
+    return merge_gathered(partials, targets, active, contract)
 
 
 def _backward_rank0_only(
@@ -198,7 +163,7 @@ def _backward_rank0_only(
     grad_entropy: torch.Tensor | None,
     contract: LogprobContract,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    d_hidden, d_weight, d_bias = _backward(
+    d_hidden, d_weight, d_bias = native_fused_backward(
         hidden, weight, bias, targets, active, lse, entropy, grad_selected, grad_entropy, contract
     )
     if contract.sharding.tp_rank != 0:
@@ -223,24 +188,24 @@ def _forward_bias_after_mask(
     whole = dataclasses.replace(
         contract, sharding=dataclasses.replace(sharding, real_vocab_size=sharding.padded_vocab_size)
     )
-    width, step = _live_width(contract), chunk_rows(contract)
+    width, step = live_width(contract), chunk_rows(contract)
     padding = torch.arange(weight.shape[0], device=weight.device) >= width
     weight32 = weight.to(torch.float32)
     bias32 = None if bias is None else bias.to(torch.float32)
     pieces = []
-    for begin, end in _chunks(hidden.shape[0], contract):
-        hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+    for begin, end in row_chunks(hidden.shape[0], contract):
+        hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
         tile = logits_chunk(hidden32, weight32, None).masked_fill(padding, _NEG_INF)
         if bias32 is not None:
             tile = tile + bias32  # BUG: bias added after the mask: -inf + (+inf or NaN) = NaN
-        chunk_targets = _padded_rows(targets, begin, end, step)
-        pieces.append(_local_partial(tile, chunk_targets, whole)[: end - begin])
-    return _merge(torch.cat(pieces), targets, active, contract, group)
+        chunk_targets = padded_rows(targets, begin, end, step)
+        pieces.append(local_partial(tile, chunk_targets, whole)[: end - begin])
+    return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
 
 
 def _liger_rows(rows: int, contract: LogprobContract) -> int:
     """Liger's chunk size: ``next_power_of_2(cdiv(N, cdiv(V, H)))`` rows, from N."""
-    growth = max(1, -(-_live_width(contract) // (contract.hidden_size or 1)))
+    growth = max(1, -(-live_width(contract) // (contract.hidden_size or 1)))
     return 1 << (max(1, -(-rows // growth)) - 1).bit_length()
 
 
@@ -253,20 +218,20 @@ def _forward_chunk_from_n(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, width = hidden.shape[0], _live_width(contract)
+    rows, width = hidden.shape[0], live_width(contract)
     step = _liger_rows(rows, contract)  # BUG: the chunk's shape, hence a row's bits, depend on N
-    weight32, bias32 = _live_params(weight, bias, width)
+    weight32, bias32 = live_params(weight, bias, width)
     pieces = []
     for begin in range(0, rows, step):
         end = min(begin + step, rows)
-        chunk_targets = _padded_rows(targets, begin, end, step)
+        chunk_targets = padded_rows(targets, begin, end, step)
         if width == 0:
             logits = hidden.new_zeros((step, 0), dtype=torch.float32)
         else:
-            hidden32 = _padded_rows(hidden, begin, end, step).float()
+            hidden32 = padded_rows(hidden, begin, end, step).float()
             logits = _blas_logits_chunk(hidden32, weight32, bias32)
-        pieces.append(_local_partial(logits, chunk_targets, contract)[: end - begin])
-    return _merge(torch.cat(pieces), targets, active, contract, group)
+        pieces.append(local_partial(logits, chunk_targets, contract)[: end - begin])
+    return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
 
 
 def _blas_logits_chunk(
@@ -293,8 +258,8 @@ def _chunked_backward(
     liger_rows: bool = False,
     zero_inactive_hidden: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """native_fused's ``_backward``, with the chunk size and the inactive-row guard as options."""
-    rows, width = hidden.shape[0], _live_width(contract)
+    """``native_fused_backward``, with the chunk size and the inactive-row guard as options."""
+    rows, width = hidden.shape[0], live_width(contract)
     step = _liger_rows(rows, contract) if liger_rows else chunk_rows(contract)
     d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -302,21 +267,21 @@ def _chunked_backward(
         None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
     )
     if width > 0:
-        weight32, bias32 = _live_params(weight, bias, width)
+        weight32, bias32 = live_params(weight, bias, width)
         for begin in range(0, rows, step):
             end = min(begin + step, rows)
-            chunk_active = _padded_rows(active, begin, end, step)
-            hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+            chunk_active = padded_rows(active, begin, end, step)
+            hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
             chunk_logits = _blas_logits_chunk if liger_rows else logits_chunk
-            grad = _local_grad(
+            grad = local_grad(
                 chunk_logits(hidden32, weight32, bias32),
-                _padded_rows(targets, begin, end, step),
+                padded_rows(targets, begin, end, step),
                 chunk_active,
-                _padded_rows(lse, begin, end, step),
-                _padded_rows(grad_selected, begin, end, step),
+                padded_rows(lse, begin, end, step),
+                padded_rows(grad_selected, begin, end, step),
                 contract,
-                _padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
-                None if grad_entropy is None else _padded_rows(grad_entropy, begin, end, step),
+                padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
+                None if grad_entropy is None else padded_rows(grad_entropy, begin, end, step),
             )
             if zero_inactive_hidden:
                 hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)

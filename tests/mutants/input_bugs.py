@@ -13,7 +13,7 @@ import torch
 
 from tests.mutants._compose import mutant
 from tp_logprob.contract import LogprobContract
-from tp_logprob.kernels.native import _forward
+from tp_logprob.kernels.native import native_forward
 
 
 def _forward_zeroing_ignored_rows(
@@ -23,7 +23,7 @@ def _forward_zeroing_ignored_rows(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, ...]:
-    outputs = _forward(local_logits, targets, active, contract, group)
+    outputs = native_forward(local_logits, targets, active, contract, group)
     local_logits.data[~active] = 0.0  # BUG: ignored rows zeroed in the caller's tensor
     return outputs
 

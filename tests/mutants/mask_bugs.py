@@ -1,7 +1,7 @@
 """Mutants with one bug in input checking or in the handling of inactive tokens.
 
 Each private function is a copy of a step of torch_native (``check_op_inputs``,
-``_forward``) with one change, marked ``# BUG:``.
+``native_forward``) with one change, marked ``# BUG:``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import torch
 from tests.mutants._compose import forward_from, mutant
 from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import active_mask_tensor, check_op_inputs, owner_ranks
-from tp_logprob.kernels.merge import merge_partials
-from tp_logprob.kernels.native import _forward, _local_partial
+from tp_logprob.kernels.merge import gather, merge_partials
+from tp_logprob.kernels.native import native_forward
+from tp_logprob.kernels.partials import local_partial
+from tp_logprob.kernels.shards import owner_ranks
+from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
 
 
 def _merge_without_mask(
@@ -33,7 +35,7 @@ def _forward_masking_lse(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    selected, lse, _ = _forward(local_logits, targets, active, contract, group)
+    selected, lse, _ = native_forward(local_logits, targets, active, contract, group)
     return selected, torch.where(active, lse, 0.0)  # BUG: an inactive row's lse is its LSE too
 
 
@@ -62,8 +64,7 @@ def _forward_checking_late(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    partial = _local_partial(local_logits, targets, contract)
-    partials = [partial] if group is None else group.all_gather(partial)
+    partials = gather(local_partial(local_logits, targets, contract), group)
     # BUG: inputs checked after the collective: a rank with a bad input leaves its
     # peers waiting in the all-gather (or crashes) before it can raise.
     check_op_inputs(local_logits, targets, contract, group)

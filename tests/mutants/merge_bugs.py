@@ -1,7 +1,7 @@
-"""Mutants with one bug in the cross-rank exchange or merge (native's ``_forward``, ``merge.py``).
+"""Mutants with one bug in the cross-rank exchange or merge (``native_forward``, ``merge.py``).
 
-Each private function is a copy of ``merge_partials``, ``owner_ranks`` or native's
-``_forward`` with one change, marked ``# BUG:``.
+Each private function is a copy of ``merge_partials``, ``owner_ranks`` or
+``native_forward`` with one change, marked ``# BUG:``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import torch
 
 from tests.mutants._compose import forward_from, mutant
 from tp_logprob.contract import DeterminismScope, LogprobContract
-from tp_logprob.kernels.checks import owner_ranks
-from tp_logprob.kernels.merge import finish_selected, merge_partials
-from tp_logprob.kernels.native import _forward, _local_partial
+from tp_logprob.kernels.merge import finish_selected, gather, merge_partials
+from tp_logprob.kernels.native import native_forward
+from tp_logprob.kernels.partials import local_partial
+from tp_logprob.kernels.shards import owner_ranks
 
 _INF = float("inf")
 
@@ -133,8 +134,7 @@ def _forward_ring_order(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    partial = _local_partial(local_logits, targets, contract)
-    partials = [partial] if group is None else group.all_gather(partial)
+    partials = gather(local_partial(local_logits, targets, contract), group)
     owners = owner_ranks(targets, contract)
     return _merge_from_rank(partials, owners, active, contract.sharding.tp_rank)
 
@@ -146,7 +146,7 @@ def _forward_rank1_last_bit(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    selected, lse, _ = _forward(local_logits, targets, active, contract, group)
+    selected, lse, _ = native_forward(local_logits, targets, active, contract, group)
     if contract.sharding.tp_rank == 1:  # BUG: rank 1's log differs in the last bit
         lse = torch.nextafter(lse, torch.full_like(lse, _INF))
     return selected, lse
@@ -159,7 +159,7 @@ def _forward_bf16_transport(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    partial = _local_partial(local_logits, targets, contract)
+    partial = local_partial(local_logits, targets, contract)
     if group is None:
         partials = [partial]
     else:

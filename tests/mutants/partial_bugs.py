@@ -1,8 +1,8 @@
-"""Mutants with one bug in the per-rank partial (native's ``_local_partial``).
+"""Mutants with one bug in the per-rank partial (``partials.local_partial``).
 
-Each function is a copy of ``tp_logprob.kernels.native._local_partial`` with one
-change, marked ``# BUG:``; everything else (checks, all-gather, merge, backward)
-is torch_native's own.
+Each function is a copy of ``tp_logprob.kernels.partials.local_partial`` with one
+change, marked ``# BUG:``, built from the same public pieces; everything else
+(checks, all-gather, merge, backward) is torch_native's own.
 """
 
 from __future__ import annotations
@@ -12,47 +12,37 @@ import torch
 from tests.mutants._compose import forward_from, mutant
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import pack_partial
-from tp_logprob.kernels.native import (
-    _compute_dtype,
-    _live_width,
-    _owned_local_targets,
+from tp_logprob.kernels.partials import (
+    compute_dtype,
+    identity_partial,
+    owned_target_logit,
+    shift_by_max,
     tree_sum,
 )
-
-_NEG_INF = float("-inf")
+from tp_logprob.kernels.shards import live_width
 
 
 def _identity(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    full = torch.full((rows,), _NEG_INF, dtype=dtype, device=device)
-    zeros = torch.zeros(rows, dtype=dtype, device=device)
-    return pack_partial(full, zeros, zeros)
+    """The identity partial these mutants pack: three fields (they claim no entropy)."""
+    return identity_partial(rows, dtype, device, entropy=False)
 
 
 def _shifted_sum(live: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
-    shift = torch.where(row_max == _NEG_INF, 0.0, row_max)
-    return tree_sum(torch.exp(live - shift.unsqueeze(1)))
-
-
-def _target_logit(
-    live: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
-) -> torch.Tensor:
-    owned, local = _owned_local_targets(targets, contract)
-    target_logit = live.gather(1, local.unsqueeze(1)).squeeze(1)
-    return torch.where(owned, target_logit, 0.0)
+    return tree_sum(torch.exp(shift_by_max(live, row_max)))
 
 
 def _pack(
     live: torch.Tensor, row_max: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    target_logit = _target_logit(live, targets, contract)
+    target_logit = owned_target_logit(live, targets, contract)
     return pack_partial(row_max, _shifted_sum(live, row_max), target_logit)
 
 
 def _partial_padding_not_masked(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    if _live_width(contract) == 0:
+    dtype = compute_dtype(local_logits.dtype)
+    if live_width(contract) == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits.to(dtype)  # BUG: the whole shard, padding columns included
     row_max = torch.amax(live, dim=1)
@@ -62,8 +52,8 @@ def _partial_padding_not_masked(
 def _partial_padding_in_max_only(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
@@ -75,7 +65,7 @@ def _partial_padding_last_rank_only(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     sharding = contract.sharding
-    dtype = _compute_dtype(local_logits.dtype)
+    dtype = compute_dtype(local_logits.dtype)
     start, end = sharding.local_bounds
     # BUG: assumes Megatron's layout, where all padding sits in the last shard.
     if sharding.tp_rank == sharding.tp_world_size - 1:
@@ -91,7 +81,7 @@ def _partial_last_column_dropped(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     sharding = contract.sharding
-    dtype = _compute_dtype(local_logits.dtype)
+    dtype = compute_dtype(local_logits.dtype)
     start, end = sharding.local_bounds
     end = max(start, min(end, sharding.real_vocab_size - 1))  # BUG: the last id, not the end
     if end == start:
@@ -107,8 +97,8 @@ def _partial_last_column_dropped(
 def _partial_target_local_index(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
@@ -124,7 +114,7 @@ def _partial_half_precision(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
     dtype = local_logits.dtype  # BUG: exp and sum in bf16/fp16, not promoted to fp32
-    width = _live_width(contract)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
@@ -135,14 +125,14 @@ def _partial_half_precision(
 def _partial_no_max_shift(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
     zero = torch.zeros(live.shape[0], dtype=dtype, device=live.device)
     sum_exp = tree_sum(torch.exp(live))  # BUG: no max shift: exp overflows past ~88.7
-    return pack_partial(zero, sum_exp, _target_logit(live, targets, contract))
+    return pack_partial(zero, sum_exp, owned_target_logit(live, targets, contract))
 
 
 _SMALL_BATCH = 4
@@ -158,17 +148,16 @@ def _left_fold(values: torch.Tensor) -> torch.Tensor:
 def _partial_tiling_by_n(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], dtype, local_logits.device)
     live = local_logits[:, :width].to(dtype)
     row_max = torch.amax(live, dim=1)
-    shift = torch.where(row_max == _NEG_INF, 0.0, row_max)
-    terms = torch.exp(live - shift.unsqueeze(1))
+    terms = torch.exp(shift_by_max(live, row_max))
     # BUG: a small-batch (decode) path sums left to right: a row's bits depend on N.
     sum_exp = _left_fold(terms) if live.shape[0] < _SMALL_BATCH else tree_sum(terms)
-    return pack_partial(row_max, sum_exp, _target_logit(live, targets, contract))
+    return pack_partial(row_max, sum_exp, owned_target_logit(live, targets, contract))
 
 
 padding_not_masked = mutant("padding_not_masked", forward=forward_from(_partial_padding_not_masked))

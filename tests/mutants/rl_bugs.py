@@ -1,7 +1,7 @@
 """Mutants with one bug in temperature or entropy, the RL trainers' reported bugs (issue 11).
 
-Each private function is a copy of a step of torch_native (``_local_partial``,
-``_forward``, ``_local_grad``, ``merge_entropy``) with one change, marked
+Each private function is a copy of a step of torch_native (``local_partial``,
+``native_forward``, ``local_grad``, ``merge_entropy``) with one change, marked
 ``# BUG:``. Every mutant here claims ``supports_temperature`` and
 ``exports_entropy``, as torch_native does.
 """
@@ -17,14 +17,17 @@ import torch
 from tests.mutants._compose import MutantPair, forward_from, mutant
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import merge_entropy, pack_partial
-from tp_logprob.kernels.native import (
-    _compute_dtype,
-    _forward,
-    _live_width,
-    _owned_local_targets,
+from tp_logprob.kernels.native import native_forward
+from tp_logprob.kernels.partials import (
+    compute_dtype,
+    identity_partial,
+    owned_target_logit,
     scaled_logits,
+    shift_by_max,
+    target_one_hot,
     tree_sum,
 )
+from tp_logprob.kernels.shards import live_width
 
 _NEG_INF = float("-inf")
 
@@ -34,10 +37,8 @@ def _rl_mutant(name: str, **steps: Any) -> MutantPair:
 
 
 def _identity(rows: int, like: torch.Tensor, contract: LogprobContract) -> torch.Tensor:
-    dtype = _compute_dtype(like.dtype)
-    full = torch.full((rows,), _NEG_INF, dtype=dtype, device=like.device)
-    zeros = torch.zeros(rows, dtype=dtype, device=like.device)
-    return pack_partial(full, zeros, zeros, zeros if contract.export_entropy else None)
+    dtype = compute_dtype(like.dtype)
+    return identity_partial(rows, dtype, like.device, entropy=contract.export_entropy)
 
 
 def _entropy_sum(shifted: torch.Tensor, contract: LogprobContract) -> torch.Tensor | None:
@@ -52,18 +53,16 @@ def _partial(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """native's ``(row_max, shifted, sum_exp, target_logit)`` of scaled live logits ``z``."""
     row_max = torch.amax(live, dim=1)
-    shift = torch.where(row_max == _NEG_INF, 0.0, row_max)
-    shifted = live - shift.unsqueeze(1)
-    owned, local = _owned_local_targets(targets, contract)
-    target_logit = torch.where(owned, live.gather(1, local.unsqueeze(1)).squeeze(1), 0.0)
+    shifted = shift_by_max(live, row_max)
+    target_logit = owned_target_logit(live, targets, contract)
     return row_max, shifted, tree_sum(torch.exp(shifted)), target_logit
 
 
 def _partial_zero_times_neg_inf(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], local_logits, contract)
     # Padding made -inf in place (the masked_fill idiom) instead of sliced off.
@@ -79,23 +78,22 @@ def _partial_zero_times_neg_inf(
 def _partial_entropy_over_padding(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], local_logits, contract)
     live = scaled_logits(local_logits[:, :width].to(dtype), contract)
     row_max, _, sum_exp, target_logit = _partial(live, targets, contract)
-    shift = torch.where(row_max == _NEG_INF, 0.0, row_max).unsqueeze(1)
     # BUG: the entropy term over the whole shard: padding columns are counted.
-    shifted = scaled_logits(local_logits.to(dtype), contract) - shift
+    shifted = shift_by_max(scaled_logits(local_logits.to(dtype), contract), row_max)
     return pack_partial(row_max, sum_exp, target_logit, _entropy_sum(shifted, contract))
 
 
 def _partial_reciprocal(
     local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
-    width = _live_width(contract)
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
     if width == 0:
         return _identity(local_logits.shape[0], local_logits, contract)
     inverse = torch.tensor(1.0 / contract.temperature_fp32, dtype=dtype, device=local_logits.device)
@@ -111,9 +109,9 @@ def _forward_entropy_before_temperature(
     contract: LogprobContract,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    selected, lse, _ = _forward(local_logits, targets, active, contract, group)
+    selected, lse, _ = native_forward(local_logits, targets, active, contract, group)
     raw = dataclasses.replace(contract, temperature=1.0)
-    _, _, entropy = _forward(local_logits, targets, active, raw, group)  # BUG: H(softmax(x))
+    _, _, entropy = native_forward(local_logits, targets, active, raw, group)  # BUG: H(softmax(x))
     return selected, lse, entropy
 
 
@@ -125,8 +123,8 @@ def _forward_temperature_on_logprobs(
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     raw = dataclasses.replace(contract, temperature=1.0)
-    selected, lse, _ = _forward(local_logits, targets, active, raw, group)
-    _, _, entropy = _forward(local_logits, targets, active, contract, group)
+    selected, lse, _ = native_forward(local_logits, targets, active, raw, group)
+    _, _, entropy = native_forward(local_logits, targets, active, contract, group)
     t = contract.temperature_fp32
     return selected / t, lse / t, entropy  # BUG: log_softmax(x) / T, not log_softmax(x / T)
 
@@ -141,27 +139,25 @@ def _grad_nan_to_num(
     entropy: torch.Tensor | None = None,
     grad_entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    dtype = _compute_dtype(local_logits.dtype)
+    dtype = compute_dtype(local_logits.dtype)
     grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
-    width = _live_width(contract)
+    width = live_width(contract)
     if width > 0:
         live = scaled_logits(local_logits[:, :width].to(dtype), contract)
-        owned, local = _owned_local_targets(targets, contract)
-        columns = torch.arange(width, device=live.device)
-        one_hot = (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
+        one_hot = target_one_hot(targets, contract, width, live.device)
         centred = live - lse.unsqueeze(1)
         probs = torch.exp(centred)
         probs = torch.where(torch.isfinite(lse).unsqueeze(1), probs, float("nan"))
         g = grad_selected.to(dtype).unsqueeze(1)
-        local_grad = g * (one_hot.to(dtype) - probs)
+        live_grad = g * (one_hot.to(dtype) - probs)
         if grad_entropy is not None and entropy is not None:
             h = grad_entropy.to(dtype).unsqueeze(1)
             # p (z - LSE + H) unguarded: 0 * -inf = NaN on a -inf column ...
-            local_grad = local_grad - h * probs * (centred + entropy.to(dtype).unsqueeze(1))
+            live_grad = live_grad - h * probs * (centred + entropy.to(dtype).unsqueeze(1))
             # BUG: ... "fixed" by nan_to_num, which also zeroes the NaN rows and clips infinities.
-            local_grad = torch.nan_to_num(local_grad)
-        local_grad = scaled_logits(local_grad, contract)
-        grad[:, :width] = torch.where(active.unsqueeze(1), local_grad, 0.0)
+            live_grad = torch.nan_to_num(live_grad)
+        live_grad = scaled_logits(live_grad, contract)
+        grad[:, :width] = torch.where(active.unsqueeze(1), live_grad, 0.0)
     return grad.to(local_logits.dtype)
 
 

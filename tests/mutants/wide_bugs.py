@@ -12,10 +12,15 @@ from __future__ import annotations
 import torch
 
 from tests.mutants._compose import forward_from, mutant
-from tests.mutants.partial_bugs import _target_logit
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import pack_partial
-from tp_logprob.kernels.native import _compute_dtype, _live_width, _local_partial, tree_sum
+from tp_logprob.kernels.partials import (
+    compute_dtype,
+    local_partial,
+    owned_target_logit,
+    tree_sum,
+)
+from tp_logprob.kernels.shards import live_width
 
 _BLOCK = 2048
 
@@ -27,10 +32,10 @@ def _blocked_partial(
     *,
     skip_last_partial: bool = False,
 ) -> torch.Tensor:
-    width = _live_width(contract)
+    width = live_width(contract)
     if width <= _BLOCK:
-        return _local_partial(local_logits, targets, contract)
-    live = local_logits[:, :width].to(_compute_dtype(local_logits.dtype))
+        return local_partial(local_logits, targets, contract)
+    live = local_logits[:, :width].to(compute_dtype(local_logits.dtype))
     running_max = torch.full((live.shape[0],), float("-inf"), dtype=live.dtype)
     total = torch.zeros_like(running_max)
     starts = range(0, width, _BLOCK)
@@ -56,7 +61,7 @@ def _blocked_partial(
             block_sum = torch.where(block_max == float("-inf"), 0.0, block_sum)
         total = total * rescale + block_sum * block_scale
         running_max = new_max
-    return pack_partial(running_max, total, _target_logit(live, targets, contract))
+    return pack_partial(running_max, total, owned_target_logit(live, targets, contract))
 
 
 def _partial_block_without_finite_value(

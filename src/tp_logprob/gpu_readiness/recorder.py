@@ -39,7 +39,7 @@ import torch
 import tp_logprob as tpl
 from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobRole
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import TORCH_DTYPES
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.triton.launch import RecordedLaunch, recording_launches
 
 __all__ = [

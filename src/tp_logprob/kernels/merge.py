@@ -7,19 +7,30 @@ rank gets the same bits. Each partial is an fp32 ``[N, 3]`` tensor of
 ``(m_r, s_r, t_r)``: the shard's max and ``sum exp(z - m_r)`` over live columns,
 and the target logit where rank r owns the target column (anything elsewhere).
 With entropy a fourth field carries ``q_r = sum exp(z - m_r) (z - m_r)``.
+
+:func:`gather_and_merge` is the whole tail of a torch backend's forward (one
+all-gather, then both merges); torch_native, torch_native_fused and their mutants
+end with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from tp_logprob.contract import LogprobContract
+from tp_logprob.kernels.shards import owner_ranks
 
 __all__ = [
     "ENTROPY_FIELD",
     "PARTIAL_FIELDS",
     "finish_selected",
+    "gather",
+    "gather_and_merge",
     "merge_entropy",
+    "merge_gathered",
     "merge_partials",
     "pack_partial",
 ]
@@ -120,3 +131,35 @@ def merge_entropy(partials: Sequence[torch.Tensor], active: torch.Tensor) -> tor
     entropy = torch.log(safe_total) - moment / safe_total
     entropy = torch.where(finite, entropy, float("nan"))
     return torch.where(active, entropy, 0.0).to(stacked.dtype)
+
+
+def gather(partial: torch.Tensor, group: Any) -> list[torch.Tensor]:
+    """Every rank's partial in rank order, by one all-gather (``group=None``: TP=1)."""
+    return [partial] if group is None else group.all_gather(partial)
+
+
+def merge_gathered(
+    partials: Sequence[torch.Tensor],
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    contract: LogprobContract,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(selected_logp, lse, entropy)`` from gathered partials, in the partials' dtype.
+
+    ``entropy`` is an empty tensor unless the contract exports it.
+    """
+    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
+    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
+    return selected, lse, entropy
+
+
+def gather_and_merge(
+    partial: torch.Tensor,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's partial all-gathered once and merged: :func:`gather`, then
+    :func:`merge_gathered`."""
+    return merge_gathered(gather(partial, group), targets, active, contract)

@@ -11,17 +11,17 @@ is ``[local_vocab_size]`` exactly when ``contract.has_bias``. All three are in t
 contract's dtype and on one device. The result is the logits path's: fp32
 ``selected_logp``, ``lse`` (and ``entropy``), replicated.
 
-Algorithm: rows are processed in chunks of :func:`chunk_rows` rows, a number
+Algorithm: rows are processed in chunks of ``lm_head.chunk_rows`` rows, a number
 that depends only on the shard's live width (never on N). Per chunk, each row's
 ``x = fp32(W_live) fp32(h) (+ fp32(bias))`` is one matrix-vector product with
 fp32 products and fp32 accumulation (TF32 off for the call), so a row's ``x``
 depends on that row alone (``kernels/rowwise.py``: a BLAS matrix product gives a
 row other bits at another position in its batch). The chunk's logits are padded
 with zero rows to ``chunk_rows`` rows, so torch_native's per-shard partial
-(``kernels/native.py``) always runs on one shape; the partials of all chunks go
+(``kernels/partials.py``) always runs on one shape; the partials of all chunks go
 through one all-gather and torch_native's merge (``kernels/merge.py``). Padding
 rows of ``W`` are never read. Memory: one ``[chunk_rows, live]`` fp32 logits
-chunk and its elementwise temporaries (at most ``max(CHUNK_ELEMENTS, live)``
+chunk and its elementwise temporaries (at most ``max(lm_head.CHUNK_ELEMENTS, live)``
 elements each), an fp32 copy of the live weight rows ``[live, H]`` (independent
 of N) and of one hidden chunk, and ``[N, 3 or 4]`` partials; never
 ``[N, local_vocab]`` (for N > ``chunk_rows``).
@@ -43,43 +43,32 @@ to ``d W`` and ``d bias`` even when their hidden row holds NaN.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobResult, LogprobRole
-from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs, owner_ranks
-from tp_logprob.kernels.merge import merge_entropy, merge_partials
-from tp_logprob.kernels.native import _local_grad, _local_partial
+from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.kernels.lm_head import (
+    chunk_rows,
+    live_params,
+    logits_chunk,
+    padded_rows,
+    row_chunks,
+)
+from tp_logprob.kernels.merge import gather_and_merge
+from tp_logprob.kernels.partials import local_grad, local_partial
+from tp_logprob.kernels.results import Outputs, differentiable_outputs, run_for_role
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
+from tp_logprob.kernels.shards import live_width
+from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = [
-    "CHUNK_ELEMENTS",
-    "MAX_CHUNK_ROWS",
     "FusedLogprobFunction",
-    "chunk_rows",
-    "full_fp32_matmul",
-    "logits_chunk",
+    "native_fused_backward",
+    "native_fused_forward",
     "torch_native_fused_logprob",
 ]
-
-CHUNK_ELEMENTS = 1 << 22
-"""Most fp32 elements in one logits chunk (16 MiB): ``chunk_rows * live_width`` stays below."""
-
-MAX_CHUNK_ROWS = 128
-"""Most rows in one chunk; every chunk is padded to ``chunk_rows``, so small N stays cheap."""
-
-
-def chunk_rows(contract: LogprobContract) -> int:
-    """Rows per chunk: ``CHUNK_ELEMENTS // live_width`` within ``[1, MAX_CHUNK_ROWS]``.
-
-    It depends on the shard only, never on N, so a row's partial is computed on one
-    shape whatever the batch.
-    """
-    start, live_end = contract.sharding.live_bounds()
-    return max(1, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(live_end - start, 1)))
 
 
 def torch_native_fused_logprob(
@@ -99,23 +88,19 @@ def torch_native_fused_logprob(
         (-(result.selected_logp * advantages).sum()).backward()
         torch.distributed.all_reduce(hidden.grad)  # d hidden is this rank's partial
     """
-    active = _check_inputs(hidden, targets, contract, group, weight, bias)
-    output_dtype = TORCH_DTYPES[contract.output.dtype]
-    if contract.role is LogprobRole.TRAIN:
-        apply: Callable[..., tuple[torch.Tensor, ...]] = FusedLogprobFunction.apply
-        selected, lse, entropy = apply(
-            hidden, weight, bias, targets, active, contract, group, output_dtype
-        )
-    else:
-        with torch.no_grad():
-            selected, lse, entropy = _forward(
-                hidden, weight, bias, targets, active, contract, group
-            )
-            selected, lse, entropy = (t.to(output_dtype) for t in (selected, lse, entropy))
-    return LogprobResult(
-        selected,
-        lse if contract.export_lse else None,
-        entropy if contract.export_entropy else None,
+    active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
+    apply: Callable[..., Outputs] = FusedLogprobFunction.apply
+    return run_for_role(
+        contract,
+        apply,
+        native_fused_forward,
+        hidden,
+        weight,
+        bias,
+        targets,
+        active,
+        contract,
+        group,
     )
 
 
@@ -133,66 +118,26 @@ class FusedLogprobFunction(torch.autograd.Function):
         contract: LogprobContract,
         group: Any,
         output_dtype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        selected, lse, entropy = _forward(hidden, weight, bias, targets, active, contract, group)
+    ) -> Outputs:
+        selected, lse, entropy = native_fused_forward(
+            hidden, weight, bias, targets, active, contract, group
+        )
         ctx.save_for_backward(hidden, weight, bias, targets, active, lse, entropy)
         ctx.contract = contract
-        lse_out, entropy_out = lse.to(output_dtype), entropy.to(output_dtype)
-        frozen = (lse_out,) if contract.export_entropy else (lse_out, entropy_out)
-        ctx.mark_non_differentiable(*frozen)
-        return selected.to(output_dtype), lse_out, entropy_out
+        return differentiable_outputs(ctx, contract, output_dtype, selected, lse, entropy)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets, active, lse, entropy = ctx.saved_tensors
         contract: LogprobContract = ctx.contract
         grad_entropy = grads[2] if contract.export_entropy else None
-        d_hidden, d_weight, d_bias = _backward(
+        d_hidden, d_weight, d_bias = native_fused_backward(
             hidden, weight, bias, targets, active, lse, entropy, grads[0], grad_entropy, contract
         )
         return d_hidden, d_weight, d_bias, None, None, None, None, None
 
 
-def _live_width(contract: LogprobContract) -> int:
-    start, live_end = contract.sharding.live_bounds()
-    return live_end - start
-
-
-def _chunks(rows: int, contract: LogprobContract) -> Iterator[tuple[int, int]]:
-    step = chunk_rows(contract)
-    for begin in range(0, rows, step):
-        yield begin, min(begin + step, rows)
-
-
-def _padded_rows(values: torch.Tensor, begin: int, end: int, size: int) -> torch.Tensor:
-    """``values[begin:end]`` padded with zero rows to ``size`` rows (a fixed matmul shape)."""
-    chunk = values[begin:end]
-    if end - begin == size:
-        return chunk
-    pad = chunk.new_zeros((size - (end - begin), *chunk.shape[1:]))
-    return torch.cat([chunk, pad])
-
-
-def logits_chunk(
-    hidden32: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tensor | None
-) -> torch.Tensor:
-    """``hidden32 @ weight32.T (+ bias32)`` in fp32, each row's bits from its own row alone.
-
-    One matrix-vector product per row (:func:`~tp_logprob.kernels.rowwise.rowwise_matmul`):
-    a BLAS matrix product gives a row other bits at another position in the batch.
-    """
-    logits = rowwise_matmul(hidden32, weight32)
-    return logits if bias32 is None else logits + bias32
-
-
-def _live_params(
-    weight: torch.Tensor, bias: torch.Tensor | None, width: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight32 = weight[:width].to(torch.float32)
-    return weight32, None if bias is None else bias[:width].to(torch.float32)
-
-
-def _forward(
+def native_fused_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -200,29 +145,26 @@ def _forward(
     active: torch.Tensor,
     contract: LogprobContract,
     group: Any,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Outputs:
     """Chunked partials, one all-gather, torch_native's merge; fp32 results."""
-    rows, width = hidden.shape[0], _live_width(contract)
+    rows, width = hidden.shape[0], live_width(contract)
     step = chunk_rows(contract)
-    weight32, bias32 = _live_params(weight, bias, width)
+    weight32, bias32 = live_params(weight, bias, width)
     pieces = []
-    for begin, end in _chunks(rows, contract):
-        chunk_targets = _padded_rows(targets, begin, end, step)
+    for begin, end in row_chunks(rows, contract):
+        chunk_targets = padded_rows(targets, begin, end, step)
         if width == 0:
             logits = hidden.new_zeros((step, 0), dtype=torch.float32)
         else:
             logits = logits_chunk(hidden[begin:end].to(torch.float32), weight32, bias32)
-            logits = _padded_rows(logits, 0, end - begin, step)
-        pieces.append(_local_partial(logits, chunk_targets, contract)[: end - begin])
+            logits = padded_rows(logits, 0, end - begin, step)
+        pieces.append(local_partial(logits, chunk_targets, contract)[: end - begin])
     fields = 4 if contract.export_entropy else 3
     partial = torch.cat(pieces) if pieces else hidden.new_zeros((0, fields), dtype=torch.float32)
-    partials = [partial] if group is None else group.all_gather(partial)
-    selected, lse = merge_partials(partials, owner_ranks(targets, contract), active)
-    entropy = merge_entropy(partials, active) if contract.export_entropy else selected.new_empty(0)
-    return selected, lse, entropy
+    return gather_and_merge(partial, targets, active, contract, group)
 
 
-def _backward(
+def native_fused_backward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -235,7 +177,7 @@ def _backward(
     contract: LogprobContract,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Chunk by chunk: recompute ``x``, ``G = d out / d x``, then ``G @ W`` and ``G.T @ hidden``."""
-    rows, width = hidden.shape[0], _live_width(contract)
+    rows, width = hidden.shape[0], live_width(contract)
     step = chunk_rows(contract)
     d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -243,21 +185,21 @@ def _backward(
         None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
     )
     if width > 0:
-        weight32, bias32 = _live_params(weight, bias, width)
-        for begin, end in _chunks(rows, contract):
+        weight32, bias32 = live_params(weight, bias, width)
+        for begin, end in row_chunks(rows, contract):
             count = end - begin
-            chunk_active = _padded_rows(active, begin, end, step)
-            hidden32 = _padded_rows(hidden, begin, end, step).to(torch.float32)
+            chunk_active = padded_rows(active, begin, end, step)
+            hidden32 = padded_rows(hidden, begin, end, step).to(torch.float32)
             logits = logits_chunk(hidden32[:count], weight32, bias32)
-            grad = _local_grad(
-                _padded_rows(logits, 0, count, step),
-                _padded_rows(targets, begin, end, step),
+            grad = local_grad(
+                padded_rows(logits, 0, count, step),
+                padded_rows(targets, begin, end, step),
                 chunk_active,
-                _padded_rows(lse, begin, end, step),
-                _padded_rows(grad_selected, begin, end, step),
+                padded_rows(lse, begin, end, step),
+                padded_rows(grad_selected, begin, end, step),
                 contract,
-                _padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
-                None if grad_entropy is None else _padded_rows(grad_entropy, begin, end, step),
+                padded_rows(entropy, begin, end, step) if grad_entropy is not None else None,
+                None if grad_entropy is None else padded_rows(grad_entropy, begin, end, step),
             )
             # An inactive row's G is 0; zeroing its hidden row keeps NaN there out of d W.
             hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)
@@ -271,63 +213,3 @@ def _backward(
         d_weight.to(weight.dtype),
         None if d_bias is None or bias is None else d_bias.to(device=bias.device, dtype=bias.dtype),
     )
-
-
-def _check_inputs(
-    hidden: Any,
-    targets: Any,
-    contract: Any,
-    group: Any,
-    weight: Any,
-    bias: Any,
-) -> torch.Tensor:
-    """Every check before any work; returns the active mask on the inputs' device."""
-    if not isinstance(contract, LogprobContract):
-        raise LogprobContractError(
-            f"contract={contract!r}: expected a LogprobContract, got {type(contract).__name__}"
-        )
-    if contract.input_kind is not LogprobInputKind.HIDDEN:
-        raise LogprobContractError(
-            f"input_kind={contract.input_kind.value!r}: torch_native_fused takes hidden states "
-            "(input_kind='hidden'); use torch_native for logits"
-        )
-    if contract.allow_tf32:
-        raise LogprobContractError(
-            "allow_tf32=True: torch_native_fused computes fp32 dot products in full fp32 only"
-        )
-    size, local = contract.hidden_size, contract.sharding.local_vocab_size
-    dtype = TORCH_DTYPES[contract.dtype]
-    _check_tensor("hidden", hidden, (contract.num_tokens, size), dtype, None)
-    _check_tensor("weight", weight, (local, size), dtype, hidden.device)
-    if contract.has_bias:
-        if bias is None:
-            raise LogprobContractError("bias=None: the contract has has_bias=True")
-        _check_tensor("bias", bias, (local,), dtype, hidden.device)
-    elif bias is not None:
-        raise LogprobContractError(
-            "bias: given, but the contract has has_bias=False (set has_bias=True to add it)"
-        )
-    # The shared checks (group, targets, active target range) on a zero-stride stand-in
-    # of the logits shape: it has the right shape, dtype and device and no storage.
-    stand_in = torch.zeros((), dtype=dtype, device=hidden.device).expand(contract.num_tokens, local)
-    return check_op_inputs(stand_in, targets, contract, group)
-
-
-def _check_tensor(
-    name: str,
-    value: Any,
-    shape: tuple[Any, ...],
-    dtype: torch.dtype,
-    device: torch.device | None,
-) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise LogprobContractError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
-    if tuple(value.shape) != shape:
-        raise LogprobContractError(
-            f"{name}.shape={tuple(value.shape)}: expected {shape} from the contract "
-            "(num_tokens, local_vocab_size, hidden_size)"
-        )
-    if value.dtype != dtype:
-        raise LogprobContractError(f"{name}.dtype={value.dtype}: contract dtype is {dtype}")
-    if device is not None and value.device != device:
-        raise LogprobContractError(f"{name}.device={value.device} != hidden.device={device}")

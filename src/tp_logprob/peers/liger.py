@@ -53,7 +53,7 @@ from tp_logprob.contract import (
     LogprobRole,
     MaskMode,
 )
-from tp_logprob.kernels.checks import check_op_inputs
+from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import claiming, lse_from_max, private_copy, selected_from_loss
 
 __all__ = [

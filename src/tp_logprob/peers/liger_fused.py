@@ -80,8 +80,9 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.checks import TORCH_DTYPES, check_op_inputs
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.rowwise import full_fp32_matmul
+from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
 from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
 
 __all__ = [
@@ -204,11 +205,8 @@ def _logits_at(
 def _check_inputs(
     hidden: Any, targets: Any, contract: Any, group: Any, weight: Any, bias: Any
 ) -> None:
-    """The fused op's argument checks; the shared ones on a zero-stride logits stand-in."""
-    if not isinstance(contract, LogprobContract):
-        raise LogprobContractError(
-            f"contract={contract!r}: expected a LogprobContract, got {type(contract).__name__}"
-        )
+    """The fused op's argument checks, then the ones it shares with the logits ops."""
+    contract = check_contract(contract)
     if contract.input_kind is not LogprobInputKind.HIDDEN:
         raise LogprobContractError(
             f"input_kind={contract.input_kind.value!r}: liger_flce takes hidden states "
@@ -238,8 +236,7 @@ def _check_inputs(
             )
         if value.device != hidden.device:
             raise LogprobContractError(f"{name}.device={value.device} != {hidden.device}")
-    stand_in = torch.zeros((), dtype=dtype, device=hidden.device).expand(contract.num_tokens, local)
-    check_op_inputs(stand_in, targets, contract, group)
+    check_hidden_op_targets(targets, contract, group, hidden.device)
 
 
 def _liger_function(device: torch.device) -> Any:

@@ -72,7 +72,7 @@ from tp_logprob.contract import (
     LogprobRole,
     MaskMode,
 )
-from tp_logprob.kernels.checks import active_mask_tensor, check_op_inputs
+from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
 from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
 
 __all__ = [

@@ -17,12 +17,13 @@ import torch
 import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
-from tp_logprob.kernels.checks import check_op_inputs
+from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, prepare
 from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
+from tp_logprob.kernels.validation import check_op_inputs
 
-__all__ = ["ForwardFn", "TritonLogprobFunction", "logprob_grad", "run_op"]
+__all__ = ["ForwardFn", "TritonLogprobFunction", "launch_logprob_grad", "logprob_grad", "run_op"]
 
 ForwardFn = Callable[[RankInputs, LogprobContract, Any], Outputs]
 """A backend's forward: ``(inputs, contract, group) -> Outputs``."""
@@ -43,11 +44,7 @@ def run_op(
         selected, lse, entropy = TritonLogprobFunction.apply(  # type: ignore[no-untyped-call]
             local_logits, inputs, contract, group, forward
         )
-        return LogprobResult(
-            selected,
-            lse if contract.export_lse else None,
-            entropy if contract.export_entropy else None,
-        )
+        return exported_result(contract, selected, lse, entropy)
     outputs = forward(inputs, contract, group)
     return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
 
@@ -68,20 +65,14 @@ class TritonLogprobFunction(torch.autograd.Function):
         forward: ForwardFn,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         outputs = forward(inputs, contract, group)
-        lse = outputs.lse_target()
-        if outputs.entropy is None or outputs.entropy32 is None:
-            entropy = entropy32 = outputs.selected.new_empty(0)
-            frozen: tuple[torch.Tensor, ...] = (lse, entropy)
-        else:
-            entropy, entropy32 = outputs.entropy, outputs.entropy32
-            frozen = (lse,)
+        selected, lse, entropy, entropy32, frozen = outputs.for_autograd()
         ctx.save_for_backward(
             inputs.logits, inputs.targets, inputs.active, outputs.lse32, entropy32
         )
         ctx.inputs = inputs
         ctx.entropy = contract.export_entropy
         ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
-        return outputs.selected, lse, entropy
+        return selected, lse, entropy
 
     @staticmethod
     def backward(
@@ -113,6 +104,41 @@ def logprob_grad(
     """
     rows, width = logits.shape
     grad = torch.empty((rows, width), dtype=logits.dtype, device=logits.device)
+    launch_logprob_grad(
+        logits,
+        grad,
+        rows,
+        inputs.live_width,
+        targets,
+        active,
+        lse32,
+        grad_selected,
+        inputs,
+        entropy_grads,
+    )
+    return grad
+
+
+def launch_logprob_grad(
+    logits: torch.Tensor,
+    out: torch.Tensor,
+    rows: int,
+    live_width: int,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    lse32: torch.Tensor,
+    grad_selected: torch.Tensor,
+    inputs: RankInputs,
+    entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None,
+) -> None:
+    """``logprob_grad_kernel`` over the first ``rows`` rows of ``logits`` (unit column stride),
+    writing ``d loss / d logits`` into ``out`` (same shape and strides; it may be ``logits``
+    itself: the kernel reads each tile before it writes the same tile).
+
+    The logits backends' backward and ``triton_fused``'s chunked backward both launch it.
+    ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported.
+    """
+    width = logits.shape[1]
     config = launch_config(platform_of(logits), KernelKind.TILE, logits.dtype)
     if entropy_grads is None or entropy_grads[1] is None:
         entropy32, grad_entropy, with_entropy = lse32, lse32, False
@@ -126,17 +152,16 @@ def logprob_grad(
         logits,
         logits.stride(0),
         width,
-        inputs.live_width,
+        live_width,
         inputs.col_start,
         targets,
         active,
         lse32,
         grad_selected.contiguous(),
-        grad,
+        out,
         entropy32,
         grad_entropy.contiguous(),
         inputs.temperature,
         SCALE=inputs.scale,
         ENTROPY=with_entropy,
     )
-    return grad

@@ -16,7 +16,7 @@ read ``w H b / BLOCK_M`` (the live ``W`` rows, once per row block) + ``ceil(w / 
 active flag); written 12 to the partial (16 with entropy); then the merge's.
 
 Role ``train`` (``TritonFusedFunction``): the backward walks rows in chunks of
-``native_fused.chunk_rows(contract)`` rows (it depends on the shard's live width,
+``lm_head.chunk_rows(contract)`` rows (it depends on the shard's live width,
 never on N). Per chunk it materializes exactly one fp32 ``[chunk_rows, live]``
 buffer: ``fused_logits_kernel`` writes the recomputed ``x`` (the forward's bits),
 ``logprob_grad_kernel`` (the logits backends' backward) overwrites it in place
@@ -55,10 +55,11 @@ import torch
 import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.kernels.lm_head import chunk_rows, row_chunks
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
-from tp_logprob.kernels.native_fused import _check_inputs, chunk_rows
+from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
-from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
+from tp_logprob.kernels.triton.autograd import launch_logprob_grad
 from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel, fused_partial_kernel
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, prepare
 from tp_logprob.kernels.triton.launch import (
@@ -69,6 +70,7 @@ from tp_logprob.kernels.triton.launch import (
     platform_of,
 )
 from tp_logprob.kernels.triton.online import online_merge
+from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = [
     "FusedForwardFn",
@@ -76,6 +78,8 @@ __all__ = [
     "fused_backward",
     "fused_forward",
     "fused_logits",
+    "fused_operands",
+    "ieee_products",
     "run_fused_op",
     "triton_fused_logprob",
 ]
@@ -117,16 +121,12 @@ def run_fused_op(
 ) -> LogprobResult:
     """Check and prepare the inputs and run a fused ``forward``; for the ``train`` role
     through :class:`TritonFusedFunction` (the chunked backward)."""
-    active = _check_inputs(hidden, targets, contract, group, weight, bias)
+    active = check_fused_inputs(hidden, targets, contract, group, weight, bias)
     inputs = _rank_inputs(hidden, targets, active, contract)
     if contract.role is LogprobRole.TRAIN:
         apply: Callable[..., tuple[torch.Tensor, ...]] = TritonFusedFunction.apply
         selected, lse, entropy = apply(hidden, weight, bias, inputs, contract, group, forward)
-        return LogprobResult(
-            selected,
-            lse if contract.export_lse else None,
-            entropy if contract.export_entropy else None,
-        )
+        return exported_result(contract, selected, lse, entropy)
     with torch.no_grad():
         outputs = forward(hidden, weight, bias, inputs, contract, group)
     return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
@@ -160,13 +160,13 @@ def fused_forward(
     platform = platform_of(hidden)
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
     block_m, block_k = FUSED_TILES[platform]
-    with _ieee_products():
+    with ieee_products():
         launch(
             fused_partial_kernel,
             (triton.cdiv(rows, block_m),),
             config,
             hidden,
-            *_operands(hidden, weight, bias),
+            *fused_operands(hidden, weight, bias),
             rows,
             hidden.shape[1],
             inputs.live_width,
@@ -185,7 +185,7 @@ def fused_forward(
     return online_merge(all_gather(partial, group), inputs, contract)
 
 
-def _ieee_products() -> Any:
+def ieee_products() -> Any:
     """Let the interpreter's matmul form ``inf * 0 = NaN`` without a warning.
 
     An infinite hidden or weight element meeting a zero (its own data, or a masked
@@ -197,7 +197,7 @@ def _ieee_products() -> Any:
     return np.errstate(invalid="ignore")
 
 
-def _operands(
+def fused_operands(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[Any, ...]:
     """The fused kernels' leading arguments: ``hidden`` and ``W`` with their strides, the bias.
@@ -235,17 +235,11 @@ class TritonFusedFunction(torch.autograd.Function):
         forward: FusedForwardFn,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         outputs = forward(hidden, weight, bias, inputs, contract, group)
-        lse = outputs.lse_target()
-        if outputs.entropy is None or outputs.entropy32 is None:
-            entropy = entropy32 = outputs.selected.new_empty(0)
-            frozen: tuple[torch.Tensor, ...] = (lse, entropy)
-        else:
-            entropy, entropy32 = outputs.entropy, outputs.entropy32
-            frozen = (lse,)
+        selected, lse, entropy, entropy32, frozen = outputs.for_autograd()
         ctx.save_for_backward(hidden, weight, bias, outputs.lse32, entropy32)
         ctx.inputs, ctx.contract = inputs, contract
         ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
-        return outputs.selected, lse, entropy
+        return selected, lse, entropy
 
     @staticmethod
     def backward(
@@ -286,12 +280,12 @@ def fused_backward(
         weight32 = weight[:width].detach().to(torch.float32)
         grad = torch.empty((step, width), dtype=torch.float32, device=hidden.device)
         hidden32 = torch.empty((step, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
-        for begin in range(0, rows, step):
-            chunk = slice(begin, min(begin + step, rows))
+        for begin, end in row_chunks(rows, contract):
+            chunk = slice(begin, end)
             fused_logits(hidden[chunk], weight, bias, width, grad)
             _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads)
             _active_rows32(hidden[chunk], inputs.active[chunk], hidden32)
-            d_hidden[chunk] = rowwise_matmul(grad[: chunk.stop - begin], weight32.T)
+            d_hidden[chunk] = rowwise_matmul(grad[: end - begin], weight32.T)
             with full_fp32_matmul():
                 d_weight[:width] += torch.matmul(grad.T, hidden32)
             if d_bias is not None:
@@ -336,13 +330,13 @@ def fused_logits(
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
     block_m, block_k = FUSED_TILES[platform]
     out[count:].zero_()
-    with _ieee_products():
+    with ieee_products():
         launch(
             fused_logits_kernel,
             (triton.cdiv(count, block_m), triton.cdiv(width, config.block)),
             config,
             hidden,
-            *_operands(hidden, weight, bias),
+            *fused_operands(hidden, weight, bias),
             count,
             hidden.shape[1],
             width,
@@ -366,31 +360,18 @@ def _grad_in_place(
     ``logprob_grad_kernel`` reads each tile before it writes the same tile, so one
     buffer serves as its logits and its gradient.
     """
-    width = inputs.live_width
     count = len(range(inputs.num_rows)[chunk])
-    config = launch_config(platform_of(buffer), KernelKind.TILE, buffer.dtype)
-    if entropy_grads is None or entropy_grads[1] is None:
-        entropy32, grad_entropy, with_entropy = lse32, lse32, False
-    else:
-        entropy32, grad_entropy, with_entropy = entropy_grads[0], entropy_grads[1], True
-    launch(
-        logprob_grad_kernel,
-        (count, triton.cdiv(width, config.block)),
-        config,
+    if entropy_grads is not None and entropy_grads[1] is not None:
+        entropy_grads = (entropy_grads[0][chunk], entropy_grads[1][chunk])
+    launch_logprob_grad(
         buffer,
         buffer,
-        width,
-        width,
-        width,
-        inputs.col_start,
+        count,
+        inputs.live_width,
         inputs.targets[chunk],
         inputs.active[chunk],
         lse32[chunk],
-        grad_selected[chunk].contiguous(),
-        buffer,
-        entropy32[chunk],
-        grad_entropy[chunk].contiguous(),
-        inputs.temperature,
-        SCALE=inputs.scale,
-        ENTROPY=with_entropy,
+        grad_selected[chunk],
+        inputs,
+        entropy_grads,
     )

@@ -52,7 +52,7 @@ import triton
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.triton.exact_sum import exact_merge, fraction_bits
 from tp_logprob.kernels.triton.exact_sum_kernels import STAGE_FIELDS
-from tp_logprob.kernels.triton.fused import _ieee_products, _operands, run_fused_op
+from tp_logprob.kernels.triton.fused import fused_operands, ieee_products, run_fused_op
 from tp_logprob.kernels.triton.fused_exact_sum_kernels import (
     fused_exact_max_kernel,
     fused_exact_sum_kernel,
@@ -106,10 +106,10 @@ def fused_exact_sum_forward(
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
     block_m, block_k = FUSED_TILES[platform]
     grid = (triton.cdiv(rows, block_m),)
-    operands = _operands(hidden, weight, bias)
+    operands = fused_operands(hidden, weight, bias)
     tiles = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_K": block_k}
     stage = torch.empty((rows, STAGE_FIELDS.value), dtype=torch.float32, device=device)
-    with _ieee_products():
+    with ieee_products():
         launch(
             fused_exact_max_kernel,
             grid,
@@ -132,7 +132,7 @@ def fused_exact_sum_forward(
     sum_fields = 1 + int(contract.export_entropy)
     sums = torch.empty((rows, sum_fields), dtype=torch.int64, device=device)
     sum_config = launch_config(platform, KernelKind.FUSED_SUM, hidden.dtype)
-    with _ieee_products():
+    with ieee_products():
         launch(
             fused_exact_sum_kernel,
             grid,

@@ -14,15 +14,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobDType
+from tp_logprob.contract import LogprobContract
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
 
 __all__ = ["Outputs", "RankInputs", "all_gather", "allocate_outputs", "prepare"]
-
-_OUTPUT_DTYPES = {
-    LogprobDType.BF16: torch.bfloat16,
-    LogprobDType.FP16: torch.float16,
-    LogprobDType.FP32: torch.float32,
-}
 
 
 @dataclass(frozen=True)
@@ -77,6 +72,18 @@ class Outputs(NamedTuple):
             return self.lse32, self.lse32
         return self.entropy, self.entropy32
 
+    def for_autograd(
+        self,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(selected, lse, entropy, entropy32, frozen)`` for an autograd Function's forward:
+        ``lse`` in the output dtype, an empty entropy placeholder (and ``entropy32``) when the
+        contract has no entropy, and the outputs to mark non-differentiable."""
+        lse = self.lse_target()
+        if self.entropy is None or self.entropy32 is None:
+            entropy = entropy32 = self.selected.new_empty(0)
+            return self.selected, lse, entropy, entropy32, (lse, entropy)
+        return self.selected, lse, self.entropy, self.entropy32, (lse,)
+
 
 def prepare(
     local_logits: torch.Tensor,
@@ -108,7 +115,7 @@ def _boundaries(bounds: tuple[tuple[int, int], ...], device: torch.device) -> to
 
 def allocate_outputs(contract: LogprobContract, num_rows: int, device: torch.device) -> Outputs:
     """Empty outputs for a merge kernel to write."""
-    dtype = _OUTPUT_DTYPES[contract.output.dtype]
+    dtype = TORCH_DTYPES[contract.output.dtype]
     lse32 = torch.empty(num_rows, dtype=torch.float32, device=device)
     selected = torch.empty(num_rows, dtype=dtype, device=device)
     lse = _exported(contract.export_lse, lse32, dtype)
