@@ -3,7 +3,7 @@
 The suite's power is measured by ``benchmarks/suite_power.py`` (minutes); these
 fast tests keep the zoo honest: every mutant loads through the suite's own
 ``module:attr`` loader with its base backend's capability (torch_native, or
-torch_native_fused for ``fused_bugs``; bar its declared lie), the controls rebuilt
+torch_native_fused for the ``fused_*`` modules; bar its declared lie), the controls rebuilt
 from the same parts pass every demo, and each mutant differs from its base
 backend on a case designed for its bug.
 """
@@ -327,6 +327,9 @@ _MASKED = _contract(rows=2, mask=[True, False])
 _TRAIN_TP2 = _contract(_TP2, role="train")
 _WIDE = _random(_WIDE_ROWS, 16)
 _WIDE_TARGETS = [0] * _WIDE_ROWS
+_LONG_ROWS = 70  # past the 64-row tile of the long-batch mutants
+_LONG_TARGETS = [(row // 7) % _V for row in range(_LONG_ROWS)]  # row 64's is not row 0's
+_WIDE_V = 200  # past the 128-column tile of the fused wide mutants
 _H = [[1.0, 0.5]]
 _FUSED_W = [[float(v), 1.0] for v in range(5)] + [[100.0, 0.0], [_NAN, 0.0], [_INF, 1.0]]
 
@@ -423,6 +426,40 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
             _WIDE_TARGETS,
         )
     ),
+    "long_batch_target_offset": _forward_differs(
+        Case(_contract(rows=_LONG_ROWS), _random(_LONG_ROWS, _V), _LONG_TARGETS)
+    ),
+    "blas_row_sums": _batch_dependent(Case(_contract(rows=37), _random(37, _V) * 3, [1] * 37)),
+    "fused_long_batch_target_offset": _fused_forward_differs(
+        HiddenDemo(
+            _fused_contract(((0, _V),), rows=_LONG_ROWS, hidden_size=4),
+            _random(_LONG_ROWS, 4),
+            _random(_V, 4, seed=1),
+            _LONG_TARGETS,
+        )
+    ),
+    "fused_bias_first_tile_only": _fused_forward_differs(
+        HiddenDemo(
+            _fused_contract(((0, _WIDE_V),), hidden_size=2, bias=True),
+            _H,
+            _random(_WIDE_V, 2, seed=2),
+            [_WIDE_V - 1],
+            bias=_random(1, _WIDE_V, seed=3)[0],
+        )
+    ),
+    "fused_last_partial_tile_dropped": _fused_forward_differs(
+        HiddenDemo(
+            _fused_contract(((0, _WIDE_V),), hidden_size=2), _H, _random(_WIDE_V, 2), [_WIDE_V - 1]
+        )
+    ),
+    "fused_blas_row_sums": _fused_batch_dependent(
+        HiddenDemo(
+            _fused_contract(((0, 40),), rows=37, hidden_size=16),
+            _random(37, 16) * 3,
+            _random(40, 16, seed=1),
+            [0] * 37,
+        )
+    ),
     "fused_inactive_nan_into_weight_grad": _fused_gradient_differs(
         HiddenDemo(
             _fused_contract(_TP2, rows=2, real=5, mask=[True, False], role="train"),
@@ -432,7 +469,7 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
         )
     ),
 }
-_FUSED_DEMOS = {m.name for m in MUTANTS if m.module == "fused_bugs"}
+_FUSED_DEMOS = {m.name for m in MUTANTS if m.module.startswith("fused_")}
 
 
 def _pair(name: str) -> Pair:
@@ -468,7 +505,7 @@ _CONTROL_SPECS = [dict(CONTROLS)[name] for name in ("control_native", "control_f
 @pytest.mark.parametrize("spec", [m.spec for m in MUTANTS] + _CONTROL_SPECS)
 def test_loads_through_the_suite_with_native_capability(spec: str) -> None:
     (backend,) = resolve_backends([spec], "cpu")
-    base = TORCH_NATIVE_FUSED if spec.startswith("tests.mutants.fused_bugs:") else TORCH_NATIVE
+    base = TORCH_NATIVE_FUSED if spec.startswith("tests.mutants.fused_") else TORCH_NATIVE
     claimed = dataclasses.replace(backend.capability, backend_id=base.backend_id)
     lies = {
         field.name

@@ -255,6 +255,40 @@ MUTANTS: tuple[Mutant, ...] = (
         "fused LM head: d W = G.T @ hidden without zeroing inactive rows' hidden: G is 0 there, "
         "but 0 * NaN = NaN",
     ),
+    Mutant(
+        "long_batch_target_offset",
+        "reach_bugs",
+        "row i reads the target of row i % 64 (the offset in its 64-row tile, not the row): "
+        "exactly right for the first 64 rows",
+    ),
+    Mutant(
+        "blas_row_sums",
+        "reach_bugs",
+        "the row sums sum exp(z - m) as one BLAS matrix-vector product over the batch: the "
+        "micro-kernel treats a row by its position, so a row's bits depend on where it sits",
+    ),
+    Mutant(
+        "fused_long_batch_target_offset",
+        "fused_reach_bugs",
+        "fused LM head: row i reads the target of row i % 64: right for the first 64 rows",
+    ),
+    Mutant(
+        "fused_bias_first_tile_only",
+        "fused_reach_bugs",
+        "fused LM head: the bias is loaded with each shard's first 128-column tile only",
+    ),
+    Mutant(
+        "fused_last_partial_tile_dropped",
+        "fused_reach_bugs",
+        "fused LM head: a shard's columns are walked in 128-column tiles and a last, partial "
+        "tile is never visited (unless it is the only one)",
+    ),
+    Mutant(
+        "fused_blas_row_sums",
+        "fused_reach_bugs",
+        "fused LM head: the chunk partials' row sums as a BLAS matrix-vector product: a row's "
+        "bits depend on its position in the chunk",
+    ),
 )
 """Every planted bug, in the order the runner reports them."""
 
