@@ -115,8 +115,8 @@ def test_reduced_argument_bounds() -> None:
 @example(dh=-0.5 / 1477.3197218702985, frac=0.0, shift=600)
 @example(dh=D_MIN, frac=0.5, shift=600)
 def test_exp_terms_within_exp_rel(dh: float, frac: float, shift: int) -> None:
-    if shift == 0 and dh < -700:
-        return  # the result would not be normal: callers pass the shift
+    if shift == 0 and dh < -660:
+        return  # the low part would be subnormal: callers pass a shift that avoids it
     dl = frac * math.ulp(dh) if dh else 0.0
     err = _relative_errors(np.array([dh]), np.array([dl]), shift)
     assert err[0] <= exp_rel()

@@ -103,8 +103,8 @@ def exp_terms(dh: FloatArray, dl: FloatArray | None, shift: int) -> tuple[FloatA
     """``(yh, yl)`` with ``yh + yl = exp(dh + dl) 2^shift (1 + theta)``, ``|theta| <= EXP_REL``.
 
     ``dl`` None means zero. Needs ``D_MIN <= dh <= 0``, ``|dl| <= ulp(dh) / 2``
-    and a result that stays normal (``shift`` large enough): then ``yh`` and
-    ``yl`` are exact scalings of a normalised pair.
+    and ``exp(dh) 2^shift >= 2^-968`` (so that ``yl`` is normal too): then ``yh``
+    and ``yl`` are exact scalings of a normalised pair.
     """
     t = tables()
     k, rh, rl = reduce(dh, dl)
