@@ -45,6 +45,7 @@ class _Tables:
     inv_c: float
     c1: float
     c2: float
+    neg_c2: float
     c3: float
     k6: float
     k24: float
@@ -74,6 +75,7 @@ def tables() -> _Tables:
         inv_c=float(1 / c),
         c1=float(c1),
         c2=float(c2),
+        neg_c2=-float(c2),
         c3=c3,
         k6=1.0 / 6.0,
         k24=1.0 / 24.0,
@@ -92,10 +94,10 @@ def reduce(dh: FloatArray, dl: FloatArray | None) -> tuple[FloatArray, FloatArra
     k = np.rint(dh * t.inv_c)
     r1 = dh - k * t.c1  # exact: both are multiples of min(ulp(dh), 2^-42) and |r1| < 2^-11
     if dl is None:
-        rh, e = two_sum(r1, -(k * t.c2))  # k C2 is exact
+        rh, e = two_sum(r1, k * t.neg_c2)  # k C2 is exact
         return k, rh, e - k * t.c3
     a, b = two_sum(r1, dl)
-    rh, e = two_sum(a, -(k * t.c2))
+    rh, e = two_sum(a, k * t.neg_c2)
     return k, rh, (b + e) - k * t.c3
 
 
@@ -108,14 +110,15 @@ def exp_terms(dh: FloatArray, dl: FloatArray | None, shift: int) -> tuple[FloatA
     """
     t = tables()
     k, rh, rl = reduce(dh, dl)
+    # rh^2 = A + B + C exactly: A = rh_hi^2 (52 bits), B = 2 rh_hi rh_lo (53 bits), C = rh_lo^2.
     rh_hi, rh_lo = split(rh)
-    square, square_err = two_prod_split(rh, rh_hi, rh_lo, rh, rh_hi, rh_lo)
-    sh = 0.5 * square
+    half_a = 0.5 * (rh_hi * rh_hi)
+    half_bc = rh_hi * rh_lo + 0.5 * (rh_lo * rh_lo)
     q = t.k6 + rh * (t.k24 + rh * (t.k120 + rh * t.k720))
-    cube = (square * rh) * q
-    ph, pl = fast_two_sum(rh, sh)
+    cube = ((rh * rh) * rh) * q
+    ph, pl = fast_two_sum(rh, half_a)
     # exp(r) - 1 = ph + c, summed small terms first so only the last addition is large.
-    c = cube + (rl + (rl * (rh + sh) + (0.5 * square_err + pl)))
+    c = cube + (rl + (rl * (rh + half_a) + (half_bc + pl)))
     ki = k.astype(np.int64)
     j = ki & ((1 << _TABLE_BITS) - 1)
     th = t.th[j]
@@ -143,13 +146,16 @@ def exp_error_terms() -> dict[str, float]:
     dq = rep(t.k6, 6) + U * q_max + r * (rep(t.k24, 24) + 2 * U * 0.0417 + r * inner)
     c_max = r**3 * q_max * (1 + 4 * U) + rl * (1 + 2 * r) + U * r**2 + 2.0**-63
     yl_max = 2.0**-52 + 2 * U * r * 1.001 + 2 * c_max * (1 + U) + 2.0**-53 * (1 + 1.01 * r)
+    inner_c = r**2 * 2.0**-26 + 2.0**-64
     r_err = U * _K_MAX * abs(t.c3) + U * 2.0**-63 + U * rl + _K_MAX * 2.0**-127
     return {
         "taylor remainder": r**7 / 5040 / (1 - r / 8),
         "cube term (Q and rh^3 in double)": r**3 * (dq + 3.0001 * U * q_max),
         "rl beyond second order": rl * r**3 / 6 * (1 + r) + rl**2 * 0.51,
         "reduced argument error": r_err * 1.001,
-        "sum of the correction c": U * c_max + 4 * U * rl * 1.001,
+        # The last addition, and three below it on partial sums of at most
+        # rl + 2 r rl + r^2 2^-26 + 2^-64 (half_bc and pl).
+        "sum of the correction c": U * c_max + 4 * U * (rl * (1 + 2 * r) + inner_c),
         "table entry": 2.0**-106 * (1 + r),
         "th * c and the low sum": 2 * U * c_max * 2 + U * yl_max + 4 * U * 2.0**-51,
         "underflow of tiny rh": 2.0**-1060,

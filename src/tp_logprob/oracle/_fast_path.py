@@ -56,12 +56,38 @@ class _Block:
 
     rows: IntArray
     values: FloatArray
-    counts: FloatArray | None
-    slots: IntArray | None  # deduplicated: each live column's index into values[0]
+    counts: FloatArray | None = None
+    keys: IntArray | None = None  # deduplicated: each live column's 16-bit pattern
+    present: IntArray | None = None  # and the patterns present, in slot order
+
+    def expand(self, per_value: NDArray[_T]) -> NDArray[_T]:
+        """Per-value results ``[R, K]`` as per-column results ``[R, V]``."""
+        if self.keys is None or self.present is None:
+            return per_value
+        slot_of_key = np.zeros(_KEYS, dtype=np.intp)
+        slot_of_key[self.present] = np.arange(self.present.size)
+        return per_value[:, slot_of_key[self.keys]]
+
+    def column(self, columns: IntArray) -> IntArray:
+        """The index into ``values[row]`` of one column per row."""
+        if self.keys is None or self.present is None:
+            return columns
+        return np.searchsorted(self.present, self.keys[columns])
 
 
-def _bf16_keys(row: FloatArray) -> IntArray | None:
-    """The 16-bit patterns of ``row`` when every value is a bfloat16 value, else None."""
+def _bf16_keys(row: FloatArray, source: NDArray[Any] | None) -> IntArray | None:
+    """The 16-bit patterns of ``row`` when every value is a bfloat16 value, else None.
+
+    ``source`` is the caller's array for the same values (float32 or bfloat16,
+    or None): its bits give the patterns without a conversion.
+    """
+    if source is not None and source.dtype.itemsize == 2:
+        return source.view(np.uint16).astype(np.intp)
+    if source is not None and source.dtype == np.float32:
+        bits = source.view(np.uint32)
+        if (bits[:64] & 0xFFFF).any() or (bits & 0xFFFF).any():
+            return None
+        return (bits >> 16).astype(np.intp)
     with np.errstate(over="ignore", invalid="ignore"):
         probe = row[:64].astype(np.float32)
         if (probe.view(np.uint32) & 0xFFFF).any() or not np.array_equal(probe, row[:64]):
@@ -70,33 +96,29 @@ def _bf16_keys(row: FloatArray) -> IntArray | None:
     bits = as32.view(np.uint32)
     if (bits & 0xFFFF).any() or not np.array_equal(as32, row):
         return None
-    return np.asarray(bits >> 16, dtype=np.intp)
+    return (bits >> 16).astype(np.intp)
 
 
-def _deduplicated(row_index: int, row: FloatArray) -> _Block | None:
-    keys = _bf16_keys(row)
+def _deduplicated(row_index: int, row: FloatArray, source: NDArray[Any] | None) -> _Block | None:
+    keys = _bf16_keys(row, source)
     if keys is None:
         return None
     counts = np.bincount(keys, minlength=_KEYS)
-    present = np.nonzero(counts)[0]
+    present = np.flatnonzero(counts != 0)
     values = (present.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    slot_of_key = np.zeros(_KEYS, dtype=np.intp)
-    slot_of_key[present] = np.arange(present.size)
-    return _Block(
-        np.array([row_index]),
-        values[None, :],
-        counts[present].astype(np.float64)[None, :],
-        slot_of_key[keys],
-    )
+    weights = counts[present].astype(np.float64)
+    return _Block(np.array([row_index]), values[None, :], weights[None, :], keys, present)
 
 
-def _blocks(live: FloatArray, attempt: IntArray) -> Iterator[_Block]:
+def _blocks(
+    live: FloatArray, attempt: IntArray, source: NDArray[Any] | None = None
+) -> Iterator[_Block]:
     width = live.shape[1]
     plain = attempt
     if width >= _DEDUP_MIN:
         rest = []
         for i in attempt.tolist():
-            block = _deduplicated(i, live[i])
+            block = _deduplicated(i, live[i], None if source is None else source[i])
             if block is None:
                 rest.append(i)
             else:
@@ -105,12 +127,7 @@ def _blocks(live: FloatArray, attempt: IntArray) -> Iterator[_Block]:
     per_block = max(1, _BLOCK_VALUES // max(width, 1))
     for start in range(0, plain.size, per_block):
         chunk = plain[start : start + per_block]
-        yield _Block(chunk, live[chunk], None, None)
-
-
-def _expand(block: _Block, per_value: NDArray[_T]) -> NDArray[_T]:
-    """Per-value results ``[R, K]`` as per-column results ``[R, V]``."""
-    return per_value if block.slots is None else per_value[:, block.slots]
+        yield _Block(chunk, live[chunk])
 
 
 def _finite_max(live: FloatArray) -> tuple[FloatArray, IntArray]:
@@ -132,16 +149,23 @@ class Selected:
 
 
 @_quiet
-def selected_logprob(live: FloatArray, target_values: FloatArray, active: BoolArray) -> Selected:
+def selected_logprob(
+    live: FloatArray,
+    target_values: FloatArray,
+    active: BoolArray,
+    source: NDArray[Any] | None = None,
+) -> Selected:
     """``lse`` for every row and ``selected_logp`` for active rows (``target_values`` = ``z_t``)."""
     n = live.shape[0]
     out = Selected(np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool))
     m, attempt = _finite_max(live)
-    for block in _blocks(live, attempt):
+    for block in _blocks(live, attempt, source):
         r = block.rows
-        terms = rows.build_terms(block.values, m[r], block.counts)
+        terms = rows.build_terms(block.values, m[r], block.counts, keep=False)
         plain, scaled = rows.log_sum(terms)
         out.lse[r], out.lse_ok[r] = rows.lse(terms, plain)
+        if not active[r].any():
+            continue
         tv = target_values[r]
         sel, sel_ok = rows.selected(terms, plain, scaled, np.where(np.isfinite(tv), tv, m[r]))
         out.selected[r] = np.where(tv == -math.inf, -math.inf, sel)
@@ -156,15 +180,21 @@ def selected_logprob(live: FloatArray, target_values: FloatArray, active: BoolAr
     return out
 
 
-def logsumexp(row: FloatArray) -> float | None:
+def logsumexp(row: FloatArray, source: NDArray[Any] | None = None) -> float | None:
     """One row's certified LSE, or None (for the Ziv loop)."""
-    result = selected_logprob(row[None, :], np.zeros(1), np.zeros(1, bool))
+    wide = None if source is None else source[None, :]
+    result = selected_logprob(row[None, :], np.zeros(1), np.zeros(1, bool), wide)
     return float(result.lse[0]) if result.lse_ok[0] else None
 
 
 @_quiet
 def logprob_grad(
-    live: FloatArray, targets: IntArray, active: BoolArray, scale: float, grad: FloatArray
+    live: FloatArray,
+    targets: IntArray,
+    active: BoolArray,
+    scale: float,
+    grad: FloatArray,
+    source: NDArray[Any] | None = None,
 ) -> BoolArray:
     """Write certified rows of ``([v == t] - p_v) / scale`` into ``grad``; return those rows."""
     n = live.shape[0]
@@ -172,7 +202,7 @@ def logprob_grad(
     m, attempt = _finite_max(live)
     attempt = attempt[active[attempt]]
     cutoff = underflow_cutoff(_UNDERFLOW_D, scale)
-    for block in _blocks(live, attempt):
+    for block in _blocks(live, attempt, source):
         r = block.rows
         terms = rows.build_terms(block.values, m[r], block.counts)
         r_h, r_l, rel = grads.reciprocal(terms)
@@ -182,14 +212,14 @@ def logprob_grad(
         with np.errstate(invalid="ignore"):
             approx_d = values - m[r][:, None]
         far = approx_d < cutoff
-        row_vals = np.where(values == -math.inf, 0.0, np.where(far, -0.0, _expand(block, value)))
-        row_ok = (_expand(block, ok) | far).all(axis=1)
+        row_vals = np.where(values == -math.inf, 0.0, np.where(far, -0.0, block.expand(value)))
+        row_ok = (block.expand(ok) | far).all(axis=1)
         cols = targets[r]
         picked = np.arange(r.size)
         tv = values[picked, cols]
-        index = cols if block.slots is None else block.slots[cols]
-        y_h = terms.yh[picked if block.slots is None else np.zeros_like(picked), index]
-        y_l = terms.yl[picked if block.slots is None else np.zeros_like(picked), index]
+        index = block.column(cols)
+        y_h = terms.yh[picked, index]
+        y_l = terms.yl[picked, index]
         at_max = tv == m[r]
         t_val, t_ok = grads.target_gradient(terms, r_h, r_l, rel, y_h, y_l, at_max, scale)
         trivial = (tv == -math.inf) | (approx_d[picked, cols] < cutoff)
@@ -213,13 +243,15 @@ def _entropy_terms(
 
 
 @_quiet
-def entropy(live: FloatArray, active: BoolArray) -> tuple[FloatArray, BoolArray]:
+def entropy(
+    live: FloatArray, active: BoolArray, source: NDArray[Any] | None = None
+) -> tuple[FloatArray, BoolArray]:
     """Certified entropies of the active rows, and which rows they are."""
     n = live.shape[0]
     out, done = np.zeros(n), np.zeros(n, bool)
     m, attempt = _finite_max(live)
     attempt = attempt[active[attempt]]
-    for block in _blocks(live, attempt):
+    for block in _blocks(live, attempt, source):
         _, scaled, _, _, _, rho = _entropy_terms(block, m)
         out[block.rows], done[block.rows] = grads.entropy(scaled, rho)
     hits = int(done.sum())
@@ -228,14 +260,20 @@ def entropy(live: FloatArray, active: BoolArray) -> tuple[FloatArray, BoolArray]
 
 
 @_quiet
-def entropy_grad(live: FloatArray, active: BoolArray, scale: float, grad: FloatArray) -> BoolArray:
+def entropy_grad(
+    live: FloatArray,
+    active: BoolArray,
+    scale: float,
+    grad: FloatArray,
+    source: NDArray[Any] | None = None,
+) -> BoolArray:
     """Write certified rows of ``-p_v (z_v - LSE + H) / scale`` into ``grad``; return those rows."""
     n = live.shape[0]
     done = np.zeros(n, bool)
     m, attempt = _finite_max(live)
     attempt = attempt[active[attempt]]
     cutoff = underflow_cutoff(_ENTROPY_UNDERFLOW_D, scale)
-    for block in _blocks(live, attempt):
+    for block in _blocks(live, attempt, source):
         r = block.rows
         terms, _, r_h, r_l, rel, rho = _entropy_terms(block, m)
         probs = grads.probabilities(terms, r_h, r_l, rel)
@@ -243,8 +281,8 @@ def entropy_grad(live: FloatArray, active: BoolArray, scale: float, grad: FloatA
         values = live[r]
         with np.errstate(invalid="ignore"):
             far = (values - m[r][:, None] < cutoff) | (values == -math.inf)
-        row_vals = np.where(far, 0.0, _expand(block, value))
-        row_ok = (_expand(block, ok) | far).all(axis=1)
+        row_vals = np.where(far, 0.0, block.expand(value))
+        row_ok = (block.expand(ok) | far).all(axis=1)
         grad[r] = np.where(row_ok[:, None], row_vals, grad[r])
         done[r] = row_ok
     hits = int(done.sum())

@@ -124,49 +124,51 @@ def scaled_sum(
     return Enclosure(t_h, t_l, (rad + tail * tail_term) * SLACK)
 
 
-def _blocked_exp(dh: FloatArray, dl: FloatArray | None) -> tuple[FloatArray, FloatArray]:
-    """:func:`exp_terms` over cache-sized pieces (a few dozen temporaries each)."""
-    flat_h = dh.reshape(-1)
-    flat_l = None if dl is None else dl.reshape(-1)
-    if flat_h.size <= _EXP_BLOCK:
-        yh, yl = exp_terms(flat_h, flat_l, SHIFT)
-        return yh.reshape(dh.shape), yl.reshape(dh.shape)
-    yh = np.empty_like(flat_h)
-    yl = np.empty_like(flat_h)
-    for start in range(0, flat_h.size, _EXP_BLOCK):
-        piece = slice(start, start + _EXP_BLOCK)
-        yh[piece], yl[piece] = exp_terms(
-            flat_h[piece], None if flat_l is None else flat_l[piece], SHIFT
-        )
-    return yh.reshape(dh.shape), yl.reshape(dh.shape)
-
-
-def build_terms(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> Terms:
-    """Exp terms and ``T`` for rows ``values`` (``[R, K]``) with maxima ``m`` (``[R]``, finite)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        mm = m[:, None]
-        dh = values - mm
-        # TwoSum's error term of values + (-m); NaN only where dh is infinite (tail).
-        back = dh - values
-        dl_full = (values - (dh - back)) + (-mm - back)
+def _piece(values: FloatArray, m: FloatArray | float) -> tuple[FloatArray, ...]:
+    """One cache-sized piece: ``d = x - M`` split exactly, the masks, and the exp terms."""
+    dh = values - m
+    # TwoSum's error term of values + (-m); NaN only where dh is infinite (the tail).
+    back = dh - values
+    dl_full = (values - (dh - back)) + (-m - back)
     is_max = dh == 0.0
     head = (dh >= D_MIN) & ~is_max
-    dl: FloatArray | None = np.where(head, dl_full, 0.0)
+    dl = np.where(head, dl_full, 0.0)
+    dh = np.where(head, dh, 0.0)
+    yh, yl = exp_terms(dh, dl if dl.any() else None, SHIFT)
+    return is_max, head, yh * head, yl * head, dh, dl
+
+
+def build_terms(
+    values: FloatArray, m: FloatArray, counts: FloatArray | None, *, keep: bool = True
+) -> Terms:
+    """Exp terms and ``T`` for rows ``values`` (``[R, K]``) with maxima ``m`` (``[R]``, finite).
+
+    ``keep=False`` drops the differences (``dh``, ``dl``), which only gradients
+    and the entropy need.
+    """
+    shape = values.shape
+    flat = values.reshape(-1)
+    maxima = None if shape[0] == 1 else np.repeat(m, shape[1])
+    out = [np.empty(flat.size, bool), np.empty(flat.size, bool)]
+    out += [np.empty(flat.size) for _ in range(4 if keep else 2)]
+    for start in range(0, flat.size, _EXP_BLOCK):
+        piece = slice(start, start + _EXP_BLOCK)
+        row_max = float(m[0]) if maxima is None else maxima[piece]
+        for array, part in zip(out, _piece(flat[piece], row_max), strict=False):
+            array[piece] = part
+    is_max, head, yh, yl, *diffs = (a.reshape(shape) for a in out)
+    dh, dl = diffs if keep else (np.zeros(0), None)
     if dl is not None and not dl.any():
         dl = None
-    dh_c = np.where(head, dh, 0.0)
-    yh, yl = _blocked_exp(dh_c, dl)
-    yh = np.where(head, yh, 0.0)
-    yl = np.where(head, yl, 0.0)
     if counts is None:
         count_max = is_max.sum(axis=1).astype(np.float64)
-        tail = (values.shape[1] - count_max) - head.sum(axis=1)
+        tail = (shape[1] - count_max) - head.sum(axis=1)
     else:
         count_max = np.where(is_max, counts, 0.0).sum(axis=1)
         tail = np.where(head | is_max, 0.0, counts).sum(axis=1)
     zh, zl = _weighted(yh, yl, counts)
     t = scaled_sum(zh, zl, tail, TAIL)
-    return Terms(m, count_max, is_max, head, dh_c, dl, yh, yl, counts, tail, t.hi, t.lo, t.rad)
+    return Terms(m, count_max, is_max, head, dh, dl, yh, yl, counts, tail, t.hi, t.lo, t.rad)
 
 
 def row_sum(terms: Terms) -> Enclosure:

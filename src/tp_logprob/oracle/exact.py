@@ -26,9 +26,10 @@ exact ``d/dz`` divided by ``fp32(T)`` and rounded once.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from tp_logprob.oracle import _fast_path as fast
 from tp_logprob.oracle._exact_entropy import (
@@ -57,6 +58,14 @@ from tp_logprob.oracle._inputs import (
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
 _SPECIAL_LSE = {"nan": math.nan, "inf": math.inf, "empty": -math.inf}
+
+
+def _bits_source(value: ArrayLike, t32: float, live: int) -> NDArray[Any] | None:
+    """The caller's float32 or bfloat16 array (live columns), when its values are the ``z``."""
+    arr = np.asarray(value)
+    if t32 != 1.0 or not (arr.dtype == np.float32 or arr.dtype.name == "bfloat16"):
+        return None
+    return np.ascontiguousarray(arr[..., :live])
 
 
 def exact_logsumexp(
@@ -183,7 +192,7 @@ def _logsumexp(
     rv = as_real_vocab_size(real_vocab_size, x.shape[0])
     x = scaled_live(x, rv, t32, "row")
     if precision_scale == 1 and fast_path_enabled():
-        certified = fast.logsumexp(x[:rv])
+        certified = fast.logsumexp(x[:rv], _bits_source(row, t32, rv))
         if certified is not None:
             return certified
     special, finite = finite_part(x[:rv])
@@ -213,7 +222,9 @@ def _selected_logprob(
     lse = np.empty(n)
     quick = None
     if precision_scale == 1 and fast_path_enabled():
-        quick = fast.selected_logprob(x[:, :rv], x[np.arange(n), t] if rv else np.zeros(n), active)
+        target_values = x[np.arange(n), t] if rv else np.zeros(n)
+        source = _bits_source(logits, t32, rv)
+        quick = fast.selected_logprob(x[:, :rv], target_values, active, source)
         lse[quick.lse_ok] = quick.lse[quick.lse_ok]
         selected[active & quick.selected_ok] = quick.selected[active & quick.selected_ok]
     for i in range(n):
@@ -261,7 +272,8 @@ def _logprob_grad(
     done = np.zeros(n, dtype=np.bool_)
     if precision_scale == 1 and fast_path_enabled():
         live_grad = np.zeros((n, rv))
-        done = fast.logprob_grad(x[:, :rv], t, active, t32, live_grad)
+        source = _bits_source(logits, t32, rv)
+        done = fast.logprob_grad(x[:, :rv], t, active, t32, live_grad, source)
         grad[:, :rv] = live_grad
     for i in np.flatnonzero(active & ~done).tolist():
         live = x[i, :rv]
@@ -306,11 +318,11 @@ def _entropy(
     temperature: float = 1.0,
     precision_scale: int = 1,
 ) -> FloatArray:
-    x, rv, active, _ = _entropy_rows(logits, active_mask, real_vocab_size, temperature)
+    x, rv, active, t32 = _entropy_rows(logits, active_mask, real_vocab_size, temperature)
     out = np.zeros(x.shape[0])
     done = np.zeros(x.shape[0], dtype=np.bool_)
     if precision_scale == 1 and fast_path_enabled():
-        certified, done = fast.entropy(x[:, :rv], active)
+        certified, done = fast.entropy(x[:, :rv], active, _bits_source(logits, t32, rv))
         out[done] = certified[done]
     for i in np.flatnonzero(active & ~done).tolist():
         special, finite = finite_part(x[i, :rv])
@@ -335,7 +347,8 @@ def _entropy_grad(
     done = np.zeros(x.shape[0], dtype=np.bool_)
     if precision_scale == 1 and fast_path_enabled():
         live_grad = np.zeros((x.shape[0], rv))
-        done = fast.entropy_grad(x[:, :rv], active, t32, live_grad)
+        source = _bits_source(logits, t32, rv)
+        done = fast.entropy_grad(x[:, :rv], active, t32, live_grad, source)
         grad[:, :rv] = live_grad
     for i in np.flatnonzero(active & ~done).tolist():
         live = x[i, :rv]
