@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tp_logprob.oracle import (
     exact_entropy,
     exact_entropy_grad,
+    exact_hidden_logits,
     exact_logprob_grad,
     exact_logsumexp,
     exact_selected_logprob,
@@ -158,3 +159,43 @@ def test_counters_count_and_reset() -> None:
         exact_selected_logprob(x, [0, 1, 2, 3, 4])
     assert fast_path_stats()["lse"] == FastPathCounts(0, 0)
     assert FastPathCounts(3, 1).fallback_rate == 0.25
+
+
+f32_values = st.one_of(
+    st.floats(-1e4, 1e4, width=32),
+    st.floats(-(2.0**-120), 2.0**-120, width=32),
+    st.sampled_from([0.0, -0.0, 1.0, 2.0**30, -(2.0**30), 3e38, np.inf, np.nan]),
+)
+
+
+@SETTINGS
+@given(
+    hidden=st.lists(st.lists(f32_values, min_size=6, max_size=6), min_size=1, max_size=3),
+    weight=st.lists(st.lists(f32_values, min_size=6, max_size=6), min_size=1, max_size=5),
+    cancel=st.booleans(),
+    bias=st.booleans(),
+)
+def test_hidden_logits_same_bits_as_fsum(
+    hidden: list[list[float]], weight: list[list[float]], cancel: bool, bias: bool
+) -> None:
+    h = np.array(hidden, np.float32)
+    w = np.array(weight, np.float32)
+    if cancel:  # the last three products undo the first three: sums of exactly zero
+        h[:, 3:] = h[:, :3]
+        w[:, 3:] = -w[:, :3]
+    b = np.linspace(-1.0, 1.0, w.shape[0]).astype(np.float32) if bias else None
+    _assert_same(*_both(exact_hidden_logits, h, w, b))
+
+
+def test_hidden_logits_counted_per_element() -> None:
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal((50, 64)).astype(np.float32)
+    w[7, 5] = np.nan  # that row's logits fall back to the IEEE sum
+    fast_path_stats(reset=True)
+    _assert_same(*_both(exact_hidden_logits, h, w))
+    counts = fast_path_stats()["hidden_logits"]
+    # Sums of 64 exact fp32 products often need 54 bits: an exact tie between two
+    # floats, which an enclosure cannot settle; fsum rounds those (here 4 of 150).
+    assert counts.hits + counts.fallbacks == 150
+    assert 3 <= counts.fallbacks <= 15, counts

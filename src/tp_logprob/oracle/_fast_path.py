@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from tp_logprob.oracle import _fast_grads as grads
 from tp_logprob.oracle import _fast_rows as rows
+from tp_logprob.oracle._eft import U, gamma, tree_error_factor, tree_sum
 from tp_logprob.oracle._exact_entropy import _ENTROPY_UNDERFLOW_D
 from tp_logprob.oracle._exact_row import _UNDERFLOW_D, underflow_cutoff
 from tp_logprob.oracle._fast_stats import record
@@ -288,3 +289,22 @@ def entropy_grad(
     hits = int(done.sum())
     record("entropy_grad", hits, attempt.size - hits)
     return done
+
+
+@_quiet
+def exact_sums(terms: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """Row sums of float64 ``terms`` (``[R, K]``) correctly rounded, where certified.
+
+    The pairwise :func:`._eft.tree_sum` keeps every rounding error, so
+    ``root + err`` is within ``F u sum |terms|`` of the exact sum; sums that round to
+    zero (exact cancellation included) and non-finite ones are left to the caller.
+    """
+    root, err = tree_sum(terms)
+    size = terms.shape[1]
+    magnitude = np.abs(terms).sum(axis=1) * (1.0 + gamma(size))
+    rad = magnitude * U * tree_error_factor(size) * rows.SLACK
+    value, ok, zero = rows.certify(rows.Enclosure(root, err, rad))
+    ok &= ~zero
+    hits = int(ok.sum())
+    record("hidden_logits", hits, ok.size - hits)
+    return value, ok
