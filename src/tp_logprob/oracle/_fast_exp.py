@@ -101,12 +101,17 @@ def reduce(dh: FloatArray, dl: FloatArray | None) -> tuple[FloatArray, FloatArra
     return k, rh, (b + e) - k * t.c3
 
 
-def exp_terms(dh: FloatArray, dl: FloatArray | None, shift: int) -> tuple[FloatArray, FloatArray]:
+def exp_terms(
+    dh: FloatArray,
+    dl: FloatArray | None,
+    shift: int,
+    out: tuple[FloatArray, FloatArray] | None = None,
+) -> tuple[FloatArray, FloatArray]:
     """``(yh, yl)`` with ``yh + yl = exp(dh + dl) 2^shift (1 + theta)``, ``|theta| <= EXP_REL``.
 
     ``dl`` None means zero. Needs ``D_MIN <= dh <= 0``, ``|dl| <= ulp(dh) / 2``
     and ``exp(dh) 2^shift >= 2^-968`` (so that ``yl`` is normal too): then ``yh``
-    and ``yl`` are exact scalings of a normalised pair.
+    and ``yl`` are exact scalings of a normalised pair. ``out`` receives them.
     """
     t = tables()
     k, rh, rl = reduce(dh, dl)
@@ -128,7 +133,9 @@ def exp_terms(dh: FloatArray, dl: FloatArray | None, shift: int) -> tuple[FloatA
     yl = th * c + (ym + (ml + (tl + tl * (ph + c))))
     yh, yl = fast_two_sum(yh, yl)
     scale = (((ki >> _TABLE_BITS) + (shift + 1023)) << 52).view(np.float64)
-    return yh * scale, yl * scale
+    if out is None:
+        return yh * scale, yl * scale
+    return np.multiply(yh, scale, out=out[0]), np.multiply(yl, scale, out=out[1])
 
 
 def exp_error_terms() -> dict[str, float]:

@@ -124,18 +124,30 @@ def scaled_sum(
     return Enclosure(t_h, t_l, (rad + tail * tail_term) * SLACK)
 
 
-def _piece(values: FloatArray, m: FloatArray | float) -> tuple[FloatArray, ...]:
-    """One cache-sized piece: ``d = x - M`` split exactly, the masks, and the exp terms."""
+def _piece(
+    values: FloatArray,
+    m: FloatArray | float,
+    is_max: BoolArray,
+    head: BoolArray,
+    y: tuple[FloatArray, FloatArray],
+    diffs: tuple[FloatArray, FloatArray] | None,
+) -> None:
+    """One cache-sized piece, written into its slices of the outputs: ``d = x - M`` split
+    exactly, the masks, and the exp terms (0 outside the head)."""
     dh = values - m
     # TwoSum's error term of values + (-m); NaN only where dh is infinite (the tail).
     back = dh - values
     dl_full = (values - (dh - back)) + (-m - back)
-    is_max = dh == 0.0
-    head = (dh >= D_MIN) & ~is_max
+    np.equal(dh, 0.0, out=is_max)
+    np.logical_and(dh >= D_MIN, ~is_max, out=head)
     dl = np.where(head, dl_full, 0.0)
     dh = np.where(head, dh, 0.0)
-    yh, yl = exp_terms(dh, dl if dl.any() else None, SHIFT)
-    return is_max, head, yh * head, yl * head, dh, dl
+    if diffs is not None:
+        diffs[0][:] = dh
+        diffs[1][:] = dl
+    yh, yl = exp_terms(dh, dl if dl.any() else None, SHIFT, y)
+    yh *= head
+    yl *= head
 
 
 def build_terms(
@@ -149,17 +161,21 @@ def build_terms(
     shape = values.shape
     flat = values.reshape(-1)
     maxima = None if shape[0] == 1 else np.repeat(m, shape[1])
-    out = [np.empty(flat.size, bool), np.empty(flat.size, bool)]
-    out += [np.empty(flat.size) for _ in range(4 if keep else 2)]
+    is_max: BoolArray = np.empty(shape, bool)
+    head: BoolArray = np.empty(shape, bool)
+    yh: FloatArray = np.empty(shape)
+    yl: FloatArray = np.empty(shape)
+    dh_all, dl_all = (np.empty(shape), np.empty(shape)) if keep else (None, None)
+    flags = (is_max.reshape(-1), head.reshape(-1))
+    terms = (yh.reshape(-1), yl.reshape(-1))
+    kept = None if dh_all is None or dl_all is None else (dh_all.reshape(-1), dl_all.reshape(-1))
     for start in range(0, flat.size, _EXP_BLOCK):
-        piece = slice(start, start + _EXP_BLOCK)
-        row_max = float(m[0]) if maxima is None else maxima[piece]
-        for array, part in zip(out, _piece(flat[piece], row_max), strict=False):
-            array[piece] = part
-    is_max, head, yh, yl, *diffs = (a.reshape(shape) for a in out)
-    dh, dl = diffs if keep else (np.zeros(0), None)
-    if dl is not None and not dl.any():
-        dl = None
+        p = slice(start, start + _EXP_BLOCK)
+        row_max = float(m[0]) if maxima is None else maxima[p]
+        diffs = None if kept is None else (kept[0][p], kept[1][p])
+        _piece(flat[p], row_max, flags[0][p], flags[1][p], (terms[0][p], terms[1][p]), diffs)
+    dh = np.zeros(0) if dh_all is None else dh_all
+    dl = None if dl_all is None or not dl_all.any() else dl_all
     if counts is None:
         count_max = is_max.sum(axis=1).astype(np.float64)
         tail = (shape[1] - count_max) - head.sum(axis=1)
