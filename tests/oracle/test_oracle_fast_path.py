@@ -199,3 +199,24 @@ def test_hidden_logits_counted_per_element() -> None:
     # floats, which an enclosure cannot settle; fsum rounds those (here 4 of 150).
     assert counts.hits + counts.fallbacks == 150
     assert 3 <= counts.fallbacks <= 15, counts
+
+
+@pytest.mark.parametrize("layout", ["bfloat16", "float32 padded", "fortran order", "float64"])
+def test_deduplicated_rows_from_every_input_layout(layout: str) -> None:
+    rng = np.random.default_rng(9)
+    x = _bf16(rng.standard_normal((3, 10_000)) * 3)
+    x[1, 17] = -np.inf
+    rv = 10_000
+    if layout == "bfloat16":
+        x = x.astype(pytest.importorskip("ml_dtypes").bfloat16)
+    elif layout == "float32 padded":
+        rv = 9_000
+        x[:, rv:] = np.nan  # padding is never read
+    elif layout == "fortran order":
+        x = np.asfortranarray(x)
+    else:
+        x = x.astype(np.float64)
+    fast_path_stats(reset=True)
+    _assert_same(*_both(exact_selected_logprob, x, [0, 17, 9], real_vocab_size=rv))
+    _assert_same(*_both(exact_logprob_grad, x, [0, 17, 9], real_vocab_size=rv))
+    assert fast_path_stats()["lse"].hits == 3

@@ -65,7 +65,7 @@ def _bits_source(value: ArrayLike, t32: float, live: int) -> NDArray[Any] | None
     arr = np.asarray(value)
     if t32 != 1.0 or not (arr.dtype == np.float32 or arr.dtype.name == "bfloat16"):
         return None
-    return np.ascontiguousarray(arr[..., :live])
+    return arr[..., :live]
 
 
 def exact_logsumexp(
