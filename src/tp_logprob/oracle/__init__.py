@@ -9,7 +9,12 @@
 * ``exact_hidden_logits``, ``dot_product_error_bound`` and friends: the fused LM
   head (hidden states times a weight), see ``oracle/hidden.py``;
 * ``apply_temperature``: the ``z = fp32(x) / fp32(T)`` every function takes
-  through its ``temperature`` keyword.
+  through its ``temperature`` keyword;
+* ``fast_path_stats`` and ``FastPathCounts``: every ``exact_*`` result (and
+  ``exact_hidden_logits``) first comes from a vectorised double-double fast path
+  with a proven error bound, kept only when it rounds to one float64; the counts
+  say how often each quantity fell back to the Ziv loop
+  (:mod:`tp_logprob.oracle.fast_path`).
 
 Imports numpy and mpmath only (gmpy2 and ml_dtypes when installed), never torch
 or triton, so it can judge any backend.
@@ -29,6 +34,7 @@ from tp_logprob.oracle.exact import (
     exact_logsumexp,
     exact_selected_logprob,
 )
+from tp_logprob.oracle.fast_path import FastPathCounts, fast_path_stats
 from tp_logprob.oracle.hidden import (
     dot_product_error_bound,
     exact_hidden_grads,
@@ -54,6 +60,7 @@ from tp_logprob.oracle.tolerance import LogprobTolerance, tolerance
 from tp_logprob.oracle.ulp import ulp_distance
 
 __all__ = [
+    "FastPathCounts",
     "LogprobTolerance",
     "apply_temperature",
     "dot_product_error_bound",
@@ -64,6 +71,7 @@ __all__ = [
     "exact_logprob_grad",
     "exact_logsumexp",
     "exact_selected_logprob",
+    "fast_path_stats",
     "fused_extra_bounds",
     "reference_entropy",
     "reference_entropy_error_bounds",

@@ -18,22 +18,11 @@ With ``d = z - M <= 0``, ``S = sum exp(d)``, ``P = -Q = sum exp(d) |d|``,
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-if TYPE_CHECKING:
-    from tp_logprob.oracle.tolerance import ErrorModel
-
-_U64 = 2.0**-53
-# Final safety factor for the float64 evaluation of the bound itself.
-_SLACK = 1.0 + 2.0**-30
-
-
-def _pow_minus_one(base_excess: float, power: float) -> float:
-    """``(1 + base_excess) ** power - 1`` without cancellation."""
-    return math.expm1(power * math.log1p(base_excess))
+from tp_logprob.oracle._error_model import SLACK, U64, ErrorModel, pow_minus_one
 
 
 def ratio_upper(
@@ -50,7 +39,7 @@ def ratio_upper(
     """
     if (lse is None) != (row_max is None):
         raise ValueError("lse and row_max must be given together (or neither)")
-    h = np.abs(np.asarray(entropy, dtype=np.float64)) * (1.0 + 4.0 * _U64)
+    h = np.abs(np.asarray(entropy, dtype=np.float64)) * (1.0 + 4.0 * U64)
     cap = math.log(max(model.num_values, 1))
     if lse is None or row_max is None:
         return np.minimum(h, cap), h
@@ -58,7 +47,7 @@ def ratio_upper(
     m = np.asarray(row_max, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         approx = e - m
-        margin = 4.0 * _U64 * (np.abs(e) + np.abs(m))
+        margin = 4.0 * U64 * (np.abs(e) + np.abs(m))
         known = np.isfinite(approx) & np.isfinite(margin)
         upper = np.where(known, np.minimum(approx + margin, cap), cap)
         lower = np.where(known, np.maximum(approx - margin, 0.0), 0.0)
@@ -94,7 +83,7 @@ def neg_q_error(model: ErrorModel, rho: NDArray[np.float64]) -> NDArray[np.float
         # roundings (the shift m_old - m_new, its product with s, the addition to q
         # or the product with exp(m_old - m_new)) on any path into Q.
         phi = (1.0 + model.exp_rel) ** (hops + 1) * (
-            1.0 + _pow_minus_one(u, additions + 3 * hops + 2)
+            1.0 + pow_minus_one(u, additions + 3 * hops + 2)
         ) - 1.0
         quantisation = 0.0
     else:
@@ -123,8 +112,8 @@ def entropy_error(
         return np.full(np.shape(entropy), math.inf)
     lam = -math.log1p(-theta)
     ratio_err = (neg_q_error(model, rho) + rho * theta) / (1.0 - theta)
-    final64 = 4.0 * _U64 * (log_sum + lam + rho + ratio_err)
+    final64 = 4.0 * U64 * (log_sum + lam + rho + ratio_err)
     delta = lam + ratio_err + final64
     h = np.abs(entropy)
     bound = delta + u * (h + delta) + model.tiny * u
-    return np.asarray(bound * _SLACK, dtype=np.float64)
+    return np.asarray(bound * SLACK, dtype=np.float64)

@@ -7,6 +7,12 @@ tighten as the working precision doubles (a Ziv loop); see
 the loop terminates. mpmath's raw ``libmp`` layer is used with an explicit
 precision, so no global mpmath state is read or changed.
 
+Before the Ziv loop, every row goes through a fast path (``_fast_path``): the
+same quantities in vectorised double-double arithmetic with a proven error
+bound, kept only when the whole enclosure rounds to one float64. A row (or one
+quantity of a row) it cannot settle runs the Ziv loop as before, so the results
+are the same bit for bit; :func:`tp_logprob.oracle.fast_path_stats` counts both.
+
 Semantics (``docs/semantics.md``): columns at or past ``real_vocab_size`` are ``-inf``
 whatever they hold; ``lse`` follows ``torch.logsumexp`` and an active token's
 ``selected_logp`` follows ``torch.log_softmax(...).gather(...)`` on the live
@@ -20,10 +26,12 @@ exact ``d/dz`` divided by ``fp32(T)`` and rounded once.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
+from tp_logprob.oracle import _fast_path as fast
 from tp_logprob.oracle._exact_entropy import (
     RowEntropy,
     certified_entropy,
@@ -37,6 +45,7 @@ from tp_logprob.oracle._exact_row import (
     finite_part,
     start_bits,
 )
+from tp_logprob.oracle._fast_stats import enabled as fast_path_enabled
 from tp_logprob.oracle._inputs import (
     BoolArray,
     FloatArray,
@@ -49,6 +58,14 @@ from tp_logprob.oracle._inputs import (
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
 _SPECIAL_LSE = {"nan": math.nan, "inf": math.inf, "empty": -math.inf}
+
+
+def _bits_source(value: ArrayLike, t32: float, live: int) -> NDArray[Any] | None:
+    """The caller's float32 or bfloat16 array (live columns), when its values are the ``z``."""
+    arr = np.asarray(value)
+    if t32 != 1.0 or not (arr.dtype == np.float32 or arr.dtype.name == "bfloat16"):
+        return None
+    return arr[..., :live]
 
 
 def exact_logsumexp(
@@ -174,6 +191,10 @@ def _logsumexp(
     x = as_float64(row, "row", 1)
     rv = as_real_vocab_size(real_vocab_size, x.shape[0])
     x = scaled_live(x, rv, t32, "row")
+    if precision_scale == 1 and fast_path_enabled():
+        certified = fast.logsumexp(x[:rv], _bits_source(row, t32, rv))
+        if certified is not None:
+            return certified
     special, finite = finite_part(x[:rv])
     if special is not None:
         return _SPECIAL_LSE[special]
@@ -199,7 +220,18 @@ def _selected_logprob(
     x = scaled_live(x, rv, t32, "logits")
     selected = np.zeros(n)
     lse = np.empty(n)
+    quick = None
+    if precision_scale == 1 and fast_path_enabled():
+        target_values = x[np.arange(n), t] if rv else np.zeros(n)
+        source = _bits_source(logits, t32, rv)
+        quick = fast.selected_logprob(x[:, :rv], target_values, active, source)
+        lse[quick.lse_ok] = quick.lse[quick.lse_ok]
+        selected[active & quick.selected_ok] = quick.selected[active & quick.selected_ok]
     for i in range(n):
+        lse_done = quick is not None and bool(quick.lse_ok[i])
+        selected_done = not active[i] or (quick is not None and bool(quick.selected_ok[i]))
+        if lse_done and selected_done:
+            continue
         special, finite = finite_part(x[i, :rv])
         if special is not None:
             lse[i] = _SPECIAL_LSE[special]
@@ -208,8 +240,9 @@ def _selected_logprob(
             continue
         engine = RowLSE(finite)
         first = precision_scale * start_bits(engine.num_values)
-        lse[i] = certified_lse(engine, first)
-        if active[i]:
+        if not lse_done:
+            lse[i] = certified_lse(engine, first)
+        if not selected_done:
             target_value = float(x[i, t[i]])
             selected[i] = (
                 -math.inf
@@ -236,7 +269,13 @@ def _logprob_grad(
     t = checked_targets(as_targets(targets, n), active, rv)
     x = scaled_live(x, rv, t32, "logits")
     grad = np.zeros((n, v))
-    for i in np.flatnonzero(active).tolist():
+    done = np.zeros(n, dtype=np.bool_)
+    if precision_scale == 1 and fast_path_enabled():
+        live_grad = np.zeros((n, rv))
+        source = _bits_source(logits, t32, rv)
+        done = fast.logprob_grad(x[:, :rv], t, active, t32, live_grad, source)
+        grad[:, :rv] = live_grad
+    for i in np.flatnonzero(active & ~done).tolist():
         live = x[i, :rv]
         special, finite = finite_part(live)
         if special is not None:
@@ -279,9 +318,13 @@ def _entropy(
     temperature: float = 1.0,
     precision_scale: int = 1,
 ) -> FloatArray:
-    x, rv, active, _ = _entropy_rows(logits, active_mask, real_vocab_size, temperature)
+    x, rv, active, t32 = _entropy_rows(logits, active_mask, real_vocab_size, temperature)
     out = np.zeros(x.shape[0])
-    for i in np.flatnonzero(active).tolist():
+    done = np.zeros(x.shape[0], dtype=np.bool_)
+    if precision_scale == 1 and fast_path_enabled():
+        certified, done = fast.entropy(x[:, :rv], active, _bits_source(logits, t32, rv))
+        out[done] = certified[done]
+    for i in np.flatnonzero(active & ~done).tolist():
         special, finite = finite_part(x[i, :rv])
         if special is not None:
             out[i] = math.nan
@@ -301,7 +344,13 @@ def _entropy_grad(
 ) -> FloatArray:
     x, rv, active, t32 = _entropy_rows(logits, active_mask, real_vocab_size, temperature)
     grad = np.zeros(x.shape)
-    for i in np.flatnonzero(active).tolist():
+    done = np.zeros(x.shape[0], dtype=np.bool_)
+    if precision_scale == 1 and fast_path_enabled():
+        live_grad = np.zeros((x.shape[0], rv))
+        source = _bits_source(logits, t32, rv)
+        done = fast.entropy_grad(x[:, :rv], active, t32, live_grad, source)
+        grad[:, :rv] = live_grad
+    for i in np.flatnonzero(active & ~done).tolist():
         live = x[i, :rv]
         special, finite = finite_part(live)
         if special is not None:

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tp_logprob.oracle import _fast_path as fast
+from tp_logprob.oracle._fast_stats import enabled as fast_path_enabled
 from tp_logprob.oracle._inputs import FloatArray, as_exact_array
 from tp_logprob.oracle.exact import exact_entropy_grad, exact_logprob_grad
 
@@ -83,20 +85,28 @@ def exact_hidden_logits(
     """``x[t, v] = sum_i hidden[t, i] * weight[v, i] (+ bias[v])``, correctly rounded, ``[N, V]``.
 
     Operands must hold fp32 values (bf16, fp16 and fp32 do): each product is then
-    exact in float64 and ``math.fsum`` rounds the exact sum once. A NaN or
-    infinity among a row's terms gives the IEEE result of summing them.
+    exact in float64, and the exact sum is rounded once: by a vectorised pairwise
+    sum that keeps its rounding errors when its bound settles the rounding, by
+    ``math.fsum`` otherwise (the same value). A NaN or infinity among a row's terms
+    gives the IEEE result of summing them.
 
     >>> exact_hidden_logits([[1.0, 2.0**-30]], [[1.0, 1.0]]).tolist()
     [[1.0000000009313226]]
     """
     h, w, b = _operands(hidden, weight, bias)
     out = np.empty((h.shape[0], w.shape[0]), dtype=np.float64)
+    quick = fast_path_enabled()
     with np.errstate(invalid="ignore", over="ignore"):
         for t in range(h.shape[0]):
             products = w * h[t]  # [V, H], exact
-            for v in range(w.shape[0]):
-                terms = products[v] if b is None else np.append(products[v], b[v])
-                out[t, v] = _exact_sum(terms)
+            if b is not None:
+                products = np.concatenate([products, b[:, None]], axis=1)
+            pending: list[int] = list(range(w.shape[0]))
+            if quick:
+                out[t], ok = fast.exact_sums(products)
+                pending = np.flatnonzero(~ok).tolist()
+            for v in pending:
+                out[t, v] = _exact_sum(products[v])
     return out
 
 

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from tp_logprob.oracle._error_model import ErrorModel
 from tp_logprob.oracle._inputs import (
     BoolArray,
     FloatArray,
@@ -47,7 +48,6 @@ from tp_logprob.oracle._inputs import (
     checked_targets,
 )
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
-from tp_logprob.oracle.tolerance import ErrorModel
 
 _U64 = 2.0**-53
 # Values per chunk of rows: keeps the float64 working copy cache-sized.

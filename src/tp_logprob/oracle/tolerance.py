@@ -33,130 +33,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tp_logprob.oracle._entropy_error import entropy_error, ratio_upper
+from tp_logprob.oracle._error_model import U64
+from tp_logprob.oracle._error_model import ErrorModel as ErrorModel  # public here, as before
 from tp_logprob.oracle._inputs import format_name
 
 _U32 = 2.0**-24
-_U64 = 2.0**-53
-# Final safety factor for the float64 evaluation of the bound itself.
-_SLACK = 1.0 + 2.0**-30
 _FP32_OVERFLOW = float(np.finfo(np.float32).max) * (1.0 + 2.0**-25)
-
-
-def _pow_minus_one(base_excess: float, power: float) -> float:
-    """``(1 + base_excess) ** power - 1`` without cancellation."""
-    return math.expm1(power * math.log1p(base_excess))
-
-
-@dataclass(frozen=True)
-class ErrorModel:
-    """Rounding model of one max-shifted log-sum-exp evaluation.
-
-    ``unit`` is the unit roundoff of the working format. ``exp_rel`` and
-    ``log_rel`` bound the relative error of one ``exp`` / ``log`` call;
-    ``arg_rel`` bounds the relative perturbation of each ``exp`` argument
-    ``x - m`` (its subtraction, plus a scaling by ``log2(e)`` when exp is lowered
-    to ``exp2``); ``log_abs`` is an extra absolute error of ``log`` near 1;
-    ``tiny`` is the absolute error of one underflowing operation (flush to zero
-    included). ``rescales`` is the largest number of ``exp(m_old - m_new)``
-    rescalings on any column's path to ``S`` (1 for shard partials merged once;
-    ``blocks + 1`` for an online softmax over blocks). With ``fixed_point_bits``
-    the terms ``exp(x - M)`` are quantised to that many fractional bits and
-    summed exactly.
-    """
-
-    unit: float
-    exp_rel: float
-    arg_rel: float
-    log_rel: float
-    log_abs: float
-    tiny: float
-    num_values: int
-    num_shards: int = 1
-    max_shard_values: int | None = None
-    rescales: int = 1
-    fixed_point_bits: int | None = None
-
-    def sum_rel(self) -> float:
-        """``theta_S``: a bound on ``|S_hat / S - 1|`` (``S >= 1`` is used throughout)."""
-        n, u = max(self.num_values, 1), self.unit
-        if self.fixed_point_bits is None:
-            widest = n if self.max_shard_values is None else min(n, self.max_shard_values)
-            additions = max(widest, 1) + self.num_shards - 2
-            # Each column's term passes through one exp, `rescales` exp+product
-            # pairs and at most `additions` additions (any summation order).
-            rel = (1.0 + self.exp_rel) ** (self.rescales + 1) * (
-                1.0 + _pow_minus_one(u, self.rescales + additions)
-            ) - 1.0
-            quantisation = 0.0
-        else:
-            rel = (1.0 + self.exp_rel) * (1.0 + u) ** 2 - 1.0
-            quantisation = n * 2.0**-self.fixed_point_bits * (1.0 + u) ** 2
-        argument = self._argument_error(n) * (1.0 + rel)
-        underflow = (n * (self.rescales + 1) + self.num_shards) * 2.0 * self.tiny
-        return (rel + argument + quantisation + underflow) * _SLACK
-
-    def _argument_error(self, n: int) -> float:
-        """Bound on ``sum_i |exp(d_i + eta_i) - exp(d_i)| / S`` with ``|eta_i| <= a |d_i|``.
-
-        The perturbations along one column's path add up to at most ``a |x - M|``
-        because every shift has the same sign. With ``t = |d|``,
-        ``f(t) = e^-t (e^(a t) - 1) <= a t e^(-(1 - a) t)``, whose maximum is
-        ``a / ((1 - a) e)``: that gives ``n a / ((1 - a) e)``. For ``n >= 3`` split
-        at ``T = log n``: terms with ``t <= T`` add at most
-        ``a T n^a sum e^-t <= a T n^a (S - 1)``; each of the other (at most ``n``)
-        terms is at most ``a T n^(a-1)`` since ``f`` decreases past
-        ``1 / (1 - a) <= T``. So the total is at most ``a log(n) n^a S``.
-        """
-        a = self.arg_rel
-        crude = n * a / ((1.0 - a) * math.e)
-        if n < 3:
-            return crude
-        return min(crude, a * math.log(n) * math.pow(n, a))
-
-    def log_sum_error(self, log_sum: NDArray[np.float64]) -> NDArray[np.float64]:
-        """``Delta_L``: a bound on ``|L_hat - L|`` given (an upper bound on) ``L = log S``."""
-        theta = self.sum_rel()
-        lam = math.inf if theta >= 1.0 else -math.log1p(-theta)
-        return (lam + self.log_rel * (log_sum + lam) + self.log_abs) * _SLACK
-
-    def lse_error(
-        self, lse: NDArray[np.float64], log_sum: NDArray[np.float64]
-    ) -> NDArray[np.float64]:
-        """A bound on ``|lse_computed - lse_true|``."""
-        delta = self.log_sum_error(log_sum)
-        return (delta + self.unit * (np.abs(lse) + delta)) * _SLACK
-
-    def selected_error(
-        self, selected: NDArray[np.float64], lse: NDArray[np.float64], log_sum: NDArray[np.float64]
-    ) -> NDArray[np.float64]:
-        """A bound on ``|selected_computed - selected_true|``, for either evaluation order.
-
-        ``x_t - lse_k`` (as ``torch.logsumexp`` users do) is off by at most
-        ``E_lse + u (|sel| + E_lse)``; ``(x_t - M) - L_hat`` (torch's CUDA
-        ``log_softmax`` epilogue) by at most ``u |x_t - M| + Delta_L + u (|sel| +
-        u |x_t - M| + Delta_L)`` with ``|x_t - M| <= |sel| + L``. The bound is the
-        larger of the two.
-        """
-        u = self.unit
-        sel = np.abs(selected)
-        e_lse = self.lse_error(lse, log_sum)
-        via_lse = e_lse + u * (sel + e_lse)
-        delta = self.log_sum_error(log_sum)
-        shifted = u * (sel + log_sum)
-        via_shift = shifted + delta + u * (sel + shifted + delta)
-        return np.maximum(via_lse, via_shift) * _SLACK
-
-    def log_sum_upper(
-        self, lse: NDArray[np.float64], row_max: ArrayLike | None
-    ) -> NDArray[np.float64]:
-        """An upper bound on ``L = LSE - M``: ``log n``, or tighter from ``row_max``."""
-        cap = math.log(max(self.num_values, 1))
-        if row_max is None:
-            return np.full(np.shape(lse), cap)
-        m = np.asarray(row_max, dtype=np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            approx = (lse - m) + 4.0 * _U64 * (np.abs(lse) + np.abs(m))
-        return np.where(np.isfinite(approx), np.minimum(approx, cap), cap)
 
 
 @dataclass(frozen=True)
@@ -183,7 +65,7 @@ class LogprobTolerance:
         """Bound on ``|lse_kernel - lse_exact|`` for each row (``lse`` = exact values)."""
         e = np.asarray(lse, dtype=np.float64)
         bound = self.model.lse_error(e, self.model.log_sum_upper(e, row_max))
-        return np.asarray(bound + _U64 * np.abs(e), dtype=np.float64)
+        return np.asarray(bound + U64 * np.abs(e), dtype=np.float64)
 
     def selected_bound(
         self, selected: ArrayLike, lse: ArrayLike, *, row_max: ArrayLike | None = None
@@ -192,7 +74,7 @@ class LogprobTolerance:
         s = np.asarray(selected, dtype=np.float64)
         e = np.asarray(lse, dtype=np.float64)
         log_sum = self.model.log_sum_upper(e, row_max)
-        bound = self.model.selected_error(s, e, log_sum) + _U64 * np.abs(s)
+        bound = self.model.selected_error(s, e, log_sum) + U64 * np.abs(s)
         return np.asarray(bound, dtype=np.float64)
 
     def entropy_bound(
@@ -218,7 +100,7 @@ class LogprobTolerance:
         """
         h = np.asarray(entropy, dtype=np.float64)
         log_sum, rho = ratio_upper(self.model, h, lse, row_max)
-        bound = entropy_error(self.model, h, log_sum, rho) + _U64 * np.abs(h)
+        bound = entropy_error(self.model, h, log_sum, rho) + U64 * np.abs(h)
         return np.asarray(bound, dtype=np.float64)
 
     def violations(

@@ -1,0 +1,310 @@
+"""The fast path's drivers: rows in, certified results and a mask of what was certified out.
+
+Rows are taken in blocks of about :data:`_BLOCK_VALUES` values. A wide row whose
+values are all bfloat16 values is first reduced to its distinct values and
+their counts with one ``bincount`` over its 16-bit patterns (values are exact,
+so ``+0.0`` and ``-0.0`` may sit in two slots: both are counted). A row is
+attempted when its live maximum is finite; each quantity the caller asks for
+is counted as a hit (certified here) or a fallback (the caller runs the Ziv
+loop for it). The elementwise rules the Ziv loop applies before certifying
+anything (values far below the maximum give a signed zero, ``-inf`` columns
+``0.0``) are applied here in the same form, so the two paths agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from tp_logprob.oracle import _fast_grads as grads
+from tp_logprob.oracle import _fast_rows as rows
+from tp_logprob.oracle._eft import U, gamma, tree_error_factor, tree_sum
+from tp_logprob.oracle._exact_entropy import _ENTROPY_UNDERFLOW_D
+from tp_logprob.oracle._exact_row import _UNDERFLOW_D, underflow_cutoff
+from tp_logprob.oracle._fast_stats import record
+from tp_logprob.oracle._inputs import BoolArray, FloatArray, IntArray
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T", bound=np.generic)
+
+
+def _quiet(func: _F) -> _F:
+    """Overflow and invalid operations only ever put inf or NaN in an enclosure, which
+    :func:`._fast_rows.certify` refuses: those rows go to the Ziv loop."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            return func(*args, **kwargs)
+
+    return cast(_F, wrapper)
+
+
+_BLOCK_VALUES = 1 << 16
+_DEDUP_MIN = 8192
+_KEYS = 1 << 16
+
+
+@dataclass
+class _Block:
+    """Rows ``rows`` of the batch as ``values [R, K]`` (``counts`` for a deduplicated row)."""
+
+    rows: IntArray
+    values: FloatArray
+    counts: FloatArray | None = None
+    keys: IntArray | None = None  # deduplicated: each live column's 16-bit pattern
+    present: IntArray | None = None  # and the patterns present, in slot order
+
+    def expand(self, per_value: NDArray[_T]) -> NDArray[_T]:
+        """Per-value results ``[R, K]`` as per-column results ``[R, V]``."""
+        if self.keys is None or self.present is None:
+            return per_value
+        slot_of_key = np.zeros(_KEYS, dtype=np.intp)
+        slot_of_key[self.present] = np.arange(self.present.size)
+        return per_value[:, slot_of_key[self.keys]]
+
+    def column(self, columns: IntArray) -> IntArray:
+        """The index into ``values[row]`` of one column per row."""
+        if self.keys is None or self.present is None:
+            return columns
+        return np.searchsorted(self.present, self.keys[columns])
+
+
+def _bf16_keys(row: FloatArray, source: NDArray[Any] | None) -> IntArray | None:
+    """The 16-bit patterns of ``row`` when every value is a bfloat16 value, else None.
+
+    ``source`` is the caller's array for the same values (float32 or bfloat16,
+    or None): its bits give the patterns without a conversion.
+    """
+    if source is not None and source.dtype.itemsize == 2:
+        return source.view(np.uint16).astype(np.intp)
+    if source is not None and source.dtype == np.float32:
+        bits = source.view(np.uint32)
+        if (bits[:64] & 0xFFFF).any() or (bits & 0xFFFF).any():
+            return None
+        return (bits >> 16).astype(np.intp)
+    with np.errstate(over="ignore", invalid="ignore"):
+        probe = row[:64].astype(np.float32)
+        if (probe.view(np.uint32) & 0xFFFF).any() or not np.array_equal(probe, row[:64]):
+            return None
+        as32 = row.astype(np.float32)
+    bits = as32.view(np.uint32)
+    if (bits & 0xFFFF).any() or not np.array_equal(as32, row):
+        return None
+    return (bits >> 16).astype(np.intp)
+
+
+def _deduplicated(row_index: int, row: FloatArray, source: NDArray[Any] | None) -> _Block | None:
+    keys = _bf16_keys(row, source)
+    if keys is None:
+        return None
+    counts = np.bincount(keys, minlength=_KEYS)
+    present = np.flatnonzero(counts != 0)
+    values = (present.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    weights = counts[present].astype(np.float64)
+    return _Block(np.array([row_index]), values[None, :], weights[None, :], keys, present)
+
+
+def _blocks(
+    live: FloatArray, attempt: IntArray, source: NDArray[Any] | None = None
+) -> Iterator[_Block]:
+    width = live.shape[1]
+    plain = attempt
+    if width >= _DEDUP_MIN:
+        rest = []
+        for i in attempt.tolist():
+            block = _deduplicated(i, live[i], None if source is None else source[i])
+            if block is None:
+                rest.append(i)
+            else:
+                yield block
+        plain = np.array(rest, dtype=np.intp)
+    per_block = max(1, _BLOCK_VALUES // max(width, 1))
+    for start in range(0, plain.size, per_block):
+        chunk = plain[start : start + per_block]
+        yield _Block(chunk, live[chunk])
+
+
+def _finite_max(live: FloatArray) -> tuple[FloatArray, IntArray]:
+    """Row maxima (NaN for a NaN row) and the rows whose maximum is finite."""
+    if live.shape[1] == 0:
+        return np.full(live.shape[0], -math.inf), np.zeros(0, dtype=np.intp)
+    m = live.max(axis=1)
+    return m, np.flatnonzero(np.isfinite(m))
+
+
+@dataclass
+class Selected:
+    """Per-row fast results; ``*_ok`` marks what was certified."""
+
+    lse: FloatArray
+    lse_ok: BoolArray
+    selected: FloatArray
+    selected_ok: BoolArray
+
+
+@_quiet
+def selected_logprob(
+    live: FloatArray,
+    target_values: FloatArray,
+    active: BoolArray,
+    source: NDArray[Any] | None = None,
+) -> Selected:
+    """``lse`` for every row and ``selected_logp`` for active rows (``target_values`` = ``z_t``)."""
+    n = live.shape[0]
+    out = Selected(np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool))
+    m, attempt = _finite_max(live)
+    for block in _blocks(live, attempt, source):
+        r = block.rows
+        terms = rows.build_terms(block.values, m[r], block.counts, keep=False)
+        plain, scaled = rows.log_sum(terms)
+        out.lse[r], out.lse_ok[r] = rows.lse(terms, plain)
+        if not active[r].any():
+            continue
+        tv = target_values[r]
+        sel, sel_ok = rows.selected(terms, plain, scaled, np.where(np.isfinite(tv), tv, m[r]))
+        out.selected[r] = np.where(tv == -math.inf, -math.inf, sel)
+        out.selected_ok[r] = sel_ok | (tv == -math.inf)
+    asked = np.zeros(n, bool)
+    asked[attempt] = True
+    lse_hits = int(out.lse_ok[attempt].sum())
+    record("lse", lse_hits, attempt.size - lse_hits)
+    counted = asked & active & (target_values > -math.inf)
+    sel_hits = int((out.selected_ok & counted).sum())
+    record("selected_logp", sel_hits, int(counted.sum()) - sel_hits)
+    return out
+
+
+def logsumexp(row: FloatArray, source: NDArray[Any] | None = None) -> float | None:
+    """One row's certified LSE, or None (for the Ziv loop)."""
+    wide = None if source is None else source[None, :]
+    result = selected_logprob(row[None, :], np.zeros(1), np.zeros(1, bool), wide)
+    return float(result.lse[0]) if result.lse_ok[0] else None
+
+
+@_quiet
+def logprob_grad(
+    live: FloatArray,
+    targets: IntArray,
+    active: BoolArray,
+    scale: float,
+    grad: FloatArray,
+    source: NDArray[Any] | None = None,
+) -> BoolArray:
+    """Write certified rows of ``([v == t] - p_v) / scale`` into ``grad``; return those rows."""
+    n = live.shape[0]
+    done = np.zeros(n, bool)
+    m, attempt = _finite_max(live)
+    attempt = attempt[active[attempt]]
+    cutoff = underflow_cutoff(_UNDERFLOW_D, scale)
+    for block in _blocks(live, attempt, source):
+        r = block.rows
+        terms = rows.build_terms(block.values, m[r], block.counts)
+        r_h, r_l, rel = grads.reciprocal(terms)
+        probs = grads.probabilities(terms, r_h, r_l, rel)
+        value, ok = grads.negated_quotient(probs, scale)
+        values = live[r]
+        with np.errstate(invalid="ignore"):
+            approx_d = values - m[r][:, None]
+        far = approx_d < cutoff
+        row_vals = np.where(values == -math.inf, 0.0, np.where(far, -0.0, block.expand(value)))
+        row_ok = (block.expand(ok) | far).all(axis=1)
+        cols = targets[r]
+        picked = np.arange(r.size)
+        tv = values[picked, cols]
+        index = block.column(cols)
+        y_h = terms.yh[picked, index]
+        y_l = terms.yl[picked, index]
+        at_max = tv == m[r]
+        t_val, t_ok = grads.target_gradient(terms, r_h, r_l, rel, y_h, y_l, at_max, scale)
+        trivial = (tv == -math.inf) | (approx_d[picked, cols] < cutoff)
+        row_vals[picked, cols] = np.where(trivial, 1.0 / scale, t_val)
+        row_ok &= t_ok | trivial
+        grad[r] = np.where(row_ok[:, None], row_vals, grad[r])
+        done[r] = row_ok
+    hits = int(done.sum())
+    record("logprob_grad", hits, attempt.size - hits)
+    return done
+
+
+def _entropy_terms(
+    block: _Block, m: FloatArray
+) -> tuple[rows.Terms, rows.Enclosure, FloatArray, FloatArray, FloatArray, rows.Enclosure]:
+    terms = rows.build_terms(block.values, m[block.rows], block.counts)
+    _, scaled = rows.log_sum(terms)
+    r_h, r_l, rel = grads.reciprocal(terms)
+    rho = grads.ratio(grads.neg_q_terms(terms), r_h, r_l, rel)
+    return terms, scaled, r_h, r_l, rel, rho
+
+
+@_quiet
+def entropy(
+    live: FloatArray, active: BoolArray, source: NDArray[Any] | None = None
+) -> tuple[FloatArray, BoolArray]:
+    """Certified entropies of the active rows, and which rows they are."""
+    n = live.shape[0]
+    out, done = np.zeros(n), np.zeros(n, bool)
+    m, attempt = _finite_max(live)
+    attempt = attempt[active[attempt]]
+    for block in _blocks(live, attempt, source):
+        _, scaled, _, _, _, rho = _entropy_terms(block, m)
+        out[block.rows], done[block.rows] = grads.entropy(scaled, rho)
+    hits = int(done.sum())
+    record("entropy", hits, attempt.size - hits)
+    return out, done
+
+
+@_quiet
+def entropy_grad(
+    live: FloatArray,
+    active: BoolArray,
+    scale: float,
+    grad: FloatArray,
+    source: NDArray[Any] | None = None,
+) -> BoolArray:
+    """Write certified rows of ``-p_v (z_v - LSE + H) / scale`` into ``grad``; return those rows."""
+    n = live.shape[0]
+    done = np.zeros(n, bool)
+    m, attempt = _finite_max(live)
+    attempt = attempt[active[attempt]]
+    cutoff = underflow_cutoff(_ENTROPY_UNDERFLOW_D, scale)
+    for block in _blocks(live, attempt, source):
+        r = block.rows
+        terms, _, r_h, r_l, rel, rho = _entropy_terms(block, m)
+        probs = grads.probabilities(terms, r_h, r_l, rel)
+        value, ok = grads.entropy_gradient(terms, probs, rho, r_h, r_l, rel, scale)
+        values = live[r]
+        with np.errstate(invalid="ignore"):
+            far = (values - m[r][:, None] < cutoff) | (values == -math.inf)
+        row_vals = np.where(far, 0.0, block.expand(value))
+        row_ok = (block.expand(ok) | far).all(axis=1)
+        grad[r] = np.where(row_ok[:, None], row_vals, grad[r])
+        done[r] = row_ok
+    hits = int(done.sum())
+    record("entropy_grad", hits, attempt.size - hits)
+    return done
+
+
+@_quiet
+def exact_sums(terms: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """Row sums of float64 ``terms`` (``[R, K]``) correctly rounded, where certified.
+
+    The pairwise :func:`._eft.tree_sum` keeps every rounding error, so
+    ``root + err`` is within ``F u sum |terms|`` of the exact sum; sums that round to
+    zero (exact cancellation included) and non-finite ones are left to the caller.
+    """
+    root, err = tree_sum(terms)
+    size = terms.shape[1]
+    magnitude = np.abs(terms).sum(axis=1) * (1.0 + gamma(size))
+    rad = magnitude * U * tree_error_factor(size) * rows.SLACK
+    value, ok, zero = rows.certify(rows.Enclosure(root, err, rad))
+    ok &= ~zero
+    hits = int(ok.sum())
+    record("hidden_logits", hits, ok.size - hits)
+    return value, ok
