@@ -6,7 +6,7 @@ standard signature, a capability that says which contracts it serves, and a
 
     pytest --pyargs tp_logprob.properties --tp-logprob-backend=examples/my_kernel.py:register
 
-The algorithm is the plain one from DESIGN section 2, in torch, on
+The algorithm is the plain one of docs/semantics.md, in torch, on
 ``z = x / T``: each rank reduces its live columns to ``(max, sum exp(z - max),
 target z, sum exp(z - max) (z - max))``, the partials are all-gathered and
 merged in rank order. Role ``train`` goes through an autograd Function whose

@@ -23,14 +23,14 @@ from tp_logprob.kernels.native import torch_native_logprob
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("_distributed_worker.py")
+WORKER = Path(__file__).parent / "helpers" / "distributed_worker.py"
 CASES = 20
 HANG_TIMEOUT = 2.0
 WORLDS = (2, 4)
 
 
 def _worker_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_distributed_worker", WORKER)
+    spec = importlib.util.spec_from_file_location("distributed_worker", WORKER)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 
 import tp_logprob as tpl
+from tests.helpers.contracts import make_contract, make_sharding
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.registry import detect_platform
-
-from .test_contract import make_contract, make_sharding
 
 
 def capability(backend_id: str = "mine", **overrides: Any) -> tpl.LogprobBackendCapability:

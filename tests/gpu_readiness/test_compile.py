@@ -21,9 +21,8 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tests.helpers.triton_cases import BACKENDS  # the interpreter on CPU, or a clean skip
 from tp_logprob.contract import LogprobInputKind
-
-from ..kernels._triton_cases import BACKENDS  # the interpreter on CPU, or a clean skip
 
 recorder = pytest.importorskip("tp_logprob.gpu_readiness.recorder")
 resources = pytest.importorskip("tp_logprob.gpu_readiness.resources")

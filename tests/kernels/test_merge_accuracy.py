@@ -12,17 +12,16 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.native_cases import LAYOUTS, make_contract
 from tp_logprob.emulate import run_tp
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.oracle import exact_selected_logprob
-
-from ._native_cases import LAYOUTS, make_contract
 
 
 def _backends() -> dict[str, object]:
     ops: dict[str, object] = {"torch_native": torch_native_logprob}
     try:
-        from ._triton_cases import BACKENDS
+        from tests.helpers.triton_cases import BACKENDS
     except pytest.skip.Exception:
         return ops
     return {**ops, **BACKENDS}

@@ -10,12 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tp_logprob.emulate import run_tp
-from tp_logprob.kernels.native import torch_native_logprob
-from tp_logprob.kernels.partials import tree_sum
-from tp_logprob.oracle import tolerance
-
-from ._native_cases import (
+from tests.helpers.native_cases import (
     INF,
     LAYOUTS,
     NAN,
@@ -28,6 +23,10 @@ from ._native_cases import (
     oracle_report,
     random_inputs,
 )
+from tp_logprob.emulate import run_tp
+from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.kernels.partials import tree_sum
+from tp_logprob.oracle import tolerance
 
 MASK = np.array([True, False, True, True, True, False, True, True, True, True])
 
@@ -187,7 +186,7 @@ def test_special_values_follow_design_section_2(
     live = torch.tensor([row], dtype=torch.float64)
     torch_lse = float(torch.logsumexp(live, dim=1)[0])
     torch_selected = float(torch.log_softmax(live, dim=1)[0, target]) if active else 0.0
-    # fp32 `target - LSE` is exact only to an ulp of the row's magnitude (DESIGN section 2).
+    # fp32 `target - LSE` is exact only to an ulp of the row's magnitude (docs/semantics.md, "Outputs and replication").
     magnitude = max([abs(v) for v in row if math.isfinite(v)], default=0.0)
     for name, got, want, torch_value in (
         ("selected_logp", float(result.selected_logp[0]), want_selected, torch_selected),
@@ -201,7 +200,7 @@ def test_special_values_follow_design_section_2(
             assert got == want, f"{name}: {got!r}, want {want!r}"
             if want == 0.0:
                 assert math.copysign(1.0, got) == 1.0, f"{name}: -0.0, want +0.0"
-        # DESIGN: lse follows torch.logsumexp and selected follows log_softmax.
+        # docs/semantics.md: lse follows torch.logsumexp and selected follows log_softmax.
         assert (math.isnan(got) and math.isnan(torch_value)) or math.isclose(
             got, torch_value, rel_tol=1e-6, abs_tol=2.0**-22 * magnitude
         ), f"{name}: {got!r} but torch float64 gives {torch_value!r}"

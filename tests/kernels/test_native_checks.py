@@ -11,10 +11,9 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tests.helpers.native_cases import LAYOUTS, REAL, assert_same_bits, make_contract, random_inputs
 from tp_logprob.emulate import run_tp
 from tp_logprob.kernels.native import torch_native_logprob
-
-from ._native_cases import LAYOUTS, REAL, assert_same_bits, make_contract, random_inputs
 
 BOUNDS = LAYOUTS["tp2-width1"]  # rank 1 holds columns [1, 24), 23 wide
 

@@ -9,24 +9,20 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tests.helpers.fused_cases import PADDED, REAL, as_f64, assert_within, oracle
 from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.lm_head import logits_chunk
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import (
-    dot_product_error_bound,
-    exact_entropy,
     exact_hidden_grads,
     exact_hidden_logits,
-    exact_selected_logprob,
-    fused_extra_bounds,
     tolerance,
 )
-from tp_logprob.oracle.tolerance import within_tolerance
 from tp_logprob.properties.allocations import track_allocations
 
-REAL, PADDED, SIZE = 19, 24, 16
+SIZE = 16
 LAYOUTS = {
     "tp1": ((0, 24),),
     "tp2-padding-shard": ((0, 19), (19, 24)),
@@ -87,45 +83,6 @@ def random_case(
         biases[REAL:] = float("-inf")
     targets = torch.randint(0, REAL, (num_tokens,), generator=gen)
     return hidden, weight, biases, targets
-
-
-def as_f64(tensor: torch.Tensor | None) -> Any:
-    return None if tensor is None else tensor.detach().double().numpy()
-
-
-def oracle(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    active_mask: Any = None,
-) -> dict[str, Any]:
-    """Exact values on fp32(x_exact) and the extra room the kernel's own fp32 ``x`` needs."""
-    h, w = as_f64(hidden), as_f64(weight)[:REAL]
-    b = None if bias is None else as_f64(bias)[:REAL]
-    x = exact_hidden_logits(h, w, b)
-    x32 = x.astype(np.float32).astype(np.float64)
-    args: dict[str, Any] = {"active_mask": active_mask, "temperature": temperature}
-    selected, lse = exact_selected_logprob(x32, targets.numpy(), **args)
-    dot = dot_product_error_bound(h, w, b)
-    extra = fused_extra_bounds(x, dot, targets.numpy(), temperature=temperature)
-    z = x32 / np.float32(temperature)
-    return {
-        "selected": selected,
-        "lse": lse,
-        "entropy": exact_entropy(x32, **args),
-        "extra": extra,
-        "row_max": z.max(axis=1),
-    }
-
-
-def assert_within(got: Any, want: Any, bound: Any, what: str) -> None:
-    got = np.asarray(got, np.float64)
-    ok = within_tolerance(got, np.asarray(want, np.float64), np.asarray(bound, np.float64))
-    bad = np.nonzero(~ok)[0]
-    assert bad.size == 0, f"{what}: rows {bad.tolist()}: got {got[bad]!r}, want {want[bad]!r}"
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.native_cases import LAYOUTS, REAL, as_float64, make_contract, random_inputs
 from tp_logprob.emulate import run_tp
 from tp_logprob.kernels.native import native_logprob, torch_native_logprob
 from tp_logprob.oracle import exact_logprob_grad
-
-from ._native_cases import LAYOUTS, REAL, as_float64, make_contract, random_inputs
 
 MASK = np.array([True, True, False, True, True, False, True, True])
 GRAD_TOLERANCE = {"fp32": 2e-6, "bf16": 2.0**-8, "fp16": 2.0**-11}

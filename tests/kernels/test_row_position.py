@@ -23,12 +23,11 @@ import numpy as np
 import pytest
 
 import tp_logprob as tpl
+from tests.helpers.fused_cases import PADDED, REAL
 from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.kernels.rowwise import rowwise_matmul
-
-from .test_native_fused import PADDED, REAL
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SIZE = 21  # odd: rows of the hidden matrix start at every alignment

@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tp_logprob.emulate import run_tp
-
-from ._native_cases import (
+from tests.helpers.native_cases import (
     INF,
     LAYOUTS,
     NAN,
@@ -26,7 +24,7 @@ from ._native_cases import (
     make_contract,
     random_inputs,
 )
-from ._rl_cases import (
+from tests.helpers.rl_cases import (
     BACKEND_PARAMS,
     OPS,
     exact_outputs,
@@ -34,6 +32,7 @@ from ._rl_cases import (
     result_bits,
     rl_contract,
 )
+from tp_logprob.emulate import run_tp
 
 MASK = np.array([True, False, True, True, True, False, True, True, True, True])
 TP_LAYOUTS = ["tp1", "tp2-padding-shard", "tp3-uneven"]
@@ -81,7 +80,7 @@ def test_multi_tile_rows_agree_with_exact_oracle(
     assert report is None, report
 
 
-# Entropy of each shared special row (DESIGN section 2): "nan", "finite" or exactly 0.0.
+# Entropy of each shared special row (docs/semantics.md): "nan", "finite" or exactly 0.0.
 SPECIAL_ENTROPY = {
     "nan-in-live-column": "nan",
     "nan-in-target-column": "nan",
@@ -126,7 +125,7 @@ def test_special_rows_follow_design_section_2(
     backend: str, layout: str, temperature: float
 ) -> None:
     """All rows in one batch, padding columns holding NaN and +inf: entropy NaN exactly where
-    DESIGN says, 0.0 for one finite live value and for inactive rows, finite with -inf
+    docs/semantics.md says, 0.0 for one finite live value and for inactive rows, finite with -inf
     logits; all three outputs within the oracle's tolerance."""
     rows = {
         name: (row, target, active) for name, (row, target, active, *_) in SPECIAL_CASES.items()

@@ -11,12 +11,8 @@ import pytest
 import torch
 
 import tp_logprob as tpl
-from tp_logprob.emulate import run_tp
-from tp_logprob.kernels.native import native_logprob
-from tp_logprob.oracle import exact_entropy_grad, exact_logprob_grad
-
-from ._native_cases import INF, LAYOUTS, NAN, REAL, as_float64, bits, random_inputs
-from ._rl_cases import (
+from tests.helpers.native_cases import INF, LAYOUTS, NAN, REAL, as_float64, bits, random_inputs
+from tests.helpers.rl_cases import (
     BACKEND_PARAMS,
     OPS,
     backend_table,
@@ -25,6 +21,9 @@ from ._rl_cases import (
     rl_contract,
     z_row_max,
 )
+from tp_logprob.emulate import run_tp
+from tp_logprob.kernels.native import native_logprob
+from tp_logprob.oracle import exact_entropy_grad, exact_logprob_grad
 
 MASK = np.array([True, True, False, True, True, False, True, True])
 # Signed powers of two per row: the weighted gradients are exact scalings.

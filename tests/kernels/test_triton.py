@@ -10,12 +10,7 @@ import pytest
 import torch
 
 import tp_logprob as tpl
-from tp_logprob.emulate import run_tp
-from tp_logprob.kernels.merge import merge_partials, pack_partial
-from tp_logprob.kernels.native import torch_native_logprob
-from tp_logprob.kernels.triton.inputs import prepare
-
-from ._native_cases import (
+from tests.helpers.native_cases import (
     INF,
     LAYOUTS,
     NAN,
@@ -29,7 +24,11 @@ from ._native_cases import (
     make_contract,
     random_inputs,
 )
-from ._triton_cases import BACKENDS, bits_of, native_report, online_merge, oracle_report
+from tests.helpers.triton_cases import BACKENDS, bits_of, native_report, online_merge, oracle_report
+from tp_logprob.emulate import run_tp
+from tp_logprob.kernels.merge import merge_partials, pack_partial
+from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.kernels.triton.inputs import prepare
 
 pytestmark = pytest.mark.triton
 
@@ -147,7 +146,7 @@ def test_int32_and_int64_targets_give_the_same_bits(backend: str) -> None:
 def test_special_values_follow_design_section_2(
     backend: str, bounds: tuple[tuple[int, int], ...]
 ) -> None:
-    """All cases in one batch (rows are independent); each row checked against DESIGN and
+    """All cases in one batch (rows are independent); each row checked against docs/semantics.md and
     against float64 torch, and bitwise on special values against torch_native."""
     cases = list(SPECIAL_CASES.values())
     logits = torch.tensor([[*row, NAN, INF] for row, *_ in cases], dtype=torch.float32)

@@ -12,10 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.native_cases import LAYOUTS, REAL, make_contract, random_inputs
+from tests.helpers.triton_cases import BACKENDS, bits_of, fraction_bits, oracle_report
 from tp_logprob.emulate import run_tp
-
-from ._native_cases import LAYOUTS, REAL, make_contract, random_inputs
-from ._triton_cases import BACKENDS, bits_of, fraction_bits, oracle_report
 
 pytestmark = pytest.mark.triton
 
@@ -25,7 +24,7 @@ MASK = np.array([True, True, True, True, True, True, False, True])
 
 
 def adversarial_inputs(dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random rows, a near-tie row, wide ranges, and the special rows of DESIGN section 2."""
+    """Random rows, a near-tie row, wide ranges, and the special rows of docs/semantics.md."""
     logits, targets = random_inputs(17, len(MASK), dtype=dtype, scale=6.0, active_mask=MASK)
     logits[1, :REAL] = 3.0  # every term exactly 2^K: the largest possible sum
     logits[1, 4] = 3.0078125  # one bf16 ulp above

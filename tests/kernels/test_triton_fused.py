@@ -20,13 +20,26 @@ import numpy as np
 import pytest
 
 import tp_logprob as tpl
+from tests.helpers.fused_cases import (
+    DEVICE,
+    DTYPES,
+    FUSED_SIZE,
+    GRAD_REL,
+    MASK,
+    PADDED,
+    REAL,
+    as_f64,
+    assert_within,
+    fused_case,
+    fused_contract,
+    oracle,
+    same_bits,
+)
 from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_grads, exact_hidden_logits, tolerance
 from tp_logprob.properties.allocations import track_allocations
-
-from .test_native_fused import PADDED, REAL, as_f64, assert_within, oracle
 
 pytest.importorskip("triton", reason="triton_fused needs triton (on CPU, its interpreter)")
 from tp_logprob.kernels.builtin import register_fused_backends
@@ -34,55 +47,13 @@ from tp_logprob.kernels.triton.fused import fused_logits, triton_fused_logprob
 
 pytestmark = pytest.mark.triton
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-SIZE = 24  # two 16-deep K chunks on CPU, the second half masked
+SIZE = FUSED_SIZE
 LAYOUTS = {
     "tp1": ((0, 24),),
     "tp2-padding-shard": ((0, 19), (19, 24)),
     "tp3-uneven": ((0, 10), (10, 11), (11, 24)),
     "tp4-uneven": ((0, 3), (3, 17), (17, 20), (20, 24)),
 }
-DTYPES = ("fp32", "bf16", "fp16")
-MASK = np.array([True, True, False, True, True, True])
-GRAD_REL = {"fp32": 2.0**-14, "bf16": 2.0**-6, "fp16": 2.0**-9}
-
-
-def make_contract(
-    bounds: tuple[tuple[int, int], ...],
-    *,
-    num_tokens: int = 6,
-    dtype: str = "fp32",
-    role: str = "infer",
-    active_mask: Any = None,
-    size: int = SIZE,
-    **fields: Any,
-) -> tpl.LogprobContract:
-    return tpl.LogprobContract(
-        role=role,
-        dtype=dtype,
-        mask=tpl.MaskSpec(num_tokens, active_mask),
-        sharding=tpl.ShardingSpec(0, len(bounds), bounds, REAL, PADDED),
-        reduction=tpl.ReductionSpec("fixed_topology"),
-        input_kind="hidden",
-        hidden_size=size,
-        **fields,
-    )
-
-
-def random_case(
-    dtype: str, *, seed: int, num_tokens: int = 6, size: int = SIZE, bias: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Hidden, weight (padding rows hold NaN and inf), bias (-inf padding) and targets."""
-    gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(num_tokens, size, generator=gen).to(TORCH_DTYPES[dtype])
-    weight = (torch.randn(PADDED, size, generator=gen) * 0.6).to(TORCH_DTYPES[dtype])
-    weight[REAL:] = float("nan")
-    weight[REAL + 1, :3] = float("inf")
-    biases = torch.randn(PADDED, generator=gen).to(TORCH_DTYPES[dtype]) if bias else None
-    if biases is not None:
-        biases[REAL:] = float("-inf")
-    targets = torch.randint(0, REAL, (num_tokens,), generator=gen)
-    return hidden, weight, biases, targets
 
 
 def run_fused(
@@ -105,10 +76,6 @@ def run_fused(
     return [tpl.LogprobResult(*(None if t is None else t.cpu() for t in r)) for r in results]
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.float().view(torch.int32), b.float().view(torch.int32))
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize(
@@ -119,9 +86,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_matches_exact_oracle(
     layout: str, dtype: str, temperature: float, entropy: bool, bias: bool
 ) -> None:
-    hidden, weight, biases, targets = random_case(dtype, seed=7, bias=bias)
+    hidden, weight, biases, targets = fused_case(dtype, seed=7, bias=bias)
     hidden[2] = float("nan")  # an inactive row
-    contract = make_contract(
+    contract = fused_contract(
         LAYOUTS[layout],
         dtype=dtype,
         active_mask=MASK,
@@ -155,8 +122,8 @@ def test_matches_exact_oracle(
 
 def test_small_hidden_and_strided_weight_give_the_same_bits() -> None:
     """H = 16 (one K chunk) against the oracle; a transposed-storage ``W`` changes no bit."""
-    hidden, weight, _, targets = random_case("bf16", seed=9, size=16)
-    contract = make_contract(LAYOUTS["tp3-uneven"], dtype="bf16", size=16, export_entropy=True)
+    hidden, weight, _, targets = fused_case("bf16", seed=9, size=16)
+    contract = fused_contract(LAYOUTS["tp3-uneven"], dtype="bf16", size=16, export_entropy=True)
     plain = run_fused(hidden, weight, targets, contract)[0]
     strided = run_fused(hidden, weight.T.contiguous().T, targets, contract)[0]
     for name in ("selected_logp", "lse", "entropy"):
@@ -167,11 +134,11 @@ def test_small_hidden_and_strided_weight_give_the_same_bits() -> None:
 
 
 def test_special_values_follow_the_logits_semantics() -> None:
-    """The special-value classes of torch_native_fused on the same inputs (DESIGN section 2)."""
-    hidden, weight, _, targets = random_case("fp32", seed=5)
+    """The special-value classes of torch_native_fused on the same inputs (docs/semantics.md, "Special values")."""
+    hidden, weight, _, targets = fused_case("fp32", seed=5)
     hidden[0, 0] = float("nan")  # NaN in every live column: lse and selected NaN
     hidden[1, 0] = float("inf")  # live columns +inf and -inf: lse +inf, selected NaN
-    contract = make_contract(LAYOUTS["tp3-uneven"], export_entropy=True)
+    contract = fused_contract(LAYOUTS["tp3-uneven"], export_entropy=True)
     got = run_fused(hidden, weight, targets, contract)[0]
     want = tpl.run_tp_hidden(torch_native_fused_logprob, hidden, weight, targets, contract)[0]
     for name in ("selected_logp", "lse", "entropy"):
@@ -190,12 +157,12 @@ def test_gradients_match_exact(layout: str, dtype: str, monkeypatch: pytest.Monk
     Chunks of 2 rows make the backward run several chunks, the last one padded.
     """
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
-    hidden, weight, biases, targets = random_case(dtype, seed=11, bias=True)
+    hidden, weight, biases, targets = fused_case(dtype, seed=11, bias=True)
     assert biases is not None
     hidden[2] = float("nan")  # an inactive row: must not reach weight.grad or bias.grad
     for leaf in (hidden, weight, biases):
         leaf.requires_grad_(True)
-    contract = make_contract(
+    contract = fused_contract(
         LAYOUTS[layout], dtype=dtype, role="train", active_mask=MASK, has_bias=True
     )
     results = run_fused(hidden, weight, targets, contract, biases)
@@ -228,10 +195,10 @@ def test_gradients_match_exact(layout: str, dtype: str, monkeypatch: pytest.Monk
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_entropy_gradients_with_temperature_match_exact(dtype: str) -> None:
     """``d sum(entropy) / d hidden`` and ``/ d W`` at T = 0.7 against the exact ones."""
-    hidden, weight, _, targets = random_case(dtype, seed=13)
+    hidden, weight, _, targets = fused_case(dtype, seed=13)
     hidden.requires_grad_(True)
     weight.requires_grad_(True)
-    contract = make_contract(
+    contract = fused_contract(
         LAYOUTS["tp3-uneven"], dtype=dtype, role="train", temperature=0.7, export_entropy=True
     )
     results = run_fused(hidden, weight, targets, contract)
@@ -260,7 +227,7 @@ def _run_rows(
     """Outputs and ``d hidden`` of ``rows`` alone (train role, T = 0.8, entropy, bias)."""
     hidden, weight, biases, targets = inputs
     part = hidden[rows].detach().clone().requires_grad_(True)
-    contract = make_contract(
+    contract = fused_contract(
         LAYOUTS["tp3-uneven"],
         num_tokens=part.shape[0],
         dtype=dtype,
@@ -285,7 +252,7 @@ def test_bitwise_batch_invariant_and_reproducible(
     every row to other chunk positions and other row-block neighbours.
     """
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
-    inputs = random_case(dtype, seed=2, num_tokens=8, bias=True)
+    inputs = fused_case(dtype, seed=2, num_tokens=8, bias=True)
     full, full_grad = _run_rows(slice(0, 8), dtype, inputs)
     again, again_grad = _run_rows(slice(0, 8), dtype, inputs)
     assert same_bits(full_grad, again_grad)
@@ -305,10 +272,10 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
     """
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
     num_tokens = 8
-    hidden, weight, _, targets = random_case("bf16", seed=4, num_tokens=num_tokens, size=16)
+    hidden, weight, _, targets = fused_case("bf16", seed=4, num_tokens=num_tokens, size=16)
     hidden.requires_grad_(True)
     weight.requires_grad_(True)
-    contract = make_contract(
+    contract = fused_contract(
         LAYOUTS["tp1"],
         num_tokens=num_tokens,
         dtype="bf16",
@@ -327,8 +294,8 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
 
 
 def test_input_checks_are_torch_native_fused_s() -> None:
-    hidden, weight, _, targets = random_case("bf16", seed=1)
-    contract = make_contract(LAYOUTS["tp1"], dtype="bf16")
+    hidden, weight, _, targets = fused_case("bf16", seed=1)
+    contract = fused_contract(LAYOUTS["tp1"], dtype="bf16")
     with pytest.raises(tpl.LogprobContractError, match=r"hidden\.shape"):
         triton_fused_logprob(hidden[:, :8], targets, contract, weight=weight)
     with pytest.raises(tpl.LogprobContractError, match="active target outside"):
@@ -367,7 +334,7 @@ def test_registered_for_hidden_contracts_where_triton_runs() -> None:
     register_fused_backends(registry)
     platform = DEVICE.type  # the interpreter registers it on the CPU
     chosen = registry.get_logprob_op(
-        make_contract(LAYOUTS["tp1"]), "triton_fused", platform=platform
+        fused_contract(LAYOUTS["tp1"]), "triton_fused", platform=platform
     )
     assert chosen.op is triton_fused_logprob
     assert chosen.capability.determinism_scopes == {tpl.DeterminismScope.FIXED_TOPOLOGY}

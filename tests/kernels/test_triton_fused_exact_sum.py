@@ -16,6 +16,20 @@ import numpy as np
 import pytest
 
 import tp_logprob as tpl
+from tests.helpers.fused_cases import (
+    DEVICE,
+    DTYPES,
+    GRAD_REL,
+    MASK,
+    PADDED,
+    REAL,
+    as_f64,
+    assert_within,
+    fused_case,
+    fused_contract,
+    oracle,
+    same_bits,
+)
 from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import (
@@ -24,17 +38,6 @@ from tp_logprob.oracle import (
     exact_hidden_logits,
     exact_logprob_grad,
     tolerance,
-)
-
-from .test_native_fused import PADDED, REAL, as_f64, assert_within, oracle
-from .test_triton_fused import (
-    DEVICE,
-    DTYPES,
-    GRAD_REL,
-    MASK,
-    make_contract,
-    random_case,
-    same_bits,
 )
 
 pytest.importorskip(
@@ -87,14 +90,14 @@ def test_same_bits_for_every_layout_and_within_the_oracle(dtype: str, variant: s
     """TP 1..4, uneven and padding-only shards: the outputs' bits never change, and they
     are within the oracle's bounds (the fused tolerance, as ``triton_fused``'s)."""
     temperature, entropy, bias = VARIANTS[variant]
-    hidden, weight, biases, targets = random_case(dtype, seed=7, bias=bias)
+    hidden, weight, biases, targets = fused_case(dtype, seed=7, bias=bias)
     hidden[2] = float("nan")  # an inactive row
     hidden[4] = hidden[5]  # a row equal to another, and near ties from a scaled copy
     hidden[3] = hidden[5] * 1.0009765625
     fields = {"temperature": temperature, "export_entropy": entropy, "has_bias": bias}
     reference = None
     for name, bounds in LAYOUTS.items():
-        contract = make_contract(bounds, dtype=dtype, active_mask=MASK, **fields)
+        contract = fused_contract(bounds, dtype=dtype, active_mask=MASK, **fields)
         result = run_exact(hidden, weight, targets, contract, biases)[0]
         if reference is None:
             reference = result
@@ -129,10 +132,10 @@ def test_same_bits_as_triton_exact_sum_on_the_fused_logits(variant: str) -> None
     fused passes), ``triton_exact_sum`` gives the same outputs bit for bit, and
     other garbage in the padding rows of ``W`` and the bias changes nothing."""
     temperature, entropy, bias = VARIANTS[variant]
-    hidden, weight, biases, targets = random_case("fp32", seed=21, bias=bias)
+    hidden, weight, biases, targets = fused_case("fp32", seed=21, bias=bias)
     fields = {"temperature": temperature, "export_entropy": entropy, "has_bias": bias}
     bounds = LAYOUTS["tp3-uneven"]
-    fused = run_exact(hidden, weight, targets, make_contract(bounds, **fields), biases)[0]
+    fused = run_exact(hidden, weight, targets, fused_contract(bounds, **fields), biases)[0]
     logits = torch.full((hidden.shape[0], PADDED), float("nan"), device=DEVICE)
     live = torch.empty((hidden.shape[0], REAL), device=DEVICE)
     on_bias = None if biases is None else biases.to(DEVICE)
@@ -153,14 +156,14 @@ def test_same_bits_as_triton_exact_sum_on_the_fused_logits(variant: str) -> None
     weight[REAL:] = 2.0**100
     if biases is not None:
         biases[REAL:] = float("nan")
-    garbage = run_exact(hidden, weight, targets, make_contract(bounds, **fields), biases)[0]
+    garbage = run_exact(hidden, weight, targets, fused_contract(bounds, **fields), biases)[0]
     assert_same_outputs(garbage, fused, "other padding garbage")
 
 
 def _special_cases() -> dict[str, tuple[torch.Tensor, ...]]:
-    """DESIGN section 2's special rows: NaN and +inf logits, a -inf target logit, and a
+    """The special rows of docs/semantics.md: NaN and +inf logits, a -inf target logit, and a
     batch whose live logits are all -inf (through the bias)."""
-    hidden, weight, biases, targets = random_case("fp32", seed=5, bias=True)
+    hidden, weight, biases, targets = fused_case("fp32", seed=5, bias=True)
     assert biases is not None
     special = hidden.clone()
     special[0, 0] = float("nan")  # NaN in every live column: lse and selected NaN
@@ -185,12 +188,12 @@ def test_special_values_follow_the_logits_semantics_in_every_layout(case: str) -
     hidden, weight, biases, targets = _special_cases()[case]
     got = None
     for name, bounds in LAYOUTS.items():
-        layout = make_contract(bounds, export_entropy=True, has_bias=True)
+        layout = fused_contract(bounds, export_entropy=True, has_bias=True)
         result = run_exact(hidden, weight, targets, layout, biases)[0]
         got = result if got is None else got
         assert_same_outputs(result, got, f"layout {name} against tp1")
     assert got is not None
-    contract = make_contract(LAYOUTS["tp1"], export_entropy=True, has_bias=True)
+    contract = fused_contract(LAYOUTS["tp1"], export_entropy=True, has_bias=True)
     want = tpl.run_tp_hidden(
         torch_native_fused_logprob, hidden, weight, targets, contract, bias=biases
     )[0]
@@ -215,7 +218,7 @@ def _grads(
     hidden, weight, biases, targets = (t.detach().clone() for t in inputs)
     for leaf in (hidden, weight, biases):
         leaf.requires_grad_(True)
-    contract = make_contract(
+    contract = fused_contract(
         LAYOUTS[layout],
         dtype=dtype,
         role="train",
@@ -237,7 +240,7 @@ def test_gradients_match_exact(dtype: str, monkeypatch: pytest.MonkeyPatch) -> N
     ``GRAD_REL * (|G| + onehot / T) @ |operand|``; exactly 0 on inactive and padding rows.
     Chunks of 2 rows: the backward runs several chunks, the last one padded."""
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
-    inputs = random_case(dtype, seed=11, bias=True)
+    inputs = fused_case(dtype, seed=11, bias=True)
     inputs[0][2] = float("nan")  # an inactive row: must not reach weight.grad or bias.grad
     h, w, b = (as_f64(t) for t in inputs[:3])
     targets = inputs[3].numpy()
@@ -271,11 +274,11 @@ def test_bitwise_batch_invariant_and_reproducible(
 ) -> None:
     """A row's outputs and ``d hidden`` bits do not depend on N, its neighbours, or the run."""
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
-    hidden, weight, biases, targets = random_case(dtype, seed=2, num_tokens=8, bias=True)
+    hidden, weight, biases, targets = fused_case(dtype, seed=2, num_tokens=8, bias=True)
 
     def run_rows(rows: slice) -> tuple[tpl.LogprobResult, torch.Tensor]:
         part = hidden[rows].detach().clone().requires_grad_(True)
-        contract = make_contract(
+        contract = fused_contract(
             LAYOUTS["tp3-uneven"],
             num_tokens=part.shape[0],
             dtype=dtype,

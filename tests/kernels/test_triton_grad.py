@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.native_cases import LAYOUTS, REAL, as_float64, bits, make_contract, random_inputs
+from tests.helpers.triton_cases import BACKENDS
 from tp_logprob.emulate import run_tp
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.oracle.exact import exact_logprob_grad
-
-from ._native_cases import LAYOUTS, REAL, as_float64, bits, make_contract, random_inputs
-from ._triton_cases import BACKENDS
 
 pytestmark = pytest.mark.triton
 

@@ -1,4 +1,4 @@
-"""DESIGN section 2 on rows that break naive code, for the exact oracle and both references.
+"""docs/semantics.md on rows that break naive code, for the exact oracle and both references.
 
 Every case states the expected ``(selected, lse)`` exactly; the three
 implementations must match it bit for bit (NaN matches NaN).

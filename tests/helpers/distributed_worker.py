@@ -1,6 +1,6 @@
 """One rank of a real gloo process group, driven by tests/test_distributed.py.
 
-Run as ``python tests/_distributed_worker.py RANK WORLD PORT CASES OUT_DIR HANG_TIMEOUT``.
+Run as ``python tests/helpers/distributed_worker.py RANK WORLD PORT CASES OUT_DIR HANG_TIMEOUT``.
 The rank joins a gloo group on 127.0.0.1, runs ``torch_native_logprob`` on
 ``CASES`` seeded cases (the same ones :func:`build_case` gives the test),
 checks a planted preflight mismatch, then plays its part in a timeout: the

@@ -25,13 +25,12 @@ import numpy as np
 import pytest
 
 import tp_logprob as tpl
+from tests.helpers.native_cases import REAL, on_device
+from tests.helpers.native_cases import oracle_report as shared_oracle_report
 from tp_logprob.emulate import run_tp
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.oracle import tolerance
-
-from ._native_cases import REAL, on_device
-from ._native_cases import oracle_report as shared_oracle_report
 
 pytest.importorskip("triton", reason="the Triton backends need triton (on CPU, its interpreter)")
 

@@ -1,6 +1,6 @@
 """Shared builders for the temperature and entropy tests of all three backends.
 
-Importing it imports ``_triton_cases`` (the Triton interpreter, or a clean skip
+Importing it imports ``tests.helpers.triton_cases`` (the Triton interpreter, or a clean skip
 of the importing module when triton is missing).
 """
 
@@ -14,12 +14,11 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tests.helpers.native_cases import REAL, as_float64, make_contract
+from tests.helpers.triton_cases import BACKENDS as TRITON_BACKENDS
+from tests.helpers.triton_cases import backend_tolerance
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.oracle import apply_temperature, exact_entropy, exact_selected_logprob, tolerance
-
-from ._native_cases import REAL, as_float64, make_contract
-from ._triton_cases import BACKENDS as TRITON_BACKENDS
-from ._triton_cases import backend_tolerance
 
 OPS: dict[str, Any] = {"torch_native": torch_native_logprob, **TRITON_BACKENDS}
 
