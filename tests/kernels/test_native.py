@@ -186,7 +186,8 @@ def test_special_values_follow_design_section_2(
     live = torch.tensor([row], dtype=torch.float64)
     torch_lse = float(torch.logsumexp(live, dim=1)[0])
     torch_selected = float(torch.log_softmax(live, dim=1)[0, target]) if active else 0.0
-    # fp32 `target - LSE` is exact only to an ulp of the row's magnitude (docs/semantics.md, "Outputs and replication").
+    # fp32 `target - LSE` is exact only to an ulp of the row's magnitude
+    # (docs/semantics.md, "Outputs and replication").
     magnitude = max([abs(v) for v in row if math.isfinite(v)], default=0.0)
     for name, got, want, torch_value in (
         ("selected_logp", float(result.selected_logp[0]), want_selected, torch_selected),

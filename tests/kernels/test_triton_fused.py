@@ -134,7 +134,8 @@ def test_small_hidden_and_strided_weight_give_the_same_bits() -> None:
 
 
 def test_special_values_follow_the_logits_semantics() -> None:
-    """The special-value classes of torch_native_fused on the same inputs (docs/semantics.md, "Special values")."""
+    """The special-value classes of torch_native_fused on the same inputs
+    (docs/semantics.md, "Special values")."""
     hidden, weight, _, targets = fused_case("fp32", seed=5)
     hidden[0, 0] = float("nan")  # NaN in every live column: lse and selected NaN
     hidden[1, 0] = float("inf")  # live columns +inf and -inf: lse +inf, selected NaN
