@@ -26,6 +26,7 @@ from tp_logprob.strategies import (
 __all__ = [
     "INTERPRETED",
     "INTERPRETED_LONG_BATCH_ROWS",
+    "INTERPRETED_LONG_BATCH_VOCAB",
     "LONG_BATCH_ROWS",
     "batch_rows",
     "cases_for",
@@ -36,6 +37,7 @@ __all__ = [
     "interpreted",
     "long_lengths",
     "max_batch_rows",
+    "max_batch_vocab",
     "position_lengths",
     "relayouts",
     "skip_unless_batch_invariant",
@@ -119,8 +121,11 @@ program: the properties that draw long batches or wide rows keep them shorter th
 LONG_BATCH_ROWS = 700
 """Most rows a long batch draws: past the 64- to 256-row tiles and chunks of real kernels."""
 
-INTERPRETED_LONG_BATCH_ROWS = 150
-"""Most rows for an interpreted backend: still past the 64- and 128-row boundaries."""
+INTERPRETED_LONG_BATCH_ROWS = 100
+"""Most rows for an interpreted backend: still past the 64-row boundary."""
+
+INTERPRETED_LONG_BATCH_VOCAB = 32
+"""Most columns of an interpreted backend's long batch: two of the CPU launch table's tiles."""
 
 
 def interpreted(backend: Any) -> bool:
@@ -131,6 +136,11 @@ def interpreted(backend: Any) -> bool:
 def max_batch_rows(backend: Any) -> int:
     """The most rows a long batch for ``backend`` draws."""
     return INTERPRETED_LONG_BATCH_ROWS if interpreted(backend) else LONG_BATCH_ROWS
+
+
+def max_batch_vocab(backend: Any, default: int) -> int:
+    """The widest vocabulary a long batch for ``backend`` draws."""
+    return min(default, INTERPRETED_LONG_BATCH_VOCAB) if interpreted(backend) else default
 
 
 _BOUNDARIES = (64, 128, 256, 512)

@@ -22,6 +22,7 @@ from tp_logprob.properties.draws import (
     draw_hidden_case,
     long_lengths,
     max_batch_rows,
+    max_batch_vocab,
 )
 from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.lm_head import expect_fused_gradients
@@ -64,10 +65,11 @@ def _long_params(data: Any, backend: Any) -> dict[str, Any]:
 @scaled(0.3)
 @given(data=st.data())
 def test_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
-    """65 to 700 rows (150 under the Triton interpreter), never a multiple of 64: every row
-    against the exact oracle, and the gradient for train."""
+    """65 to 700 rows (100 and 32 columns under the Triton interpreter), never a multiple
+    of 64: every row against the exact oracle, and the gradient for train."""
     backend = tp_logprob_backend
-    case = draw_case(data, backend, tp_logprob_suite, max_padded_vocab_size=48)
+    vocab = max_batch_vocab(backend, 48)
+    case = draw_case(data, backend, tp_logprob_suite, max_padded_vocab_size=vocab)
     run_property("long_batch", backend, case, _long_params(data, backend))
 
 
@@ -77,5 +79,6 @@ def test_fused_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data
     """A fused LM head on 65 to 700 hidden rows: every row against the exact oracle (with
     the dot-product room), and d hidden, d weight and d bias for train."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite, max_padded_vocab_size=40)
+    vocab = max_batch_vocab(backend, 40)
+    case = draw_hidden_case(data, backend, tp_logprob_suite, max_padded_vocab_size=vocab)
     run_property("long_batch", backend, case, _long_params(data, backend))
