@@ -9,9 +9,16 @@ import pytest
 import torch
 
 import tp_logprob as tpl
-from tests.helpers.fused_cases import PADDED, REAL, as_f64, assert_within, oracle
+from tests.helpers.fused_cases import (
+    PADDED,
+    REAL,
+    as_f64,
+    assert_within,
+    fused_case,
+    fused_contract,
+    oracle,
+)
 from tp_logprob.kernels import lm_head
-from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.lm_head import logits_chunk
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
@@ -32,25 +39,9 @@ DTYPES = ("fp32", "bf16", "fp16")
 MASK = np.array([True, True, False, True, True, True])
 
 
-def make_contract(
-    bounds: tuple[tuple[int, int], ...],
-    *,
-    num_tokens: int = 6,
-    dtype: str = "fp32",
-    role: str = "infer",
-    active_mask: Any = None,
-    **fields: Any,
-) -> tpl.LogprobContract:
-    return tpl.LogprobContract(
-        role=role,
-        dtype=dtype,
-        mask=tpl.MaskSpec(num_tokens, active_mask),
-        sharding=tpl.ShardingSpec(0, len(bounds), bounds, REAL, PADDED),
-        reduction=tpl.ReductionSpec("fixed_topology"),
-        input_kind="hidden",
-        hidden_size=SIZE,
-        **fields,
-    )
+def make_contract(bounds: tuple[tuple[int, int], ...], **fields: Any) -> tpl.LogprobContract:
+    """:func:`~tests.helpers.fused_cases.fused_contract` at this module's hidden size."""
+    return fused_contract(bounds, size=SIZE, **fields)
 
 
 def run_fused(
@@ -70,19 +61,10 @@ def run_fused(
 
 
 def random_case(
-    dtype: str, *, seed: int, num_tokens: int = 6, bias: bool = False
+    dtype: str, **fields: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Hidden, weight (padding rows hold NaN and inf), bias and in-range targets."""
-    gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(num_tokens, SIZE, generator=gen).to(TORCH_DTYPES[dtype])
-    weight = (torch.randn(PADDED, SIZE, generator=gen) * 0.6).to(TORCH_DTYPES[dtype])
-    weight[REAL:] = float("nan")
-    weight[REAL + 1, :3] = float("inf")
-    biases = (torch.randn(PADDED, generator=gen)).to(TORCH_DTYPES[dtype]) if bias else None
-    if biases is not None:
-        biases[REAL:] = float("-inf")
-    targets = torch.randint(0, REAL, (num_tokens,), generator=gen)
-    return hidden, weight, biases, targets
+    """:func:`~tests.helpers.fused_cases.fused_case` at this module's hidden size."""
+    return fused_case(dtype, size=SIZE, **fields)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

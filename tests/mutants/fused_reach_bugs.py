@@ -8,6 +8,7 @@ with one change marked ``# BUG:``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -84,7 +85,7 @@ def _fused_backward_first_tile_bias(
     return d_hidden, d_weight, None if bias is None else d_bias
 
 
-def _fused_forward_last_tile_dropped(
+def _chunked_forward(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -92,49 +93,33 @@ def _fused_forward_last_tile_dropped(
     active: torch.Tensor,
     contract: LogprobContract,
     group: Any,
+    *,
+    tile_loop: bool = False,
+    blas_sums: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``native_fused_forward`` walking the live columns in 128-column tiles."""
+    """``native_fused_forward`` with the two bugs below as options."""
     rows, width = hidden.shape[0], live_width(contract)
     step = chunk_rows(contract)
     weight32, bias32 = live_params(weight, bias, width)
-    # BUG: the tile loop runs width // 128 times: a last, partial tile is never visited
-    # (unless it is the only one).
+    # BUG (tile_loop): the tile loop runs width // 128 times: a last, partial tile is never
+    # visited (unless it is the only one).
     visited = width if width <= TILE_COLUMNS else TILE_COLUMNS * (width // TILE_COLUMNS)
     pieces = []
     for begin, end in row_chunks(rows, contract):
-        chunk_targets = padded_rows(targets, begin, end, step)
-        if width == 0:
-            logits = hidden.new_zeros((step, 0), dtype=torch.float32)
-        else:
+        count = end - begin
+        logits = hidden.new_zeros((count, 0), dtype=torch.float32)
+        if width > 0:
             logits = logits_chunk(hidden[begin:end].to(torch.float32), weight32, bias32)
-            logits[:, visited:] = _NEG_INF
-            logits = padded_rows(logits, 0, end - begin, step)
-        pieces.append(local_partial(logits, chunk_targets, contract)[: end - begin])
-    return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
-
-
-def _fused_forward_blas_sums(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    active: torch.Tensor,
-    contract: LogprobContract,
-    group: Any,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``native_fused_forward`` whose chunk partials sum with a BLAS gemv (see above)."""
-    rows, width = hidden.shape[0], live_width(contract)
-    step = chunk_rows(contract)
-    weight32, bias32 = live_params(weight, bias, width)
-    pieces = []
-    for begin, end in row_chunks(rows, contract):
+            if tile_loop:
+                logits[:, visited:] = _NEG_INF
+        if blas_sums:
+            # BUG (blas_sums): the chunk's own rows, unpadded, summed by a BLAS gemv
+            # (``reach_bugs.blas_partial``): the gemv's shape follows how full the chunk is.
+            pieces.append(blas_partial(logits, targets[begin:end], contract))
+            continue
         chunk_targets = padded_rows(targets, begin, end, step)
-        if width == 0:
-            logits = hidden.new_zeros((end - begin, 0), dtype=torch.float32)
-        else:
-            logits = logits_chunk(hidden[begin:end].to(torch.float32), weight32, bias32)
-        # The chunk's own rows, unpadded: the gemv's shape follows how full the chunk is.
-        pieces.append(blas_partial(logits, chunk_targets[: end - begin], contract))
+        padded = padded_rows(logits, 0, count, step)
+        pieces.append(local_partial(padded, chunk_targets, contract)[:count])
     return gather_and_merge(torch.cat(pieces), targets, active, contract, group)
 
 
@@ -149,6 +134,9 @@ fused_bias_first_tile_only = fused_mutant(
     backward=_fused_backward_first_tile_bias,
 )
 fused_last_partial_tile_dropped = fused_mutant(
-    "mutant_fused_last_partial_tile_dropped", forward=_fused_forward_last_tile_dropped
+    "mutant_fused_last_partial_tile_dropped",
+    forward=functools.partial(_chunked_forward, tile_loop=True),
 )
-fused_blas_row_sums = fused_mutant("mutant_fused_blas_row_sums", forward=_fused_forward_blas_sums)
+fused_blas_row_sums = fused_mutant(
+    "mutant_fused_blas_row_sums", forward=functools.partial(_chunked_forward, blas_sums=True)
+)

@@ -25,13 +25,11 @@ from tp_logprob.contract import (
     ShardingSpec,
 )
 from tp_logprob.oracle import exact_hidden_logits
-from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.lm_head import expect_fused_gradients
-from tp_logprob.properties.measuring import expect_close, input_error
+from tp_logprob.properties.measuring import expect_exact
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.running import execute
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 
 _PADDED, _PADDED_REAL, _ROWS = 24, 21, 5
@@ -131,18 +129,10 @@ def claimed_contract(
     backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
 ) -> None:
     """A claimed contract kind agrees with the exact oracle and, for train, backprops."""
-    selected, lse = exact_outputs(case)
-    extra_selected, extra_lse, extra_entropy = input_error(case)
-    expect_close(
+    expect_exact(
         "capability truthfulness: a claimed contract kind is served wrongly",
+        backend,
         case,
-        backend.backend_id,
-        execute(backend, case),
-        selected,
-        lse,
-        extra_selected=extra_selected,
-        extra_lse=extra_lse,
-        extra_entropy=extra_entropy,
         count_ulps=False,
     )
     if case.contract.role.value != "train":

@@ -37,7 +37,7 @@ from tp_logprob.errors import LogprobContractError
 from tp_logprob.strategies.cases import LogprobCase
 from tp_logprob.strategies.logits import DTYPE_MAX, round_to_dtype
 
-__all__ = ["WIDE_ROW_KINDS", "wide_cases"]
+__all__ = ["WIDE_ROW_KINDS", "block_cut_bounds", "wide_cases"]
 
 WIDE_ROW_KINDS = (
     "random",
@@ -84,6 +84,33 @@ def _row(
     return row
 
 
+def block_cut_bounds(
+    draw: Any, padded: int, block: int, world: int, *, uneven: bool
+) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """``(padded, bounds)``: ``world`` shards of ``padded`` columns cut inside blocks.
+
+    The cuts are a multiple of ``block`` plus an offset in ``[-3, 3]``, so shards end
+    inside a block (at least 4 blocks are needed for ``world <= 4``). With ``uneven``
+    False the shards are equal instead, and ``padded`` is trimmed to a multiple of
+    ``world``.
+    """
+    if not uneven:
+        padded -= padded % world
+        return padded, even_shard_bounds(padded, world)
+    chosen = draw(
+        st.lists(
+            st.integers(1, padded // block - 1),
+            min_size=world - 1,
+            max_size=world - 1,
+            unique=True,
+        ),
+        label="cut blocks",
+    )
+    offsets = draw(st.lists(st.integers(-3, 3), min_size=world - 1, max_size=world - 1))
+    edges = [0, *sorted(block * c + o for c, o in zip(chosen, offsets, strict=True)), padded]
+    return padded, tuple(itertools.pairwise(edges))
+
+
 @st.composite
 def _cases(
     draw: Any,
@@ -104,25 +131,10 @@ def _cases(
         if 0 < boundary < padded and draw(st.booleans(), label="padding across a block edge"):
             pad = padded - boundary + draw(st.integers(1, block // 2), label="live cut")
     real = padded - pad
-    if not capability.serves("even_layout", False):
-        padded -= padded % world
-        real = min(real, padded)
-        bounds = even_shard_bounds(padded, world)
-    else:
-        # Cuts that fall inside blocks: a multiple of the block plus an odd offset.
-        # (at least 4 blocks, so world - 1 <= 3 distinct inner block edges exist).
-        chosen = draw(
-            st.lists(
-                st.integers(1, padded // block - 1),
-                min_size=world - 1,
-                max_size=world - 1,
-                unique=True,
-            ),
-            label="cut blocks",
-        )
-        offsets = draw(st.lists(st.integers(-3, 3), min_size=world - 1, max_size=world - 1))
-        edges = [0, *sorted(block * c + o for c, o in zip(chosen, offsets, strict=True)), padded]
-        bounds = tuple(itertools.pairwise(edges))
+    padded, bounds = block_cut_bounds(
+        draw, padded, block, world, uneven=capability.serves("even_layout", False)
+    )
+    real = min(real, padded)
     rows = draw(st.integers(1, max_rows), label="rows")
     dtypes = sorted(capability.served_values("dtype") or (), key=lambda d: d.value)
     dtype = draw(st.sampled_from(dtypes), label="dtype")

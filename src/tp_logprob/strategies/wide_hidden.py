@@ -17,7 +17,6 @@ is added for the exact dot-product oracle.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -33,12 +32,12 @@ from tp_logprob.contract import (
     MaskSpec,
     ReductionSpec,
     ShardingSpec,
-    even_shard_bounds,
 )
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.oracle import exact_hidden_logits
 from tp_logprob.strategies.hidden import HiddenCase
 from tp_logprob.strategies.logits import round_to_dtype
+from tp_logprob.strategies.wide import block_cut_bounds
 
 __all__ = ["INTEGER_BOUND", "wide_hidden_cases"]
 
@@ -64,23 +63,10 @@ def _contract(
     if capability.serves("vocab_padding", True) and draw(st.booleans(), label="padding"):
         edge = (padded // tile) * tile  # the live columns end inside a tile, past its edge
         real = max(1, min(padded - 1, edge - tile + draw(st.integers(1, tile - 1))))
-    if not capability.serves("even_layout", False):
-        padded -= padded % world
-        real = min(real, padded)
-        bounds = even_shard_bounds(padded, world)
-    else:
-        cuts = draw(
-            st.lists(
-                st.integers(1, padded // tile - 1),
-                min_size=world - 1,
-                max_size=world - 1,
-                unique=True,
-            ),
-            label="cut tiles",
-        )
-        offsets = draw(st.lists(st.integers(-3, 3), min_size=world - 1, max_size=world - 1))
-        edges = [0, *sorted(tile * c + o for c, o in zip(cuts, offsets, strict=True)), padded]
-        bounds = tuple(itertools.pairwise(edges))
+    padded, bounds = block_cut_bounds(
+        draw, padded, tile, world, uneven=capability.serves("even_layout", False)
+    )
+    real = min(real, padded)
     hidden_size = draw(
         st.sampled_from([h for h in (1, 3, 16, 61, 64, 128, 256) if h <= max_hidden]),
         label="hidden size",
