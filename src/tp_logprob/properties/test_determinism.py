@@ -142,6 +142,7 @@ def row_positions(
     )
 
 
+@scaled(0.4)
 @given(data=st.data())
 def test_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """One row at odd and even positions, inside and at the end of tiles: its own bits."""

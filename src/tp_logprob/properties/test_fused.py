@@ -203,7 +203,7 @@ def test_fused_run_to_run_and_batch_invariance(
     run_property("batch_invariance", backend, case, {"rows": rows})
 
 
-@scaled(0.5)
+@scaled(0.2)
 @given(data=st.data())
 def test_fused_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """One hidden row at odd and even positions, inside and at the end of row chunks and

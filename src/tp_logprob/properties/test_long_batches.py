@@ -62,7 +62,7 @@ def _long_params(data: Any, backend: Any) -> dict[str, Any]:
     }
 
 
-@scaled(0.3)
+@scaled(0.16)
 @given(data=st.data())
 def test_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """65 to 700 rows (100 and 32 columns under the Triton interpreter), never a multiple
@@ -73,7 +73,7 @@ def test_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any)
     run_property("long_batch", backend, case, _long_params(data, backend))
 
 
-@scaled(0.3)
+@scaled(0.16)
 @given(data=st.data())
 def test_fused_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """A fused LM head on 65 to 700 hidden rows: every row against the exact oracle (with

@@ -115,7 +115,7 @@ def fused_wide_reference(
         )
 
 
-@scaled(0.4)
+@scaled(0.2)
 @given(data=st.data())
 def test_fused_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
     """Fused shards of 2^10 to 2^14 columns, hidden sizes up to 256, uneven TP, bias, garbage
