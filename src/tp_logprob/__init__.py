@@ -22,6 +22,8 @@ from tp_logprob.contract import (
     MaskSpec,
     ReductionSpec,
     ShardingSpec,
+    SupportMode,
+    SupportSpec,
     even_shard_bounds,
 )
 from tp_logprob.errors import LogprobContractError, LogprobDispatchError
@@ -54,6 +56,8 @@ __all__ = [
     "MaskSpec",
     "ReductionSpec",
     "ShardingSpec",
+    "SupportMode",
+    "SupportSpec",
     "__version__",
     "comm",
     "detect_platform",

@@ -21,6 +21,7 @@ from tp_logprob.contract import (
     LogprobInputKind,
     LogprobRole,
     MaskMode,
+    SupportMode,
 )
 
 if TYPE_CHECKING:
@@ -176,6 +177,16 @@ CAPABILITY_RULES = (
         lambda c: c.mask_mode,
         lambda cap: mask_modes_served(cap.mask_modes),
         _mask_reason,
+    ),
+    CapabilityRule(
+        "support_mode",
+        tuple(SupportMode),
+        lambda c: c.support_mode,
+        lambda cap: cap.support_modes,
+        lambda cap, c: (
+            f"support mode {c.support_mode.value!r} not in support_modes "
+            f"{_names(cap.support_modes)}"
+        ),
     ),
     CapabilityRule(
         "has_bias",

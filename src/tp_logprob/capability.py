@@ -15,6 +15,7 @@ from tp_logprob.contract import (
     LogprobInputKind,
     LogprobRole,
     MaskMode,
+    SupportMode,
 )
 from tp_logprob.errors import LogprobContractError
 
@@ -81,6 +82,10 @@ class LogprobBackendCapability:
     head's bias says ``supports_bias``, and is sent no ``has_bias`` contract without
     it. No built-in backend claims TF32, so a
     contract with ``allow_tf32=True`` is rejected rather than served in full fp32.
+    ``support_modes`` says over which supports the op normalises (see
+    :class:`~tp_logprob.SupportMode`): ``full`` (no support, the default),
+    ``sampling_params`` (recomputed from top-k / top-p / min-p) and
+    ``replayed_mask`` (the engine's kept ids).
 
     Each of these rules is written once, in :data:`CAPABILITY_RULES`:
     :meth:`incompatibilities` runs them, and :meth:`served_values` / :meth:`serves`
@@ -104,6 +109,7 @@ class LogprobBackendCapability:
     consumes_input: bool = False
     input_kinds: frozenset[LogprobInputKind] = frozenset({LogprobInputKind.LOGITS})
     supports_bias: bool = False
+    support_modes: frozenset[SupportMode] = frozenset({SupportMode.FULL})
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -131,6 +137,9 @@ class LogprobBackendCapability:
                 "input_kinds", self.input_kinds, LogprobInputKind, non_empty=True
             ),
             "supports_bias": check_bool("supports_bias", self.supports_bias),
+            "support_modes": check_enum_set(
+                "support_modes", self.support_modes, SupportMode, non_empty=True
+            ),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -187,6 +196,7 @@ class LogprobBackendCapability:
             "consumes_input": self.consumes_input,
             "input_kinds": _names(self.input_kinds),
             "supports_bias": self.supports_bias,
+            "support_modes": _names(self.support_modes),
         }
 
 

@@ -30,6 +30,7 @@ from tp_logprob._validation import (
     check_temperature,
 )
 from tp_logprob.errors import LogprobContractError, LogprobDispatchError
+from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [
     "CONTRACT_SCHEMA_VERSION",
@@ -46,15 +47,18 @@ __all__ = [
     "MaskSpec",
     "ReductionSpec",
     "ShardingSpec",
+    "SupportMode",
+    "SupportSpec",
     "even_shard_bounds",
 ]
 
-CONTRACT_SCHEMA_VERSION = 3
-"""Version 3 added the input kind (``input_kind``, ``hidden_size``, ``has_bias``,
-``allow_tf32``); version 2 added ``temperature``, ``export_entropy`` and the RL-Kernel
-mask vocabulary. Version 1 and 2 documents still load (as logits-input contracts)."""
+CONTRACT_SCHEMA_VERSION = 4
+"""Version 4 added the sampling support (``support``); version 3 the input kind
+(``input_kind``, ``hidden_size``, ``has_bias``, ``allow_tf32``); version 2
+``temperature``, ``export_entropy`` and the RL-Kernel mask vocabulary. Version 1 to 3
+documents still load (as logits-input contracts over the full vocabulary)."""
 
-_READABLE_SCHEMAS = (1, 2, 3)
+_READABLE_SCHEMAS = (1, 2, 3, 4)
 
 
 class LogprobRole(str, Enum):
@@ -147,20 +151,47 @@ class LogprobResult(tuple):  # type: ignore[type-arg]
     is None with ``export_lse=False`` and ``entropy`` is None unless the contract
     has ``export_entropy=True``.
 
+    With a sampling support (``contract.support``) three more attributes are set
+    (they never change the iteration): ``support_lse`` (fp32 ``LSE_S(z)``),
+    ``support_size`` (int64 ``|S|``) and, for a recomputed support,
+    ``support_threshold`` (fp32: the support is every live column with
+    ``z >= threshold``). See ``docs/semantics.md``, "Processed logprobs".
+
     >>> LogprobResult(1.0, 2.0)
     LogprobResult(selected_logp=1.0, lse=2.0, entropy=None)
     >>> selected_logp, lse, entropy = LogprobResult(1.0, 2.0, 0.5)
     """
 
-    __slots__ = ()
     _fields = ("selected_logp", "lse", "entropy")
+    _support_fields = ("support_lse", "support_size", "support_threshold")
 
-    def __new__(cls, selected_logp: Any, lse: Any, entropy: Any = None) -> LogprobResult:
+    def __new__(
+        cls,
+        selected_logp: Any,
+        lse: Any,
+        entropy: Any = None,
+        *,
+        support_lse: Any = None,
+        support_size: Any = None,
+        support_threshold: Any = None,
+    ) -> LogprobResult:
         values = (selected_logp, lse) if entropy is None else (selected_logp, lse, entropy)
-        return super().__new__(cls, values)
+        result = super().__new__(cls, values)
+        result.__dict__.update(
+            support_lse=support_lse,
+            support_size=support_size,
+            support_threshold=support_threshold,
+        )
+        return result
 
-    def __getnewargs__(self) -> tuple[Any, ...]:
-        return tuple(self)
+    def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return tuple(self), self._support_values()
+
+    def _support_values(self) -> dict[str, Any]:
+        return {name: self.__dict__.get(name) for name in self._support_fields}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"LogprobResult is immutable: cannot set {name!r}")
 
     @property
     def selected_logp(self) -> Any:
@@ -177,10 +208,31 @@ class LogprobResult(tuple):  # type: ignore[type-arg]
         """fp32 ``[N]`` entropy of each row's softmax, or None (no ``export_entropy``)."""
         return self[2] if len(self) > 2 else None
 
+    @property
+    def support_lse(self) -> Any:
+        """fp32 ``[N]`` log-sum-exp over each row's support ``S``, or None (no support)."""
+        return self.__dict__.get("support_lse")
+
+    @property
+    def support_size(self) -> Any:
+        """int64 ``[N]`` ``|S|`` of each row, or None (no support)."""
+        return self.__dict__.get("support_size")
+
+    @property
+    def support_threshold(self) -> Any:
+        """fp32 ``[N]``: a recomputed support is every live column with ``z >= threshold``
+        (NaN where the support is undefined); None for a replayed mask or no support."""
+        return self.__dict__.get("support_threshold")
+
     def __repr__(self) -> str:
+        extras = "".join(
+            f", {name}={value!r}"
+            for name, value in self._support_values().items()
+            if value is not None
+        )
         return (
             f"LogprobResult(selected_logp={self.selected_logp!r}, lse={self.lse!r}, "
-            f"entropy={self.entropy!r})"
+            f"entropy={self.entropy!r}{extras})"
         )
 
 
@@ -476,6 +528,7 @@ class LogprobContract:
     hidden_size: int | None = None
     has_bias: bool = False
     allow_tf32: bool = False
+    support: SupportSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", check_enum("role", self.role, LogprobRole))
@@ -490,6 +543,7 @@ class LogprobContract:
             self, "export_entropy", check_bool("export_entropy", self.export_entropy)
         )
         self._check_input_kind()
+        self._check_support()
         ignore_index, real = self.mask.ignore_index, self.sharding.real_vocab_size
         if 0 <= ignore_index < real:
             raise LogprobContractError(
@@ -521,6 +575,43 @@ class LogprobContract:
                     f"{name}={value!r}: only meaningful with input_kind='hidden' "
                     f"(input_kind={kind.value!r}); leave it at {default!r}"
                 )
+
+    def _check_support(self) -> None:
+        """A replayed mask has one row per token, ids in the real vocabulary, and at least
+        one kept id for every active token."""
+        support = self.support
+        if support is None:
+            return
+        check_instance("support", support, SupportSpec)
+        if support.mode is not SupportMode.REPLAYED_MASK:
+            return
+        rows, num_tokens = support.num_rows, self.mask.num_tokens
+        if rows != num_tokens:
+            raise LogprobContractError(
+                f"support.kept_offsets: describes {rows} rows, expected num_tokens={num_tokens} "
+                f"(len(kept_offsets) = num_tokens + 1)"
+            )
+        real = self.sharding.real_vocab_size
+        ids = support.kept_ids
+        if ids.size and int(ids.max()) >= real:
+            position = int(np.flatnonzero(ids >= real)[0])
+            row = int(np.searchsorted(support.kept_offsets, position, side="right")) - 1
+            raise LogprobContractError(
+                f"support.kept_ids[row {row}]={int(ids[position])!r}: outside the real "
+                f"vocabulary [0, real_vocab_size={real})"
+            )
+        empty = (support.kept_counts() == 0) & self.mask.dense()
+        if empty.any():
+            row = int(np.flatnonzero(empty)[0])
+            raise LogprobContractError(
+                f"support.kept_ids[row {row}]=[]: an active token needs a non-empty support "
+                f"({int(empty.sum())} active rows have none)"
+            )
+
+    @property
+    def support_mode(self) -> SupportMode:
+        """``full`` without a support, else the support's mode (see :class:`SupportMode`)."""
+        return SupportMode.FULL if self.support is None else self.support.mode
 
     @property
     def num_tokens(self) -> int:
@@ -578,16 +669,24 @@ class LogprobContract:
                 "has_bias": self.has_bias,
                 "allow_tf32": self.allow_tf32,
             },
+            "support": None if self.support is None else self.support.to_dict(),
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], active_mask: Any = None) -> LogprobContract:
-        """Rebuild a contract from :meth:`to_dict` output and the mask it digests.
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        active_mask: Any = None,
+        kept: tuple[Any, Any] | None = None,
+    ) -> LogprobContract:
+        """Rebuild a contract from :meth:`to_dict` output and the arrays it digests.
 
-        Raises :class:`LogprobContractError` when a field is missing or malformed, or
-        when ``active_mask`` does not match the recorded digest. Schema 1 documents
-        (before temperature and entropy) load with ``temperature=1.0`` and no entropy;
-        schema 1 and 2 documents (before the input kind) load as logits input.
+        ``active_mask`` is the active mask and ``kept`` the ``(kept_offsets, kept_ids)``
+        of a replayed support. Raises :class:`LogprobContractError` when a field is
+        missing or malformed, or when an array does not match its recorded digest.
+        Schema 1 documents (before temperature and entropy) load with
+        ``temperature=1.0`` and no entropy; schema 1 and 2 documents (before the input
+        kind) load as logits input; schema 1 to 3 documents have no support.
         """
         try:
             schema = data["schema"]
@@ -628,6 +727,7 @@ class LogprobContract:
                 export_lse=data["export_lse"],
                 temperature=data["temperature"] if schema >= 2 else 1.0,
                 export_entropy=data["export_entropy"] if schema >= 2 else False,
+                support=_support_field(data, schema, kept),
                 **_input_fields(data, schema),
             )
         except (KeyError, TypeError) as error:
@@ -655,6 +755,8 @@ class LogprobContract:
             extras += f" hidden H={self.hidden_size}"
             extras += " +bias" if self.has_bias else ""
             extras += " +tf32" if self.allow_tf32 else ""
+        if self.support is not None:
+            extras += f" support: {self.support.rules()}"
         return (
             f"{self.role.value} {self.dtype.value} N={self.num_tokens} "
             f"(active {self.mask.active_token_count}) tp={s.tp_rank}/{s.tp_world_size} "
@@ -674,3 +776,30 @@ def _input_fields(data: Mapping[str, Any], schema: int) -> dict[str, Any]:
         "has_bias": section["has_bias"],
         "allow_tf32": section["allow_tf32"],
     }
+
+
+def _support_field(
+    data: Mapping[str, Any], schema: int, kept: tuple[Any, Any] | None
+) -> SupportSpec | None:
+    """The support of a :meth:`LogprobContract.to_dict` document (none before schema 4)."""
+    section = data["support"] if schema >= 4 else None
+    if section is None:
+        if kept is not None:
+            raise LogprobContractError("kept: given, but the contract data has no support")
+        return None
+    if section["mode"] == SupportMode.REPLAYED_MASK.value:
+        if kept is None:
+            raise LogprobContractError(
+                "kept=None: the contract data has a replayed support; pass its "
+                "(kept_offsets, kept_ids)"
+            )
+        support = SupportSpec(kept_offsets=kept[0], kept_ids=kept[1])
+    else:
+        support = SupportSpec(
+            top_k=section["top_k"], top_p=section["top_p"], min_p=section["min_p"]
+        )
+    if support.digest != section["sha256"]:
+        raise LogprobContractError(
+            f"support.sha256={section['sha256']!r}: does not match the given support"
+        )
+    return support
