@@ -28,6 +28,7 @@ from tp_logprob import (
     LogprobContract,
     LogprobInputKind,
     MaskMode,
+    SupportMode,
 )
 from tp_logprob.capability import CAPABILITY_RULES, CONTRACT_DIMENSIONS
 from tp_logprob.kernels import builtin
@@ -79,6 +80,7 @@ def _random_capabilities(count: int, seed: int = 0) -> list[LogprobBackendCapabi
             even_shards_only=rng.random() < 0.3,
             input_kinds=rng.choice([frozenset({"logits"}), frozenset({"hidden"})]),
             supports_bias=rng.random() < 0.5,
+            support_modes=some(SupportMode),
         )
         for index in range(count)
     ]
@@ -149,6 +151,7 @@ _capabilities = st.builds(
     even_shards_only=st.booleans(),
     input_kinds=st.sampled_from([frozenset({"logits"}), frozenset({"hidden"})]),
     supports_bias=st.booleans(),
+    support_modes=st.frozensets(st.sampled_from(list(SupportMode)), min_size=1),
 )
 
 
@@ -165,7 +168,13 @@ def test_contracts_from_a_drawn_capability_are_all_served(data: Any) -> None:
 
 @pytest.mark.parametrize(
     "capability",
-    [c for c in CAPABILITIES if c.serves("input_kind", "logits") and c.serves("cp_world_size", 1)],
+    [
+        c
+        for c in CAPABILITIES
+        if c.serves("input_kind", "logits")
+        and c.serves("cp_world_size", 1)
+        and c.serves("support_mode", "full")
+    ],
     ids=lambda c: c.backend_id,
 )
 def test_every_wide_case_is_served(capability: LogprobBackendCapability) -> None:
@@ -220,6 +229,8 @@ def _drawable(
         return {True}  # one rank's shard is always the even layout
     if dimension == "determinism_scope" and served != {RUN_TO_RUN}:
         return set(served) - {RUN_TO_RUN}
+    if dimension == "support_mode" and SupportMode.FULL in served:
+        return {SupportMode.FULL}  # supports are drawn when asked for: checked on their own below
     return set(served)
 
 
@@ -308,3 +319,22 @@ def test_the_capabilities_cover_every_claim() -> None:
         assert len(answers) > 1 or dimension in ("allow_tf32", "cp_world_size", "support_mode"), (
             dimension
         )
+
+
+@pytest.mark.parametrize(("capability", "kind"), CASES)
+def test_supports_are_drawn_when_asked_for(
+    capability: LogprobBackendCapability, kind: LogprobInputKind
+) -> None:
+    """Asked for every mode, contracts() draws every support mode the capability serves
+    (and each with every other served value of the other dimensions)."""
+    served = capability.served_values("support_mode")
+    assert served is not None
+    asked = _strategy(capability, kind, support_modes=set(SupportMode))
+    wanted = {
+        (dimension, value)
+        for dimension in CONTRACT_DIMENSIONS
+        for value in (
+            served if dimension == "support_mode" else _drawable(capability, dimension, kind)
+        )
+    }
+    assert _reach(asked, wanted, _values_of) == set()

@@ -39,6 +39,7 @@ from tp_logprob.strategies.logits import (
     logits,
     round_to_dtype,
 )
+from tp_logprob.strategies.supports import PARAM_KINDS, REPLAYED_ROW_KINDS, supports
 from tp_logprob.strategies.targets import (
     ACTIVE_TARGET_KINDS,
     INACTIVE_TARGET_KINDS,
@@ -57,6 +58,8 @@ __all__ = [
     "LAYOUT_KINDS",
     "LOGIT_KINDS",
     "MASK_KINDS",
+    "PARAM_KINDS",
+    "REPLAYED_ROW_KINDS",
     "SPECIAL_KINDS",
     "WEIGHT_ROW_KINDS",
     "WIDE_ROW_KINDS",
@@ -71,6 +74,7 @@ __all__ = [
     "round_to_dtype",
     "shard_bounds",
     "shard_edge_columns",
+    "supports",
     "targets",
     "temperatures",
     "wide_cases",

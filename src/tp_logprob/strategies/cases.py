@@ -16,6 +16,7 @@ from tp_logprob.contract import LogprobContract, LogprobDType
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.strategies.contracts import contracts as contracts_strategy
 from tp_logprob.strategies.logits import logits as logits_strategy
+from tp_logprob.strategies.supports import supports as supports_strategy
 from tp_logprob.strategies.targets import targets as targets_strategy
 
 __all__ = ["LogprobCase", "cases"]
@@ -134,6 +135,9 @@ def _cases(
 ) -> LogprobCase:
     contract = draw(contracts)
     logits = draw(logits_strategy(contract, special_values=special_values, kinds=logit_kinds))
+    if contract.support is not None:  # aim the support at these logits' boundaries
+        support = draw(supports_strategy(contract, modes=(contract.support_mode,), logits=logits))
+        contract = dataclasses.replace(contract, support=support)
     targets = draw(targets_strategy(contract, logits=logits))
     return LogprobCase(contract, logits, targets)
 
@@ -149,7 +153,9 @@ def cases(
 
     Pass a contract strategy, or the keyword filters of
     :func:`~tp_logprob.strategies.contracts` (not both). ``special_values`` and
-    ``logit_kinds`` go to :func:`~tp_logprob.strategies.logits`.
+    ``logit_kinds`` go to :func:`~tp_logprob.strategies.logits`. A contract drawn with a
+    sampling support gets one aimed at the drawn logits
+    (:func:`~tp_logprob.strategies.supports`), and its targets follow it.
 
     Example::
 

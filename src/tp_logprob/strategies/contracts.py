@@ -7,6 +7,7 @@ first: TP=1, the even shard layout, no vocabulary padding, every token active,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from enum import Enum
@@ -29,9 +30,11 @@ from tp_logprob.contract import (
     MaskSpec,
     ReductionSpec,
     ShardingSpec,
+    SupportMode,
     even_shard_bounds,
 )
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.strategies.supports import supports
 
 __all__ = [
     "temperatures",
@@ -243,6 +246,7 @@ def _contract(
     export_entropy: tuple[bool, ...],
     even_only: bool,
     hidden: tuple[tuple[int, int], tuple[bool, ...]] | None,
+    support_modes: tuple[SupportMode, ...],
 ) -> LogprobContract:
     world = draw(st.sampled_from(worlds))
     low = max(world, vocab[0], 1 + (False not in padding))
@@ -258,7 +262,7 @@ def _contract(
     bounds = draw(shard_bounds(padded, world, real_vocab_size=real, layouts=layouts))
     num_tokens = draw(st.integers(*tokens))
     mask = draw(_mask(num_tokens, mask_kinds))
-    return LogprobContract(
+    contract = LogprobContract(
         role=draw(st.sampled_from(roles)),
         dtype=draw(st.sampled_from(dtypes)),
         mask=MaskSpec(num_tokens, mask, ignore_index=draw(ignore_indices(real))),
@@ -269,6 +273,10 @@ def _contract(
         export_entropy=draw(st.sampled_from(export_entropy)),
         **_hidden_fields(draw, hidden),
     )
+    mode = draw(st.sampled_from(support_modes))
+    if mode is SupportMode.FULL:
+        return contract
+    return dataclasses.replace(contract, support=draw(supports(contract, modes=(mode,))))
 
 
 def _hidden_fields(
@@ -331,6 +339,7 @@ def contracts(
     min_hidden_size: int = 1,
     max_hidden_size: int = 24,
     has_bias: bool | None = None,
+    support_modes: Iterable[SupportMode | str] | None = None,
 ) -> st.SearchStrategy[LogprobContract]:
     """Valid :class:`~tp_logprob.LogprobContract` values (as seen by a random rank).
 
@@ -348,6 +357,10 @@ def contracts(
     ``[min_hidden_size, max_hidden_size]`` and ``has_bias`` (None draws both);
     ``allow_tf32`` stays False. A capability whose ``input_kinds`` lacks the
     requested kind serves none of these contracts (InvalidArgument).
+    ``support_modes`` draws sampling supports (``docs/semantics.md``, "Processed
+    logprobs"; see :func:`~tp_logprob.strategies.supports`): they change what every
+    output means, so they are drawn only when asked for, and None draws ``full``
+    only (the modes the capability serves, if it serves no ``full``).
 
     Example::
 
@@ -383,6 +396,10 @@ def contracts(
             raise InvalidArgument(str(error)) from None
         temperature = st.just(fixed_temperature)
     kind = _input_kind(input_kind)
+    asked_supports = support_modes is not None
+    support_set = _enum_filter("support_modes", support_modes, SupportMode)
+    if not asked_supports:
+        support_set = {SupportMode.FULL}
     hidden = None
     if kind is LogprobInputKind.HIDDEN:
         sizes = (
@@ -421,6 +438,9 @@ def contracts(
             # The same code serves a run_to_run request: draw it only where nothing stronger is.
             scope_set.discard(DeterminismScope.RUN_TO_RUN)
         need_set = _served(capability, "mask_mode", need_set)
+        if not asked_supports and not capability.serves("support_mode", SupportMode.FULL):
+            support_set = set(SupportMode)
+        support_set = _served(capability, "support_mode", support_set)
         world_set = _served(capability, "tp_world_size", world_set)
         padding_set = _served(capability, "vocab_padding", padding_set)
         export_set = _served(capability, "export_lse", export_set)
@@ -455,6 +475,7 @@ def contracts(
         ("padding", padding_set),
         ("export_lse", export_set),
         ("export_entropy", entropy_set),
+        ("support_modes", support_set),
     ):
         if not chosen:
             raise InvalidArgument(
@@ -479,6 +500,7 @@ def contracts(
         export_entropy=tuple(sorted(entropy_set)),
         even_only=even_only,
         hidden=hidden,
+        support_modes=_ordered(support_set, SupportMode.FULL),
     )
 
 

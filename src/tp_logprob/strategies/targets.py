@@ -9,7 +9,7 @@ import numpy.typing as npt
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from tp_logprob.contract import LogprobContract
+from tp_logprob.contract import LogprobContract, SupportMode
 
 __all__ = ["ACTIVE_TARGET_KINDS", "INACTIVE_TARGET_KINDS", "shard_edge_columns", "targets"]
 
@@ -52,10 +52,14 @@ def _targets(
         st.integers(-(2**40), -1),
         st.integers(real, 2**40),
     )
+    replayed = contract.support_mode is SupportMode.REPLAYED_MASK
     result = np.empty(contract.num_tokens, dtype=np.int64)
     for row, active in enumerate(contract.mask.dense()):
         if not active:
             result[row] = draw(inactive)
+            continue
+        if replayed:
+            result[row] = _kept_target(draw, contract, row, logits)
             continue
         kind = draw(st.sampled_from(active_kinds))
         if kind == "any":
@@ -69,13 +73,34 @@ def _targets(
     return result
 
 
+def _kept_target(
+    draw: Any, contract: LogprobContract, row: int, logits: npt.NDArray[np.float32] | None
+) -> int:
+    """An active row's target under a replayed mask: one of its kept ids (the engine sampled
+    it from them), often the kept id with the largest or smallest logit."""
+    assert contract.support is not None
+    kept = contract.support.kept_row(row)
+    kinds = ["any", "first", "last"] + (["row_max", "row_min"] if logits is not None else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "any":
+        return int(draw(st.sampled_from(kept.tolist())))
+    if kind in ("first", "last"):
+        return int(kept[0] if kind == "first" else kept[-1])
+    assert logits is not None
+    values = np.nan_to_num(
+        logits[row, kept].astype(np.float64), nan=-np.inf if kind == "row_max" else np.inf
+    )
+    return int(kept[np.argmax(values) if kind == "row_max" else np.argmin(values)])
+
+
 def targets(
     contract: LogprobContract, *, logits: npt.NDArray[np.float32] | None = None
 ) -> st.SearchStrategy[npt.NDArray[np.int64]]:
     """Global target ids, int64 ``[num_tokens]``.
 
     Active rows get a live column (see :data:`ACTIVE_TARGET_KINDS`; pass
-    ``logits`` to also aim at each row's largest and smallest logit). Inactive
+    ``logits`` to also aim at each row's largest and smallest logit); with a
+    replayed support, one of the row's kept ids (the engine sampled it). Inactive
     rows get ``ignore_index``, an in-range id, a negative id or an id past the
     vocabulary (:data:`INACTIVE_TARGET_KINDS`).
     """

@@ -31,6 +31,7 @@ from tp_logprob.contract import (
     MaskSpec,
     ReductionSpec,
     ShardingSpec,
+    SupportMode,
     even_shard_bounds,
 )
 from tp_logprob.errors import LogprobContractError
@@ -90,13 +91,16 @@ def block_cut_bounds(
     """``(padded, bounds)``: ``world`` shards of ``padded`` columns cut inside blocks.
 
     The cuts are a multiple of ``block`` plus an offset in ``[-3, 3]``, so shards end
-    inside a block (at least 4 blocks are needed for ``world <= 4``). With ``uneven``
-    False the shards are equal instead, and ``padded`` is trimmed to a multiple of
-    ``world``.
+    inside a block (at least 4 blocks are needed for ``world <= 4``; for a capability
+    that serves only more ranks than there are blocks, the cuts fall inside blocks of
+    ``padded // world`` columns instead). With ``uneven`` False the shards are equal
+    instead, and ``padded`` is trimmed to a multiple of ``world``.
     """
     if not uneven:
         padded -= padded % world
         return padded, even_shard_bounds(padded, world)
+    if padded // block - 1 < world - 1:
+        block = padded // world
     chosen = draw(
         st.lists(
             st.integers(1, padded // block - 1),
@@ -190,7 +194,11 @@ def wide_cases(
         raise InvalidArgument(f"capability={capability!r}: expected a LogprobBackendCapability")
     if max_vocab < 1 << 10:
         raise InvalidArgument(f"max_vocab={max_vocab!r}: must be >= 1024")
-    for dimension, value in (("input_kind", LogprobInputKind.LOGITS), ("cp_world_size", 1)):
+    for dimension, value in (
+        ("input_kind", LogprobInputKind.LOGITS),
+        ("cp_world_size", 1),
+        ("support_mode", SupportMode.FULL),
+    ):
         if not capability.serves(dimension, value):
             raise InvalidArgument(
                 f"capability={capability.backend_id!r}: serves no "

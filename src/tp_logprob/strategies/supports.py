@@ -1,0 +1,208 @@
+"""Strategies for sampling supports: parameters that stress the rules, and replayed masks.
+
+:func:`supports` draws a :class:`~tp_logprob.SupportSpec` for a contract: sampling
+parameters (top-k, top-p, min-p, alone or together, or every rule off) or a
+replayed mask of kept ids. Given the logits, the parameters aim at the places the
+rules are hard to get right (``docs/semantics.md``, "Processed logprobs"): a
+``top_k`` that lands on a tie, a ``top_p`` equal to (or one ulp around) the mass
+strictly above some token, a ``min_p`` equal to (or one ulp around) some token's
+``exp(z - M)``. Those values are computed in float64 here; the exact decision at
+such a boundary is the oracle's business, and a backend may take either side of
+a borderline token.
+
+Replayed masks keep a random subset of each row's live columns (all of them, a
+single token, or the row's largest values), never empty for an active row.
+Everything shrinks toward every rule off (``top_p=1``) and toward keeping every
+live column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from tp_logprob.contract import LogprobContract
+from tp_logprob.support import SupportMode, SupportSpec
+
+__all__ = ["PARAM_KINDS", "REPLAYED_ROW_KINDS", "supports"]
+
+PARAM_KINDS = ("all_off", "top_k", "top_p", "min_p", "top_k_top_p", "all_rules")
+"""Which sampling rules a drawn support turns on (``all_off`` is ``top_p=1``)."""
+
+REPLAYED_ROW_KINDS = ("every_live", "single", "random_subset", "largest", "empty_inactive")
+"""How a replayed mask's row is drawn: every live column, one token, a random
+subset, the row's largest values (what an engine's top-k keeps), or nothing (for an
+inactive row only)."""
+
+_TOP_P_VALUES = (0.5, 0.8, 0.9, 0.95, 0.99)
+_MIN_P_VALUES = (0.01, 0.05, 0.1, 0.5, 1.0)
+
+
+def _tempered(contract: LogprobContract, logits: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
+    """``z = fp32(x) / fp32(T)`` over the live columns, as float64."""
+    live = np.asarray(logits[:, : contract.sharding.real_vocab_size], dtype=np.float32)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        z = live / np.float32(contract.temperature_fp32)
+    return np.asarray(z, dtype=np.float64)
+
+
+def _defined_rows(z: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """Rows whose support is defined: no NaN, no +inf, a finite value."""
+    with np.errstate(invalid="ignore"):
+        ok = ~np.isnan(z).any(axis=1) & ~np.isposinf(z).any(axis=1) & np.isfinite(z).any(axis=1)
+    return np.flatnonzero(ok)
+
+
+def _near(value: float, shift: int) -> float:
+    """``value`` (in ``[0, 1]``) moved by ``shift`` float64 ulps, clamped to ``[0, 1]``.
+
+    Stepping the bit pattern of a non-negative double moves it by one ulp per step.
+    """
+    bits = int(np.float64(value).view(np.int64)) + shift
+    moved = float(np.int64(max(bits, 0)).view(np.float64))
+    return min(max(moved, 0.0), 1.0)
+
+
+@st.composite
+def _boundary(draw: Any, z: npt.NDArray[Any], rule: str) -> float | int | None:
+    """A parameter of ``rule`` at a boundary of some defined row of ``z``, or None."""
+    rows = _defined_rows(z)
+    if rows.size == 0:
+        return None
+    row = z[draw(st.sampled_from(rows.tolist()), label=f"{rule} boundary row")]
+    finite = row[np.isfinite(row)]
+    values = np.unique(finite)[::-1]  # distinct finite values, largest first
+    index = draw(st.integers(0, values.size - 1), label=f"{rule} boundary value")
+    value = float(values[index])
+    if rule == "top_k":
+        # k lands on the first of the tokens tied at ``value``: every tie must be kept.
+        return int(np.count_nonzero(row > value)) + 1
+    top = float(values[0])
+    masses = np.exp(finite - top)
+    if rule == "min_p":
+        boundary = float(np.exp(value - top))
+    else:
+        boundary = float(masses[finite > value].sum() / masses.sum())
+    shift = draw(st.sampled_from([0, 0, -1, 1, -(2**29), 2**29]), label=f"{rule} ulps")
+    moved = _near(boundary, shift)
+    if rule == "top_p" and moved <= 0.0:
+        return None
+    return moved
+
+
+def _rule_value(draw: Any, rule: str, z: npt.NDArray[Any] | None, real: int) -> Any:
+    """One rule's parameter: at a boundary of the logits when given, else a plain value."""
+    if z is not None and draw(st.booleans(), label=f"{rule} at a boundary"):
+        value = draw(_boundary(z, rule))
+        if value is not None:
+            return value
+    if rule == "top_k":
+        return draw(
+            st.sampled_from([1, 2, 3, max(1, real - 1), real, real + 5]) | st.integers(1, real + 2)
+        )
+    if rule == "top_p":
+        return draw(st.sampled_from(_TOP_P_VALUES) | st.floats(2.0**-20, 1.0, exclude_min=False))
+    return draw(st.sampled_from(_MIN_P_VALUES) | st.floats(0.0, 1.0))
+
+
+@st.composite
+def _sampling_params(
+    draw: Any, contract: LogprobContract, z: npt.NDArray[Any] | None
+) -> SupportSpec:
+    kind = draw(st.sampled_from(PARAM_KINDS), label="support rules")
+    if kind == "all_off":
+        off = draw(st.sampled_from(["top_p", "min_p", "top_k", "all three"]), label="rules off")
+        real = contract.sharding.real_vocab_size
+        return {
+            "top_p": SupportSpec(top_p=1.0),
+            "min_p": SupportSpec(min_p=0.0),
+            "top_k": SupportSpec(top_k=real + draw(st.integers(0, 3))),
+            "all three": SupportSpec(top_k=real, top_p=1.0, min_p=0.0),
+        }[off]
+    rules = {
+        "top_k": ("top_k",),
+        "top_p": ("top_p",),
+        "min_p": ("min_p",),
+        "top_k_top_p": ("top_k", "top_p"),
+        "all_rules": ("min_p", "top_k", "top_p"),
+    }[kind]
+    real = contract.sharding.real_vocab_size
+    chosen = {rule: _rule_value(draw, rule, z, real) for rule in rules}
+    return SupportSpec(**chosen)
+
+
+@st.composite
+def _replayed(draw: Any, contract: LogprobContract, z: npt.NDArray[Any] | None) -> SupportSpec:
+    real = contract.sharding.real_vocab_size
+    seed = draw(st.integers(0, 2**32 - 1), label="replayed mask seed")
+    rng = np.random.default_rng(seed)
+    active = contract.mask.dense()
+    rows: list[npt.NDArray[np.int64]] = []
+    for row in range(contract.num_tokens):
+        kinds = REPLAYED_ROW_KINDS if not active[row] else REPLAYED_ROW_KINDS[:-1]
+        kind = draw(st.sampled_from(kinds), label=f"replayed row {row}")
+        if kind == "every_live":
+            kept = np.arange(real)
+        elif kind == "single":
+            kept = np.array([int(rng.integers(0, real))])
+        elif kind == "random_subset":
+            kept = np.flatnonzero(rng.random(real) < rng.uniform(0.05, 0.95))
+            if kept.size == 0:
+                kept = np.array([int(rng.integers(0, real))])
+        elif kind == "largest" and z is not None:
+            order = np.argsort(-np.nan_to_num(z[row], nan=-np.inf), kind="stable")
+            kept = np.sort(order[: int(rng.integers(1, real + 1))])
+        elif kind == "largest":
+            kept = np.arange(int(rng.integers(1, real + 1)))
+        else:
+            kept = np.array([], dtype=np.int64)
+        rows.append(np.asarray(kept, dtype=np.int64))
+    return SupportSpec.from_kept_lists([row.tolist() for row in rows])
+
+
+def supports(
+    contract: LogprobContract,
+    *,
+    modes: Iterable[SupportMode | str] = (SupportMode.SAMPLING_PARAMS, SupportMode.REPLAYED_MASK),
+    logits: npt.NDArray[np.float32] | None = None,
+) -> st.SearchStrategy[SupportSpec]:
+    """A :class:`~tp_logprob.SupportSpec` for ``contract`` in one of ``modes``.
+
+    ``sampling_params`` draws the rules of :data:`PARAM_KINDS`; with ``logits`` their
+    values often sit at a boundary of one of the rows (a tie at the k-th value, a
+    mass on or one ulp around ``top_p``, ``min_p`` at a token's ``exp(z - M)``).
+    ``replayed_mask`` draws kept ids per row (:data:`REPLAYED_ROW_KINDS`), never
+    empty for an active row. The targets of a replayed contract must then lie in
+    their rows' kept ids: :func:`~tp_logprob.strategies.targets` draws them so.
+
+    Example::
+
+        support = data.draw(supports(contract, logits=case.logits))
+        case = case.replace(contract=dataclasses.replace(contract, support=support))
+    """
+    if not isinstance(contract, LogprobContract):
+        raise InvalidArgument(f"contract={contract!r}: expected a LogprobContract")
+    wanted = []
+    for mode in modes:
+        try:
+            wanted.append(SupportMode(mode))
+        except ValueError:
+            raise InvalidArgument(f"modes: {mode!r} is not a SupportMode") from None
+    wanted = [mode for mode in wanted if mode is not SupportMode.FULL]
+    if not wanted:
+        raise InvalidArgument(f"modes={modes!r}: name sampling_params or replayed_mask")
+    expected = (contract.num_tokens, contract.sharding.padded_vocab_size)
+    if logits is not None and np.shape(logits) != expected:
+        raise InvalidArgument(f"logits: shape {np.shape(logits)}, expected {expected}")
+    z = None if logits is None else _tempered(contract, logits)
+    choices = []
+    if SupportMode.SAMPLING_PARAMS in wanted:
+        choices.append(_sampling_params(contract, z))
+    if SupportMode.REPLAYED_MASK in wanted:
+        choices.append(_replayed(contract, z))
+    return st.one_of(choices)

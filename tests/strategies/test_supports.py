@@ -1,0 +1,112 @@
+"""The support strategies: valid supports, boundaries that bite, targets inside replayed masks."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from tp_logprob import SupportMode
+from tp_logprob.strategies import cases, contracts, supports
+
+SETTINGS = settings(
+    database=None, max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@SETTINGS
+@given(cases(support_modes={"sampling_params", "replayed_mask"}, max_padded_vocab_size=24))
+def test_drawn_cases_carry_a_valid_support_and_targets_inside_replayed_masks(case: Any) -> None:
+    contract = case.contract
+    assert contract.support is not None
+    if contract.support_mode is SupportMode.REPLAYED_MASK:
+        for row in np.flatnonzero(case.active):
+            assert case.targets[row] in contract.support.kept_row(row)
+
+
+def _z(case: Any) -> np.ndarray:
+    live = case.logits[:, : case.contract.sharding.real_vocab_size]
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        z = live / np.float32(case.contract.temperature_fp32)
+    return np.asarray(z, dtype=np.float64)
+
+
+def test_top_k_boundaries_land_on_ties() -> None:
+    """Some drawn top_k is the first of several tokens tied at the k-th value."""
+    found = []
+
+    @settings(database=None, max_examples=400, deadline=None)
+    @given(cases(support_modes={"sampling_params"}, max_padded_vocab_size=24, max_num_tokens=3))
+    def search(case: Any) -> None:
+        k = case.contract.support.top_k
+        if k is None:
+            return
+        for row in _z(case):
+            ordered = np.sort(row[np.isfinite(row)])[::-1]
+            if k < ordered.size and ordered[k - 1] == ordered[k] and k >= 2:
+                found.append(k)
+
+    search()
+    assert found
+
+
+def test_top_p_boundaries_sit_on_a_mass() -> None:
+    """Some drawn top_p equals the float64 mass strictly above a token of a row."""
+    found = []
+
+    @settings(database=None, max_examples=400, deadline=None)
+    @given(cases(support_modes={"sampling_params"}, max_padded_vocab_size=24, max_num_tokens=3))
+    def search(case: Any) -> None:
+        p = case.contract.support.top_p
+        if p is None or p == 1.0:
+            return
+        for row in _z(case):
+            finite = row[np.isfinite(row)]
+            if finite.size == 0 or np.isnan(row).any() or np.isposinf(row).any():
+                continue
+            with np.errstate(under="ignore"):
+                masses = np.exp(finite - finite.max())
+            ratios = {float(masses[finite > v].sum() / masses.sum()) for v in np.unique(finite)}
+            if p in ratios:
+                found.append(p)
+
+    search()
+    assert found
+
+
+@given(st.data())
+@settings(database=None, max_examples=30, deadline=None)
+def test_supports_refuse_nonsense(data: Any) -> None:
+    contract = data.draw(contracts(max_padded_vocab_size=8))
+    with pytest.raises(InvalidArgument, match="name sampling_params or replayed_mask"):
+        data.draw(supports(contract, modes=("full",)))
+    with pytest.raises(InvalidArgument, match="is not a SupportMode"):
+        data.draw(supports(contract, modes=("top_k",)))
+    with pytest.raises(InvalidArgument, match="logits: shape"):
+        data.draw(supports(contract, logits=np.zeros((contract.num_tokens + 1, 1))))
+
+
+def test_every_param_kind_and_replayed_row_kind_is_drawn() -> None:
+    seen: set[str] = set()
+
+    @settings(database=None, max_examples=300, deadline=None)
+    @given(cases(support_modes={"sampling_params", "replayed_mask"}, max_padded_vocab_size=16))
+    def search(case: Any) -> None:
+        support = case.contract.support
+        if support.mode is SupportMode.REPLAYED_MASK:
+            counts = support.kept_counts()
+            real = case.contract.sharding.real_vocab_size
+            seen.update({"every_live"} if (counts == real).any() else set())
+            seen.update({"single"} if (counts == 1).any() else set())
+            seen.update({"empty"} if (counts == 0).any() else set())
+        else:
+            rules = dataclasses.asdict(support)
+            seen.update(name for name in ("top_k", "top_p", "min_p") if rules[name] is not None)
+
+    search()
+    assert {"every_live", "single", "empty", "top_k", "top_p", "min_p"} <= seen
