@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "tp_logprob.__main__",
             "tp_logprob.cli",
+            "tp_logprob.hardware",
             "tp_logprob.pytest_plugin",
             "tp_logprob.peers.conformance",
             "tp_logprob.peers._collect",

@@ -14,6 +14,7 @@ from typing import Any
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.cli import add_commands
+from tp_logprob.hardware import add_command as add_hardware_command
 from tp_logprob.registry import PLATFORMS, detect_platform
 
 __all__ = ["build_parser", "main"]
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backends.set_defaults(handler=_backends)
     add_commands(commands)
+    add_hardware_command(commands)
     return parser
 
 
