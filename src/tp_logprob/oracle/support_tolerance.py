@@ -126,7 +126,7 @@ def support_margins(
     return SupportMargins(
         sum_rel=model.sum_rel(),
         term_rel=term_rel * SLACK,
-        arg_rel=model.arg_rel,
+        arg_rel=model.arg_rel * SLACK,
         threshold_rel=pow_minus_one(u, 3) * SLACK,
         abs_error=(2.0 * (model.num_values + 1) * model.tiny + quantum) * SLACK,
         unit=u,
