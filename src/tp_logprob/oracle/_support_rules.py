@@ -5,8 +5,8 @@ of the descending order (:mod:`._support_rows`), given by its length, always a
 group boundary (decisions are per value):
 
 1. min-p: ``n1`` positions with ``d >= log(min_p)``. ``log(min_p)`` is enclosed
-   between two adjacent-ish floats once per call and ``d = dh + dl`` compared
-   with them exactly; a ``d`` between the two goes to
+   once per call between two floats a few ulps apart, ``d = dh + dl`` is compared
+   with both exactly, and a ``d`` between them goes to
    :func:`._support_exact.min_p_keeps`;
 2. top-k: ``nK`` positions with ``z >= z_(k)`` (the k-th of the whole row: the
    survivors of 1 are an upper set, so their k-th largest, when they have
@@ -17,8 +17,9 @@ group boundary (decisions are per value):
    and the first certain drop and are bisected with :class:`._support_exact.TopPRow`.
 
 With :class:`SupportMargins` the same prefixes are computed for the certain
-sets (``docs/tolerances.md``, "Processed logprobs: the support"): ``n_in``
-(certainly in) and ``n_max`` (not certainly out), with ``n_in <= n3 <= n_max``.
+sets (``docs/tolerances.md``, "Processed logprobs: the support"): ``sure_in``
+(certainly in) and ``maybe_in`` (not certainly out), with
+``sure_in <= kept <= maybe_in``.
 Each test there is evaluated in float64 with a relative slack of ``2^-40`` on
 both sides (it covers the few roundings of each side and numpy's ``exp`` on a
 tiny argument), so a test that cannot be decided that way leaves the token
