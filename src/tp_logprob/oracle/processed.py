@@ -36,6 +36,14 @@ from tp_logprob.oracle._inputs import (
 )
 from tp_logprob.oracle.exact import _entropy, _entropy_grad, _logprob_grad, _selected_logprob
 
+__all__ = [
+    "exact_processed_entropy",
+    "exact_processed_entropy_grad",
+    "exact_processed_logprob",
+    "exact_processed_logprob_grad",
+    "support_masked_logits",
+]
+
 
 def support_masked_logits(
     logits: ArrayLike, support_mask: ArrayLike, *, real_vocab_size: int | None = None

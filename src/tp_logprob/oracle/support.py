@@ -44,6 +44,8 @@ from tp_logprob.oracle._support_rules import Rules, decide, float_values
 from tp_logprob.oracle.support_tolerance import SupportMargins
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
+__all__ = ["ExactSupport", "exact_support", "replayed_support_mask"]
+
 # Values per block of rows: the sorted copies and their masses stay cache-sized.
 _BLOCK_VALUES = 1 << 16
 

@@ -28,6 +28,8 @@ from tp_logprob.oracle._inputs import BoolArray, FloatArray, as_active_mask
 from tp_logprob.oracle.support import ExactSupport, analyse
 from tp_logprob.oracle.support_tolerance import SupportMargins
 
+__all__ = ["SupportClassification", "admissible_support", "classify_support"]
+
 _MAX_PROBLEMS = 20
 
 

@@ -28,6 +28,8 @@ from typing import Any
 from tp_logprob.oracle._error_model import SLACK, pow_minus_one
 from tp_logprob.oracle.tolerance import tolerance
 
+__all__ = ["SupportMargins", "support_margins"]
+
 
 @dataclass(frozen=True)
 class SupportMargins:
