@@ -16,8 +16,13 @@ arb on an fp32 row of 152,064 distinct values and on a bf16-valued row; 1,000 x
 0.1% on random rows), then the per-row cost by width and batch size. arb comes
 from the optional extra ``pip install -e '.[bench]'`` (python-flint).
 
+Section support: ``exact_support`` and ``classify_support`` (processed logprobs'
+sampling support) per row, by width and dtype, with the borderline tokens per row
+and the rows that fell back to multi-precision (goal: a row of 10^5 columns
+classified in well under a second, no fallback on random rows).
+
 Run: PYTHONPATH=src python benchmarks/bench_oracle.py
-    [--section exact|reference|tolerance|entropy|fast] [--repeat N] [--batch-rows N]
+    [--section exact|reference|tolerance|entropy|fast|support] [--repeat N] [--batch-rows N]
 """
 
 from __future__ import annotations
@@ -32,14 +37,17 @@ import mpmath
 import numpy as np
 
 from tp_logprob.oracle import (
+    classify_support,
     exact_entropy,
     exact_logprob_grad,
     exact_logsumexp,
     exact_selected_logprob,
+    exact_support,
     fast_path_stats,
     reference_logprob_grad,
     reference_selected_logprob,
     reference_sharded_logprob,
+    support_margins,
     tolerance,
 )
 from tp_logprob.oracle._mpfloat import from_man_exp, to_float64
@@ -347,9 +355,44 @@ def _per_row_costs(repeats: int) -> None:
         print(f"| {width:,} | " + " | ".join(cells) + " |")
 
 
+def bench_support(repeats: int) -> None:
+    print("exact_support and classify_support, 8 rows of normal * 3, TP 8 margins")
+    print(
+        "| width | dtype | rules | exact_support (per row) | classify_support (per row) "
+        "| borderline per row | fallback rows |"
+    )
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    rng = np.random.default_rng(7)
+    for width in (32_000, 100_000, VOCAB):
+        for dtype in ("fp32", "bf16"):
+            x = (rng.standard_normal((8, width)) * 3).astype(F32)
+            if dtype == "bf16":
+                x = np.stack([bf16_row(int(rng.integers(1 << 30)), width) for _ in range(8)])
+            margins = support_margins(dtype, width, num_shards=8, max_shard_size=-(-width // 8))
+            for rules in ({"top_k": 50, "top_p": 0.9, "min_p": 0.05}, {"top_p": 0.9}):
+                fast_path_stats(reset=True)
+                exact_s = median_s(lambda x=x, r=rules: exact_support(x, **r), repeats) / 8
+                found = classify_support(x, margins=margins, **rules)
+                classify_s = (
+                    median_s(
+                        lambda x=x, m=margins, r=rules: classify_support(x, margins=m, **r),
+                        repeats,
+                    )
+                    / 8
+                )
+                stats = fast_path_stats(reset=True)
+                fallbacks = stats["support_min_p"].fallbacks + stats["support_top_p"].fallbacks
+                named = " ".join(f"{k}={v}" for k, v in rules.items())
+                print(
+                    f"| {width:,} | {dtype} | {named} | {exact_s * 1e3:.1f} ms "
+                    f"| {classify_s * 1e3:.1f} ms | {found.borderline.sum() / 8:.2f} "
+                    f"| {fallbacks} |"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sections = ["exact", "reference", "tolerance", "entropy", "fast", "all"]
+    sections = ["exact", "reference", "tolerance", "entropy", "fast", "support", "all"]
     parser.add_argument("--section", choices=sections)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--batch-rows", type=int, default=1000)
@@ -365,6 +408,8 @@ def main() -> None:
         bench_entropy(args.repeat)
     if section in ("fast", "all"):
         bench_fast(args.repeat, args.batch_rows)
+    if section in ("support", "all"):
+        bench_support(args.repeat)
 
 
 if __name__ == "__main__":

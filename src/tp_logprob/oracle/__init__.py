@@ -8,6 +8,10 @@
 * ``ulp_distance`` and ``tolerance``: how far a backend may be from exact;
 * ``exact_hidden_logits``, ``dot_product_error_bound`` and friends: the fused LM
   head (hidden states times a weight), see ``oracle/hidden.py``;
+* ``exact_support``, ``classify_support``, ``admissible_support`` and
+  ``support_margins``: the sampling support of a processed logprob (top-k, top-p,
+  min-p), exact, and what a backend within its error bound may choose;
+  ``exact_processed_*`` the outputs over a given support, correctly rounded;
 * ``apply_temperature``: the ``z = fp32(x) / fp32(T)`` every function takes
   through its ``temperature`` keyword;
 * ``fast_path_stats`` and ``FastPathCounts``: every ``exact_*`` result (and
@@ -42,6 +46,13 @@ from tp_logprob.oracle.hidden import (
     fused_extra_bounds,
     reference_hidden_logits,
 )
+from tp_logprob.oracle.processed import (
+    exact_processed_entropy,
+    exact_processed_entropy_grad,
+    exact_processed_logprob,
+    exact_processed_logprob_grad,
+    support_masked_logits,
+)
 from tp_logprob.oracle.reference import (
     reference_error_bounds,
     reference_logprob_grad,
@@ -55,14 +66,26 @@ from tp_logprob.oracle.reference_entropy import (
     reference_entropy_grad,
     reference_sharded_entropy,
 )
+from tp_logprob.oracle.support import ExactSupport, exact_support, replayed_support_mask
+from tp_logprob.oracle.support_classify import (
+    SupportClassification,
+    admissible_support,
+    classify_support,
+)
+from tp_logprob.oracle.support_tolerance import SupportMargins, support_margins
 from tp_logprob.oracle.temperature import apply_temperature
 from tp_logprob.oracle.tolerance import LogprobTolerance, tolerance
 from tp_logprob.oracle.ulp import ulp_distance
 
 __all__ = [
+    "ExactSupport",
     "FastPathCounts",
     "LogprobTolerance",
+    "SupportClassification",
+    "SupportMargins",
+    "admissible_support",
     "apply_temperature",
+    "classify_support",
     "dot_product_error_bound",
     "exact_entropy",
     "exact_entropy_grad",
@@ -70,7 +93,12 @@ __all__ = [
     "exact_hidden_logits",
     "exact_logprob_grad",
     "exact_logsumexp",
+    "exact_processed_entropy",
+    "exact_processed_entropy_grad",
+    "exact_processed_logprob",
+    "exact_processed_logprob_grad",
     "exact_selected_logprob",
+    "exact_support",
     "fast_path_stats",
     "fused_extra_bounds",
     "reference_entropy",
@@ -83,6 +111,9 @@ __all__ = [
     "reference_selected_logprob",
     "reference_sharded_entropy",
     "reference_sharded_logprob",
+    "replayed_support_mask",
+    "support_margins",
+    "support_masked_logits",
     "tolerance",
     "ulp_distance",
 ]

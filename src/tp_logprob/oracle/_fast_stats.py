@@ -15,8 +15,12 @@ QUANTITIES = (
     "entropy",
     "entropy_grad",
     "hidden_logits",
+    "support_min_p",
+    "support_top_p",
 )
-"""The counted quantities: rows for the first five, logits elements for ``hidden_logits``."""
+"""The counted quantities: rows for the first five and the two support rules (a row
+falls back when any of its decisions needed multi-precision), logits elements for
+``hidden_logits``."""
 
 _ENABLED: ContextVar[bool] = ContextVar("tp_logprob_oracle_fast_path", default=True)
 _LOCK = threading.Lock()

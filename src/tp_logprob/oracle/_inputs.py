@@ -183,3 +183,56 @@ def as_shard_bounds(bounds: Sequence[Sequence[int]], padded: int) -> list[tuple[
             f"number of logits columns {padded}"
         )
     return out
+
+
+def as_sampling_params(
+    top_k: Any, top_p: Any, min_p: Any
+) -> tuple[int | None, float | None, float | None]:
+    """Checked ``(top_k, top_p, min_p)``, each None when its rule is off.
+
+    ``top_p = 1`` and ``min_p = 0`` are off, as None is (``docs/semantics.md``,
+    "Processed logprobs"). Bools, NaN and values outside the rule's range are
+    refused with the argument named.
+    """
+    k: int | None = None
+    if top_k is not None:
+        if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, (int, np.integer)):
+            raise TypeError(f"top_k={top_k!r} must be an int >= 1 or None")
+        k = int(top_k)
+        if k < 1:
+            raise ValueError(f"top_k={top_k!r} must be an int >= 1 or None (None keeps all)")
+    p = _fraction("top_p", top_p, low_open=True)
+    q = _fraction("min_p", min_p, low_open=False)
+    return k, None if p == 1.0 else p, None if q == 0.0 else q
+
+
+def _fraction(name: str, value: Any, *, low_open: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(f"{name}={value!r} must be a float or None")
+    number = float(value)
+    low_ok = number > 0.0 if low_open else number >= 0.0
+    if not (low_ok and number <= 1.0):  # NaN fails both
+        interval = "(0, 1]" if low_open else "[0, 1]"
+        raise ValueError(f"{name}={value!r} must lie in {interval} (None leaves the rule off)")
+    return number
+
+
+def as_support_mask(mask: ArrayLike, shape: tuple[int, int], real_vocab_size: int) -> BoolArray:
+    """``mask`` as a bool ``[N, V]`` array with every padding column False."""
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_:
+        raise TypeError(
+            f"support_mask has dtype {arr.dtype}; expected bool (True = in the support)"
+        )
+    if arr.shape != shape:
+        raise ValueError(f"support_mask has shape {arr.shape}; expected {shape} to match logits")
+    padding = arr[:, real_vocab_size:]
+    if padding.any():
+        row, column = (int(k) for k in np.argwhere(padding)[0])
+        raise ValueError(
+            f"support_mask[{row}, {real_vocab_size + column}]=True is a padding column "
+            f"(real_vocab_size={real_vocab_size}); a support holds live columns only"
+        )
+    return arr

@@ -1,0 +1,130 @@
+"""Rows sorted by value, with certified masses: what every support decision reads.
+
+Each rule of a support (``docs/semantics.md``, "Processed logprobs") keeps an
+upper set of ``z``, so a row is sorted once, descending, and every decision is
+about a prefix of that order. For a block of rows (every row's maximum ``M``
+finite) this module gives, per sorted position ``i``:
+
+* ``d = z - M = dh + dl`` exactly (``TwoSum``; ``dh = -inf`` for a ``-inf``
+  value or a difference past the float64 range);
+* the group of equal values the position belongs to (``group_start``,
+  ``group_end``): every decision is per value, so per group;
+* the exp term ``y = exp(d) 2^SHIFT`` from :func:`._fast_exp.exp_terms`
+  (relative error ``EXP_REL``; its high part alone is within ``u + EXP_REL``),
+  exactly ``2^SHIFT`` at the maximum, exactly 0 for ``-inf``, and for
+  ``d < D_MIN`` (the tail) 0 with an error below ``TAIL``;
+* an enclosure ``[prefix_lo, prefix_hi]`` of the exact ``sum_{k <= i} exp(d_k) 2^SHIFT``
+  and ``[above_lo, above_hi]`` of the exact mass strictly above the position's
+  value, ``A = sum_{z_k > z_i} exp(d_k) 2^SHIFT``.
+
+The prefixes are numpy's ``cumsum`` (strictly sequential) of the high parts.
+For nonnegative terms each computed prefix is within ``gamma_W`` of the sum of
+its terms (``W`` the row width), each term within ``eps = (u + EXP_REL)(1 + 2^-50)``
+of the exact one, and the tail terms add at most ``TAIL`` each, so with
+``rho = (gamma_W + eps)(1 + 2^-18) + 4u`` (the last part covers the two
+roundings of each bound below)
+
+    c (1 - rho)  <=  exact prefix  <=  (c + n_tail TAIL)(1 + rho).
+
+The scale ``2^SHIFT`` keeps every computed term (``>= 2^-843``) and every sum
+normal, so no rounding above underflows. ``docs/tolerances.md``, "Processed
+logprobs: the support", states the argument with the rest of the support's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tp_logprob.oracle._eft import U, gamma
+from tp_logprob.oracle._fast_exp import D_MIN, exp_rel, exp_terms
+from tp_logprob.oracle._fast_rows import SCALE, SHIFT, TAIL
+from tp_logprob.oracle._inputs import BoolArray, FloatArray, IntArray
+
+
+@dataclass
+class SortedRows:
+    """A block of rows sorted descending, ``[R, W]`` arrays per sorted position."""
+
+    rows: IntArray
+    order: IntArray
+    values: FloatArray
+    m: FloatArray
+    dh: FloatArray
+    dl: FloatArray
+    head: BoolArray
+    yh: FloatArray
+    group_start: IntArray
+    group_end: IntArray
+    prefix_lo: FloatArray
+    prefix_hi: FloatArray
+    above_lo: FloatArray
+    above_hi: FloatArray
+
+    @property
+    def width(self) -> int:
+        return int(self.values.shape[1])
+
+    def at(self, array: FloatArray, count: IntArray) -> FloatArray:
+        """``array[r, count[r] - 1]`` per row (``count >= 1``): the value at a prefix's end."""
+        picked: FloatArray = np.take_along_axis(array, (count - 1)[:, None], axis=1)[:, 0]
+        return picked
+
+
+def term_rel() -> float:
+    """Relative error of a head term's high part ``yh`` against the exact ``exp(d) 2^SHIFT``."""
+    return (U + exp_rel()) * (1.0 + 2.0**-50)
+
+
+def sort_rows(rows: IntArray, z: FloatArray, m: FloatArray) -> SortedRows:
+    """Sort ``z`` (``[R, W]``, live columns, no NaN or ``+inf``) descending, with its masses."""
+    order = np.argsort(z, axis=1, kind="stable")[:, ::-1]
+    values = np.take_along_axis(z, order, axis=1)
+    width = values.shape[1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        dh = values - m[:, None]
+        back = dh - values
+        dl = (values - (dh - back)) + (-m[:, None] - back)
+    dl = np.where(np.isfinite(dh), dl, 0.0)
+    head = (dh >= D_MIN) & (dh < 0.0)
+    is_max = dh == 0.0
+    tail = (values > -np.inf) & ~head & ~is_max
+    yh = np.zeros(values.shape)
+    if head.any():
+        low = dl[head]
+        yh[head] = exp_terms(dh[head], low if low.any() else None, SHIFT)[0]
+    yh[is_max] = SCALE
+    rho = (gamma(max(width, 1)) + term_rel()) * (1.0 + 2.0**-18) + 4.0 * U
+    prefix = np.cumsum(yh, axis=1)
+    tails = np.cumsum(tail, axis=1)
+    prefix_lo = prefix * (1.0 - rho)
+    prefix_hi = (prefix + tails * TAIL) * (1.0 + rho)
+    positions = np.broadcast_to(np.arange(width), values.shape)
+    starts = np.ones(values.shape, dtype=np.bool_)
+    starts[:, 1:] = values[:, 1:] != values[:, :-1]
+    group_start = np.maximum.accumulate(np.where(starts, positions, 0), axis=1)
+    ends = np.ones(values.shape, dtype=np.bool_)
+    ends[:, :-1] = starts[:, 1:]
+    group_end = np.minimum.accumulate(np.where(ends, positions + 1, width)[:, ::-1], axis=1)[
+        :, ::-1
+    ]
+    before = np.maximum(group_start - 1, 0)
+    above_lo = np.where(group_start > 0, np.take_along_axis(prefix_lo, before, axis=1), 0.0)
+    above_hi = np.where(group_start > 0, np.take_along_axis(prefix_hi, before, axis=1), 0.0)
+    return SortedRows(
+        rows,
+        order,
+        values,
+        m,
+        dh,
+        dl,
+        head,
+        yh,
+        group_start,
+        np.ascontiguousarray(group_end),
+        prefix_lo,
+        prefix_hi,
+        above_lo,
+        above_hi,
+    )
