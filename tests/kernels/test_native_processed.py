@@ -29,7 +29,7 @@ from tests.helpers.support_cases import (
     reference_support,
     support_contract,
 )
-from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.kernels.builtin import TORCH_NATIVE, TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.oracle import exact_entropy, exact_selected_logprob, tolerance
 
@@ -299,7 +299,7 @@ def test_export_lse_false_does_not_change_the_other_outputs() -> None:
         assert_same_bits(getattr(without, name), getattr(with_lse, name), name)
 
 
-@pytest.mark.parametrize("capability", [TORCH_NATIVE], ids=str)
+@pytest.mark.parametrize("capability", [TORCH_NATIVE, TORCH_NATIVE_FUSED], ids=str)
 def test_torch_backends_serve_every_support_mode(capability: tpl.LogprobBackendCapability) -> None:
     assert capability.served_values("support_mode") == set(tpl.SupportMode)
 

@@ -61,6 +61,7 @@ TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
     supports_bias=True,
+    support_modes=frozenset(SupportMode),
 )
 TRITON_FUSED = dataclasses.replace(
     _capability("triton_fused", DeterminismScope.FIXED_TOPOLOGY),
