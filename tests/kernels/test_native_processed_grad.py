@@ -204,3 +204,23 @@ def test_gradcheck_float64_one_rank_of_three(rank: int) -> None:
         return result.selected_logp, result.entropy
 
     assert torch.autograd.gradcheck(rank_outputs, (local,), eps=1e-6, atol=1e-7)
+
+
+def test_a_non_finite_support_lse_gives_nan_on_the_support_only() -> None:
+    """A NaN or +inf inside a replayed S (or S all -inf): NaN on S's columns, 0 elsewhere;
+    a NaN outside S changes nothing."""
+    logits, _ = random_inputs(61, 4)
+    keep = np.zeros((4, REAL), dtype=bool)
+    keep[:, 2:9] = True
+    logits[0, 4], logits[1, 7], logits[2, 2:9] = NAN, float("inf"), float("-inf")
+    logits[3, 12] = NAN  # outside S
+    targets = torch.tensor([3, 3, 3, 3])
+    contract = support_contract(
+        LAYOUTS["tp3-uneven"], tpl.SupportSpec.from_mask(keep), num_tokens=4, role="train"
+    )
+    grad, _ = tp_grad(logits, targets, contract)
+    inside = torch.zeros_like(grad, dtype=torch.bool)
+    inside[:, :REAL] = torch.from_numpy(keep)
+    assert torch.isnan(grad[:3][inside[:3]]).all()
+    assert (grad[~inside] == 0).all()
+    assert torch.isfinite(grad[3]).all() and grad[3, 3] != 0

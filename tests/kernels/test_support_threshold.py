@@ -15,6 +15,7 @@ from tests.helpers.support_cases import (
     support_contract,
     tp_threshold,
 )
+from tp_logprob.kernels.fixed_point import fixed_point_terms, fraction_bits
 from tp_logprob.kernels.support_threshold import (
     float_keys,
     key_passes,
@@ -228,3 +229,23 @@ def test_float_keys_order_the_floats(dtype: torch.dtype) -> None:
     back = keys_to_float(keys, dtype)
     assert torch.equal(bits(back), bits(torch.where(values == 0, 0.0, values)))
     assert len(key_passes(dtype)) == (4 if dtype == torch.float32 else 8)
+
+
+def test_top_p_keeps_a_value_only_while_the_mass_above_it_is_strictly_below() -> None:
+    """The boundary at the fixed-point level: with ``top_p Z`` equal to the mass above the
+    second value (in the float64 comparison the threshold makes) it is dropped; one ulp of
+    ``top_p`` more keeps it. The masses are those of the module docstring."""
+    logits = rows_of([3.0, 1.5, 1.0, -2.0])
+    z = logits[0, :4]
+    masses = fixed_point_terms(torch.exp(z - z.max()), fraction_bits(PADDED)).tolist()
+    above, total = np.float64(masses[0]), np.float64(sum(masses))
+    top_p = above / total
+    while top_p * total < above:
+        top_p = np.nextafter(top_p, 1.0)
+    while top_p * total > above:
+        top_p = np.nextafter(top_p, 0.0)
+    assert top_p * total == above
+    for layout in ("tp1", "tp3-uneven"):
+        assert threshold(logits, layout, top_p=float(top_p))[1].tolist() == [1]
+        more = float(np.nextafter(top_p, 1.0))
+        assert threshold(logits, layout, top_p=more)[1].tolist() == [2]

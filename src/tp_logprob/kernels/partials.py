@@ -179,9 +179,8 @@ def local_grad(
     if width > 0:
         live = scaled_logits(local_logits[:, :width].to(dtype), contract)
         one_hot = target_one_hot(targets, contract, width, live.device)
-        if keep is not None:
+        if keep is not None:  # columns outside S count as -inf, and get 0 below
             live = torch.where(keep, live, _NEG_INF)
-            one_hot = one_hot & keep
         centred = live - lse.unsqueeze(1)
         probs = torch.exp(centred)
         # A row whose selected_logp is NaN (LSE NaN, +inf or -inf) gets NaN on every live
