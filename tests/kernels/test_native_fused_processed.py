@@ -12,7 +12,7 @@ import torch
 import tp_logprob as tpl
 from tests.helpers.fused_cases import PADDED, REAL, as_f64, fused_case, fused_contract
 from tests.helpers.native_cases import bits
-from tests.helpers.support_cases import reference_support
+from tests.helpers.support_cases import live_z32, reference_support
 from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.lm_head import logits_chunk
 from tp_logprob.kernels.native import torch_native_logprob
@@ -40,19 +40,27 @@ def full_logits(
     return torch.cat([x, torch.full((len(hidden), PADDED - REAL), float("nan"))], dim=1)
 
 
-def supports(logits: torch.Tensor, temperature: float) -> dict[str, tpl.SupportSpec]:
-    z = (logits[:, :REAL] / torch.tensor(np.float32(temperature))).double().numpy()
-    keep = reference_support(z, **RULES).keep  # type: ignore[arg-type]
-    return {"recomputed": tpl.SupportSpec(**RULES), "replayed": tpl.SupportSpec.from_mask(keep)}
+TEMPERATURE = 0.8
 
 
-def case(seed: int, rows: int = 10, dtype: str = "fp32") -> tuple[Any, ...]:
-    hidden, weight, biases, _ = fused_case(dtype, seed=seed, num_tokens=rows, size=SIZE, bias=True)
+def rules_keep(logits: torch.Tensor) -> np.ndarray:
+    """The rules' support of every row at ``TEMPERATURE`` (float64 reference)."""
+    z = live_z32(logits, TEMPERATURE)
+    return reference_support(z, **RULES).keep  # type: ignore[arg-type]
+
+
+def supports(logits: torch.Tensor) -> dict[str, tpl.SupportSpec]:
+    """The support recomputed from ``RULES``, and the same support replayed."""
+    replayed = tpl.SupportSpec.from_mask(rules_keep(logits))
+    return {"recomputed": tpl.SupportSpec(**RULES), "replayed": replayed}  # type: ignore[arg-type]
+
+
+def case(seed: int, rows: int = 10) -> tuple[Any, ...]:
+    """fp32 hidden, weight, bias, a target inside each row's support, and the logits."""
+    hidden, weight, biases, _ = fused_case("fp32", seed=seed, num_tokens=rows, size=SIZE, bias=True)
     assert biases is not None
     logits = full_logits(hidden, weight, biases)
-    z = (logits[:, :REAL] / torch.tensor(np.float32(0.8))).double().numpy()
-    keep = reference_support(z, **RULES).keep  # type: ignore[arg-type]
-    targets = torch.tensor([int(np.flatnonzero(row)[-1]) for row in keep])
+    targets = torch.tensor([int(np.flatnonzero(row)[-1]) for row in rules_keep(logits)])
     return hidden, weight, biases, targets, logits
 
 
@@ -65,7 +73,7 @@ def contracts(
         num_tokens=rows,
         size=SIZE,
         has_bias=True,
-        temperature=0.8,
+        temperature=TEMPERATURE,
         export_entropy=True,
         support=support,
         **fields,
@@ -76,7 +84,7 @@ def contracts(
         fused.mask,
         fused.sharding,
         fused.reduction,
-        temperature=0.8,
+        temperature=TEMPERATURE,
         export_entropy=True,
         support=support,
     )
@@ -92,7 +100,7 @@ def test_bitwise_equal_to_torch_native_on_the_same_logits(
     rows per chunk; recomputed supports walk the widest shard's chunks on every rank."""
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * 13)
     hidden, weight, biases, targets, logits = case(3)
-    fused, plain = contracts(LAYOUTS[layout], supports(logits, 0.8)[mode], 10, active_mask=MASK)
+    fused, plain = contracts(LAYOUTS[layout], supports(logits)[mode], 10, active_mask=MASK)
     got = tpl.run_tp_hidden(torch_native_fused_logprob, hidden, weight, targets, fused, bias=biases)
     want = tpl.run_tp(torch_native_logprob, logits, targets, plain)
     for name in OUTPUTS:
@@ -111,7 +119,7 @@ def test_gradients_are_torch_natives_through_the_lm_head(
     gradient on the same logits (zero outside ``S``); weight rows no row keeps get 0."""
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 4 * 19)
     hidden, weight, biases, targets, logits = case(5)
-    support = supports(logits, 0.8)[mode]
+    support = supports(logits)[mode]
     fused, plain = contracts(LAYOUTS["tp3-uneven"], support, 10, active_mask=MASK, role="train")
     hidden.requires_grad_(True)
     weight.requires_grad_(True)
@@ -134,7 +142,7 @@ def test_gradients_are_torch_natives_through_the_lm_head(
 
 def test_batch_invariant_across_chunk_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * 19)
-    hidden, weight, biases, targets, logits = case(7)
+    hidden, weight, biases, targets, _ = case(7)
     support = tpl.SupportSpec(**RULES)  # type: ignore[arg-type]
 
     def run(rows: slice) -> tpl.LogprobResult:
@@ -157,7 +165,7 @@ def test_never_materializes_the_whole_logits_in_fp32(
 ) -> None:
     monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
     hidden, weight, biases, targets, logits = case(9, rows=12)
-    fused, _ = contracts(LAYOUTS["tp1"], supports(logits, 0.8)[mode], 12, role="train")
+    fused, _ = contracts(LAYOUTS["tp1"], supports(logits)[mode], 12, role="train")
     hidden.requires_grad_(True)
     with track_allocations() as seen:
         op = seen.wrap(torch_native_fused_logprob)
