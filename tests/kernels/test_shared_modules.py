@@ -18,6 +18,7 @@ SHARED_MODULES = [
     "tp_logprob.kernels.merge",
     "tp_logprob.kernels.partials",
     "tp_logprob.kernels.processed",
+    "tp_logprob.kernels.radix_select",
     "tp_logprob.kernels.results",
     "tp_logprob.kernels.rowwise",
     "tp_logprob.kernels.shards",

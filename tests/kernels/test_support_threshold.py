@@ -1,5 +1,10 @@
 """The vocab-parallel support threshold: the rules' support on well-separated rows and on
-constructed ties, the same bits for every TP degree, shard layout and batch composition."""
+constructed ties, the same bits for every TP degree, shard layout and batch composition.
+
+Most tests run three ways (the ``candidates`` fixture): with the module's 256 candidates
+per rank (top-k and top-p by candidates), with 5 (top-p's nucleus often past a rank's
+candidates: some batches fall back to the radix select, others stay exact), and with 1
+(top-k past 1 and every truncated top-p by radix select)."""
 
 from __future__ import annotations
 
@@ -15,13 +20,10 @@ from tests.helpers.support_cases import (
     support_contract,
     tp_threshold,
 )
+from tp_logprob.kernels import support_threshold
 from tp_logprob.kernels.fixed_point import fixed_point_terms, fraction_bits
-from tp_logprob.kernels.support_threshold import (
-    float_keys,
-    key_passes,
-    keys_to_float,
-    sampling_rules,
-)
+from tp_logprob.kernels.radix_select import float_keys, key_passes, keys_to_float
+from tp_logprob.kernels.support_threshold import sampling_rules
 
 NAN, INF = float("nan"), float("inf")
 RULES = {
@@ -37,6 +39,12 @@ RULES = {
     "all-off": {"top_p": 1.0, "min_p": 0.0},
 }
 THRESHOLD_LAYOUTS = ["tp1", "tp2-width1", "tp3-uneven", "tp3-padding-shard", "tp4-even"]
+
+
+@pytest.fixture(params=[256, 5, 1], ids=lambda c: f"candidates{c}")
+def candidates(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(support_threshold, "CANDIDATES", request.param)
+    return int(request.param)
 
 
 def random_logits(seed: int, rows: int, scale: float = 2.0) -> torch.Tensor:
@@ -69,6 +77,7 @@ def assert_matches_reference(
     assert tau.dtype == torch.float32 and size.dtype == torch.int64
 
 
+@pytest.mark.usefixtures("candidates")
 @pytest.mark.parametrize("rules", list(RULES.values()), ids=list(RULES))
 @pytest.mark.parametrize("layout", THRESHOLD_LAYOUTS)
 def test_threshold_matches_the_rules_on_random_rows(layout: str, rules: dict[str, float]) -> None:
@@ -79,6 +88,7 @@ def test_threshold_matches_the_rules_on_random_rows(layout: str, rules: dict[str
     assert_matches_reference(logits, layout, **rules)
 
 
+@pytest.mark.usefixtures("candidates")
 @pytest.mark.parametrize("temperature", [0.7, 2.5])
 def test_threshold_uses_the_tempered_logits(temperature: float) -> None:
     logits = random_logits(5, 6)
@@ -129,6 +139,7 @@ TIES = {
 }
 
 
+@pytest.mark.usefixtures("candidates")
 @pytest.mark.parametrize("layout", THRESHOLD_LAYOUTS)
 @pytest.mark.parametrize(("values", "rules", "kept"), list(TIES.values()), ids=list(TIES))
 def test_threshold_on_constructed_ties(
@@ -152,6 +163,7 @@ UNDEFINED = {
 }
 
 
+@pytest.mark.usefixtures("candidates")
 @pytest.mark.parametrize("rules", list(RULES.values()), ids=list(RULES))
 @pytest.mark.parametrize("layout", ["tp1", "tp3-uneven"])
 def test_undefined_rows_have_nan_threshold_and_size_zero(
@@ -163,6 +175,7 @@ def test_undefined_rows_have_nan_threshold_and_size_zero(
     assert not torch.isnan(tau[3]) and size[3] >= 1
 
 
+@pytest.mark.usefixtures("candidates")
 @pytest.mark.parametrize("rules", list(RULES.values()), ids=list(RULES))
 def test_threshold_bits_are_the_same_for_every_layout(rules: dict[str, float]) -> None:
     logits = random_logits(11, 7, scale=6.0)
@@ -176,6 +189,7 @@ def test_threshold_bits_are_the_same_for_every_layout(rules: dict[str, float]) -
         assert torch.equal(size, want[1]), layout
 
 
+@pytest.mark.usefixtures("candidates")
 @pytest.mark.parametrize("rules", list(RULES.values()), ids=list(RULES))
 def test_a_rows_threshold_depends_on_that_row_alone(rules: dict[str, float]) -> None:
     logits = random_logits(13, 9, scale=4.0)
@@ -191,6 +205,7 @@ def test_a_rows_threshold_depends_on_that_row_alone(rules: dict[str, float]) -> 
         assert torch.equal(alone[1], size[row : row + 1])
 
 
+@pytest.mark.usefixtures("candidates")
 def test_no_rows() -> None:
     tau, size = threshold(torch.zeros(0, PADDED), "tp3-uneven", top_k=3, top_p=0.5, min_p=0.1)
     assert tau.shape == size.shape == (0,)
@@ -231,6 +246,7 @@ def test_float_keys_order_the_floats(dtype: torch.dtype) -> None:
     assert len(key_passes(dtype)) == (4 if dtype == torch.float32 else 8)
 
 
+@pytest.mark.usefixtures("candidates")
 def test_top_p_keeps_a_value_only_while_the_mass_above_it_is_strictly_below() -> None:
     """The boundary at the fixed-point level: with ``top_p Z`` equal to the mass above the
     second value (in the float64 comparison the threshold makes) it is dropped; one ulp of
@@ -249,3 +265,57 @@ def test_top_p_keeps_a_value_only_while_the_mass_above_it_is_strictly_below() ->
         assert threshold(logits, layout, top_p=float(top_p))[1].tolist() == [1]
         more = float(np.nextafter(top_p, 1.0))
         assert threshold(logits, layout, top_p=more)[1].tolist() == [2]
+
+
+class CountingGroup:
+    """One rank of one: counts the all-gathers a call makes."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        self.calls += 1
+        return [tensor.clone()]
+
+
+WIDE = 1000
+# Rules, scale of the logits, and the all-gathers the threshold makes: the row extremes,
+# min-p's minimum, top-k's candidates (or 4 radix passes past 256), top-p's candidates
+# (plus 4 radix passes when a nucleus is wider than a rank's 256), and one count of |S|
+# when min-p or top-k is the last rule on.
+COLLECTIVES = {
+    "all-off": ({"top_p": 1.0}, 4.0, 1),
+    "min_p": ({"min_p": 0.05}, 4.0, 3),
+    "top_k": ({"top_k": 50}, 4.0, 3),
+    "top_k-radix": ({"top_k": 300}, 4.0, 5),
+    "vLLM-like": ({"min_p": 0.05, "top_k": 50, "top_p": 0.9}, 4.0, 4),
+    "top_p-narrow": ({"top_p": 0.9}, 4.0, 2),
+    "top_p-wide": ({"top_p": 0.9}, 0.3, 6),
+}
+
+
+@pytest.mark.parametrize(
+    ("rules", "scale", "calls"), list(COLLECTIVES.values()), ids=list(COLLECTIVES)
+)
+def test_collectives_and_a_wide_vocabulary(
+    rules: dict[str, float], scale: float, calls: int
+) -> None:
+    """Each path against the rules on a 1000-column vocabulary (a radix top-k past 256, a
+    nucleus of hundreds of tokens), with its count of all-gathers."""
+    gen = torch.Generator().manual_seed(17)
+    logits = torch.randn(5, WIDE, generator=gen) * scale
+    support = tpl.SupportSpec(**rules)  # type: ignore[arg-type]
+    contract = support_contract(((0, WIDE),), support, num_tokens=5, real=WIDE)
+    group = CountingGroup()
+    tau, size = support_threshold.support_threshold(logits, contract, group)
+    assert group.calls == calls
+    want = reference_support(logits.double().numpy(), **rules)  # type: ignore[arg-type]
+    assert (want.margin > 1e-4).all()
+    assert size.tolist() == want.size.tolist()
+    np.testing.assert_array_equal(tau.double().numpy(), want.tau)
+    layout = ((0, 333), (333, 334), (334, WIDE))
+    uneven = support_contract(layout, support, num_tokens=5, real=WIDE)
+    got = tp_threshold(logits, uneven)
+    assert torch.equal(bits(got[0]), bits(tau)) and torch.equal(got[1], size)

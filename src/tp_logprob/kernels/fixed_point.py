@@ -29,6 +29,8 @@ def fraction_bits(padded_vocab_size: int) -> int:
 def fixed_point_terms(values: torch.Tensor, bits: int) -> torch.Tensor:
     """``floor(values 2^bits)`` as int64, for ``values`` in ``[0, 1]`` (fp32 or float64).
 
-    The scaling by a power of two is exact in float64, so the floor is the only rounding.
+    The scaling by a power of two is exact in the values' own dtype (no overflow below
+    ``2^62``, and a subnormal scaled up stays exact), so the floor is the only rounding,
+    and an integral float below ``2^62`` converts to int64 exactly.
     """
-    return torch.floor(values.to(torch.float64) * float(2**bits)).to(torch.int64)
+    return torch.floor(values * float(2**bits)).to(torch.int64)

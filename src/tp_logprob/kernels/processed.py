@@ -24,10 +24,16 @@ from typing import Any
 import torch
 
 from tp_logprob.contract import LogprobContract
-from tp_logprob.kernels.merge import PARTIAL_FIELDS, gather, merge_gathered, merge_partials
-from tp_logprob.kernels.partials import live_partial
+from tp_logprob.kernels.merge import (
+    PARTIAL_FIELDS,
+    gather,
+    merge_gathered,
+    merge_partials,
+    pack_partial,
+)
+from tp_logprob.kernels.partials import live_partial, shift_by_max, tree_sum
 from tp_logprob.kernels.results import ProcessedOutputs
-from tp_logprob.kernels.shards import owner_ranks
+from tp_logprob.kernels.shards import owned_local_targets, owner_ranks
 from tp_logprob.kernels.support_mask import ReplayedSupport, threshold_keep
 from tp_logprob.kernels.support_threshold import sampling_rules, support_threshold
 from tp_logprob.support import SupportMode
@@ -92,12 +98,46 @@ def processed_partial(
     z: torch.Tensor, targets: torch.Tensor, contract: LogprobContract, keep: torch.Tensor | None
 ) -> torch.Tensor:
     """The packed partial of live tempered logits ``z`` over the support ``keep``, followed
-    by the full partial's ``(m_r, s_r, t_r)`` when :func:`separate_lse`."""
-    masked = z if keep is None else torch.where(keep, z, _NEG_INF)
-    support = live_partial(masked, targets, contract)
+    by the full partial's ``(m_r, s_r, t_r)`` when :func:`separate_lse`.
+
+    A recomputed support is an upper set of ``z``: a rank that holds a column of ``S``
+    holds its own maximum in ``S``, so both partials share ``exp(z - m_r)`` (one ``exp``
+    instead of two) and the support's is bitwise the masked one a replayed mask takes.
+    """
+    if keep is None:
+        return live_partial(z, targets, contract)
+    if contract.support_mode is SupportMode.SAMPLING_PARAMS and z.shape[1] > 0:
+        return _upper_set_partials(z, targets, contract, keep)
+    support = live_partial(torch.where(keep, z, _NEG_INF), targets, contract)
     if not separate_lse(contract):
         return support
     return torch.cat([support, live_partial(z, targets, contract, entropy=False)], dim=1)
+
+
+def _upper_set_partials(
+    z: torch.Tensor, targets: torch.Tensor, contract: LogprobContract, keep: torch.Tensor
+) -> torch.Tensor:
+    """:func:`processed_partial` for a ``keep`` that holds each row's local maximum when it
+    holds any column: ``live_partial`` of the masked ``z`` (and of ``z``), step by step."""
+    row_max = torch.amax(z, dim=1)
+    shifted = shift_by_max(z, row_max)
+    terms = torch.exp(shifted)
+    kept_max = torch.where(keep.any(dim=1), row_max, _NEG_INF)
+    owned, local = owned_local_targets(targets, contract)
+    kept_target = keep.gather(1, local.unsqueeze(1)).squeeze(1)
+    target = torch.where(kept_target, z.gather(1, local.unsqueeze(1)).squeeze(1), _NEG_INF)
+    entropy = None
+    if contract.export_entropy:
+        # Columns outside S, and -inf columns, add exactly 0 (never 0 * -inf).
+        kept_live = keep & (shifted != _NEG_INF)
+        entropy = tree_sum(torch.where(kept_live, terms * shifted, 0.0))
+    kept_sum = tree_sum(torch.where(keep, terms, 0.0))
+    support = pack_partial(kept_max, kept_sum, torch.where(owned, target, 0.0), entropy)
+    if not separate_lse(contract):
+        return support
+    full_target = torch.where(owned, z.gather(1, local.unsqueeze(1)).squeeze(1), 0.0)
+    full = pack_partial(row_max, tree_sum(terms), full_target)
+    return torch.cat([support, full], dim=1)
 
 
 def merge_processed(

@@ -27,7 +27,7 @@ def threshold_keep(z: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     one) keeps its columns, so its NaN reaches ``selected_logp``, ``entropy`` and the
     gradient as the special values require.
     """
-    return (z >= tau.unsqueeze(1)) | torch.isnan(tau).unsqueeze(1)
+    return (z < tau.unsqueeze(1)).logical_not_()  # z >= tau, and True for a NaN tau
 
 
 class ReplayedSupport:

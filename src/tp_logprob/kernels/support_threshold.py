@@ -6,44 +6,45 @@ keep an upper set of the tempered logits ``z``, so a row's support is
 from one rank's live ``z`` without gathering the vocabulary. Every collective is
 one ``group.all_gather`` of a small per-row tensor that every rank folds the same
 way, so the results are the same bits on every rank, for every shard layout, and
-a row's result depends on that row alone (maxima and minima are exact, the
-histograms are integer sums, ``exp`` is elementwise).
+a row's result depends on that row alone (maxima, minima and top-k values are
+exact, masses are int64 sums, ``exp`` is elementwise).
 
-Steps (``M`` the row's maximum over the live columns of every rank):
+Steps, each skipped when its rule is off (min-p at 0, top-p at 1, top-k at least
+the live vocabulary); ``M`` is the row's maximum over every rank's live columns:
 
-1. Row statistics, one all-gather of ``[N, 4]``: each rank's max and min of ``z``
-   and flags for a NaN or ``+inf`` and for a finite value. A row with a NaN or
-   ``+inf``, or no finite value, has no support: ``tau`` NaN, ``|S| = 0``.
-   With every rule off this is the only collective: ``tau`` is the row's minimum
-   and ``|S|`` the live vocabulary.
-2. min-p: each rank keeps ``exp(z - M) >= min_p`` (fp32 ``exp``, compared with the
-   float64 ``min_p``) and contributes the least kept ``z``; one all-gather gives
-   ``tau_1``, their minimum. The survivors are ``{z >= tau_1}``, an upper set
-   closed under ties even where ``exp`` is not monotone. When min-p is the last
-   rule on, one more all-gather sums the ranks' counts of ``{z >= tau_1}``.
-3. top-k: the k-th largest survivor with multiplicity, by a radix select over
-   keys that order the floats as integers (:func:`float_keys`): from the top
-   digit down, each rank counts its survivors per bucket of the next 8-bit digit
-   among those matching the digits chosen so far, the counts are all-gathered
-   and summed, and every rank picks the bucket that holds the k-th.
-4. top-p: the same radix select over the survivors of 1 and 2, weighing each
-   by its fixed-point mass ``floor(exp(z - M) 2^K)`` (``kernels/fixed_point.py``;
-   exact int64 sums). With ``Z`` the survivors' total, it finds the smallest
-   value whose strictly larger survivors weigh ``< top_p Z``: one float64
-   comparison of integers per bucket, the same on every rank.
+1. Row extremes, one all-gather of ``[N, 2]``: ``M`` and the minimum. A row whose
+   ``M`` is not finite (a NaN or ``+inf`` live value, or no finite one) has no
+   support: ``tau`` NaN, ``|S| = 0``. With every rule off this is the only
+   collective: ``tau`` is the minimum and ``|S|`` the live vocabulary.
+2. min-p: each rank keeps ``exp(z - M) >= min_p`` (fp32 ``exp``; compared exactly,
+   with the least fp32 not below the float64 ``min_p``) and contributes the least
+   kept ``z``; their minimum is ``tau_1`` (one all-gather). The survivors are
+   ``{z >= tau_1}``, an upper set closed under ties even where ``exp`` is not
+   monotone.
+3. top-k, ``k <= CANDIDATES``: each rank's ``k`` largest survivors (``-inf``
+   padded), one all-gather of ``[N, k]``; the k-th largest of all of them with
+   multiplicity is ``tau_2`` (every survivor when fewer than ``k``). A larger
+   ``k`` takes the radix select of ``kernels/radix_select.py`` (4 all-gathers).
+4. top-p over the survivors ``S_2``, with fixed-point masses
+   ``floor(exp(z - M) 2^K)`` (``kernels/fixed_point.py``) whose int64 sums are
+   exact: each rank sends its ``CANDIDATES`` largest survivors, its survivors'
+   total mass (over the candidates alone when they are all its survivors, the
+   usual case after top-k) and its survivor count: one all-gather of
+   ``[N, CANDIDATES + 2]`` int64. Every rank recomputes the candidates' masses,
+   and ``tau_3`` is the least candidate whose strictly larger candidates weigh
+   ``< top_p Z`` (``Z`` the survivors' total; one float64 comparison of
+   integers). That is exact where ``tau_3`` lies above every truncated rank's
+   least candidate and the candidates at or above it reach ``top_p Z``; the rows
+   where it is not (a nucleus wider than a rank's candidates) go to the radix
+   select over the masses, the same rows on every rank (4 more all-gathers).
 
-The last rule's selected key is ``tau``; its histograms also count ``|S|``.
-A rule that cannot change ``S`` is skipped: min-p at 0, top-p at 1, top-k at
-least the live vocabulary.
-
-Digits of 8 bits: fp32 keys take 4 passes (float64, the gradcheck path, 8), each
-an all-gather of ``[N, 256]`` int64 counts (``[N, 2, 256]`` counts and masses for
-top-p), 2 KiB per row, below a realistic shard's row of logits; 16-bit digits
-would halve the passes but gather 512 KiB per row, 4-bit ones double the
-latency-bound collectives and the passes over ``z``. Collectives for fp32, every
-rule on: 1 + 1 + 4 + 4 (+ 1 for the count when min-p is the last rule on). Each
-pass reads the rank's ``[N, w]`` keys once and scatter-adds into ``[N, 256]``;
-memory is a few ``[N, w]`` int64 temporaries.
+``|S|`` is one more all-gather of counts when min-p or top-k is the last rule on
+(top-p and the radix selects count as they select). Collectives for fp32 with
+``min_p``, ``top_k <= 256`` and ``top_p``: 4 (8 when some row's nucleus outgrows
+a rank's candidates). Host syncs: whether any row lacks a support, and whether top-p
+needs the radix select. Memory: a few ``[N, w]`` temporaries (fp32, bool, and int64
+masses only where a rank's survivors outnumber its candidates),
+``[N, R CANDIDATES]`` gathered candidates.
 """
 
 from __future__ import annotations
@@ -51,35 +52,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.fixed_point import fixed_point_terms, fraction_bits
 from tp_logprob.kernels.merge import gather
+from tp_logprob.kernels.radix_select import (
+    float_keys,
+    key_passes,
+    keys_to_float,
+    radix_kth,
+    radix_top_p,
+)
 from tp_logprob.support import SupportMode
 
-__all__ = [
-    "BUCKETS",
-    "DIGIT_BITS",
-    "SamplingRules",
-    "float_keys",
-    "key_passes",
-    "keys_to_float",
-    "sampling_rules",
-    "support_threshold",
-]
+__all__ = ["CANDIDATES", "SamplingRules", "sampling_rules", "support_threshold"]
 
-DIGIT_BITS = 8
-"""Bits of the key decided per radix pass."""
+CANDIDATES = 256
+"""Values per rank and row that the candidate selections gather: top-k with ``k`` up to
+this, and top-p. ``[N, 256]`` fp32 is what one radix pass gathers in int64 counts, halved."""
 
-BUCKETS = 1 << DIGIT_BITS
-"""Buckets per radix pass: one per value of a digit."""
-
-_TOP_SHIFT = 64 - DIGIT_BITS
-_KEY_MAX = (1 << 63) - 1
-_FP32_MAGNITUDE = (1 << 31) - 1
-_FP64_MAGNITUDE = (1 << 63) - 1
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -115,227 +110,199 @@ def sampling_rules(contract: LogprobContract) -> SamplingRules:
     )
 
 
-def float_keys(values: torch.Tensor) -> torch.Tensor:
-    """int64 keys ordered as the fp32 or float64 ``values`` (NaN aside), ``-0.0`` as ``+0.0``.
-
-    A float's bits read as a signed integer order the non-negative floats; the
-    negative ones order backwards, so their magnitude bits are flipped. fp32 keys
-    fill the top 32 bits, so both widths share the digits of :func:`key_passes`.
-    """
-    values = torch.where(values == 0.0, 0.0, values)
-    if values.dtype == torch.float32:
-        bits = values.view(torch.int32).to(torch.int64)
-        return torch.where(bits < 0, bits ^ _FP32_MAGNITUDE, bits) * (1 << 32)
-    if values.dtype == torch.float64:
-        bits = values.view(torch.int64)
-        return torch.where(bits < 0, bits ^ _FP64_MAGNITUDE, bits)
-    raise LogprobContractError(f"values.dtype={values.dtype}: expected float32 or float64")
-
-
-def keys_to_float(keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The floats of ``dtype`` (fp32 or float64) whose :func:`float_keys` are ``keys``."""
-    if dtype == torch.float32:
-        high = keys >> 32
-        bits = torch.where(high < 0, high ^ _FP32_MAGNITUDE, high)
-        return bits.to(torch.int32).view(torch.float32)
-    return torch.where(keys < 0, keys ^ _FP64_MAGNITUDE, keys).view(torch.float64)
-
-
-def key_passes(dtype: torch.dtype) -> tuple[int, ...]:
-    """The bit shift of each radix digit, top digit first: 4 for fp32, 8 for float64."""
-    low = 32 if dtype == torch.float32 else 0
-    return tuple(range(_TOP_SHIFT, low - 1, -DIGIT_BITS))
-
-
 def support_threshold(
     z: torch.Tensor, contract: LogprobContract, group: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tau, size)`` of every row from this rank's live tempered logits ``z`` (``[N, w]``).
 
     ``tau`` (``z``'s dtype: fp32, or float64 on the gradcheck path) is the smallest
-    kept value, so the support is ``{live v : z_v >= tau}``; NaN where the row has
-    no support (a NaN or ``+inf`` live value, or no finite one). ``size`` is int64
-    ``|S|`` (0 there). Every rank passes its own ``z`` (``w`` may be 0) and gets the
-    same bits; ``group=None`` is TP = 1. Example, on rank r::
+    kept value, never ``-0.0``, so the support is ``{live v : z_v >= tau}``; NaN
+    where the row has no support (a NaN or ``+inf`` live value, or no finite one).
+    ``size`` is int64 ``|S|`` (0 there). Every rank passes its own ``z`` (``w`` may
+    be 0) and gets the same bits; ``group=None`` is TP = 1. Example, on rank r::
 
-        tau, size = support_threshold(live_logits(local_logits, contract), contract, group)
-        keep = threshold_keep(z, tau)   # kernels/support_mask.py
+        z = live_logits(local_logits, contract)   # kernels/partials.py
+        tau, size = support_threshold(z, contract, group)
+        keep = threshold_keep(z, tau)             # kernels/support_mask.py
     """
     rules = sampling_rules(contract)
-    rows = z.shape[0]
-    maxima, minima, defined = _row_statistics(z, group)
-    real = contract.sharding.real_vocab_size
+    row_max, row_min = _row_extremes(z, group)
+    defined = torch.isfinite(row_max)
     if rules.all_off:
-        tau = torch.where(minima == 0.0, 0.0, minima)
-        size = torch.full((rows,), real, dtype=torch.int64, device=z.device)
-        return _undefined_as_nan(tau, size, defined)
-    z = torch.where(defined.unsqueeze(1), z, 0.0)  # rows without support: any valid values
-    row_max = torch.where(defined, maxima, 0.0)
-    keys = float_keys(z)
-    mass = torch.exp(z - row_max.unsqueeze(1))  # exp(z - M) in [0, 1]
-    survivors = torch.ones(keys.shape, dtype=torch.bool, device=z.device)
-    passes = key_passes(z.dtype)
-    tau_key = size = torch.zeros(rows, dtype=torch.int64, device=z.device)
+        live = torch.full_like(row_max, contract.sharding.real_vocab_size, dtype=torch.int64)
+        return _finish(row_min, live, defined)
+    if not bool(defined.all()):  # rows without support: any values that keep the steps valid
+        z = torch.where(defined.unsqueeze(1), z, 0.0)
+        row_max = torch.where(defined, row_max, 0.0)
+    tau: torch.Tensor | None = None
+    size: torch.Tensor | None = None
     if rules.min_p is not None:
-        kept = mass.to(torch.float64) >= rules.min_p
-        tau_key = _gathered_min(torch.where(kept, keys, _KEY_MAX), group)
-        survivors = keys >= tau_key.unsqueeze(1)
+        kept = torch.exp(z - row_max.unsqueeze(1)) >= _least_not_below(rules.min_p, z)
+        tau = _canonical(_gathered_min(torch.where(kept, z, _INF), group))
         if rules.top_k is None and rules.top_p is None:
-            size = _gathered_sum(survivors.sum(dim=1), group)
+            size = _gathered_count(z >= tau.unsqueeze(1), group)
     if rules.top_k is not None:
-        tau_key, size = _select_kth(keys, survivors, rules.top_k, passes, group)
-        survivors = keys >= tau_key.unsqueeze(1)
+        tau, size = _top_k(z, tau, rules.top_k, rules.top_p is None, group)
     if rules.top_p is not None:
         bits = fraction_bits(contract.sharding.padded_vocab_size)
-        weights = torch.where(survivors, fixed_point_terms(mass, bits), 0)
-        tau_key, size = _select_top_p(keys, survivors, weights, rules.top_p, passes, group)
-    return _undefined_as_nan(keys_to_float(tau_key, z.dtype), size, defined)
+        tau, size = _top_p(z, row_max, tau, rules.top_p, bits, group)
+    if tau is None or size is None:
+        raise AssertionError(f"{rules}: some rule is on, and the last one counts |S|")
+    return _finish(tau, size, defined)
 
 
-def _row_statistics(z: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rows' max and min over every rank's live ``z``, and which rows have a support."""
-    rows, width = z.shape
-    if width == 0:
-        local = z.new_zeros((rows, 4))
-        local[:, 0], local[:, 1] = float("-inf"), float("inf")
-    else:
-        unusable = (torch.isnan(z) | (z == float("inf"))).any(dim=1)
-        local = torch.stack(
-            [
-                torch.amax(z, dim=1),
-                torch.amin(z, dim=1),
-                unusable.to(z.dtype),
-                torch.isfinite(z).any(dim=1).to(z.dtype),
-            ],
-            dim=1,
-        )
-    stacked = torch.stack(gather(local, group))  # [R, N, 4]
-    defined = (stacked[..., 2].amax(dim=0) == 0.0) & (stacked[..., 3].amax(dim=0) > 0.0)
-    return stacked[..., 0].amax(dim=0), stacked[..., 1].amin(dim=0), defined
-
-
-def _undefined_as_nan(
+def _finish(
     tau: torch.Tensor, size: torch.Tensor, defined: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.where(defined, tau, float("nan")), torch.where(defined, size, 0)
+    return torch.where(defined, _canonical(tau), float("nan")), torch.where(defined, size, 0)
 
 
-def _gathered_sum(local: torch.Tensor, group: Any) -> torch.Tensor:
-    """The integer ``local`` summed over the ranks (exact, so in any order)."""
-    return torch.stack(gather(local.to(torch.int64), group)).sum(dim=0)
+def _canonical(values: torch.Tensor) -> torch.Tensor:
+    """``values`` with ``-0.0`` as ``+0.0``."""
+    return torch.where(values == 0.0, 0.0, values)
 
 
-def _gathered_min(local_keys: torch.Tensor, group: Any) -> torch.Tensor:
-    """The least key of each row over every rank's ``[N, w]`` keys (``_KEY_MAX`` for none)."""
-    rows, width = local_keys.shape
+def _least_not_below(threshold: float, like: torch.Tensor) -> torch.Tensor:
+    """The least value of ``like``'s dtype that is ``>= threshold``, as a 0-dim tensor, so
+    that ``x >= it`` in that dtype is ``x >= threshold`` exactly."""
+    dtype = np.float32 if like.dtype == torch.float32 else np.float64
+    value = dtype(threshold)
+    if value < threshold:
+        value = np.nextafter(value, dtype(np.inf))
+    return torch.tensor(float(value), dtype=like.dtype, device=like.device)
+
+
+def _row_extremes(z: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's max (NaN when any live value is NaN) and min over every rank's ``z``."""
+    rows, width = z.shape
     if width == 0:
-        local = torch.full((rows,), _KEY_MAX, dtype=torch.int64, device=local_keys.device)
+        local = torch.tensor([-_INF, _INF], dtype=z.dtype, device=z.device).expand(rows, 2)
     else:
-        local = local_keys.amin(dim=1)
+        local = torch.stack([torch.amax(z, dim=1), torch.amin(z, dim=1)], dim=1)
+    stacked = torch.stack(gather(local.contiguous(), group))  # [R, N, 2]
+    return stacked[..., 0].amax(dim=0), stacked[..., 1].amin(dim=0)
+
+
+def _gathered_min(values: torch.Tensor, group: Any) -> torch.Tensor:
+    """The least of each row's ``values`` (``[N, w]``) over every rank; ``+inf`` for none."""
+    rows, width = values.shape
+    local = values.amin(dim=1) if width else values.new_full((rows,), _INF)
     return torch.stack(gather(local, group)).amin(dim=0)
 
 
-def _digits(keys: torch.Tensor, shift: int) -> torch.Tensor:
-    """The 8-bit digit of every key at ``shift``, the top digit biased so that it sorts."""
-    if shift == _TOP_SHIFT:
-        return (keys >> shift) + (BUCKETS >> 1)
-    return (keys >> shift) & (BUCKETS - 1)
+def _gathered_count(mask: torch.Tensor, group: Any) -> torch.Tensor:
+    """int64 count of each row's True entries over every rank."""
+    return torch.stack(gather(mask.sum(dim=1, dtype=torch.int64), group)).sum(dim=0)
 
 
-def _with_digit(prefix: torch.Tensor, bucket: torch.Tensor, shift: int) -> torch.Tensor:
-    """``prefix`` with the digit at ``shift`` set to ``bucket`` (its lower bits are 0)."""
-    if shift == _TOP_SHIFT:
-        bucket = bucket - (BUCKETS >> 1)  # the signed top byte: -2^63 <= prefix < 2^63
-    return prefix + bucket * (1 << shift)
+def _local_top(values: torch.Tensor, count: int) -> torch.Tensor:
+    """Each row's ``count`` largest ``values``, in descending order, ``-inf`` padded."""
+    rows, width = values.shape
+    top = torch.topk(values, min(count, width), dim=1).values if width else values[:, :0]
+    if top.shape[1] < count:
+        pad = top.new_full((rows, count - top.shape[1]), -_INF)
+        top = torch.cat([top, pad], dim=1)
+    return top
 
 
-def _in_prefix(
-    keys: torch.Tensor, survivors: torch.Tensor, prefix: torch.Tensor, shift: int
-) -> torch.Tensor:
-    """The survivors whose digits above ``shift`` are those chosen so far."""
-    if shift == _TOP_SHIFT:
-        return survivors
-    above = shift + DIGIT_BITS
-    return survivors & ((keys >> above) == (prefix >> above).unsqueeze(1))
+def _survivors(z: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if floor is None else z >= floor.unsqueeze(1)
 
 
-def _histogram(digits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``[N, BUCKETS]`` int64 sums of ``weights`` per digit value (exact, order-free)."""
-    counts = torch.zeros((digits.shape[0], BUCKETS), dtype=torch.int64, device=digits.device)
-    return counts.scatter_add_(1, digits, weights.to(torch.int64))
+def _top_k(
+    z: torch.Tensor, floor: torch.Tensor | None, top_k: int, count: bool, group: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The k-th largest survivor (``z >= floor``) with multiplicity, and (``count``) how
+    many survivors lie at or above it."""
+    survivors = _survivors(z, floor)
+    if top_k > CANDIDATES:
+        everyone = torch.ones_like(z, dtype=torch.bool) if survivors is None else survivors
+        key, size = radix_kth(float_keys(z), everyone, top_k, key_passes(z.dtype), group)
+        return keys_to_float(key, z.dtype), size
+    values = z if survivors is None else torch.where(survivors, z, -_INF)
+    gathered = torch.cat(gather(_local_top(values, top_k), group), dim=1)
+    kth = torch.topk(gathered, top_k, dim=1).values[:, -1]
+    if floor is not None:  # min-p keeps no -inf: a -inf k-th means fewer than k survivors
+        kth = torch.where(kth == -_INF, floor, kth)
+    kth = _canonical(kth)
+    return kth, _gathered_count(z >= kth.unsqueeze(1), group) if count else None
 
 
-def _descending(histogram: torch.Tensor) -> torch.Tensor:
-    """``out[..., d] = sum of histogram[..., d:]``: the weight at bucket ``d`` or above."""
-    return histogram.flip(-1).cumsum(-1).flip(-1)
-
-
-def _pick(values: torch.Tensor, bucket: torch.Tensor) -> torch.Tensor:
-    return values.gather(-1, bucket.unsqueeze(-1)).squeeze(-1)
-
-
-def _select_kth(
-    keys: torch.Tensor,
-    survivors: torch.Tensor,
-    top_k: int,
-    passes: tuple[int, ...],
-    group: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The key of the k-th largest survivor (with multiplicity; all of them when fewer than
-    k) and the count of survivors at or above it."""
-    prefix = torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
-    above = torch.zeros_like(prefix)
-    wanted = prefix
-    count = prefix
-    for shift in passes:
-        in_range = _in_prefix(keys, survivors, prefix, shift)
-        counts = _gathered_sum(_histogram(_digits(keys, shift), in_range), group)
-        if shift == _TOP_SHIFT:
-            wanted = torch.clamp(counts.sum(dim=1), max=top_k)
-        reached = _descending(counts)
-        # The highest bucket whose count at or above it reaches the k-th: the buckets
-        # reaching it form a prefix of the digit values.
-        bucket = (reached >= wanted.unsqueeze(1)).sum(dim=1) - 1
-        count = _pick(counts, bucket)
-        higher = _pick(reached, bucket) - count
-        wanted, above = wanted - higher, above + higher
-        prefix = _with_digit(prefix, bucket, shift)
-    return prefix, above + count
-
-
-def _select_top_p(
-    keys: torch.Tensor,
-    survivors: torch.Tensor,
-    weights: torch.Tensor,
+def _top_p(
+    z: torch.Tensor,
+    row_max: torch.Tensor,
+    floor: torch.Tensor | None,
     top_p: float,
-    passes: tuple[int, ...],
+    bits: int,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The key of the smallest survivor whose strictly larger survivors weigh ``< top_p Z``
-    (``Z`` the survivors' total weight), and the count of survivors at or above it."""
-    prefix = torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
-    above_count, above_mass = torch.zeros_like(prefix), torch.zeros_like(prefix)
-    limit = torch.zeros(keys.shape[0], dtype=torch.float64, device=keys.device)
-    count = prefix
-    for shift in passes:
-        in_range = _in_prefix(keys, survivors, prefix, shift)
-        digits = _digits(keys, shift)
-        local = torch.stack(
-            [_histogram(digits, in_range), _histogram(digits, torch.where(in_range, weights, 0))],
-            dim=1,
-        )
-        counts, masses = _gathered_sum(local, group).unbind(dim=1)
-        if shift == _TOP_SHIFT:
-            limit = top_p * masses.sum(dim=1).to(torch.float64)
-        reached = _descending(masses)
-        # Value t is kept iff the mass strictly above it is < top_p Z; the bucket holding
-        # the smallest kept value is the highest one whose mass at or above it reaches
-        # top_p Z (a bucket of zero mass never first reaches it).
-        crossed = (above_mass.unsqueeze(1) + reached).to(torch.float64) >= limit.unsqueeze(1)
-        bucket = crossed.sum(dim=1) - 1
-        count = _pick(counts, bucket)
-        higher_mass = _pick(reached, bucket) - _pick(masses, bucket)
-        higher_count = _pick(_descending(counts), bucket) - count
-        above_mass, above_count = above_mass + higher_mass, above_count + higher_count
-        prefix = _with_digit(prefix, bucket, shift)
-    return prefix, above_count + count
+    """top-p's threshold over the survivors (``z >= floor``) and the support's size."""
+    survivors = _survivors(z, floor)
+    values = z if survivors is None else torch.where(survivors, z, -_INF)
+    rows, width = z.shape
+    counts = z.new_full((rows,), width, dtype=torch.int64)
+    if survivors is not None:
+        counts = survivors.sum(dim=1, dtype=torch.int64)
+    top = _local_top(values, CANDIDATES)
+    if bool((counts > CANDIDATES).any()):  # a rank's own decision: no collective depends on it
+        total = _masses(z, row_max, survivors, bits).sum(dim=1)
+    else:  # every survivor is a candidate (the -inf padding weighs 0)
+        total = _masses(top, row_max, None, bits).sum(dim=1)
+    local = torch.cat([_as_int64(top), total.unsqueeze(1), counts.unsqueeze(1)], dim=1)
+    parts = torch.stack(gather(local, group))  # [R, N, CANDIDATES + 2]
+    candidates = _as_float(parts[..., :CANDIDATES], z.dtype)  # [R, N, CANDIDATES]
+    limit = top_p * parts[..., CANDIDATES].sum(dim=0).to(torch.float64)
+    truncated = parts[..., CANDIDATES + 1] > CANDIDATES
+    lowest = torch.where(truncated, candidates[..., -1], -_INF).amax(dim=0)
+    pooled = torch.cat(candidates.unbind(0), dim=1)  # [N, R CANDIDATES]
+    tau, size, reached = _nucleus(pooled, row_max, limit, bits)
+    exact = (tau > lowest) & (reached | ~truncated.any(dim=0))
+    if bool(exact.all()):
+        return tau, size
+    # The same rows on every rank (decided from gathered values) go to the radix select.
+    redo = torch.nonzero(~exact).squeeze(1)
+    kept = None if survivors is None else survivors[redo]
+    masses = _masses(z[redo], row_max[redo], kept, bits)
+    everyone = torch.ones_like(masses, dtype=torch.bool) if kept is None else kept
+    passes = key_passes(z.dtype)
+    key, count = radix_top_p(float_keys(z[redo]), everyone, masses, top_p, passes, group)
+    return tau.index_put((redo,), keys_to_float(key, z.dtype)), size.index_put((redo,), count)
+
+
+def _masses(
+    values: torch.Tensor, row_max: torch.Tensor, survivors: torch.Tensor | None, bits: int
+) -> torch.Tensor:
+    """int64 ``floor(exp(values - M) 2^bits)``, 0 outside ``survivors``."""
+    masses = fixed_point_terms(torch.exp(values - row_max.unsqueeze(1)), bits)
+    return masses if survivors is None else torch.where(survivors, masses, 0)
+
+
+def _nucleus(
+    candidates: torch.Tensor, row_max: torch.Tensor, limit: torch.Tensor, bits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Over the pooled candidates: the least one whose strictly larger ones weigh
+    ``< limit``, how many lie at or above it, and whether those reach ``limit``."""
+    ascending = torch.sort(candidates, dim=1).values
+    masses = fixed_point_terms(torch.exp(ascending - row_max.unsqueeze(1)), bits)
+    running = torch.cumsum(masses, dim=1)
+    past_ties = torch.searchsorted(ascending, ascending, right=True)  # >= 1
+    above = running[:, -1:] - running.gather(1, past_ties - 1)
+    kept = above.to(torch.float64) < limit.unsqueeze(1)
+    tau = _canonical(torch.where(kept, ascending, _INF).amin(dim=1))
+    at_or_above = ascending >= tau.unsqueeze(1)
+    reached = torch.where(at_or_above, masses, 0).sum(dim=1).to(torch.float64) >= limit
+    return tau, at_or_above.sum(dim=1), reached
+
+
+def _as_int64(values: torch.Tensor) -> torch.Tensor:
+    """The bits of fp32 or float64 ``values`` in int64 (fp32 bits sign-extended)."""
+    if values.dtype == torch.float32:
+        return values.view(torch.int32).to(torch.int64)
+    return values.view(torch.int64)
+
+
+def _as_float(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`_as_int64`."""
+    if dtype == torch.float32:
+        return bits.to(torch.int32).view(torch.float32)
+    return bits.contiguous().view(torch.float64)
