@@ -319,3 +319,17 @@ def test_collectives_and_a_wide_vocabulary(
     uneven = support_contract(layout, support, num_tokens=5, real=WIDE)
     got = tp_threshold(logits, uneven)
     assert torch.equal(bits(got[0]), bits(tau)) and torch.equal(got[1], size)
+
+
+@pytest.mark.usefixtures("candidates")
+@pytest.mark.parametrize("rules", list(RULES.values()), ids=list(RULES))
+def test_float64_logits_select_the_same_support(rules: dict[str, float]) -> None:
+    """The gradcheck path: float64 keys (8 radix digits) and float64 masses give the fp32
+    path's support on well-separated rows."""
+    logits = random_logits(19, 6)
+    want = threshold(logits, "tp3-uneven", **rules)
+    support = tpl.SupportSpec(**rules)  # type: ignore[arg-type]
+    contract = support_contract(LAYOUTS["tp3-uneven"], support, num_tokens=6)
+    got = tp_threshold(logits.double(), contract)
+    assert got[0].dtype == torch.float64
+    assert torch.equal(got[0], want[0].double()) and torch.equal(got[1], want[1])
