@@ -11,9 +11,9 @@ them: ``selected_logp = z_y - LSE_S``, ``support_lse``, the entropy over ``S`` a
 the full ``lse``. With every rule off the support partial is the raw partial, so
 the outputs are bitwise the op without a support.
 
-:func:`support_keep` builds a block of rows' mask (a threshold's, or a replayed
-mask's); torch_native runs :func:`processed_forward` on its live ``z``,
-torch_native_fused builds :func:`processed_partial` per chunk and ends with
+:func:`support_block` gives a block of rows' mask, size and threshold (recomputed,
+or a replayed mask's rows); torch_native runs :func:`processed_forward` on its live
+``z``, torch_native_fused builds :func:`processed_partial` per chunk and ends with
 :func:`merge_processed`.
 """
 
