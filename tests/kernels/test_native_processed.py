@@ -299,7 +299,9 @@ def test_export_lse_false_does_not_change_the_other_outputs() -> None:
         assert_same_bits(getattr(without, name), getattr(with_lse, name), name)
 
 
-@pytest.mark.parametrize("capability", [TORCH_NATIVE, TORCH_NATIVE_FUSED], ids=str)
+@pytest.mark.parametrize(
+    "capability", [TORCH_NATIVE, TORCH_NATIVE_FUSED], ids=lambda c: c.backend_id
+)
 def test_torch_backends_serve_every_support_mode(capability: tpl.LogprobBackendCapability) -> None:
     assert capability.served_values("support_mode") == set(tpl.SupportMode)
 
