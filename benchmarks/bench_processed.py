@@ -1,7 +1,8 @@
 """What a sampling support costs over the raw logprob, on torch_native (TP=1).
 
 One logits shape (fp32 on CPU, bf16 on a GPU), one op call per candidate, each timed
-``--repeats`` times in one interleaved loop (so drift hits every candidate alike);
+``--repeats`` times in one loop that runs the candidates in a new random order each
+round (so drift and allocator state hit every candidate alike);
 the table gives each candidate's median ms and its ratio to the raw op's median:
 
 - ``raw``: the op without a support;
@@ -25,6 +26,7 @@ Run: python benchmarks/bench_processed.py [--rows 256] [--vocab 32000] [--repeat
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -108,8 +110,12 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():  # warm up
         run()
+    order = list(runs)
+    shuffle = random.Random(0).shuffle
     for _ in range(args.repeats):
-        for name, run in runs.items():
+        shuffle(order)  # no candidate always runs first, or after the same one
+        for name in order:
+            run = runs[name]
             sync()
             start = time.perf_counter()
             run()
