@@ -72,7 +72,8 @@ __all__ = ["CANDIDATES", "SamplingRules", "sampling_rules", "support_threshold"]
 
 CANDIDATES = 256
 """Values per rank and row that the candidate selections gather: top-k with ``k`` up to
-this, and top-p. ``[N, 256]`` fp32 is what one radix pass gathers in int64 counts, halved."""
+this, and top-p. Top-k's ``k`` fp32 values are at most half the bytes of one radix pass
+(256 int64 counts), and one all-gather instead of four."""
 
 _INF = float("inf")
 
