@@ -243,6 +243,8 @@ def _reraise_first(errors: list[BaseException | None], *, note: str | None = Non
 
 def _as_result(rank: int, result: object) -> LogprobResult:
     """Any op's return as a LogprobResult: plain ``(selected, lse)`` pairs still count."""
+    if isinstance(result, LogprobResult):
+        return result
     if isinstance(result, tuple) and len(result) in (2, 3):
         return LogprobResult(*result)
     raise ReplicationError(
@@ -254,9 +256,10 @@ def _as_result(rank: int, result: object) -> LogprobResult:
 def check_replicated(results: list[LogprobResult]) -> None:
     """Raise :class:`ReplicationError` unless every rank's outputs have rank 0's exact bits.
 
-    Bits are compared, so equal NaN payloads match and ``0.0`` differs from ``-0.0``.
+    Bits are compared, so equal NaN payloads match and ``0.0`` differs from ``-0.0``. A
+    processed op's ``support_lse``, ``support_size`` and ``support_threshold`` count too.
     """
-    for name in LogprobResult._fields:
+    for name in (*LogprobResult._fields, *LogprobResult._support_fields):
         reference = getattr(results[0], name)
         for rank, result in enumerate(results[1:], start=1):
             problem = _bit_difference(reference, getattr(result, name))

@@ -13,12 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SHARED_MODULES = [
     "tp_logprob.kernels.dtypes",
+    "tp_logprob.kernels.fixed_point",
     "tp_logprob.kernels.lm_head",
     "tp_logprob.kernels.merge",
     "tp_logprob.kernels.partials",
+    "tp_logprob.kernels.processed",
+    "tp_logprob.kernels.radix_select",
     "tp_logprob.kernels.results",
     "tp_logprob.kernels.rowwise",
     "tp_logprob.kernels.shards",
+    "tp_logprob.kernels.support_mask",
+    "tp_logprob.kernels.support_threshold",
     "tp_logprob.kernels.validation",
 ]
 

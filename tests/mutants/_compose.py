@@ -4,10 +4,11 @@ A backend op is ``check -> forward -> (train: autograd with backward = grad)``,
 exactly as ``tp_logprob.kernels.native`` composes it; :func:`mutant` takes any of
 the three steps as an argument (default: native's own) and returns the
 ``(op, capability)`` pair that ``--tp-logprob-backend=module:attr`` accepts, with
-the capability torch_native declares, less temperature and entropy: the base-op
-mutants predate them, and a mutant claims them only by passing
-``supports_temperature=True, exports_entropy=True``. The unmutated composition is
-the control ``tests.mutants.control:control_native``, which must pass the whole suite.
+the capability torch_native declares, less temperature, entropy and sampling
+supports: the base-op mutants predate them, and a mutant claims them only by
+passing ``supports_temperature=True, exports_entropy=True`` (``support_modes=...``).
+The unmutated composition is the control ``tests.mutants.control:control_native``,
+which must pass the whole suite.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tp_logprob.kernels.partials import local_grad, local_partial
 from tp_logprob.kernels.results import differentiable_outputs, run_for_role
 from tp_logprob.kernels.shards import owner_ranks
 from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.support import SupportMode
 
 __all__ = ["Forward", "Grad", "MutantPair", "compose", "forward_from", "mutant"]
 
@@ -132,7 +134,12 @@ def compose(
         return _triple(forward(*inputs))
 
     op.__qualname__ = op.__name__ = backend_id
-    claims = {"supports_temperature": False, "exports_entropy": False, **claims}
+    claims = {
+        "supports_temperature": False,
+        "exports_entropy": False,
+        "support_modes": frozenset({SupportMode.FULL}),
+        **claims,
+    }
     capability = dataclasses.replace(TORCH_NATIVE, backend_id=backend_id, **claims)
     return op, capability
 

@@ -36,6 +36,7 @@ from tp_logprob.kernels.results import differentiable_outputs, run_for_role
 from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.validation import check_fused_inputs
+from tp_logprob.support import SupportMode
 
 __all__ = ["FusedBackward", "FusedForward", "control_fused", "fused_mutant"]
 
@@ -109,7 +110,11 @@ def fused_mutant(
         return _FusedMutantFunction.apply(*inputs, forward, backward)
 
     op.__qualname__ = op.__name__ = backend_id
-    return op, dataclasses.replace(TORCH_NATIVE_FUSED, backend_id=backend_id)
+    # Sampling supports are not rebuilt here: the mutants claim the full vocabulary only.
+    capability = dataclasses.replace(
+        TORCH_NATIVE_FUSED, backend_id=backend_id, support_modes=frozenset({SupportMode.FULL})
+    )
+    return op, capability
 
 
 def _forward_sentinel(

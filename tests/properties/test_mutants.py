@@ -512,6 +512,8 @@ def test_loads_through_the_suite_with_native_capability(spec: str) -> None:
         for field in dataclasses.fields(claimed)
         if getattr(claimed, field.name) != getattr(base, field.name)
     }
-    # Base-op mutants claim neither temperature nor entropy (see _compose): a narrower claim.
-    assert lies <= {"determinism_scopes", "supports_temperature", "exports_entropy"}, lies
+    # Base-op mutants claim neither temperature nor entropy, and no mutant claims a sampling
+    # support (see _compose): narrower claims.
+    narrower = {"determinism_scopes", "supports_temperature", "exports_entropy", "support_modes"}
+    assert lies <= narrower, lies
     assert backend.load_failure() is None

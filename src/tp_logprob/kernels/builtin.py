@@ -21,6 +21,7 @@ from tp_logprob.contract import (
     LogprobRole,
     MaskMode,
 )
+from tp_logprob.support import SupportMode
 
 __all__ = [
     "TORCH_NATIVE",
@@ -52,11 +53,15 @@ def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapab
     )
 
 
-TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
+TORCH_NATIVE = dataclasses.replace(
+    _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY),
+    support_modes=frozenset(SupportMode),
+)
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
     supports_bias=True,
+    support_modes=frozenset(SupportMode),
 )
 TRITON_FUSED = dataclasses.replace(
     _capability("triton_fused", DeterminismScope.FIXED_TOPOLOGY),

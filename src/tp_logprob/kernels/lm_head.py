@@ -30,6 +30,7 @@ __all__ = [
     "logits_chunk",
     "padded_rows",
     "row_chunks",
+    "shared_chunk_rows",
 ]
 
 CHUNK_ELEMENTS = 1 << 22
@@ -48,9 +49,28 @@ def chunk_rows(contract: LogprobContract) -> int:
     return max(1, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(live_width(contract), 1)))
 
 
-def row_chunks(rows: int, contract: LogprobContract) -> Iterator[tuple[int, int]]:
-    """``(begin, end)`` of each chunk of ``rows`` rows, in order; the last may be short."""
-    step = chunk_rows(contract)
+def shared_chunk_rows(contract: LogprobContract) -> int:
+    """:func:`chunk_rows` of the group's widest live shard: the same on every rank.
+
+    A loop that runs collectives per chunk (a recomputed sampling support) needs every
+    rank to walk the same chunks; this size still bounds each rank's chunk by
+    ``CHUNK_ELEMENTS``, since no rank is wider.
+    """
+    sharding = contract.sharding
+    widest = max(
+        end - start
+        for start, end in (sharding.live_bounds(r) for r in range(sharding.tp_world_size))
+    )
+    return max(1, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(widest, 1)))
+
+
+def row_chunks(
+    rows: int, contract: LogprobContract, *, step: int | None = None
+) -> Iterator[tuple[int, int]]:
+    """``(begin, end)`` of each chunk of ``rows`` rows, in order; the last may be short.
+
+    Chunks have ``step`` rows (default :func:`chunk_rows`)."""
+    step = chunk_rows(contract) if step is None else step
     for begin in range(0, rows, step):
         yield begin, min(begin + step, rows)
 

@@ -18,6 +18,13 @@ backward writes ``(g * ([v == target] - p) - h * p (z - LSE + H)) / T`` into thi
 rank's columns from the merged LSE and entropy saved in forward, with no
 collective (``p = exp(z - LSE)``; the entropy term is 0 where ``p`` is 0, so a
 ``-inf`` column never gives ``0 * -inf``).
+
+A contract with a support (``docs/semantics.md``, "Processed logprobs") runs
+``kernels/processed.py`` on the live ``z``: the support's threshold (sampling
+parameters, ``kernels/support_threshold.py``) or the replayed mask, then the
+partial over ``S`` (and the full one for ``lse``) in one all-gather and the same
+merge. The backward is the same local gradient on ``S``, zero outside it, from
+``LSE_S`` and the mask saved in forward.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ import torch
 
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.merge import gather_and_merge
-from tp_logprob.kernels.partials import local_grad, local_partial
-from tp_logprob.kernels.results import Outputs, differentiable_outputs, run_for_role
+from tp_logprob.kernels.partials import live_logits, local_grad, local_partial
+from tp_logprob.kernels.processed import processed_forward
+from tp_logprob.kernels.results import differentiable_outputs, run_for_role
 from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
 
 __all__ = [
@@ -75,7 +83,7 @@ def native_logprob(
     """
     if active is None:
         active = active_mask_tensor(contract, local_logits.device)
-    apply: Callable[..., Outputs] = NativeLogprobFunction.apply
+    apply: Callable[..., tuple[torch.Tensor, ...]] = NativeLogprobFunction.apply
     return run_for_role(
         contract,
         apply,
@@ -92,8 +100,9 @@ def native_logprob(
 class NativeLogprobFunction(torch.autograd.Function):
     """Forward: the vocab-parallel logprob. Backward: this rank's column slice only.
 
-    ``selected_logp`` and ``entropy`` are differentiable; ``lse`` is not. Without
-    ``export_entropy`` the entropy output is an empty placeholder.
+    ``selected_logp`` and ``entropy`` are differentiable; ``lse`` (and a processed
+    op's ``support_lse``, ``support_size`` and ``support_threshold``) are not.
+    Without ``export_entropy`` the entropy output is an empty placeholder.
     Outputs are replicated across ranks but each rank's graph reaches only its own
     columns, as in real TP training: each rank backprops its own (replicated) loss
     into its own shard, so summing every rank's loss gives each column its
@@ -109,18 +118,28 @@ class NativeLogprobFunction(torch.autograd.Function):
         contract: LogprobContract,
         group: Any,
         output_dtype: torch.dtype,
-    ) -> Outputs:
-        selected, lse, entropy = native_forward(local_logits, targets, active, contract, group)
-        ctx.save_for_backward(local_logits, targets, active, lse, entropy)
+    ) -> tuple[torch.Tensor, ...]:
+        outputs, keep = _forward(local_logits, targets, active, contract, group)
+        # The gradient's LSE: the support's (S fixed) for a processed op, else the full one.
+        grad_lse = outputs[1] if len(outputs) == 3 else outputs[3]
+        ctx.save_for_backward(local_logits, targets, active, grad_lse, outputs[2], keep)
         ctx.contract = contract
-        return differentiable_outputs(ctx, contract, output_dtype, selected, lse, entropy)
+        return differentiable_outputs(ctx, contract, output_dtype, *outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        local_logits, targets, active, lse, entropy = ctx.saved_tensors
+        local_logits, targets, active, lse, entropy, keep = ctx.saved_tensors
         grad_entropy = grads[2] if ctx.contract.export_entropy else None
         grad = local_grad(
-            local_logits, targets, active, lse, grads[0], ctx.contract, entropy, grad_entropy
+            local_logits,
+            targets,
+            active,
+            lse,
+            grads[0],
+            ctx.contract,
+            entropy,
+            grad_entropy,
+            keep=keep,
         )
         return grad, None, None, None, None, None
 
@@ -131,10 +150,25 @@ def native_forward(
     active: torch.Tensor,
     contract: LogprobContract,
     group: Any,
-) -> Outputs:
-    """Partial, one all-gather, merge: ``(selected_logp, lse, entropy)`` in the compute dtype.
+) -> tuple[torch.Tensor, ...]:
+    """Partial, one all-gather, merge: ``(selected_logp, lse, entropy)`` in the compute dtype,
+    followed by ``(support_lse, support_size, support_threshold)`` for a processed op.
 
     ``entropy`` is an empty tensor unless the contract exports it.
     """
-    partial = local_partial(local_logits, targets, contract)
-    return gather_and_merge(partial, targets, active, contract, group)
+    return _forward(local_logits, targets, active, contract, group)[0]
+
+
+def _forward(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+    """The outputs and, for a processed op, this rank's support mask (None: every column)."""
+    if contract.support is None:
+        partial = local_partial(local_logits, targets, contract)
+        return gather_and_merge(partial, targets, active, contract, group), None
+    z = live_logits(local_logits, contract)
+    return processed_forward(z, targets, active, contract, group)

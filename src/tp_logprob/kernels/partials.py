@@ -29,6 +29,8 @@ from tp_logprob.kernels.shards import live_width, owned_local_targets
 __all__ = [
     "compute_dtype",
     "identity_partial",
+    "live_logits",
+    "live_partial",
     "local_grad",
     "local_partial",
     "owned_target_logit",
@@ -106,28 +108,47 @@ def target_one_hot(
     return (columns.unsqueeze(0) == local.unsqueeze(1)) & owned.unsqueeze(1)
 
 
-def local_partial(
-    local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
-) -> torch.Tensor:
-    """This rank's packed ``(m_r, s_r, t_r[, q_r])``; the identity ``(-inf, 0, 0[, 0])``
-    with no live column. ``q_r = sum exp(z - m_r) (z - m_r)``, where a ``-inf``
-    column adds exactly 0."""
-    rows = local_logits.shape[0]
+def live_logits(local_logits: torch.Tensor, contract: LogprobContract) -> torch.Tensor:
+    """This rank's live tempered logits ``z = x / T``, ``[N, live_width]`` in the compute dtype."""
     dtype = compute_dtype(local_logits.dtype)
-    width = live_width(contract)
-    if width == 0:
-        return identity_partial(rows, dtype, local_logits.device, entropy=contract.export_entropy)
-    live = scaled_logits(local_logits[:, :width].to(dtype), contract)
+    return scaled_logits(local_logits[:, : live_width(contract)].to(dtype), contract)
+
+
+def live_partial(
+    live: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    *,
+    entropy: bool | None = None,
+) -> torch.Tensor:
+    """The packed ``(m_r, s_r, t_r[, q_r])`` of live tempered logits ``live`` (``[N, w]``).
+
+    ``q_r`` is added when ``entropy`` (default: ``contract.export_entropy``); ``w = 0``
+    gives the identity partial. A processed op passes ``z`` with the columns outside
+    its support set to ``-inf``, which is how padding counts.
+    """
+    entropy = contract.export_entropy if entropy is None else entropy
+    if live.shape[1] == 0:
+        return identity_partial(live.shape[0], live.dtype, live.device, entropy=entropy)
     row_max = torch.amax(live, dim=1)  # NaN propagates; an all -inf row gives -inf
     shifted = shift_by_max(live, row_max)
     terms = torch.exp(shifted)
     sum_exp = tree_sum(terms)
     target_logit = owned_target_logit(live, targets, contract)
     entropy_sum = None
-    if contract.export_entropy:
+    if entropy:
         # exp(d) * d with d = -inf is 0 * -inf: a -inf column adds exactly 0 instead.
         entropy_sum = tree_sum(torch.where(shifted == _NEG_INF, 0.0, terms * shifted))
     return pack_partial(row_max, sum_exp, target_logit, entropy_sum)
+
+
+def local_partial(
+    local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
+) -> torch.Tensor:
+    """This rank's packed ``(m_r, s_r, t_r[, q_r])``; the identity ``(-inf, 0, 0[, 0])``
+    with no live column. ``q_r = sum exp(z - m_r) (z - m_r)``, where a ``-inf``
+    column adds exactly 0."""
+    return live_partial(live_logits(local_logits, contract), targets, contract)
 
 
 def local_grad(
@@ -139,12 +160,18 @@ def local_grad(
     contract: LogprobContract,
     entropy: torch.Tensor | None = None,
     grad_entropy: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(g ([v == target] - p) - h p (z - LSE + H)) / T`` on live columns of active rows.
 
     ``p = exp(z - LSE)`` from the merged LSE (and entropy ``H``), so no collective.
     Exactly 0 on padding columns and inactive rows; the entropy term is 0 where
     ``p`` is 0 (a ``-inf`` column), never ``0 * -inf``. In ``local_logits``' dtype.
+
+    With a sampling support, ``keep`` (bool ``[N, live_width]``) is the rank's part of
+    ``S`` and ``lse`` / ``entropy`` are ``LSE_S`` and the entropy over ``S``: the
+    gradient of ``z_y - LSE_S`` with ``S`` held fixed, exactly 0 on every column
+    outside ``S``, the target's included. ``keep=None`` is every live column.
     """
     dtype = compute_dtype(local_logits.dtype)
     grad = torch.zeros(local_logits.shape, dtype=dtype, device=local_logits.device)
@@ -152,6 +179,8 @@ def local_grad(
     if width > 0:
         live = scaled_logits(local_logits[:, :width].to(dtype), contract)
         one_hot = target_one_hot(targets, contract, width, live.device)
+        if keep is not None:  # columns outside S count as -inf, and get 0 below
+            live = torch.where(keep, live, _NEG_INF)
         centred = live - lse.unsqueeze(1)
         probs = torch.exp(centred)
         # A row whose selected_logp is NaN (LSE NaN, +inf or -inf) gets NaN on every live
@@ -164,5 +193,6 @@ def local_grad(
             spread = probs * (centred + entropy.to(dtype).unsqueeze(1))
             live_grad = live_grad - h * torch.where(probs == 0.0, 0.0, spread)
         live_grad = scaled_logits(live_grad, contract)
-        grad[:, :width] = torch.where(active.unsqueeze(1), live_grad, 0.0)
+        written = active.unsqueeze(1) if keep is None else active.unsqueeze(1) & keep
+        grad[:, :width] = torch.where(written, live_grad, 0.0)
     return grad.to(local_logits.dtype)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
+from tp_logprob.support import SupportMode
 
 __all__ = [
     "active_mask_tensor",
@@ -81,7 +83,38 @@ def check_op_inputs(
             f"targets[{index}]={int(targets[index])}: active target outside "
             f"[0, real_vocab_size={real}) ({int(bad.sum())} such active tokens)"
         )
+    _check_replayed_targets(targets, active, contract)
     return active
+
+
+def _check_replayed_targets(
+    targets: torch.Tensor, active: torch.Tensor, contract: LogprobContract
+) -> None:
+    """Every active target of a replayed support is one of its row's kept ids.
+
+    ``row * real_vocab_size + id`` names a (row, id) pair uniquely, so one vectorised
+    membership test covers every active token.
+    """
+    support = contract.support
+    if support is None or support.mode is not SupportMode.REPLAYED_MASK:
+        return
+    real = contract.sharding.real_vocab_size
+    rows = np.flatnonzero(active.cpu().numpy())
+    wanted = targets.cpu().numpy().astype(np.int64)[rows]
+    counts = support.kept_counts()
+    kept = np.repeat(np.arange(counts.size, dtype=np.int64), counts) * real + support.kept_ids
+    queries = rows * real + wanted
+    hit = np.isin(queries, kept, assume_unique=True)
+    if not hit.all():
+        missing = np.flatnonzero(~hit)
+        row = int(rows[missing[0]])
+        ids = support.kept_row(row).tolist()
+        shown = repr(ids) if len(ids) <= 8 else repr(ids[:8])[:-1] + ", ...]"
+        raise LogprobContractError(
+            f"targets[{row}]={int(wanted[missing[0]])}: active target outside row {row}'s "
+            f"replayed support (support.kept_ids[row {row}]={shown}; {missing.size} such "
+            "active tokens); an engine never samples outside its own mask"
+        )
 
 
 def check_contract(contract: Any) -> LogprobContract:

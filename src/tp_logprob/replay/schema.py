@@ -86,6 +86,8 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         # Recorded before supports_bias: every fused backend was sent bias contracts.
         supports_bias=data.get("supports_bias", "hidden" in data.get("input_kinds", ())),
         mask_modes=frozenset(_MASK_MODE_NAMES.get(mode, mode) for mode in data["mask_modes"]),
+        # Recorded before sampling supports: the backend served the full vocabulary only.
+        support_modes=frozenset(data.get("support_modes", ["full"])),
     )
 
 

@@ -31,6 +31,7 @@ import torch
 import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.kernels.fixed_point import fraction_bits
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.exact_sum_kernels import (
     exact_max_kernel,
@@ -53,17 +54,6 @@ def triton_exact_sum_logprob(
     >>> # result = triton_exact_sum_logprob(local_logits, targets, contract, group=handle)
     """
     return run_op(exact_sum_forward, local_logits, targets, contract, group)
-
-
-def fraction_bits(padded_vocab_size: int) -> int:
-    """``K``: fractional bits of the fixed-point terms, so ``padded * 2^K <= 2^62``.
-
-    Each term is at most ``2^K``, so the sum over the whole vocabulary fits in int64.
-
-    >>> fraction_bits(152064)
-    44
-    """
-    return 62 - max(1, (padded_vocab_size - 1).bit_length())
 
 
 def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any) -> Outputs:
