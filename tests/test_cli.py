@@ -14,7 +14,7 @@ from tp_logprob.__main__ import main
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 
 HEADER = ["backend", "kind", "roles", "dtypes", "tp", "padding", "mask", "modes", "lse"]
-HEADER += ["temperature", "entropy", "shards", "input"]
+HEADER += ["temperature", "entropy", "shards", "input", "supports"]
 
 
 def test_backends_prints_a_capability_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,6 +36,7 @@ def test_backends_prints_a_capability_table(capsys: pytest.CaptureFixture[str]) 
         "yes",
         "any",
         "logits",
+        "full,replayed_mask,sampling_params",
         "fixed_topology",
     ]
 

@@ -32,6 +32,7 @@ _COLUMNS = (
     "entropy",
     "shards",
     "input",
+    "supports",
     "determinism",
 )
 
@@ -118,6 +119,7 @@ def _row(capability: LogprobBackendCapability) -> tuple[str, ...]:
         "yes" if info["exports_entropy"] else "no",
         "even" if info["even_shards_only"] else "any",
         ",".join(info["input_kinds"]),
+        ",".join(info["support_modes"]),
         ",".join(info["determinism_scopes"]),
     )
 
