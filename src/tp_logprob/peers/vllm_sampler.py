@@ -30,7 +30,7 @@ Capability, from vLLM's source:
 - every token is read as a sampled token (mask mode ``all_active``);
 - temperature: vLLM's division by ``fp32(T)``, except that ``SamplingParams``
   raises a temperature below ``0.01`` to ``0.01``; no entropy;
-- ``sampling_params`` supports only: vLLM produces sampling masks, it does not
+- support mode ``sampling_params`` only: vLLM produces sampling masks, it does not
   consume one; ``run_to_run``.
 
 Glue: the sampler writes into its input (``.to(float32)`` of fp32 logits is the same
