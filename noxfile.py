@@ -13,6 +13,14 @@ nox.options.sessions = ["lint", "typecheck", "tests", "properties"]
 
 ROOT = Path(__file__).parent
 CPU_CONSTRAINTS = ROOT / "ci" / "constraints-cpu.txt"
+VLLM_SAMPLER_IMPORTS = [
+    "aiohttp>=3.14.4", "apache-tvm-ffi==0.1.11", "cachetools", "cbor2", "cloudpickle",
+    "fastapi>=0.133,<0.137", "llguidance>=1.7,<1.8", "msgspec", "openai>=2.25",
+    "oss-harmony>=0.0.11", "partial-json-parser", "pillow>=13", "prometheus-client>=0.18",
+    "psutil", "py-cpuinfo", "pybase64", "pydantic>=2.12", "pyzmq>=25", "regex",
+    "requests>=2.33", "transformers>=5.16.1,<5.21", "uvloop", "xgrammar==0.2.8",
+]  # fmt: skip
+"""What importing vLLM's v1 sampler needs, at the bounds vLLM 0.33 declares."""
 
 
 def _constraints() -> list[str]:
@@ -136,6 +144,10 @@ def conformance(session: nox.Session) -> None:
             *peers, "--no-deps", "--ignore-requires-python", "--no-binary", "megatron-core",
             "megatron-core",
         )  # fmt: skip
+    # vLLM's wheel pins a CUDA build of torch: install it without dependencies, then only
+    # what its sampler modules import (tp_logprob.peers.vllm_sampler), at vLLM's own bounds.
+    session.install(*peers, "--no-deps", "vllm")
+    session.install(*_constraints(), *peers, *VLLM_SAMPLER_IMPORTS)
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
     session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.peers._catalog import COLUMNS, PEERS
+from tp_logprob.peers._catalog import COLUMNS, PEERS, PROCESSED_PEERS
+from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers")
+LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers", "vllm")
 CELLS = [(peer, key, cell) for peer in PEERS for key, cell in peer.cells.items()]
 
 
@@ -77,6 +78,7 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "assert not any(m.startswith('tp_logprob.peers') for m in sys.modules)\n"
         "import tp_logprob.peers.liger, tp_logprob.peers.megatron, tp_logprob.peers.trl\n"
         "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
+        "import tp_logprob.peers.vllm_sampler\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
         "assert not loaded, loaded\n"
     )
@@ -91,3 +93,17 @@ def test_the_fused_adapters_import_no_library_until_called() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("peer", PROCESSED_PEERS, ids=[peer.name for peer in PROCESSED_PEERS])
+def test_a_processed_peer_serves_a_support_and_backs_each_finding(peer) -> None:  # type: ignore[no-untyped-def]
+    op, capability = _pair(peer.module, peer.attr)
+    assert callable(op) and capability.backend_id == peer.name
+    assert SupportMode.FULL not in capability.support_modes
+    assert peer.findings
+    for finding in peer.findings:
+        script = ROOT / str(finding.explanation.reproducer)
+        assert script.is_file(), script
+        assert "exits 1 while" in script.read_text()
+    names = [peer.name for peer in (*PEERS, *PROCESSED_PEERS)]
+    assert len(names) == len(set(names))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from tp_logprob.peers import conformance
-from tp_logprob.peers._catalog import PEERS
+from tp_logprob.peers._catalog import PEERS, PROCESSED_PEERS, UNAVAILABLE
 
 VIOLATION = (
     "padding independence: padding columns changed the output\n"
@@ -119,3 +120,53 @@ def test_column_selection_runs_only_those_backends(
     assert backends == ["--tp-logprob-backend=tp_logprob.peers.megatron:honest"]
     assert status == 1  # no record of the honest run: reported, not silently passed
     assert "not run (--column)" in output.read_text()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status"),
+    [("differs", 0), ("agrees", 0), ("error (exit 1): ModuleNotFoundError: vllm", 1)],
+    ids=["differs", "stale", "broken"],
+)
+def test_processed_section_reports_each_finding_and_its_reproducer(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    outcome: str,
+    status: int,
+) -> None:
+    (peer,) = PROCESSED_PEERS
+
+    def reproduce(peer: Any, finding: Any, root: Path) -> conformance.Reproduction:
+        return conformance.Reproduction(finding, outcome)
+
+    monkeypatch.setattr(conformance, "_reproduce", reproduce)
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "docs" / "conformance.md"
+    output.parent.mkdir()
+    assert conformance.main(["--output", str(output), "--peer", peer.name]) == status
+    report = output.read_text()
+    section = report[report.index("## Processed logprobs") :]
+    assert f"| `{peer.name}` |" in section and "| sampling_params |" in section
+    for finding in peer.findings:
+        assert f"**{finding.rule}**" in section
+        assert f"[`{finding.explanation.reproducer}`]" in section
+    assert section.count(f": {outcome})") == len(peer.findings)
+    for library in UNAVAILABLE:
+        assert f"(`{library.distribution}`): {library.reason}." in section
+    stale = "no longer differs" in capsys.readouterr().out
+    assert stale == (outcome == "agrees")
+
+
+def test_a_reproducer_is_run_and_read_by_its_exit_status(tmp_path: Path) -> None:
+    (peer,) = PROCESSED_PEERS
+    finding = peer.findings[0]
+    script = tmp_path / str(finding.explanation.reproducer)
+    script.parent.mkdir(parents=True)
+    outcomes = []
+    for body in ("raise SystemExit(1)", "print('same')", "import no_such_module"):
+        script.write_text(body)
+        run = conformance._reproduce(
+            dataclasses.replace(peer, distribution="pytest"), finding, tmp_path
+        )
+        outcomes.append((run.outcome.split(" ")[0], run.failed))
+    assert outcomes == [("differs", False), ("agrees", False), ("error", True)]

@@ -11,18 +11,23 @@ documentation and source, and says which library versions it was verified with:
 - :mod:`.torch_loss_parallel` - PyTorch's ``loss_parallel`` on a DTensor, the path
   TorchTitan uses;
 - :mod:`.trl` - TRL's ``selective_log_softmax``, the logprob helper of its GRPO
-  and PPO trainers.
+  and PPO trainers;
+- :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
+  processed logprob under a sampling support (top-k, top-p, min-p), TP=1.
 
-Every module also offers "what users assume" variants: the same op claiming a
+The cross-entropy modules also offer "what users assume" variants: the same op claiming a
 contract feature the library does not serve (padding, uneven shards, 16-bit
 inputs, inactive tokens, cross-TP bitwise). ``python -m tp_logprob.peers.conformance``
-runs the property suite against all of them and writes ``docs/conformance.md``.
+runs the property suite against all of them and writes ``docs/conformance.md``,
+with a section on the processed-logprob peers and where they differ from the
+exact rules.
 
 Verify one adapter with::
 
     pytest --pyargs tp_logprob.properties --tp-logprob-backend=tp_logprob.peers.liger:honest
 
-The libraries are optional (``pip install "tp-logprob[peers]"``) and ``import
-tp_logprob`` never imports this package; each adapter imports its library on
-first call.
+The libraries are optional (``pip install "tp-logprob[peers]"``; vLLM, whose wheel
+pins a CUDA build of torch, as ``noxfile.py``'s ``conformance`` session installs
+it) and ``import tp_logprob`` never imports this package; each adapter imports
+its library on first call.
 """

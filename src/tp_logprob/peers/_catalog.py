@@ -6,13 +6,29 @@ note saying why there is nothing to run (the honest capability already claims
 the feature, or the feature cannot apply). Every variant that is expected to
 fail carries its :class:`Explanation`; a failure without one is reported as
 unexplained and fails the run.
+
+Processed logprobs (a sampling support) have their own peers: the rollout
+engines' and trainers' sampler code (:class:`ProcessedPeer`), each with the ways
+it differs from the exact rules (:class:`Finding`, each with a reproducer), and
+the libraries that cannot run on CPU, with the reason (:class:`Unavailable`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["COLUMNS", "PEERS", "Cell", "Explanation", "Peer"]
+__all__ = [
+    "COLUMNS",
+    "PEERS",
+    "PROCESSED_PEERS",
+    "UNAVAILABLE",
+    "Cell",
+    "Explanation",
+    "Finding",
+    "Peer",
+    "ProcessedPeer",
+    "Unavailable",
+]
 
 PEER_LIMITATION = "peer limitation"
 PEER_BUG = "peer bug"
@@ -314,3 +330,180 @@ PEERS = (
     ),
 )
 """Every peer, in matrix order."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One way a processed-logprob peer differs from the exact rules of the semantics.
+
+    ``rule`` names the rule in a few words; ``explanation`` says why (its
+    ``reproducer`` prints the library's support next to the exact one and exits 1
+    while they differ); ``properties`` are the property tests it explains.
+    """
+
+    rule: str
+    explanation: Explanation
+    properties: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProcessedPeer:
+    """A rollout engine's or trainer's sampler as a processed-logprob backend (``attr``).
+
+    ``agrees`` says where it follows the exact rules (pinned by its tests).
+    """
+
+    name: str
+    module: str
+    library: str
+    distribution: str
+    attr: str = "honest"
+    findings: tuple[Finding, ...] = ()
+    agrees: str = ""
+
+    def spec(self) -> str:
+        """The ``--tp-logprob-backend`` value of the adapter."""
+        return f"tp_logprob.peers.{self.module}:{self.attr}"
+
+    def explain(self, test: str) -> Explanation | None:
+        """Why property test ``test`` fails for this peer, if known."""
+        for finding in self.findings:
+            if test in finding.properties:
+                return finding.explanation
+        return None
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A library whose sampler code cannot run here: ``reason`` says why, exactly.
+
+    ``source`` is what its published source does where it differs from the exact
+    rules: read, not run, so no reproducer backs it.
+    """
+
+    library: str
+    distribution: str
+    reason: str
+    source: str = ""
+
+
+_VLLM_TOP_P = "apply_top_k_top_p_pytorch sorts ascending and drops the positions whose fp32 cumsum "
+
+PROCESSED_PEERS = (
+    ProcessedPeer(
+        name="vllm_sampler",
+        module="vllm_sampler",
+        library="vLLM v1 Sampler, processed_logits mode (PyTorch top-k/top-p, MinPLogitsProcessor)",
+        distribution="vllm",
+        findings=(
+            Finding(
+                "top-p, ties at the boundary",
+                Explanation(
+                    PEER_LIMITATION,
+                    _VLLM_TOP_P + "is <= 1 - top_p: of tokens tied at the boundary it keeps "
+                    "those the sort put last, where the exact rule keeps the whole tie",
+                    "docs/repro_vllm_top_p_ties.py",
+                ),
+            ),
+            Finding(
+                "top-p, fp32 boundary",
+                Explanation(
+                    PEER_LIMITATION,
+                    "the top-p decision is taken on fp32 softmax, fp32 cumsum and fp32 1 - top_p: "
+                    "a token whose exact mass above lies within that rounding of top_p can land "
+                    "on either side (here it is dropped, kept exactly by 3.7e-8); a borderline "
+                    "token, admissible either way within the bound of docs/tolerances.md",
+                    "docs/repro_vllm_top_p_fp32_boundary.py",
+                ),
+            ),
+            Finding(
+                "min-p, fp32 boundary",
+                Explanation(
+                    PEER_LIMITATION,
+                    "min-p compares fp32 probabilities, p < max p * min_p, both sides rounded: "
+                    "exp(z - M) = 0.499999999 against min_p = 0.5 rounds to a tie and is kept; "
+                    "a borderline token, admissible either way within the bound of "
+                    "docs/tolerances.md",
+                    "docs/repro_vllm_min_p_fp32_boundary.py",
+                ),
+            ),
+            Finding(
+                "top_p = 1 beside a top-p request",
+                Explanation(
+                    PEER_LIMITATION,
+                    "one top_p tensor serves the batch once any request has top_p < 1; a top_p = 1 "
+                    "row then loses every token whose fp32 probability underflows (cumsum <= 0), "
+                    "so its support and processed logprob (-inf for such a token) depend on the "
+                    "other requests",
+                    "docs/repro_vllm_top_p_one_in_batch.py",
+                ),
+            ),
+            Finding(
+                "temperature below 0.01",
+                Explanation(
+                    PEER_LIMITATION,
+                    "SamplingParams raises any temperature in (0, 0.01) to 0.01 (with a logged "
+                    "warning), so the processed logprob is that of x / 0.01, not x / T",
+                    "docs/repro_vllm_temperature_floor.py",
+                ),
+            ),
+            Finding(
+                "-inf logits inside the support",
+                Explanation(
+                    PEER_LIMITATION,
+                    "a kept -inf logit is indistinguishable from a masked one, and vLLM's sampling "
+                    "mask is the finite processed logits: where the k-th largest value is -inf the "
+                    "exact support (and size, and threshold -inf) holds -inf columns vLLM's does "
+                    "not; the logprobs agree",
+                    "docs/repro_vllm_neg_inf_support.py",
+                ),
+            ),
+        ),
+        agrees="top-k keeps the whole tie at the k-th value; the order is the exact one "
+        "(temperature, then min-p, then top-k, then top-p on the distribution renormalised "
+        "over the survivors); the maximum is always kept; the processed logprob of a dropped "
+        "target is -inf",
+    ),
+)
+"""Every processed-logprob peer, in report order."""
+
+UNAVAILABLE = (
+    Unavailable(
+        "SGLang sampler (top_k_top_p_min_p_sampling_from_probs_torch, sampling mask capture)",
+        "sglang",
+        "sglang 0.5.23 installs with --no-deps, but importing sglang.srt.layers.sampler "
+        "reaches sglang.srt.multimodal.internvl_utils, which imports torchvision; PyPI's "
+        "only torchvision for Linux x86-64 is a CUDA build (no source distribution), whose "
+        "_C.so needs libc10_cuda.so, absent from the CPU build of torch: "
+        "'OSError: libc10_cuda.so: cannot open shared object file', and then "
+        "'RuntimeError: operator torchvision::nms does not exist' at import",
+        "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending "
+        "and keeps exactly top_k positions (a tie at the k-th value cut by sort position); "
+        "top-p uses the cumsum of the full distribution taken before the top-k cut (the joint "
+        "rule, not renormalised over the top-k survivors) and keeps a position while the mass "
+        "before it is <= top_p; min-p comes after both, against the largest probability; the "
+        "processed logprob of the sampling mask output is log(w_y / sum of w > 0) on those fp32 "
+        "probabilities, so a kept token whose probability underflows leaves the support, and "
+        "the logprob SGLang returns by default is log(softmax(x / T)) over the full vocabulary",
+    ),
+    Unavailable(
+        "NeMo-RL trainer-side top-k/top-p (nemo_rl.algorithms.logits_sampling_utils)",
+        "nemo-rl",
+        "not on PyPI: its only release there, nemo-rl 0.0.0, holds nemo_rl/__init__.py and "
+        "package_info.py and no code (the library installs from its Git repository, which "
+        "the conformance session cannot reach)",
+        "apply_top_k_top_p is a port of vLLM's PyTorch rule for one top_k and top_p per batch: "
+        "top-k keeps ties (>= the k-th value), top-p keeps the ascending positions whose fp32 "
+        "cumsum is > 1 - top_p (1 - top_p in double, rounded once to fp32, where vLLM subtracts "
+        "from top_p already rounded to fp32), so "
+        "boundary ties are cut by sort position as in vLLM; no min-p; the backward zeroes the "
+        "gradient outside the kept mask",
+    ),
+    Unavailable(
+        "prime-rl trainer-side mask recompute",
+        "prime-rl",
+        "not on PyPI ('No matching distribution found for prime-rl'; 'prime' is Prime "
+        "Intellect's command-line client, another package)",
+    ),
+)
+"""Libraries the issue names whose code cannot be installed or imported on CPU here."""

@@ -8,9 +8,14 @@ cell's first failing property, its cause, and a command that replays it. The
 first failing example of each failing cell is copied next to the report
 (``docs/conformance/<backend>.json``) so the replay works from a clean checkout.
 
+A last section covers processed logprobs (a sampling support): each processed
+peer's capability, and each of its findings with the outcome of its reproducer,
+run here (``docs/repro_*.py`` exits 1 while the library differs from the exact
+rules), then the libraries that cannot run on CPU and why.
+
 Exit status 1 when a failure has no explanation in :mod:`tp_logprob.peers._catalog`
-(a new bug, in a peer, an adapter or the suite), 2 when a pytest session could
-not run at all.
+(a new bug, in a peer, an adapter or the suite) or a reproducer crashes, 2 when a
+pytest session could not run at all.
 """
 
 from __future__ import annotations
@@ -31,7 +36,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tp_logprob.peers._catalog import COLUMNS, PEERS, Cell, Explanation, Peer
+from tp_logprob.peers._catalog import (
+    COLUMNS,
+    PEERS,
+    PROCESSED_PEERS,
+    UNAVAILABLE,
+    Cell,
+    Explanation,
+    Finding,
+    Peer,
+    ProcessedPeer,
+)
 from tp_logprob.peers._collect import RECORD_ENV
 
 __all__ = ["main"]
@@ -236,7 +251,10 @@ def _detail(
 
 
 def _markdown(
-    rows: list[tuple[Peer, Row]], timings: dict[str, float], args: argparse.Namespace
+    rows: list[tuple[Peer, Row]],
+    timings: dict[str, float],
+    args: argparse.Namespace,
+    processed: Sequence[str] = (),
 ) -> str:
     header = "| adapter | " + " | ".join(title for _, title in COLUMNS) + " |"
     rule = "| --- " * (len(COLUMNS) + 1) + "|"
@@ -279,8 +297,106 @@ def _markdown(
             + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items())
             + f"; {total:.0f} s in all on this run's machine.",
             "",
+            *processed,
         ]
     ).replace("\n\n\n", "\n\n")
+
+
+@dataclass
+class Reproduction:
+    """A finding's reproducer run: ``differs`` (exit 1), ``agrees`` (exit 0), or an error."""
+
+    finding: Finding
+    outcome: str
+    output: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """Whether the reproducer could not say (it crashed, or its library is missing)."""
+        return self.outcome not in ("differs", "agrees")
+
+
+def _reproduce(peer: ProcessedPeer, finding: Finding, root: Path) -> Reproduction:
+    script = finding.explanation.reproducer
+    if script is None:
+        return Reproduction(finding, "error: no reproducer")
+    if _version(peer.distribution) == "not installed":
+        return Reproduction(finding, f"not run: {peer.distribution} is not installed")
+    finished = subprocess.run(
+        [sys.executable, script], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    if finished.returncode in (0, 1) and "Traceback" not in finished.stdout:
+        return Reproduction(finding, "agrees" if finished.returncode == 0 else "differs")
+    last = finished.stdout.strip().splitlines()[-1:] or [""]
+    return Reproduction(finding, f"error (exit {finished.returncode}): {last[0][:160]}")
+
+
+def _capability_summary(peer: ProcessedPeer) -> tuple[str, str]:
+    module = importlib.import_module(f"tp_logprob.peers.{peer.module}")
+    capability = getattr(module, peer.attr)[1].to_dict()
+    tp = capability["tp_world_sizes"]
+    serves = [
+        f"TP {', '.join(map(str, tp))}" if tp else "any TP",
+        "/".join(capability["dtypes"]),
+        "/".join(capability["roles"]),
+        "mask " + "/".join(capability["mask_modes"]),
+        "temperature" if capability["supports_temperature"] else "no temperature",
+        "entropy" if capability["exports_entropy"] else "no entropy",
+        "/".join(capability["determinism_scopes"]),
+    ]
+    return ", ".join(capability["support_modes"]), ", ".join(serves)
+
+
+def _processed_section(
+    peers: Sequence[ProcessedPeer], reproductions: dict[str, list[Reproduction]]
+) -> list[str]:
+    rows = []
+    findings = []
+    for peer in peers:
+        modes, serves = _capability_summary(peer)
+        installed = f"{peer.distribution} {_version(peer.distribution)}"
+        rows.append(
+            f"| `{peer.name}` | {peer.library} | {installed} | `tp_logprob.peers.{peer.module}` "
+            f"| {modes} | {serves} |"
+        )
+        if peer.agrees:
+            findings.append(f"- `{peer.name}` agrees with the exact rules: {peer.agrees}.")
+        for run in reproductions[peer.name]:
+            explanation = run.finding.explanation
+            script = explanation.reproducer or ""
+            link = f"[`{script}`]({script.removeprefix('docs/')})"
+            findings.append(
+                f"- `{peer.name}`, **{run.finding.rule}** ({explanation.kind}; {link}: "
+                f"{run.outcome}): {explanation.cause}"
+            )
+    unavailable = []
+    for library in UNAVAILABLE:
+        entry = f"- **{library.library}** (`{library.distribution}`): {library.reason}."
+        if library.source:
+            entry += f" From its source (read, not run): {library.source}."
+        unavailable.append(entry)
+    return [
+        "## Processed logprobs",
+        "",
+        "The samplers of rollout engines and trainers, wrapped as backends that serve a "
+        'sampling support (docs/semantics.md, "Processed logprobs"). Each finding is a way '
+        "the library's support or processed logprob differs from the exact rules; its "
+        "reproducer calls the installed library on a tiny row, prints its result beside the "
+        "exact one (computed with mpmath or fractions) and exits 1 while they differ. The "
+        "outcome is this run's: `differs`, `agrees` (the finding is stale), or an error.",
+        "",
+        "| adapter | library | installed | module | support modes | serves |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+        *(findings or ["None."]),
+        "",
+        "Libraries whose sampler code cannot be installed or imported on CPU here:",
+        "",
+        *unavailable,
+        "",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -295,10 +411,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--column", action="append", default=[], choices=keys, help="only these columns"
     )
     args = parser.parse_args(argv)
-    unknown = set(args.peer) - {peer.name for peer in PEERS}
+    known = [peer.name for peer in (*PEERS, *PROCESSED_PEERS)]
+    unknown = set(args.peer) - set(known)
     if unknown:
-        parser.error(f"--peer: unknown {sorted(unknown)}; known: {[p.name for p in PEERS]}")
+        parser.error(f"--peer: unknown {sorted(unknown)}; known: {known}")
     chosen = [peer for peer in PEERS if not args.peer or peer.name in args.peer]
+    chosen_processed = [p for p in PROCESSED_PEERS if not args.peer or p.name in args.peer]
     args.root = Path.cwd().resolve()
     args.artifacts_out = args.output.resolve().parent / "conformance"
     args.artifacts_out.mkdir(parents=True, exist_ok=True)
@@ -312,16 +430,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         for peer in chosen:
             outcomes, timings[peer.name] = _run_peer(peer, args, scratch)
             rows.append((peer, _render_row(peer, outcomes, args)))
-        args.output.write_text(_markdown(rows, timings, args), encoding="utf-8")
+        reproductions = {
+            peer.name: [_reproduce(peer, finding, args.root) for finding in peer.findings]
+            for peer in chosen_processed
+        }
+        processed = _processed_section(chosen_processed, reproductions)
+        args.output.write_text(_markdown(rows, timings, args, processed), encoding="utf-8")
     print(f"conformance: wrote {args.output}")
     unexplained = sum(row.unexplained for _, row in rows)
     for _, row in rows:
         for backend in row.stale:
             print(f"conformance: {backend} passed although a failure is explained for it")
+    broken = 0
+    for runs in reproductions.values():
+        for run in runs:
+            script = run.finding.explanation.reproducer
+            if run.outcome == "agrees":
+                print(f"conformance: {script} no longer differs from the exact rules")
+            if run.failed:
+                print(f"conformance: {script}: {run.outcome}", file=sys.stderr)
+                broken += 1
     if unexplained:
         print(f"conformance: {unexplained} failing cells have no explanation", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if unexplained or broken else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,208 @@
+"""vLLM's v1 sampler in ``processed_logits`` mode as a processed-logprob backend (TP=1).
+
+Runs ``vllm.v1.sample.sampler.Sampler`` (``logprobs_mode="processed_logits"``) on
+one request per row, with the request's ``SamplingParams`` built from the
+contract's temperature and support, as vLLM's input batch builds its
+``SamplingMetadata``: the temperature ``SamplingParams`` keeps (it raises one below
+``0.01`` to ``0.01``), top-k off unless ``0 < top_k < V``, top-p off at ``1.0``,
+min-p through vLLM's ``MinPLogitsProcessor``. The sampler then runs vLLM's own order: logits to
+fp32, ``logits / temperature`` (a tensor division), min-p on ``softmax`` (drop
+``p < min_p * max p``), then ``apply_top_k_top_p``, whose PyTorch path sorts the
+row ascending, keeps values ``>=`` the k-th largest, and drops the positions whose
+ascending fp32 ``cumsum`` of the renormalised ``softmax`` is ``<= 1 - top_p``
+(``apply_top_k_top_p_pytorch``; no Triton driver on CPU, so never the Triton
+kernel). The processed logprobs are ``log_softmax`` of the returned logits, which
+is what ``processed_logprobs`` mode returns (both modes take the same tensor;
+``TopKTopPSampler.forward_native`` and ``Sampler.compute_logprobs``). The support
+is vLLM's own: the columns whose processed logit is finite, the rule of the
+sampling mask it returns (``_compact_sampling_mask_kernel``). Verified with vllm
+0.33.0 (``>=0.33,<0.34``).
+
+vLLM's wheel pins a CUDA build of torch, so it is installed ``--no-deps`` with only
+the packages its sampler modules import (see ``noxfile.py``, ``conformance``); it
+then runs on the CPU build of torch on an "unspecified" platform.
+
+Capability, from vLLM's source:
+
+- TP=1 (the sampler sees a whole row); no vocabulary padding;
+- fp32, bf16 and fp16: the sampler converts the logits to fp32 before anything;
+- infer only (the sampler runs in place, under no gradient);
+- every token is read as a sampled token (mask mode ``all_active``);
+- temperature: vLLM's division by ``fp32(T)``, except that ``SamplingParams``
+  raises a temperature below ``0.01`` to ``0.01``; no entropy;
+- support mode ``sampling_params`` only: vLLM produces sampling masks, it does not
+  consume one; ``run_to_run``.
+
+Glue: the sampler writes into its input (``.to(float32)`` of fp32 logits is the same
+tensor), so it gets a private copy, and its random draw runs under a forked RNG so
+the caller's stream is untouched. ``lse`` is ``z_max - log_softmax(z)[argmax]`` with
+vLLM's ``compute_logprobs`` on vLLM's tempered logits; ``support_lse`` the same from
+the processed logits (the normaliser of the distribution vLLM returns),
+``support_threshold`` the smallest kept tempered logit, ``support_size`` the count
+of kept columns.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.peers._glue import lse_from_max, private_copy
+from tp_logprob.support import SupportMode
+
+__all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "honest", "vllm_processed_logprob"]
+
+VERIFIED_VERSIONS = "vllm>=0.33,<0.34"
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="vllm_sampler",
+    roles=frozenset({LogprobRole.INFER}),
+    dtypes=frozenset(LogprobDType),
+    tp_world_sizes=frozenset({1}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
+    supports_temperature=True,
+    support_modes=frozenset({SupportMode.SAMPLING_PARAMS}),
+)
+
+_IMPORT_LOCK = threading.Lock()
+_VLLM: dict[str, Any] = {}
+
+
+def _vllm() -> dict[str, Any]:
+    with _IMPORT_LOCK:
+        if not _VLLM:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
+                from vllm import SamplingParams
+                from vllm.v1.sample.logits_processor import LogitsProcessors
+                from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+                from vllm.v1.sample.logits_processor.interface import BatchUpdate
+                from vllm.v1.sample.metadata import SamplingMetadata
+                from vllm.v1.sample.sampler import Sampler
+            _VLLM.update(
+                SamplingParams=SamplingParams,
+                LogitsProcessors=LogitsProcessors,
+                MinPLogitsProcessor=MinPLogitsProcessor,
+                BatchUpdate=BatchUpdate,
+                SamplingMetadata=SamplingMetadata,
+                Sampler=Sampler,
+            )
+    return _VLLM
+
+
+def sampling_params(contract: LogprobContract) -> Any:
+    """The vLLM ``SamplingParams`` of one row: the contract's temperature and rules."""
+    support = contract.support
+    if support is None or support.mode is not SupportMode.SAMPLING_PARAMS:
+        raise ValueError(f"support={support!r}: the vLLM sampler needs sampling parameters")
+    return _vllm()["SamplingParams"](
+        temperature=contract.temperature,
+        top_k=0 if support.top_k is None else support.top_k,
+        top_p=1.0 if support.top_p is None else support.top_p,
+        min_p=0.0 if support.min_p is None else support.min_p,
+    )
+
+
+def _metadata(params: Any, rows: int, width: int) -> Any:
+    """``SamplingMetadata`` of ``rows`` requests with ``params``, as vLLM's input batch has it."""
+    vllm = _vllm()
+    min_p = vllm["MinPLogitsProcessor"](
+        SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=rows)),
+        torch.device("cpu"),
+        False,
+    )
+    added: list[tuple[int, Any, None, list[int]]] = [(row, params, None, []) for row in range(rows)]
+    min_p.update_state(vllm["BatchUpdate"](batch_size=rows, removed=[], added=added, moved=[]))
+    top_k = params.top_k if 0 < params.top_k < width else width
+    return vllm["SamplingMetadata"](
+        temperature=torch.full((rows,), params.temperature),
+        all_greedy=False,
+        all_random=True,
+        top_p=torch.full((rows,), params.top_p) if params.top_p < 1 else None,
+        top_k=torch.full((rows,), top_k, dtype=torch.int32) if top_k < width else None,
+        generators={},
+        max_num_logprobs=-1,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(rows),
+        presence_penalties=torch.zeros(rows),
+        repetition_penalties=torch.ones(rows),
+        output_token_ids=[],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=vllm["LogitsProcessors"]([min_p]),
+    )
+
+
+def processed_logits(logits: torch.Tensor, contract: LogprobContract) -> torch.Tensor:
+    """vLLM's processed logits of ``logits`` (a private copy): -inf outside its support."""
+    vllm = _vllm()
+    rows, width = logits.shape
+    metadata = _metadata(sampling_params(contract), rows, width)
+    sampler = vllm["Sampler"](logprobs_mode="processed_logits")
+    with torch.random.fork_rng(devices=[]):
+        output = sampler(private_copy(logits), metadata)
+    return output.logprobs_tensors.logprobs  # type: ignore[no-any-return]
+
+
+def vllm_processed_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse)`` and the support outputs from vLLM's v1 sampler."""
+    check_op_inputs(local_logits, targets, contract, group)
+    vllm = _vllm()
+    with torch.no_grad():
+        processed = processed_logits(local_logits.detach(), contract)
+        logprobs = vllm["Sampler"].compute_logprobs(processed)
+        selected = logprobs.gather(1, targets.long()[:, None])[:, 0]
+        kept = torch.isfinite(processed)
+        z = vllm["Sampler"].apply_temperature(
+            local_logits.detach().float().clone(),
+            torch.full((len(targets),), contract.temperature),
+            True,
+        )
+        lse = None
+        if contract.export_lse:
+            lse = _lse(z, vllm["Sampler"].compute_logprobs(z))
+        support_lse = _lse(processed, logprobs)
+        inf = torch.full_like(z, float("inf"))
+        threshold = torch.where(kept, z, inf).amin(dim=1)
+        threshold = torch.where(kept.any(dim=1), threshold, float("nan"))
+    return LogprobResult(
+        selected,
+        lse,
+        support_lse=support_lse,
+        support_size=kept.sum(dim=1, dtype=torch.int64),
+        support_threshold=threshold,
+    )
+
+
+def _lse(values: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+    """``max - logprob[argmax]`` per row: the log normaliser behind ``logprobs``."""
+    top = values.argmax(dim=1, keepdim=True)
+    return lse_from_max(values.gather(1, top)[:, 0], -logprobs.gather(1, top)[:, 0])
+
+
+honest = (vllm_processed_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.vllm_sampler:honest``."""

@@ -1,0 +1,161 @@
+"""The processed-logprob adapters on the reproducer rows and on random rows.
+
+Each reproducer row (``docs/repro_vllm_*.py``) pins what the library does where
+it differs from the exact rules of docs/semantics.md, "Processed logprobs"; the
+random rows check the glue: the support outputs describe the support the library
+chose, and rows far from every boundary agree with the exact rules, computed here
+with mpmath. Skipped where the library is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+import tp_logprob as tpl
+from tp_logprob.support import SupportSpec
+
+INF = math.inf
+
+vllm = pytest.importorskip("vllm", reason="vLLM is installed by nox -s conformance only")
+from tp_logprob.peers import vllm_sampler  # noqa: E402
+
+
+def _contract(rows: int, vocab: int, support: SupportSpec, **extra: object) -> tpl.LogprobContract:
+    sharding = tpl.ShardingSpec(0, 1, ((0, vocab),), vocab, vocab)
+    return tpl.LogprobContract(
+        "infer",
+        extra.pop("dtype", "fp32"),
+        tpl.MaskSpec(rows),
+        sharding,
+        tpl.ReductionSpec("run_to_run"),
+        support=support,
+        **extra,
+    )
+
+
+def _run(logits: list[list[float]], support: SupportSpec, targets=None, **extra):  # type: ignore[no-untyped-def]
+    x = torch.tensor(logits, dtype=torch.float32)
+    targets = torch.zeros(len(logits), dtype=torch.int64) if targets is None else targets
+    op, capability = vllm_sampler.honest
+    contract = _contract(x.shape[0], x.shape[1], support, **extra)
+    assert capability.supports(contract)
+    return op(x, targets, contract)
+
+
+def test_top_k_keeps_the_whole_tie_as_the_exact_rule_does() -> None:
+    result = _run([[1.0, 0.0, 0.0, 0.0, -1.0]], SupportSpec(top_k=2), torch.tensor([3]))
+    assert result.support_size.tolist() == [4]
+    assert result.support_threshold.tolist() == [0.0]
+    exact = -math.log(math.e + 3)
+    assert result.selected_logp.item() == pytest.approx(exact, rel=1e-6)
+
+
+def test_top_p_cuts_a_boundary_tie_by_position() -> None:
+    """docs/repro_vllm_top_p_ties.py: the exact rule keeps all four."""
+    result = _run([[0.0, 0.0, 0.0, 0.0]], SupportSpec(top_p=0.5))
+    assert result.support_size.tolist() == [2]
+    assert result.support_lse.item() == pytest.approx(math.log(2), rel=1e-6)
+    assert result.support_threshold.tolist() == [0.0]
+
+
+def test_top_p_fp32_boundary_drops_the_second_token() -> None:
+    """docs/repro_vllm_top_p_fp32_boundary.py: the exact rule keeps both."""
+    row = [[1.2608230113983154, 1.1623315811157227]]
+    result = _run(row, SupportSpec(top_p=0.524603009223938), torch.tensor([1]))
+    assert result.support_size.tolist() == [1]
+    assert result.selected_logp.tolist() == [-INF]
+    assert result.support_threshold.tolist() == [row[0][0]]
+
+
+def test_min_p_fp32_boundary_keeps_the_second_token() -> None:
+    """docs/repro_vllm_min_p_fp32_boundary.py: the exact rule drops it."""
+    result = _run([[0.0, -0.6931471824645996]], SupportSpec(min_p=0.5), torch.tensor([1]))
+    assert result.support_size.tolist() == [2]
+    assert result.selected_logp.item() == pytest.approx(-math.log(3), rel=1e-6)
+
+
+def test_temperature_below_one_hundredth_is_raised_to_it() -> None:
+    """docs/repro_vllm_temperature_floor.py: vLLM divides by 0.01, the contract by 0.005."""
+    result = _run([[1.0, 0.0]], SupportSpec(top_k=2), torch.tensor([1]), temperature=0.005)
+    assert result.selected_logp.item() == pytest.approx(-100.0, rel=1e-6)
+    assert result.lse.item() == pytest.approx(200.0, rel=1e-6)
+
+
+def test_a_kept_neg_inf_column_is_not_in_the_support() -> None:
+    """docs/repro_vllm_neg_inf_support.py: the exact support has four tokens."""
+    result = _run([[1.0, 0.0, -INF, -INF]], SupportSpec(top_k=3), torch.tensor([1]))
+    assert result.support_size.tolist() == [2]
+    assert result.support_threshold.tolist() == [0.0]
+    assert result.selected_logp.item() == pytest.approx(-math.log1p(math.e), rel=1e-6)
+
+
+def test_processed_logits_are_what_processed_logprobs_mode_returns() -> None:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 40, generator=generator) * 3
+    contract = _contract(6, 40, SupportSpec(top_k=9, top_p=0.8, min_p=0.01), temperature=0.7)
+    processed = vllm_sampler.processed_logits(x, contract)
+    metadata = vllm_sampler._metadata(vllm_sampler.sampling_params(contract), 6, 40)
+    sampler = vllm_sampler._vllm()["Sampler"](logprobs_mode="processed_logprobs")
+    returned = sampler(x.clone(), metadata).logprobs_tensors.logprobs
+    assert torch.equal(vllm_sampler._vllm()["Sampler"].compute_logprobs(processed), returned)
+
+
+def _exact_support(z: np.ndarray, support: SupportSpec) -> tuple[list[int], float]:
+    """The exact rules at 50 digits, and the smallest margin of any decision."""
+    with mpmath.workdps(50):
+        values = [mpmath.mpf(float(v)) for v in z]
+        top = max(values)
+        kept = list(range(len(values)))
+        margin = mpmath.inf
+        if support.min_p:
+            ratios = {v: mpmath.exp(values[v] - top) for v in kept}
+            margin = min(abs(r - support.min_p) for r in ratios.values())
+            kept = [v for v in kept if ratios[v] >= support.min_p]
+        if support.top_k and support.top_k < len(kept):
+            kth = sorted((values[v] for v in kept), reverse=True)[support.top_k - 1]
+            kept = [v for v in kept if values[v] >= kth]
+        if support.top_p is not None and support.top_p < 1:
+            weights = {v: mpmath.exp(values[v] - top) for v in kept}
+            bound = support.top_p * mpmath.fsum(weights.values())
+            above = {
+                v: mpmath.fsum(weights[u] for u in kept if values[u] > values[v]) for v in kept
+            }
+            margin = min([margin, *(abs(a - bound) / bound for a in above.values())])
+            kept = [v for v in kept if above[v] < bound]
+        return kept, float(margin)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rows_follow_the_exact_rules_away_from_boundaries(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows, vocab = 5, int(rng.integers(2, 30))
+    support = SupportSpec(
+        top_k=int(rng.integers(1, vocab + 2)),
+        top_p=float(rng.choice([0.3, 0.75, 0.95, 1.0])),
+        min_p=float(rng.choice([0.0, 0.02, 0.2])),
+    )
+    x = (rng.normal(size=(rows, vocab)) * 3).astype(np.float32)
+    targets = torch.tensor(x.argmax(axis=1))
+    temperature = float(rng.choice([1.0, 0.6, 1.7]))
+    before = torch.tensor(x)
+    logits = before.clone()
+    result = vllm_sampler.honest[0](
+        logits, targets, _contract(rows, vocab, support, temperature=temperature)
+    )
+    assert torch.equal(logits, before)
+    z = logits / torch.tensor(temperature, dtype=torch.float32)
+    torch.testing.assert_close(result.lse, torch.logsumexp(z, dim=1))
+    for row in range(rows):
+        kept = z[row] >= result.support_threshold[row]
+        assert int(kept.sum()) == int(result.support_size[row])
+        expected_lse = torch.logsumexp(z[row][kept], dim=0)
+        torch.testing.assert_close(result.support_lse[row], expected_lse)
+        torch.testing.assert_close(result.selected_logp[row], z[row, targets[row]] - expected_lse)
+        exact, margin = _exact_support(z[row].numpy(), support)
+        if margin > 1e-4:
+            assert sorted(torch.nonzero(kept)[:, 0].tolist()) == exact
