@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.__main__",
             "tp_logprob.cli",
             "tp_logprob.pytest_plugin",
+            "tp_logprob.pytest_real_group",
             "tp_logprob.peers.conformance",
             "tp_logprob.peers._collect",
             "tp_logprob.gpu_readiness",
