@@ -31,7 +31,14 @@ from tp_logprob.properties.lockstep import (
 from tp_logprob.properties.real_group import Launch, RealGroup, RealGroupError
 from tp_logprob.properties.running import use_real_group
 
-__all__ = ["REORDERING_PLUGINS", "RealGroupPlugin", "redirect_output", "start"]
+__all__ = [
+    "REORDERING_PLUGINS",
+    "RealGroupPlugin",
+    "check_scheduling",
+    "collection_difference",
+    "redirect_output",
+    "start",
+]
 
 REORDERING_PLUGINS = {
     "randomly": "pytest-randomly",
@@ -43,7 +50,7 @@ REORDERING_PLUGINS = {
 
 def start(config: pytest.Config, suite: Any) -> RealGroupPlugin:
     """Join the real process group for this session and register the plugin that runs on it."""
-    _refuse_per_process_scheduling(config)
+    check_scheduling(config)
     try:
         launch = Launch.from_environ()
         group = RealGroup.start(
@@ -86,7 +93,7 @@ def redirect_output(rank: int, log_dir: str | Path) -> Path:
     return path
 
 
-def _refuse_per_process_scheduling(config: pytest.Config) -> None:
+def check_scheduling(config: pytest.Config) -> None:
     """pytest-xdist and test-reordering plugins would give each rank other tests."""
     workers = config.getoption("numprocesses", None)
     mode = config.getoption("dist", "no")
@@ -117,6 +124,28 @@ def _choices(config: pytest.Config, suite: Any) -> str:
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def collection_difference(rank: int, collected: list[list[str]]) -> str | None:
+    """What differs between rank ``rank``'s tests and another rank's (``collected`` holds
+    every rank's node ids, in rank order), or None when every rank has the same."""
+    mine = collected[rank]
+    for other, theirs in enumerate(collected):
+        if theirs == mine:
+            continue
+        index = next(
+            (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+            min(len(mine), len(theirs)),
+        )
+        ours = mine[index] if index < len(mine) else "(the end)"
+        their = theirs[index] if index < len(theirs) else "(the end)"
+        return (
+            f"rank {other} collected other tests than rank {rank} ({len(theirs)} against "
+            f"{len(mine)}); first difference at position {index}: {their!r} against {ours!r}. "
+            "Every rank must run the same tests in the same order (no -k, --lf or reordering "
+            "plugin on one rank only)"
+        )
+    return None
 
 
 class RealGroupPlugin:
@@ -169,22 +198,9 @@ class RealGroupPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Every rank must have collected the same tests, in the same order."""
         mine = [item.nodeid for item in session.items]
-        every = self.group.gather_object(mine)
-        for rank, theirs in enumerate(every):
-            if theirs == mine:
-                continue
-            index = next(
-                (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
-                min(len(mine), len(theirs)),
-            )
-            ours = mine[index] if index < len(mine) else "(the end)"
-            other = theirs[index] if index < len(theirs) else "(the end)"
-            raise pytest.UsageError(
-                f"tp-logprob on a real process group: rank {rank} collected other tests than "
-                f"rank {self.rank} ({len(theirs)} against {len(mine)}); first difference at "
-                f"position {index}: {other!r} against {ours!r}. Every rank must run the same "
-                "tests in the same order (no -k, --lf or reordering plugin on one rank only)"
-            )
+        problem = collection_difference(self.rank, self.group.gather_object(mine))
+        if problem is not None:
+            raise pytest.UsageError(f"tp-logprob on a real process group: {problem}")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:

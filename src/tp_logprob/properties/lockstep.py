@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -208,7 +209,7 @@ class Lockstep:
         """Write this rank's own exception to its log, before the ranks compare notes."""
         where = f"{self.test} example {self._example} step {self._step}"
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        self.log(f"LOCAL rank {self.rank} {where} ({self._prop()}):\n{text.rstrip()}")
+        self.log(f"LOCAL {_stamp()} rank {self.rank} {where} ({self._prop()}):\n{text.rstrip()}")
 
     def log(self, line: str) -> None:
         """Append ``line`` to this rank's log."""
@@ -237,7 +238,7 @@ class Lockstep:
                 f"within {self.timeout:g} s: a rank is stuck (in an op, or a collective "
                 f"of its own) or died ({type(error).__name__}: {error}). Rank logs: {self.logs}"
             )
-            self.log("ABORT " + message)
+            self.log(f"ABORT {_stamp()} {message}")
             raise RealGroupAbort(message, self._record(None, self._runs)) from None
         if len(reports) != self.world_size:
             raise RealGroupAbort(
@@ -287,7 +288,7 @@ class Lockstep:
             f"{self._example}: {settlement.reason}. The group's collectives can no longer "
             f"be matched, so the session stops. Rank logs: {self.logs}"
         )
-        self.log("ABORT " + message)
+        self.log(f"ABORT {_stamp()} {message}")
         return RealGroupAbort(message, self._record(settlement.chosen, runs))
 
     def _record(
@@ -387,6 +388,11 @@ def _digest(runs: Sequence[PropertyRun]) -> str:
             else:
                 hasher.update(repr(value).encode())
     return hasher.hexdigest()
+
+
+def _stamp() -> str:
+    """When, for the log's LOCAL and ABORT lines (seconds since the epoch)."""
+    return f"t={time.time():.3f}"
 
 
 def log_file(directory: str | Path, rank: int) -> Path:

@@ -174,12 +174,23 @@ class RealGroup:
         return values
 
     def close(self) -> None:
-        """Leave the process groups and close the log."""
+        """Wait (at most the group timeout) for every rank to get here, then leave the
+        process groups and close the log.
+
+        The wait keeps the ranks' reports whole: ``torchrun`` stops every process as
+        soon as one exits with an error.
+        """
         import torch.distributed as dist
 
-        self._log.close()
         if dist.is_initialized():
+            try:
+                dist.monitored_barrier(
+                    group=self._control, timeout=datetime.timedelta(seconds=self.tp.timeout)
+                )
+            except RuntimeError as error:  # a rank is stuck or gone: leave without it
+                self.lockstep.log(f"END rank {self.rank}: not every rank came to the end: {error}")
             dist.destroy_process_group()
+        self._log.close()
 
     def run(
         self,

@@ -162,9 +162,7 @@ def _settle_example(reports: Sequence[Report]) -> Settlement:
 def _settle_failures(failed: Sequence[Report], world: int, note: str = "") -> Settlement:
     errors = [r for r in failed if r.status is Status.ERROR]
     if errors and (len(errors) < world or len({r.error_type for r in errors}) > 1):
-        raised = ", ".join(
-            f"{r.where()}: {r.error_type}: {_first_line(r.headline)}" for r in errors
-        )
+        raised = ", ".join(f"{r.where()} raised {_first_line(r.headline)}" for r in errors)
         calm = sorted(set(range(world)) - {r.rank for r in failed})
         tail = f"; rank(s) {calm} did not raise" if calm else ""
         return Settlement("abort", errors[0], tuple(r.rank for r in errors), f"{raised}{tail}")
@@ -182,7 +180,7 @@ def _settle_execution(reports: Sequence[Report]) -> Settlement:
     primary = [r for r in raised if not r.consequential] or raised
     waited = [r.rank for r in raised if r.consequential and r not in primary]
     done = [r.rank for r in reports if r.status is Status.OK]
-    parts = [f"{r.where()} raised {r.error_type}: {_first_line(r.headline)}" for r in primary]
+    parts = [f"{r.where()} raised {_first_line(r.headline)}" for r in primary]
     if waited:
         parts.append(f"rank(s) {waited} gave up waiting in a collective")
     if done:
