@@ -112,9 +112,9 @@ def test_a_correct_backend_passes_on_every_rank_in_lockstep(world: int, tmp_path
         assert row is not None and int(row[1]) >= 20, session.output[-4000:]
     assert session.output.count("tp-logprob property suite") == 1  # rank 0's table only
     logs = [session.examples(rank) for rank in range(world)]
-    assert len(logs[0]) > 100
+    assert len(logs[0]) > 50
     assert all(log == logs[0] for log in logs[1:])
-    assert all(line.endswith(("-> pass", "(Skipped)", "(StopTest)")) for line in logs[0])
+    assert all(re.search(r"-> (pass|stop \(\w+\))$", line) for line in logs[0])
     for rank in range(1, world):
         assert "passed" in session.out(rank)
     if world == 2:

@@ -195,7 +195,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if requested and _under_torchrun():
         from tp_logprob.pytest_real_group import start
 
-        start(config, suite)
+        start(config, suite, is_property)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,11 @@ REORDERING_PLUGINS = {
 """Plugins known to reorder (or reseed) tests per process, by the name pytest loads them as."""
 
 
-def start(config: pytest.Config, suite: Any) -> RealGroupPlugin:
-    """Join the real process group for this session and register the plugin that runs on it."""
+def start(
+    config: pytest.Config, suite: Any, is_property: Callable[[pytest.Item], bool]
+) -> RealGroupPlugin:
+    """Join the real process group for this session and register the plugin that runs on it
+    (which runs the items ``is_property`` picks in lockstep)."""
     check_scheduling(config)
     try:
         launch = Launch.from_environ()
@@ -72,7 +75,7 @@ def start(config: pytest.Config, suite: Any) -> RealGroupPlugin:
             "backends): every rank must run the same suite"
         )
     suite.seed = agreed[0][0]  # every rank draws from rank 0's seed
-    plugin = RealGroupPlugin(config, suite, group)
+    plugin = RealGroupPlugin(config, suite, group, is_property)
     config.pluginmanager.register(plugin, "tp_logprob_real_group")
     return plugin
 
@@ -151,8 +154,15 @@ def collection_difference(rank: int, collected: list[list[str]]) -> str | None:
 class RealGroupPlugin:
     """Hooks for a session whose process is one rank of a real process group."""
 
-    def __init__(self, config: pytest.Config, suite: Any, group: RealGroup) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        suite: Any,
+        group: RealGroup,
+        is_property: Callable[[pytest.Item], bool],
+    ) -> None:
         self.config, self.suite, self.group = config, suite, group
+        self.is_property = is_property
         self.rank, self.world_size = group.rank, group.world_size
         self.log_dir = Path(config.getoption("--tp-logprob-rank-logs"))
         self._stack = ExitStack()
@@ -176,11 +186,9 @@ class RealGroupPlugin:
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         """Every property test runs in lockstep, under settings that leave nothing to chance."""
-        from tp_logprob.pytest_plugin import is_property
-
         lockstep = self.group.lockstep
         for item in items:
-            if not is_property(item):
+            if not self.is_property(item):
                 continue
             test: Any = getattr(item, "obj", None)
             inner = getattr(getattr(test, "hypothesis", None), "inner_test", None)
