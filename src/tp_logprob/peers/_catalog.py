@@ -1,10 +1,12 @@
 """What the conformance report runs: each peer, its variants, and why a variant fails.
 
 Each row of the matrix is one adapter (:class:`Peer`); each column a contract
-feature. A cell is a backend spec (``module:attr``) the property suite runs, or a
-note saying why there is nothing to run (the honest capability already claims
-the feature, or the feature cannot apply). Every variant that is expected to
-fail carries its :class:`Explanation`; a failure without one is reported as
+feature, and the last one (:data:`REAL_GROUP`) the honest backend on a real
+process group (``torchrun``, gloo), where the library does its own communication.
+A cell is a backend spec (``module:attr``) the property suite runs, or a note
+saying why there is nothing to run (the honest capability already claims the
+feature, or the feature cannot apply). Every variant that is expected to fail
+carries its :class:`Explanation`; a failure without one is reported as
 unexplained and fails the run.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["COLUMNS", "PEERS", "Cell", "Explanation", "Peer"]
+__all__ = ["COLUMNS", "PEERS", "REAL_GROUP", "REAL_GROUP_RANKS", "Cell", "Explanation", "Peer"]
 
 PEER_LIMITATION = "peer limitation"
 PEER_BUG = "peer bug"
@@ -26,8 +28,15 @@ COLUMNS = (
     ("inactive", "inactive tokens"),
     ("batch", "batch invariance"),
     ("cross_tp", "cross-TP bitwise"),
+    ("real_group", "real group (torchrun, gloo)"),
 )
 """``(key, heading)`` of each matrix column, in order."""
+
+REAL_GROUP = "real_group"
+"""The column whose cell runs on a real process group rather than the emulated one."""
+
+REAL_GROUP_RANKS = 3
+"""Ranks of that group: three, so that shards can be uneven."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ _PADDING = Explanation(
 )
 _ONE_RANK = Cell(note="n/a: TP=1 only")
 _NO_XTP = Cell(note="n/a: TP=1 only")
+_REAL_GROUP_ONLY = Cell(note="n/a: real process group only")
 _TRL_POS_INF = (
     (
         "test_special_values_match_oracle",
@@ -146,6 +156,7 @@ PEERS = (
             ),
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
         },
     ),
     Peer(
@@ -172,6 +183,7 @@ PEERS = (
             ),
             "batch": Cell("assume_batch_invariant", explanation=_FLCE_BATCH),
             "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
         },
     ),
     Peer(
@@ -201,6 +213,7 @@ PEERS = (
                     "the shard boundaries fall, so other TP layouts differ in the last bits",
                 ),
             ),
+            "real_group": Cell("honest"),
         },
     ),
     Peer(
@@ -224,6 +237,17 @@ PEERS = (
             "inactive": Cell(note="as megatron_vp_ce"),
             "batch": Cell(note="as megatron_vp_ce"),
             "cross_tp": Cell(note="as megatron_vp_ce"),
+            "real_group": Cell("equal_shards"),
+        },
+    ),
+    Peer(
+        name="megatron_vp_ce_library",
+        module="megatron",
+        library="Megatron-Core vocab_parallel_cross_entropy whole, on its own parallel_state group",
+        distribution="megatron-core",
+        cells={
+            **{key: _REAL_GROUP_ONLY for key, _ in COLUMNS if key != REAL_GROUP},
+            "real_group": Cell("library"),
         },
     ),
     Peer(
@@ -270,6 +294,7 @@ PEERS = (
                     "shard layout",
                 ),
             ),
+            "real_group": Cell("honest"),
         },
     ),
     Peer(
@@ -310,6 +335,7 @@ PEERS = (
             ),
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
         },
     ),
 )
