@@ -54,12 +54,17 @@ def start(
     """Join the real process group for this session and register the plugin that runs on it
     (which runs the items ``is_property`` picks in lockstep)."""
     check_scheduling(config)
+    timeout = config.getoption("--tp-logprob-group-timeout")
+    if not timeout > 0:  # NaN too
+        raise pytest.UsageError(
+            f"--tp-logprob-group-timeout={timeout!r}: expected a positive number of seconds"
+        )
     try:
         launch = Launch.from_environ()
         group = RealGroup.start(
             launch,
             platform=suite.platform,
-            timeout=config.getoption("--tp-logprob-group-timeout"),
+            timeout=timeout,
             log_dir=config.getoption("--tp-logprob-rank-logs"),
         )
     except RealGroupError as error:
