@@ -1,93 +1,21 @@
 """The property suite on real gloo process groups: ``torchrun -m pytest`` in lockstep.
 
-Each test starts one torchrun session (a group takes a few seconds to start) and
-reads what its ranks wrote: rank 0's terminal, the other ranks' output
-(``rank<r>.out``) and every rank's log (``rank<r>.log``, one ``EXAMPLE`` line per
-example). Examples come from a small Hypothesis profile of this module's own, so a
-session of the whole suite stays short.
+Each test starts one torchrun session (a group takes a few seconds to start; see
+tests/helpers/torchrun.py) and reads what its ranks wrote.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.torchrun import environment, spec, suite_args, torchrun
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-BACKENDS = Path(__file__).resolve().parent / "helpers" / "real_group_backends.py"
-PROFILE_MODULE = "real_group_tests_profile"
-PROFILE = """
-from hypothesis import settings
-
-settings.register_profile("real_group_tests", max_examples=3)
-"""
-
-
-def spec(name: str) -> str:
-    return f"{BACKENDS}:{name}"
-
-
-@dataclass
-class Session:
-    """What one torchrun session left: rank 0's terminal and every rank's files."""
-
-    returncode: int
-    output: str
-    directory: Path
-    seconds: float
-
-    def log(self, rank: int) -> str:
-        return (self.directory / "ranks" / f"rank{rank}.log").read_text()
-
-    def out(self, rank: int) -> str:
-        return (self.directory / "ranks" / f"rank{rank}.out").read_text()
-
-    def examples(self, rank: int) -> list[str]:
-        return [line for line in self.log(rank).splitlines() if line.startswith("EXAMPLE ")]
-
-
-def _environment(directory: Path) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key != "TP_LOGPROB_PROFILE"}
-    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")]))
-    return env
-
-
-def _suite(directory: Path, *args: str) -> list[str]:
-    (directory / f"{PROFILE_MODULE}.py").write_text(PROFILE)
-    return [
-        "-m", "pytest", "--pyargs", "tp_logprob.properties", "-q", "-rs",
-        "-p", "no:cacheprovider", "-p", PROFILE_MODULE, "--hypothesis-profile=real_group_tests",
-        f"--tp-logprob-artifacts={directory / 'failures'}",
-        f"--tp-logprob-rank-logs={directory / 'ranks'}",
-        *args,
-    ]  # fmt: skip
-
-
-def torchrun(world: int, directory: Path, *args: str, timeout: float = 400) -> Session:
-    """The suite on a gloo group of ``world`` ranks (torchrun --standalone)."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={world}", *_suite(directory, *args),
-    ]  # fmt: skip
-    started = time.monotonic()
-    done = subprocess.run(
-        command,
-        cwd=directory,
-        env=_environment(directory),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    output = done.stdout + done.stderr
-    return Session(done.returncode, output, directory, time.monotonic() - started)
 
 
 def _report(text: str, test: str) -> list[str]:
@@ -161,7 +89,7 @@ def test_a_bug_on_the_last_rank_shrinks_to_one_example_on_every_rank(tmp_path: P
         capture_output=True,
         text=True,
         timeout=120,
-        env=_environment(tmp_path),
+        env=environment(tmp_path),
         cwd=tmp_path,
     )
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
@@ -207,9 +135,9 @@ def test_a_real_group_only_backend_is_skipped_without_torchrun(tmp_path: Path) -
     """Off a real group, a backend that communicates on the default group fails nothing:
     every property that would run it is skipped, saying so."""
     done = subprocess.run(
-        [sys.executable, *_suite(tmp_path, f"--tp-logprob-backend={spec('default_group')}")],
+        [sys.executable, *suite_args(tmp_path, f"--tp-logprob-backend={spec('default_group')}")],
         cwd=tmp_path,
-        env=_environment(tmp_path),
+        env=environment(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
