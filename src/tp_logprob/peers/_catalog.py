@@ -94,6 +94,14 @@ _PADDING = Explanation(
 _ONE_RANK = Cell(note="n/a: TP=1 only")
 _NO_XTP = Cell(note="n/a: TP=1 only")
 _REAL_GROUP_ONLY = Cell(note="n/a: real process group only")
+_TRANSPORT_SUM = Explanation(
+    PEER_LIMITATION,
+    "on a real group Megatron's all-reduce SUM is the transport's own (gloo here, NCCL on "
+    "GPUs): a ring all-reduce adds each row's per-rank partials in an order set by the chunk "
+    "the row falls in, which moves with N and the row's position, so the batch invariance "
+    "that fixed_topology claims does not hold there (the emulated column adds them in rank "
+    "order)",
+)
 _TRL_POS_INF = (
     (
         "test_special_values_match_oracle",
@@ -213,7 +221,7 @@ PEERS = (
                     "the shard boundaries fall, so other TP layouts differ in the last bits",
                 ),
             ),
-            "real_group": Cell("honest"),
+            "real_group": Cell("honest", explanation=_TRANSPORT_SUM),
         },
     ),
     Peer(
@@ -237,7 +245,7 @@ PEERS = (
             "inactive": Cell(note="as megatron_vp_ce"),
             "batch": Cell(note="as megatron_vp_ce"),
             "cross_tp": Cell(note="as megatron_vp_ce"),
-            "real_group": Cell("equal_shards"),
+            "real_group": Cell("equal_shards", explanation=_TRANSPORT_SUM),
         },
     ),
     Peer(
@@ -247,7 +255,7 @@ PEERS = (
         distribution="megatron-core",
         cells={
             **{key: _REAL_GROUP_ONLY for key, _ in COLUMNS if key != REAL_GROUP},
-            "real_group": Cell("library"),
+            "real_group": Cell("library", explanation=_TRANSPORT_SUM),
         },
     ),
     Peer(
