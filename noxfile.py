@@ -65,6 +65,19 @@ def properties(session: nox.Session) -> None:
     )
 
 
+@nox.session(default=False)
+def real_groups(session: nox.Session) -> None:
+    """The property suite on real gloo process groups of 2 and 3 ranks (torchrun, in lockstep)."""
+    _install(session, "torch,test")
+    args = session.posargs or ["--tp-logprob-backend=torch_native", "--tp-logprob-profile=ci"]
+    for ranks in (2, 3):  # 3 ranks: uneven shards
+        session.run(
+            "torchrun", "--standalone", f"--nproc-per-node={ranks}",
+            "-m", "pytest", "--pyargs", "tp_logprob.properties", "-p", "no:cacheprovider", "-q",
+            f"--tp-logprob-rank-logs=.tp_logprob/ranks/tp{ranks}", *args,
+        )  # fmt: skip
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""

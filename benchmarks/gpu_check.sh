@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command for a CUDA or ROCm machine with nothing prepared: install the project with a
 # GPU torch, compile every kernel for every target (gates included), run the kernel tests and
-# the property suite on GPU tensors, benchmark the kernels (torch baseline and, when installed,
-# Liger-Kernel side by side) and the fused LM head's peak memory and time against the logits
-# path, and write one JSON and one markdown report. Exits nonzero when
+# the property suite on GPU tensors, then the suite on a real NCCL process group with one rank
+# per GPU found (torchrun; 1 on a single-GPU machine), benchmark the kernels (torch baseline
+# and, when installed, Liger-Kernel side by side) and the fused LM head's peak memory and time
+# against the logits path, and write one JSON and one markdown report. Exits nonzero when
 # any step fails (a kernel that does not compile, a failing test or property, a timeout).
 #
 # Usage: benchmarks/gpu_check.sh [--dry-run] [--out DIR]
@@ -111,6 +112,14 @@ step kernel-tests 300 env -u TRITON_INTERPRET "$PY" -m pytest tests/kernels -q -
 step properties 300 env -u TRITON_INTERPRET "$PY" -m pytest --pyargs tp_logprob.properties -q \
     -p no:cacheprovider -n "$JOBS" "--tp-logprob-platform=$PLATFORM" --tp-logprob-profile=ci \
     "--tp-logprob-artifacts=$OUT/failures"
+# The suite on a real process group: NCCL (RCCL on ROCm), one rank per GPU, device LOCAL_RANK.
+GPUS=N  # the dry run shows the plan; a real run counts the GPUs torch sees
+[ "$DRY_RUN" = 0 ] && GPUS="$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))' || echo 1)"
+step real-group 600 env -u TRITON_INTERPRET "$PY" -m torch.distributed.run --standalone \
+    --nproc-per-node "$GPUS" -m pytest --pyargs tp_logprob.properties -q -p no:cacheprovider \
+    "--tp-logprob-platform=$PLATFORM" --tp-logprob-profile=ci --tp-logprob-backend=torch_native \
+    --tp-logprob-backend=triton_online "--tp-logprob-artifacts=$OUT/failures-real-group" \
+    "--tp-logprob-rank-logs=$OUT/ranks"
 step bench 300 env -u TRITON_INTERPRET "$PY" benchmarks/bench_kernels.py --json "$OUT/bench.json"
 # Fused LM head vs logits path, N 4096 and 32768 x infer/train: about 2 min on an H100-class GPU
 # (estimated, not measured; N=32768 train is the long one): --budget-s skips a shape that would

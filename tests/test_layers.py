@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.cli",
             "tp_logprob.hardware",
             "tp_logprob.pytest_plugin",
+            "tp_logprob.pytest_real_group",
             "tp_logprob.peers.conformance",
             "tp_logprob.peers._collect",
             "tp_logprob.gpu_readiness",

@@ -75,7 +75,12 @@ class LogprobBackendCapability:
     :func:`~tp_logprob.even_shard_bounds` makes then), as kernels that derive their
     range from ``rank * width`` do (Megatron's ``VocabUtility``).
     ``consumes_input`` means the op may write into ``local_logits`` (to save
-    memory); without it the suite requires the inputs untouched. ``input_kinds``
+    memory); without it the suite requires the inputs untouched. ``real_group_only``
+    means the op does its own communication through ``torch.distributed`` (on the
+    default process group, or on groups it built, as Megatron-Core's functions do)
+    instead of through the group handle it is given: it runs only on a real
+    process group (the suite under ``torchrun``), and the suite skips, saying so,
+    whatever would need the emulated group. ``input_kinds``
     says what the op takes: ``logits`` (a rank's logits shard) or ``hidden`` (hidden
     states and the rank's LM-head weight rows, the fused form; see
     :class:`~tp_logprob.LogprobInputKind`); a ``hidden`` backend that adds the LM
@@ -107,6 +112,7 @@ class LogprobBackendCapability:
     exports_entropy: bool = False
     even_shards_only: bool = False
     consumes_input: bool = False
+    real_group_only: bool = False
     input_kinds: frozenset[LogprobInputKind] = frozenset({LogprobInputKind.LOGITS})
     supports_bias: bool = False
     support_modes: frozenset[SupportMode] = frozenset({SupportMode.FULL})
@@ -133,6 +139,7 @@ class LogprobBackendCapability:
             "exports_entropy": check_bool("exports_entropy", self.exports_entropy),
             "even_shards_only": check_bool("even_shards_only", self.even_shards_only),
             "consumes_input": check_bool("consumes_input", self.consumes_input),
+            "real_group_only": check_bool("real_group_only", self.real_group_only),
             "input_kinds": check_enum_set(
                 "input_kinds", self.input_kinds, LogprobInputKind, non_empty=True
             ),
@@ -194,6 +201,7 @@ class LogprobBackendCapability:
             "exports_entropy": self.exports_entropy,
             "even_shards_only": self.even_shards_only,
             "consumes_input": self.consumes_input,
+            "real_group_only": self.real_group_only,
             "input_kinds": _names(self.input_kinds),
             "supports_bias": self.supports_bias,
             "support_modes": _names(self.support_modes),

@@ -35,6 +35,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "EmulatedGroup",
     "EmulatedRank",
+    "EmulationUnavailableError",
     "GroupHandle",
     "TorchGroup",
 ]
@@ -53,6 +54,12 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 class CollectiveAbortedError(CollectiveError):
     """The group was aborted (for example because another rank raised); it cannot be reused."""
+
+
+class EmulationUnavailableError(RuntimeError):
+    """An op cannot run on an emulated group in this process, and says why (for example, its
+    emulation would replace the real process group the process holds). The property suite
+    skips what needs it, with the message, instead of failing."""
 
 
 @runtime_checkable

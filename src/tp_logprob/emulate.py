@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     import torch
 
-__all__ = ["ReplicationError", "check_replicated", "run_tp", "run_tp_hidden"]
+__all__ = ["ReplicationError", "as_result", "check_replicated", "run_tp", "run_tp_hidden"]
 
 
 class ReplicationError(RuntimeError):
@@ -184,7 +184,7 @@ def _run_ranks(
         _reraise_first(errors, note=str(hung))
         raise hung
     _reraise_first(errors)
-    checked = [_as_result(rank, result) for rank, result in enumerate(results)]
+    checked = [as_result(rank, result) for rank, result in enumerate(results)]
     check_replicated(checked)
     return checked
 
@@ -241,8 +241,8 @@ def _reraise_first(errors: list[BaseException | None], *, note: str | None = Non
     raise error
 
 
-def _as_result(rank: int, result: object) -> LogprobResult:
-    """Any op's return as a LogprobResult: plain ``(selected, lse)`` pairs still count."""
+def as_result(rank: int, result: object) -> LogprobResult:
+    """Rank ``rank``'s op return as a LogprobResult: plain ``(selected, lse)`` pairs still count."""
     if isinstance(result, LogprobResult):
         return result
     if isinstance(result, tuple) and len(result) in (2, 3):

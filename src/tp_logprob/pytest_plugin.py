@@ -18,6 +18,12 @@ suite is requested, only the properties get the suite's settings and seed; the
 ``tp_logprob_suite`` opt-in makes them the session's default for every
 Hypothesis test (this repository's own tests run that way).
 
+Under ``torchrun`` (``torchrun --standalone --nproc-per-node N -m pytest --pyargs
+tp_logprob.properties ...``) each process is one rank of a real process group:
+the suite then runs every property on that group in lockstep, and rank 0 reports
+(see :mod:`tp_logprob.pytest_real_group`). Without ``torchrun``, nothing of that
+runs.
+
 Importing it imports neither torch nor triton; nothing is resolved until a
 session asks for the suite.
 """
@@ -28,7 +34,7 @@ import os
 import random
 import shlex
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +56,8 @@ BACKEND_FIXTURE = "tp_logprob_backend"
 _STATS_OUTPUT = "tp_logprob_stats"
 _SEED_INPUT = "tp_logprob_seed"
 DEFAULT_ARTIFACTS_DIR = ".tp_logprob/failures"
+DEFAULT_RANK_LOGS = ".tp_logprob/ranks"
+DEFAULT_GROUP_TIMEOUT_S = 60.0
 OPT_IN_INI = "tp_logprob_suite"
 
 
@@ -66,6 +74,8 @@ class _Suite:
     wide_max_vocab: int = 1 << 18
     active: bool = False
     everywhere: bool = False
+    launcher: list[str] = field(default_factory=list)
+    writes_artifacts: bool = True
     _backends: list[Any] | None = None
     _platform: str | None = None
 
@@ -139,6 +149,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=("dev", "ci", "thorough"),
         help="Hypothesis profile for tp-logprob tests (default: dev, or $TP_LOGPROB_PROFILE)",
     )
+    group.addoption(
+        "--tp-logprob-group-timeout",
+        type=float,
+        default=float(os.environ.get("TP_LOGPROB_GROUP_TIMEOUT", DEFAULT_GROUP_TIMEOUT_S)),
+        metavar="SECONDS",
+        help="under torchrun: how long a collective of the real process group waits for its "
+        f"peers (default: {DEFAULT_GROUP_TIMEOUT_S:g}, or $TP_LOGPROB_GROUP_TIMEOUT)",
+    )
+    group.addoption(
+        "--tp-logprob-rank-logs",
+        default=os.environ.get("TP_LOGPROB_RANK_LOGS", DEFAULT_RANK_LOGS),
+        metavar="DIR",
+        help="under torchrun: where each rank writes its log, rank<r>.log, and ranks "
+        f"other than 0 their output, rank<r>.out (default: $TP_LOGPROB_RANK_LOGS or "
+        f"{DEFAULT_RANK_LOGS})",
+    )
     parser.addini(
         OPT_IN_INI,
         type="bool",
@@ -161,10 +187,40 @@ def pytest_configure(config: pytest.Config) -> None:
         everywhere=bool(config.getini(OPT_IN_INI)),
     )
     config.stash[_SUITE] = suite
-    if suite.everywhere or _suite_requested(config):
+    requested = _suite_requested(config)
+    if suite.everywhere or requested:
         suite.activate()
     if suite.specs:
         suite.backends()  # a bad --tp-logprob-backend is a usage error, once
+    if requested and _under_torchrun():
+        from tp_logprob.pytest_real_group import start
+
+        start(config, suite, is_property)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, None, None]:
+    """Under torchrun, a rank other than 0 sends its output to its log, before pytest
+    starts capturing (so that what pytest restores between tests is the log too)."""
+    namespace = early_config.known_args_namespace
+    requested = _requests_suite(namespace.tp_logprob_backend, args, namespace.file_or_dir)
+    if requested and _under_torchrun():
+        from tp_logprob.properties.real_group import Launch
+        from tp_logprob.pytest_real_group import redirect_output
+
+        rank = Launch.from_environ().rank
+        if rank > 0:
+            redirect_output(rank, namespace.tp_logprob_rank_logs)
+    return (yield)
+
+
+def _under_torchrun() -> bool:
+    """Whether torchrun started this process (its variables are set); reads nothing else."""
+    from tp_logprob.properties.real_group import TORCHRUN_VARIABLES
+
+    return all(name in os.environ for name in TORCHRUN_VARIABLES)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> None:
@@ -218,11 +274,16 @@ def pytest_configure_node(node: Any) -> None:
 
 def _suite_requested(config: pytest.Config) -> bool:
     """A ``--tp-logprob-*`` option on the command line, or the suite's modules named."""
-    if config.getoption("--tp-logprob-backend") or any(
-        str(arg).startswith("--tp-logprob-") for arg in config.invocation_params.args
-    ):
+    return _requests_suite(
+        config.getoption("--tp-logprob-backend"), config.invocation_params.args, config.args
+    )
+
+
+def _requests_suite(backends: Any, arguments: Any, paths: Any) -> bool:
+    """Backends chosen, a ``--tp-logprob-*`` argument, or a path or module of the suite."""
+    if backends or any(str(arg).startswith("--tp-logprob-") for arg in arguments):
         return True
-    for arg in config.args:
+    for arg in paths or ():
         name = arg.split("::", 1)[0]
         if name.startswith("tp_logprob.properties"):
             return True
@@ -254,7 +315,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
 
 
-def _is_property(item: pytest.Item) -> bool:
+def is_property(item: pytest.Item) -> bool:
+    """Whether ``item`` is one of the suite's property tests."""
     return PROPERTIES_DIR in Path(str(item.path)).resolve().parents
 
 
@@ -283,7 +345,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     suite = config.stash[_SUITE]
     if not suite.active:
         return
-    if any(_is_property(item) for item in items):
+    if any(is_property(item) for item in items):
         from tp_logprob.properties.registry import suite_properties
 
         suite_properties()  # every property module, imported before a test runs
@@ -291,9 +353,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         test: Any = getattr(item, "obj", None)
         if not hasattr(test, "_hypothesis_internal_use_seed"):
             continue
-        if _is_property(item):
+        if is_property(item):
             test._hypothesis_internal_use_settings = property_settings(suite.profile, test)
-        if _is_property(item) or (suite.everywhere and suite.profile == "ci"):
+        if is_property(item) or (suite.everywhere and suite.profile == "ci"):
             test._hypothesis_internal_use_seed = suite.seed
 
 
@@ -319,8 +381,8 @@ def tp_logprob_suite(request: pytest.FixtureRequest) -> _Suite:
 
 
 def replay_command(item: pytest.Item, suite: _Suite, spec: str | None) -> str:
-    """The pytest command that reruns ``item`` the way it just ran."""
-    parts = ["pytest", f"{item.path}::{item.name}"]
+    """The pytest command that reruns ``item`` the way it just ran (under torchrun, if it did)."""
+    parts = [*suite.launcher, "pytest", f"{item.path}::{item.name}"]
     if spec is not None:
         parts.append(f"--tp-logprob-backend={spec}")
     parts += [
@@ -363,6 +425,8 @@ def pytest_runtest_makereport(
     if violations:
         reports = [f"{found.prop}\n{found.report}" for found in violations]
         report.longrepr = "\n\n".join(reports) + "\n" + replay
+    elif call.excinfo is not None and not isinstance(call.excinfo.value, Exception):
+        report.longrepr = f"{call.excinfo.value}\n{replay}"  # a real process group aborted
     else:
         report.sections.append(("tp-logprob replay", replay))
     return report
@@ -378,6 +442,9 @@ def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | No
     from tp_logprob.replay.artifacts import write_artifact
 
     lines = ""
+    if not suite.writes_artifacts:  # a rank other than 0 of a real process group
+        return lines
+    where = "  (replays on the emulated group, in one process)" if suite.launcher else ""
     for record in failure_record(error):
         try:
             path = write_artifact(
@@ -395,7 +462,7 @@ def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | No
             lines += f"\n  {'artifact'.ljust(LABEL_WIDTH)}  not written: {write_error}"
             continue
         command = shlex.join(["python", "-m", "tp_logprob", "replay", str(path)])
-        lines += f"\n  {'artifact'.ljust(LABEL_WIDTH)}  {command}"
+        lines += f"\n  {'artifact'.ljust(LABEL_WIDTH)}  {command}{where}"
     return lines
 
 

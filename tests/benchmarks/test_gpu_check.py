@@ -38,8 +38,9 @@ def test_dry_run_prints_the_plan_runs_the_tiny_shape_and_writes_reports(tmp_path
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["dry_run"] and report["passed"]
     names = [step["name"] for step in report["steps"]]
-    assert names[:5] == ["install", "compile", "kernel-tests", "properties", "bench"]
-    assert {step["status"] for step in report["steps"][:5]} == {"planned"}
+    assert names[:6] == ["install", "compile", "kernel-tests", "properties", "real-group", "bench"]
+    assert {step["status"] for step in report["steps"][:6]} == {"planned"}
+    assert "torch.distributed.run --standalone --nproc-per-node N -m pytest" in proc.stdout
     assert set(report["bench"]["ran"]) >= {"triton_online", "triton_exact_sum", "torch baseline"}
     assert "bench_fused.py --gpu-shapes" in proc.stdout
     assert "bench-fused" in names and "bench-fused (cpu)" in names

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.peers._catalog import COLUMNS, PEERS, PROCESSED_PEERS
+from tp_logprob.peers._catalog import COLUMNS, PEERS, PROCESSED_PEERS, REAL_GROUP
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +40,13 @@ def test_every_cell_names_a_backend_or_says_why_not(peer, key, cell) -> None:  #
 
 
 def test_backend_ids_are_unique() -> None:
-    ids = [_pair(p.module, c.attr)[1].backend_id for p, _, c in CELLS if c.attr]
+    """Across the emulated columns; the real-group column runs one of them again."""
+    ids = [_pair(p.module, c.attr)[1].backend_id for p, k, c in CELLS if c.attr and k != REAL_GROUP]
     assert len(ids) == len(set(ids))
+    for peer in PEERS:
+        cell = peer.cells[REAL_GROUP]
+        if cell.attr is not None and cell.attr != "library":
+            assert cell.attr in {c.attr for k, c in peer.cells.items() if k != REAL_GROUP}
 
 
 @pytest.mark.parametrize(

@@ -170,3 +170,31 @@ def test_a_reproducer_is_run_and_read_by_its_exit_status(tmp_path: Path) -> None
         )
         outcomes.append((run.outcome.split(" ")[0], run.failed))
     assert outcomes == [("differs", False), ("agrees", False), ("error", True)]
+
+
+def test_the_real_group_column_runs_the_honest_backend_under_torchrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands: list[list[str]] = []
+
+    class Finished:
+        returncode, stdout = 1, ""
+
+    def run(command: list[str], env: dict[str, str], **_: Any) -> Finished:
+        commands.append(command)
+        record = {"nodeid": "t.py::test_a[megatron_vp_ce]", "outcome": "passed", "text": ""}
+        Path(env[conformance.RECORD_ENV]).write_text(json.dumps(record) + "\n")
+        return Finished()
+
+    monkeypatch.setattr(conformance.subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "conformance.md"
+    arguments = ["--output", str(output), "--peer", "megatron_vp_ce", "--column", "real_group"]
+    assert conformance.main([*arguments, "--real-group-ranks", "2"]) == 0
+    (command,) = commands
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert "--tp-logprob-backend=tp_logprob.peers.megatron:honest" in command
+    report = output.read_text()
+    assert "| `megatron_vp_ce` | not run (--column) |" in report
+    assert report.count("**pass** (1 passed)") == 1
+    assert "real gloo process group of 2 ranks under `torchrun`" in report

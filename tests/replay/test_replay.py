@@ -16,6 +16,7 @@ import pytest
 from tests.helpers.artifacts import MUTANT, backend, padding_case, write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.contract import LogprobInputKind
+from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.properties.backends import resolve_backends
 from tp_logprob.properties.registry import run_property, suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
@@ -76,6 +77,17 @@ def test_replay_passes_on_the_fixed_backend_and_fails_on_the_buggy_one(tmp_path:
     out = io.StringIO()
     assert replay_paths([str(tmp_path)], "cpu", [MUTANT], properties=SUITE, out=out) == 1
     assert "drift vs exact" in out.getvalue() and "tolerance ulp" in out.getvalue()
+
+
+def test_a_real_group_only_backend_is_not_replayed_on_the_emulated_group(tmp_path: Path) -> None:
+    artifact = load_artifact(write_padding_artifact(tmp_path), SUITE)
+    only_real = dataclasses.replace(
+        backend("torch_native"),
+        capability=dataclasses.replace(TORCH_NATIVE, real_group_only=True),
+    )
+    result = replay(artifact, only_real, SUITE)
+    assert result.outcome is Outcome.SKIPPED
+    assert "real process group (real_group_only): rerun tests/replay" in result.detail
 
 
 def test_recorded_module_backend_must_be_named_again(

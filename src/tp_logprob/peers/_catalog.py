@@ -1,10 +1,12 @@
 """What the conformance report runs: each peer, its variants, and why a variant fails.
 
 Each row of the matrix is one adapter (:class:`Peer`); each column a contract
-feature. A cell is a backend spec (``module:attr``) the property suite runs, or a
-note saying why there is nothing to run (the honest capability already claims
-the feature, or the feature cannot apply). Every variant that is expected to
-fail carries its :class:`Explanation`; a failure without one is reported as
+feature, and the last one (:data:`REAL_GROUP`) the honest backend on a real
+process group (``torchrun``, gloo), where the library does its own communication.
+A cell is a backend spec (``module:attr``) the property suite runs, or a note
+saying why there is nothing to run (the honest capability already claims the
+feature, or the feature cannot apply). Every variant that is expected to fail
+carries its :class:`Explanation`; a failure without one is reported as
 unexplained and fails the run.
 
 Processed logprobs (a sampling support) have their own peers: the rollout
@@ -21,6 +23,8 @@ __all__ = [
     "COLUMNS",
     "PEERS",
     "PROCESSED_PEERS",
+    "REAL_GROUP",
+    "REAL_GROUP_RANKS",
     "UNAVAILABLE",
     "Cell",
     "Explanation",
@@ -42,8 +46,15 @@ COLUMNS = (
     ("inactive", "inactive tokens"),
     ("batch", "batch invariance"),
     ("cross_tp", "cross-TP bitwise"),
+    ("real_group", "real group (torchrun, gloo)"),
 )
 """``(key, heading)`` of each matrix column, in order."""
+
+REAL_GROUP = "real_group"
+"""The column whose cell runs on a real process group rather than the emulated one."""
+
+REAL_GROUP_RANKS = 3
+"""Ranks of that group: three, so that shards can be uneven."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,15 @@ _PADDING = Explanation(
 )
 _ONE_RANK = Cell(note="n/a: TP=1 only")
 _NO_XTP = Cell(note="n/a: TP=1 only")
+_REAL_GROUP_ONLY = Cell(note="n/a: real process group only")
+_TRANSPORT_SUM = Explanation(
+    PEER_LIMITATION,
+    "on a real group Megatron's all-reduce SUM is the transport's own (gloo here, NCCL on "
+    "GPUs): a ring all-reduce adds each row's per-rank partials in an order set by the chunk "
+    "the row falls in, which moves with N and the row's position, so the batch invariance "
+    "that fixed_topology claims does not hold there (the emulated column adds them in rank "
+    "order)",
+)
 _TRL_POS_INF = (
     (
         "test_special_values_match_oracle",
@@ -162,6 +182,7 @@ PEERS = (
             ),
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
         },
     ),
     Peer(
@@ -188,6 +209,7 @@ PEERS = (
             ),
             "batch": Cell("assume_batch_invariant", explanation=_FLCE_BATCH),
             "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
         },
     ),
     Peer(
@@ -217,6 +239,7 @@ PEERS = (
                     "the shard boundaries fall, so other TP layouts differ in the last bits",
                 ),
             ),
+            "real_group": Cell("honest", explanation=_TRANSPORT_SUM),
         },
     ),
     Peer(
@@ -240,6 +263,17 @@ PEERS = (
             "inactive": Cell(note="as megatron_vp_ce"),
             "batch": Cell(note="as megatron_vp_ce"),
             "cross_tp": Cell(note="as megatron_vp_ce"),
+            "real_group": Cell("equal_shards", explanation=_TRANSPORT_SUM),
+        },
+    ),
+    Peer(
+        name="megatron_vp_ce_library",
+        module="megatron",
+        library="Megatron-Core vocab_parallel_cross_entropy whole, on its own parallel_state group",
+        distribution="megatron-core",
+        cells={
+            **{key: _REAL_GROUP_ONLY for key, _ in COLUMNS if key != REAL_GROUP},
+            "real_group": Cell("library", explanation=_TRANSPORT_SUM),
         },
     ),
     Peer(
@@ -286,6 +320,7 @@ PEERS = (
                     "shard layout",
                 ),
             ),
+            "real_group": Cell("honest"),
         },
     ),
     Peer(
@@ -326,6 +361,7 @@ PEERS = (
             ),
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
         },
     ),
 )

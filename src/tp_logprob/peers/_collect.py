@@ -3,7 +3,8 @@
 ``pytest -p tp_logprob.peers._collect`` with ``TP_LOGPROB_CONFORMANCE_RECORD=FILE``
 appends ``{"nodeid", "outcome", "text"}`` for every test's call phase (and any
 failing setup), where ``text`` is the failure report with the plugin's replay
-and artifact lines. Under pytest-xdist only the controller writes.
+and artifact lines. Under pytest-xdist only the controller writes, under
+``torchrun`` only rank 0 (every rank reaches the same outcomes).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ RECORD_ENV = "TP_LOGPROB_CONFORMANCE_RECORD"
 
 def pytest_runtest_logreport(report: Any) -> None:
     path = os.environ.get(RECORD_ENV)
-    if not path or "PYTEST_XDIST_WORKER" in os.environ:
+    if not path or "PYTEST_XDIST_WORKER" in os.environ or os.environ.get("RANK", "0") != "0":
         return
     if report.when != "call" and not report.failed:
         return

@@ -1,12 +1,15 @@
 """Run the property suite against every peer adapter and its variants; write the report.
 
 ``python -m tp_logprob.peers.conformance`` (what ``nox -s conformance`` runs)
-starts one pytest session per peer with all of that peer's variants, records
-every property's outcome through :mod:`tp_logprob.peers._collect`, and writes
-``docs/conformance.md``: a matrix of peer x contract feature, then each failing
-cell's first failing property, its cause, and a command that replays it. The
-first failing example of each failing cell is copied next to the report
-(``docs/conformance/<backend>.json``) so the replay works from a clean checkout.
+starts one pytest session per peer with all of that peer's variants, and one
+``torchrun`` session per peer whose honest backend runs on a real process group
+(the real-group column: gloo, :data:`~tp_logprob.peers._catalog.REAL_GROUP_RANKS`
+ranks, the library's own communication), records every property's outcome
+through :mod:`tp_logprob.peers._collect`, and writes ``docs/conformance.md``: a
+matrix of peer x contract feature, then each failing cell's first failing
+property, its cause, and a command that replays it. The first failing example of
+each failing cell is copied next to the report (``docs/conformance/<backend>.json``)
+so the replay works from a clean checkout.
 
 A last section covers processed logprobs (a sampling support): each processed
 peer's capability, and each of its findings with the outcome of its reproducer,
@@ -40,6 +43,8 @@ from tp_logprob.peers._catalog import (
     COLUMNS,
     PEERS,
     PROCESSED_PEERS,
+    REAL_GROUP,
+    REAL_GROUP_RANKS,
     UNAVAILABLE,
     Cell,
     Explanation,
@@ -117,8 +122,10 @@ def _run_peer(
     specs = [
         peer.spec(cell.attr)
         for key, cell in peer.cells.items()
-        if cell.attr and (not args.column or key in args.column)
+        if cell.attr and key != REAL_GROUP and (not args.column or key in args.column)
     ]
+    if not specs:
+        return {}, 0.0
     record = scratch / f"{peer.name}.jsonl"
     command = [
         sys.executable, "-m", "pytest", "--pyargs", "tp_logprob.properties",
@@ -148,6 +155,41 @@ def _run_peer(
     return _read_records(record), elapsed
 
 
+def _run_real_group(
+    peer: Peer, args: argparse.Namespace, scratch: Path
+) -> tuple[dict[str, Outcome], float]:
+    """The peer's real-group cell under torchrun (gloo); nothing when it has none."""
+    cell = peer.cells.get(REAL_GROUP)
+    if cell is None or cell.attr is None or (args.column and REAL_GROUP not in args.column):
+        return {}, 0.0
+    name = f"{peer.name}-real-group"
+    record = scratch / f"{name}.jsonl"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={args.real_group_ranks}",
+        "-m", "pytest", "--pyargs", "tp_logprob.properties",
+        "-p", "no:cacheprovider", "-p", "tp_logprob.peers._collect", "-q", "--no-header",
+        f"--tp-logprob-profile={args.profile}",
+        f"--tp-logprob-artifacts={scratch / name}",
+        f"--tp-logprob-rank-logs={scratch / name / 'ranks'}",
+        f"--tp-logprob-backend={peer.spec(cell.attr)}",
+    ]  # fmt: skip
+    env = {**os.environ, RECORD_ENV: str(record), "OMP_NUM_THREADS": "1"}
+    print(f"conformance: {name}: {shlex.join(command[2:])}", flush=True)
+    started = time.monotonic()
+    finished = subprocess.run(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    elapsed = time.monotonic() - started
+    (scratch / f"{name}.log").write_text(finished.stdout, encoding="utf-8")
+    outcomes = _read_records(record)
+    if finished.returncode != 0 and not outcomes:  # torchrun's status says no more than that
+        tail = "\n".join(finished.stdout.splitlines()[-30:])
+        raise SystemExit(f"conformance: {name} exited {finished.returncode}:\n{tail}")
+    print(f"conformance: {name}: {elapsed:.0f} s", flush=True)
+    return outcomes, elapsed
+
+
 def _has_gpu() -> bool:
     import torch
 
@@ -175,7 +217,9 @@ def _render_row(
     peer: Peer,
     outcomes: dict[str, Outcome],
     args: argparse.Namespace,
+    real: dict[str, Outcome] | None = None,
 ) -> Row:
+    """The peer's row; ``real`` holds the outcomes of its real-group session."""
     row = Row([f"`{peer.name}`"], [])
     for key, _ in COLUMNS:
         cell = peer.cells.get(key, Cell(note="-"))
@@ -186,7 +230,7 @@ def _render_row(
             row.cells.append(cell.note)
             continue
         backend = _backend_id(peer, cell.attr)
-        outcome = outcomes.get(backend)
+        outcome = ((real or {}) if key == REAL_GROUP else outcomes).get(backend)
         if outcome is None:
             row.cells.append("not run")
             row.unexplained += 1
@@ -202,7 +246,8 @@ def _render_row(
         number = len(args.footnotes) + 1
         args.footnotes.append(backend)
         row.cells.append(f"**fail** [{number}](#f{number}): {', '.join(kinds)}")
-        row.details.append(_detail(number, peer, cell.attr, backend, outcome, causes, args))
+        where = f"{backend}, real group" if key == REAL_GROUP else backend
+        row.details.append(_detail(number, peer, cell.attr, where, outcome, causes, args))
     return row
 
 
@@ -273,7 +318,11 @@ def _markdown(
             "Generated by `nox -s conformance` (`python -m tp_logprob.peers.conformance`); do not "
             "edit by hand. Each adapter in `tp_logprob.peers` wraps a library's real code; each "
             "column runs the property suite against the adapter's honest capability, or against "
-            "the same op claiming one more contract feature, as a user might assume it has. A "
+            "the same op claiming one more contract feature, as a user might assume it has, on "
+            "the suite's emulated group (every rank a thread of one process). The last column "
+            f"runs the honest capability on a real gloo process group of {args.real_group_ranks} "
+            "ranks under `torchrun`, in lockstep, where each library does its own "
+            "communication (Megatron's all-reduces, DTensor's collectives). A "
             "cell is `pass`, `fail` (with the reason below), or why nothing runs there "
             "(`claimed`: the honest capability already includes it; `n/a`: it cannot apply).",
             "",
@@ -406,11 +455,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--peer", action="append", default=[], help="only these peers")
     parser.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"))
     parser.add_argument("--workers", default="0", help="pytest-xdist workers per session")
+    parser.add_argument(
+        "--real-group-ranks",
+        type=int,
+        default=REAL_GROUP_RANKS,
+        help=f"ranks of the real-group column's gloo group (default {REAL_GROUP_RANKS})",
+    )
     keys = [key for key, _ in COLUMNS]
     parser.add_argument(
         "--column", action="append", default=[], choices=keys, help="only these columns"
     )
     args = parser.parse_args(argv)
+    if args.real_group_ranks < 1:
+        parser.error(f"--real-group-ranks={args.real_group_ranks}: expected at least 1")
     known = [peer.name for peer in (*PEERS, *PROCESSED_PEERS)]
     unknown = set(args.peer) - set(known)
     if unknown:
@@ -428,8 +485,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tp-logprob-conformance-") as scratch_dir:
         scratch = Path(scratch_dir)
         for peer in chosen:
-            outcomes, timings[peer.name] = _run_peer(peer, args, scratch)
-            rows.append((peer, _render_row(peer, outcomes, args)))
+            outcomes, seconds = _run_peer(peer, args, scratch)
+            real, real_seconds = _run_real_group(peer, args, scratch)
+            if seconds:
+                timings[peer.name] = seconds
+            if real_seconds:
+                timings[f"{peer.name} (real group)"] = real_seconds
+            rows.append((peer, _render_row(peer, outcomes, args, real)))
         reproductions = {
             peer.name: [_reproduce(peer, finding, args.root) for finding in peer.findings]
             for peer in chosen_processed

@@ -6,9 +6,18 @@ Runs the pieces of ``megatron.core.tensor_parallel.cross_entropy.VocabParallelCr
 ``calculate_gradients``) in the order Megatron's ``_VocabParallelCrossEntropy``
 runs them, with ``label_smoothing=0``. Megatron's three ``torch.distributed.all_reduce``
 calls (MAX of the row maxima, SUM of the target logits, SUM of the shifted sums)
-are the only lines not Megatron's: each is an ``all_gather`` over the tp-logprob
-group followed by a max, or a sum in rank order, so any group handle works and
-every rank adds in the same order.
+run as Megatron runs them on a real process group (a
+:class:`~tp_logprob.comm.TorchGroup` handle: the suite under ``torchrun``), on the
+handle's process group, reduced in gloo's or NCCL's own order. On any other group
+handle (the suite's emulated group) they are the only lines not Megatron's: each is
+an ``all_gather`` over the handle followed by a max, or a sum in rank order.
+
+:data:`library` runs Megatron's own ``vocab_parallel_cross_entropy`` whole, on the
+tensor-parallel group of Megatron's ``parallel_state`` (initialized on first use with
+the contract's TP degree over the default process group): Megatron's code end to
+end, its communication included. It needs a real process group
+(``real_group_only``), takes Megatron's ``rank * width`` ranges (even shards only)
+and exports no LSE.
 
 Verified with megatron-core 0.19.2 (``>=0.19,<0.20``). Its metadata asks for
 Python >= 3.12, but the package is pure Python apart from an optional dataset
@@ -64,6 +73,7 @@ from typing import Any
 import torch
 
 from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.comm import TorchGroup
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
@@ -72,8 +82,9 @@ from tp_logprob.contract import (
     LogprobRole,
     MaskMode,
 )
+from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
-from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
+from tp_logprob.peers._glue import claiming, lse_from_max, private_copy, selected_from_loss
 
 __all__ = [
     "CAPABILITY",
@@ -84,6 +95,8 @@ __all__ = [
     "assume_uneven_shards",
     "equal_shards",
     "honest",
+    "library",
+    "megatron_library_logprob",
     "megatron_logprob",
 ]
 
@@ -111,22 +124,39 @@ def _megatron() -> dict[str, Any]:
             with warnings.catch_warnings():
                 # "Transformer Engine and Apex are not installed", "absl.logging is not installed"
                 warnings.simplefilter("ignore")
+                from megatron.core import parallel_state
                 from megatron.core.tensor_parallel.cross_entropy import (
                     VocabParallelCrossEntropy,
+                    vocab_parallel_cross_entropy,
                 )
                 from megatron.core.tensor_parallel.utils import VocabUtility
-            _MEGATRON.update(pieces=VocabParallelCrossEntropy, utility=VocabUtility)
+            _MEGATRON.update(
+                pieces=VocabParallelCrossEntropy,
+                utility=VocabUtility,
+                function=vocab_parallel_cross_entropy,
+                parallel_state=parallel_state,
+            )
     return _MEGATRON
 
 
 def _all_reduce_max(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     if group is None:
         return tensor
+    if isinstance(group, TorchGroup):  # Megatron's own call
+        torch.distributed.all_reduce(
+            tensor, op=torch.distributed.ReduceOp.MAX, group=group.process_group
+        )
+        return tensor
     return torch.stack(group.all_gather(tensor)).amax(dim=0)
 
 
 def _all_reduce_sum(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     if group is None:
+        return tensor
+    if isinstance(group, TorchGroup):  # Megatron's own call
+        torch.distributed.all_reduce(
+            tensor, op=torch.distributed.ReduceOp.SUM, group=group.process_group
+        )
         return tensor
     gathered = group.all_gather(tensor)
     total = gathered[0]
@@ -225,6 +255,30 @@ def megatron_loss_mask_logprob(
     return LogprobResult(-(loss * loss_mask), lse)
 
 
+def megatron_library_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``selected_logp`` from Megatron's own ``vocab_parallel_cross_entropy`` on Megatron's
+    tensor-parallel group (``group`` is not used: Megatron finds its own)."""
+    check_op_inputs(local_logits, targets, contract, group)
+    state = _megatron()["parallel_state"]
+    world = contract.sharding.tp_world_size
+    if not state.model_parallel_is_initialized():
+        state.initialize_model_parallel(tensor_model_parallel_size=world)
+    megatron_world = state.get_tensor_model_parallel_world_size()
+    if megatron_world != world:
+        raise LogprobContractError(
+            f"sharding.tp_world_size={world}: Megatron's tensor-parallel group has "
+            f"{megatron_world} ranks"
+        )
+    # fp32 input would be modified in place by Megatron: give it a copy.
+    loss = _megatron()["function"](private_copy(local_logits), targets)
+    return LogprobResult(selected_from_loss(loss), None)
+
+
 honest = (megatron_logprob, CAPABILITY)
 """The honest backend: ``--tp-logprob-backend=tp_logprob.peers.megatron:honest``."""
 
@@ -235,6 +289,18 @@ equal_shards = (
     ),
 )
 """Megatron's own ``rank * width`` shard ranges: even shards only."""
+
+library = (
+    megatron_library_logprob,
+    dataclasses.replace(
+        CAPABILITY,
+        backend_id="megatron_vp_ce_library",
+        exports_vocab_lse=False,
+        even_shards_only=True,
+        real_group_only=True,
+    ),
+)
+"""Megatron's ``vocab_parallel_cross_entropy`` whole, on its own groups: real groups only."""
 
 assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
 assume_cross_tp_bitwise = claiming(

@@ -15,8 +15,11 @@ PyTorch's in-process *threaded* process group, the one PyTorch's own DTensor
 tests run on (``torch.testing._internal.distributed.multi_threaded_pg``): the
 ranks meet through a ``HashStore`` whose key they agree on over the handle's
 ``all_gather``. Installing it swaps ``torch.distributed``'s world for a
-per-thread one for the rest of the process, so do not mix the two kinds of
-handle in one process.
+per-thread one for the rest of the process, so the two kinds of handle do not
+mix in one process: in a process that already holds a real process group (the
+suite under ``torchrun``), an emulated handle raises
+:class:`~tp_logprob.comm.EmulationUnavailableError`, and the suite skips what
+would need it.
 
 ``loss_parallel()`` installs process-wide DTensor handlers that are not
 reference counted (two threads leaving it at once raise ``KeyError``), and the
@@ -52,7 +55,7 @@ from typing import Any
 import torch
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.comm import CollectiveAbortedError, TorchGroup
+from tp_logprob.comm import CollectiveAbortedError, EmulationUnavailableError, TorchGroup
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
@@ -104,11 +107,21 @@ def loss_parallel_logprob(
 ) -> LogprobResult:
     """``(selected_logp, lse)`` from ``cross_entropy`` on a vocab-sharded DTensor."""
     check_op_inputs(local_logits, targets, contract, group)
-    if isinstance(group, TorchGroup):
-        return _compute(local_logits, targets, contract, group.process_group)
-    _enable_loss_parallel(threaded=True)
+    if isinstance(group, TorchGroup):  # a real process group: DTensor's own collectives
+        import torch.distributed as dist
+
+        process_group = dist.group.WORLD if group.process_group is None else group.process_group
+        return _compute(local_logits, targets, contract, process_group)
     import torch.distributed as dist
     from torch.testing._internal.distributed.multi_threaded_pg import ProcessLocalGroup
+
+    if "threaded" not in _STATE and dist.is_initialized():
+        raise EmulationUnavailableError(
+            "torch_loss_parallel: this process holds a real process group, and the adapter's "
+            "emulated group (PyTorch's threaded one) would replace torch.distributed's world "
+            "for the whole process; run it at the real group's TP degree"
+        )
+    _enable_loss_parallel(threaded=True)
 
     rank, world = (0, 1) if group is None else (group.rank, group.world_size)
     if rank == 0:  # a previous call's failure left the threaded collectives stopped

@@ -1,11 +1,13 @@
 """What the properties draw for a backend: cases from the contracts it claims.
 
 A property that needs a kind of contract the backend does not claim is skipped
-with the reason, never failed.
+with the reason, never failed. On a real process group of N ranks the contracts
+drawn are those of TP degree N (:func:`drawing_capability`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,9 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import DeterminismScope, ShardingSpec
+from tp_logprob.properties.running import real_group
 from tp_logprob.strategies import (
     HiddenCase,
     LogprobCase,
@@ -34,6 +38,7 @@ __all__ = [
     "draw_case",
     "draw_hidden_case",
     "draw_positions",
+    "drawing_capability",
     "interpreted",
     "long_lengths",
     "max_batch_rows",
@@ -44,12 +49,29 @@ __all__ = [
 ]
 
 
+def drawing_capability(backend: Any) -> LogprobBackendCapability:
+    """What the properties draw ``backend``'s contracts from: its capability, and on a real
+    process group of N ranks that capability at TP degree N only (every strategy that
+    takes a capability then draws for the group); skips the test if it serves no TP N."""
+    group = real_group()
+    capability: LogprobBackendCapability = backend.capability
+    if group is None:
+        return capability
+    world = group.world_size
+    if not capability.serves("tp_world_size", world):
+        pytest.skip(
+            f"{backend.backend_id} serves no tp_world_size={world} contract: nothing of it "
+            f"runs on this {world}-rank group"
+        )
+    return dataclasses.replace(capability, tp_world_sizes=frozenset({world}))
+
+
 def cases_for(backend: Any, **filters: Any) -> st.SearchStrategy[LogprobCase]:
     """Cases from the contracts ``backend`` claims; skips the test if it claims none such."""
     special_values = filters.pop("special_values", False)
     logit_kinds = filters.pop("logit_kinds", None)
     try:
-        contract_strategy = contracts(capability=backend.capability, **filters)
+        contract_strategy = contracts(capability=drawing_capability(backend), **filters)
     except InvalidArgument as error:
         pytest.skip(f"{backend.backend_id} claims no contract of this kind: {error}")
     return cases(contract_strategy, special_values=special_values, logit_kinds=logit_kinds)
@@ -65,7 +87,7 @@ def draw_case(data: Any, backend: Any, suite: Any, **filters: Any) -> LogprobCas
 def draw_hidden_case(data: Any, backend: Any, suite: Any, **filters: Any) -> HiddenCase:
     """A fused case from the contracts ``backend`` claims; skips backends that take logits."""
     try:
-        strategy = hidden_cases(capability=backend.capability, **filters)
+        strategy = hidden_cases(capability=drawing_capability(backend), **filters)
     except InvalidArgument as error:
         pytest.skip(f"{backend.backend_id} claims no fused LM-head contract: {error}")
     case: HiddenCase = data.draw(strategy, label="case")

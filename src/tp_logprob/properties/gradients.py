@@ -23,7 +23,7 @@ from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.measuring import allowed_error, entropy_error, row_summary
 from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import execute
+from tp_logprob.properties.running import execute, gathered_grad
 from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCase
 
 __all__ = ["expect_gradient", "entropy_weights", "gradient_bound", "upstream_weights"]
@@ -147,15 +147,16 @@ def expect_gradient(
     )
     if isinstance(total, torch.Tensor) and total.requires_grad:
         torch.autograd.backward(total)
-    grad = logits.grad
-    dtype = str(getattr(grad, "dtype", None))
-    if grad is not None and dtype != str(logits.dtype):
+    own = logits.grad  # on a real process group, this rank's shard only
+    dtype = str(getattr(own, "dtype", None))
+    if own is not None and dtype != str(logits.dtype):
         raise violation(
             f"{prop}: gradient dtype",
             case,
             backend.backend_id,
             [("problem", f"{dtype}, expected {logits.dtype}")],
         )
+    grad = gathered_grad(logits, contract)
     observed = (
         np.zeros(case.logits.shape)
         if grad is None

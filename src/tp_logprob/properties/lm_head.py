@@ -28,7 +28,7 @@ from tp_logprob.properties.gradients import entropy_weights, gradient_bound, ups
 from tp_logprob.properties.measuring import input_error
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import execute
+from tp_logprob.properties.running import execute, gathered_grad, summed_grad
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase
 
 __all__ = ["expect_fused_gradients", "fused_only", "logits_contract"]
@@ -85,9 +85,13 @@ def expect_fused_gradients(
     )
     if isinstance(total, torch.Tensor) and total.requires_grad:
         torch.autograd.backward(total)
+    # On a real process group each rank holds its partial d hidden and its own weight rows.
+    grads = [summed_grad(hidden, contract), gathered_grad(weight, contract, dim=0)]
+    if bias is not None:
+        grads.append(gathered_grad(bias, contract, dim=0))
     observed = [
-        np.zeros(t.shape) if t.grad is None else t.grad.detach().double().cpu().numpy()
-        for t in leaves
+        np.zeros(t.shape) if grad is None else grad.detach().double().cpu().numpy()
+        for t, grad in zip(leaves, grads, strict=True)
     ]
     expected = _expected_grads(case, w, v)[: len(leaves)]  # no bias: no d bias
     for name, got, (want, bound) in zip(

@@ -21,6 +21,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +38,10 @@ __all__ = [
     "FailureRecord",
     "PropertyBody",
     "PropertyRegistry",
+    "PropertyRun",
     "SuiteProperty",
     "failure_record",
+    "recording_runs",
     "run_property",
     "suite_properties",
     "suite_property",
@@ -157,6 +161,39 @@ class FailureRecord:
     error: BaseException
 
 
+@dataclass(frozen=True)
+class PropertyRun:
+    """One call of :func:`run_property`: which property, on which backend and case."""
+
+    prop: str
+    backend: Any
+    case: LogprobCase
+    params: dict[str, Any]
+
+    def failed(self, error: BaseException) -> FailureRecord:
+        """The record of this run failing with ``error``."""
+        return FailureRecord(self.prop, self.backend, self.case, self.params, error)
+
+
+_RUNS: ContextVar[list[PropertyRun] | None] = ContextVar("tp_logprob_property_runs", default=None)
+
+
+@contextmanager
+def recording_runs() -> Iterator[list[PropertyRun]]:
+    """Collect every :func:`run_property` call made inside the block, in order.
+
+    The ranks of a real process group compare what they ran (see
+    :mod:`tp_logprob.properties.lockstep`); a rank whose peer failed finds there the
+    case and params of the failing property, to write its artifact.
+    """
+    runs: list[PropertyRun] = []
+    token = _RUNS.set(runs)
+    try:
+        yield runs
+    finally:
+        _RUNS.reset(token)
+
+
 def run_property(
     name: str,
     backend: Any,
@@ -173,6 +210,9 @@ def run_property(
         key: np.array(value) if isinstance(value, np.ndarray) else value
         for key, value in (params or {}).items()
     }
+    runs = _RUNS.get()
+    if runs is not None:
+        runs.append(PropertyRun(name, backend, case, drawn))
     try:
         suite_properties()[name](backend, case, drawn, **context)
     except Exception as error:

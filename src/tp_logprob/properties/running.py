@@ -5,18 +5,30 @@ runs every emulated rank through :func:`~tp_logprob.run_tp` (or
 :func:`~tp_logprob.run_tp_hidden` for a fused LM-head case), which also proves the
 outputs are replicated, and checks the structure of what came back.
 :func:`sub_batch` and :func:`select_rows` cut a case and its outputs to some rows.
+
+On a real process group (the suite under ``torchrun``, see
+:mod:`tp_logprob.properties.real_group`), the plugin hands the group to
+:func:`use_real_group`: from then on a case whose TP degree is the group's runs on
+it, this process running its own rank only (:func:`run_logits`, :func:`run_hidden`),
+and a case of another TP degree still runs on the emulated group. A gradient then
+holds only this rank's shard until :func:`gathered_grad` (or :func:`summed_grad`,
+for the partial ``d hidden``) brings in the others'.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
-from tp_logprob.contract import LogprobContract, MaskSpec
+from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
+from tp_logprob.contract import LogprobContract, LogprobResult, MaskSpec
 from tp_logprob.properties.report import violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
 
@@ -26,9 +38,15 @@ __all__ = [
     "Outputs",
     "execute",
     "expanded_batch",
+    "gathered_grad",
     "outputs_of",
+    "real_group",
+    "run_hidden",
+    "run_logits",
     "select_rows",
     "sub_batch",
+    "summed_grad",
+    "use_real_group",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -63,7 +81,7 @@ def execute(
     :func:`~tp_logprob.run_tp_hidden` on its ``(hidden, weight, bias)``, or on
     ``operands`` when given.
     """
-    from tp_logprob.emulate import ReplicationError, run_tp, run_tp_hidden
+    from tp_logprob.emulate import ReplicationError
 
     contract = case.contract
     op = backend.op_for(contract)
@@ -74,10 +92,10 @@ def execute(
             hidden, weight, bias = (
                 case.torch_inputs(backend.device) if operands is None else operands
             )
-            results = run_tp_hidden(op, hidden, weight, targets, contract, bias=bias)
+            results = run_hidden(backend, op, hidden, weight, targets, contract, bias=bias)
         else:
             full = case.torch_logits(backend.device) if logits is None else logits
-            results = run_tp(op, full, targets, contract)
+            results = run_logits(backend, op, full, targets, contract)
     except ReplicationError as error:
         raise violation(
             "replicated outputs: ranks returned different bits",
@@ -86,6 +104,130 @@ def execute(
             [("problem", str(error))],
         ) from None
     return outputs_of(results, case, backend.backend_id)
+
+
+_REAL_GROUP: list[Any] = []
+
+
+def use_real_group(group: Any) -> None:
+    """Run every case of ``group``'s TP degree on ``group``, a
+    :class:`~tp_logprob.properties.real_group.RealGroup` (None: only the emulated group)."""
+    _REAL_GROUP.clear()
+    if group is not None:
+        _REAL_GROUP.append(group)
+
+
+def real_group() -> Any:
+    """The real process group the suite runs on, or None (the emulated group only)."""
+    return _REAL_GROUP[0] if _REAL_GROUP else None
+
+
+def _group_for(backend: Any, contract: LogprobContract) -> Any:
+    """The real group if ``contract`` runs on it; None for the emulated group; a skip when
+    the backend cannot run on the emulated group."""
+    group = real_group()
+    world = contract.sharding.tp_world_size
+    if group is not None and world == group.world_size:
+        return group
+    if backend.capability.real_group_only:
+        where = (
+            "run the suite under torchrun"
+            if group is None
+            else f"this check needs TP={world} and the group has {group.world_size} ranks"
+        )
+        pytest.skip(
+            f"{backend.backend_id} runs only on a real process group (real_group_only), not "
+            f"on the emulated group: {where}"
+        )
+    return None
+
+
+@contextmanager
+def _emulation(backend: Any) -> Iterator[None]:
+    """An op that says it cannot run on the emulated group here is skipped, not failed."""
+    try:
+        yield
+    except EmulationUnavailableError as error:
+        pytest.skip(f"{backend.backend_id} cannot run on the emulated group here: {error}")
+
+
+def run_logits(
+    backend: Any,
+    op: Any,
+    logits: Any,
+    targets: Any,
+    contract: LogprobContract,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[LogprobResult]:
+    """:func:`~tp_logprob.run_tp` for ``backend``'s ``op``, or this rank of the real group.
+
+    On the real group ``timeout`` is the group's own; the results are every rank's
+    (this rank's own, the others' copies), checked bit for bit as ``run_tp`` checks.
+    """
+    from tp_logprob.emulate import run_tp
+
+    group = _group_for(backend, contract)
+    if group is None:
+        with _emulation(backend):
+            return run_tp(op, logits, targets, contract, timeout=timeout)
+    bounds = contract.sharding.vocab_shard_bounds
+
+    def call(rank: int, rank_contract: LogprobContract, handle: Any) -> Any:
+        start, end = bounds[rank]
+        return op(logits[:, start:end], targets, rank_contract, group=handle)
+
+    return list(group.run(call, contract, backend.device))
+
+
+def run_hidden(
+    backend: Any,
+    op: Any,
+    hidden: Any,
+    weight: Any,
+    targets: Any,
+    contract: LogprobContract,
+    *,
+    bias: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[LogprobResult]:
+    """:func:`~tp_logprob.run_tp_hidden` for ``backend``'s ``op``, or this rank of the real
+    group (as :func:`run_logits`)."""
+    from tp_logprob.emulate import run_tp_hidden
+
+    group = _group_for(backend, contract)
+    if group is None:
+        with _emulation(backend):
+            return run_tp_hidden(op, hidden, weight, targets, contract, bias=bias, timeout=timeout)
+    bounds = contract.sharding.vocab_shard_bounds
+
+    def call(rank: int, rank_contract: LogprobContract, handle: Any) -> Any:
+        start, end = bounds[rank]
+        rows = None if bias is None else bias[start:end]
+        return op(hidden, targets, rank_contract, group=handle, weight=weight[start:end], bias=rows)
+
+    return list(group.run(call, contract, backend.device))
+
+
+def gathered_grad(leaf: Any, contract: LogprobContract, *, dim: int = 1) -> Any:
+    """``leaf.grad`` as every rank's backward filled it: on the emulated group the threads
+    share ``leaf``; on a real group each rank's shard (along ``dim``) comes from that rank.
+
+    Every rank calls it at the same point (it is a collective on a real group).
+    """
+    group = real_group()
+    if group is None or contract.sharding.tp_world_size != group.world_size:
+        return leaf.grad
+    return group.assemble(leaf, contract.sharding.vocab_shard_bounds, dim)
+
+
+def summed_grad(leaf: Any, contract: LogprobContract) -> Any:
+    """``leaf.grad`` summed over the ranks (the partial ``d hidden`` of each rank), in rank
+    order on a real group; on the emulated group autograd already summed it into ``leaf``."""
+    group = real_group()
+    if group is None or contract.sharding.tp_world_size != group.world_size:
+        return leaf.grad
+    return group.sum_partials(leaf)
 
 
 def outputs_of(results: Any, case: LogprobCase, backend_id: str) -> Outputs:

@@ -1,7 +1,8 @@
 """Bad inputs raise LogprobContractError at the op's boundary, before any output exists.
 
 The test draws which bad input to make; its property makes the call and judges it.
-Every rank gets the bad input (through ``run_tp``), except for a wrong shard width,
+Every rank gets the bad input (through ``run_tp``, or each rank of a real process
+group its own shard of it), except for a wrong shard width,
 which is handed to a single rank whose peers never arrive: an op that reached a
 collective before checking its inputs fails instead of raising ``LogprobContractError``.
 """
@@ -21,7 +22,7 @@ from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import execute
+from tp_logprob.properties.running import execute, run_logits
 from tp_logprob.strategies import LogprobCase
 
 BAD_INPUT_KINDS = (
@@ -71,8 +72,6 @@ def _bad_call(
     """The bad call, not yet made, and the logits tensor it passes."""
     import torch
 
-    from tp_logprob.emulate import run_tp
-
     kind = params["kind"]
     contract = case.contract
     op = backend.op_for(contract)
@@ -108,7 +107,9 @@ def _bad_call(
         targets = torch.from_numpy(bad).to(logits.device)
     else:
         raise PropertyInputError(f"params.kind={kind!r}: expected one of {BAD_INPUT_KINDS}")
-    return lambda: run_tp(op, logits, targets, contract, timeout=_PEER_TIMEOUT_S), logits
+    return lambda: run_logits(
+        backend, op, logits, targets, contract, timeout=_PEER_TIMEOUT_S
+    ), logits
 
 
 _TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

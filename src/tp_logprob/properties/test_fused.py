@@ -42,7 +42,13 @@ from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import execute, outputs_of, select_rows, sub_batch
+from tp_logprob.properties.running import (
+    execute,
+    outputs_of,
+    run_hidden,
+    select_rows,
+    sub_batch,
+)
 from tp_logprob.registry import registry
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
@@ -253,7 +259,6 @@ def fused_memory(
     """
     import torch
 
-    from tp_logprob.emulate import run_tp_hidden
     from tp_logprob.properties.allocations import track_allocations
 
     case = fused_only(case)
@@ -276,7 +281,7 @@ def fused_memory(
             tensor.requires_grad_(True)
     targets = big.torch_targets(backend.device)
     with track_allocations() as seen:
-        results = run_tp_hidden(seen.wrap(op), hidden, weight, targets, contract, bias=bias)
+        results = run_hidden(backend, seen.wrap(op), hidden, weight, targets, contract, bias=bias)
         if train:
             total = sum(result.selected_logp.float().sum() for result in results)
             if isinstance(total, torch.Tensor) and total.requires_grad:

@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import LogprobDType, MaskSpec
+from tp_logprob.contract import LogprobDType, MaskMode, MaskSpec
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.measuring import (
@@ -161,6 +162,8 @@ def test_inactive_rows(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
     """Inactive rows give exactly +0.0, their targets are never read, and the other rows
     are unaffected when one more row is made inactive."""
     backend = tp_logprob_backend
+    if not backend.capability.serves("mask_mode", MaskMode.EXPLICIT_ACTIVE_MASK):
+        pytest.skip(f"{backend.backend_id} serves no explicit active mask: no row can be inactive")
     case = draw_case(data, backend, tp_logprob_suite, mask_modes={"explicit_active_mask"})
     active = case.active
     flipped = None

@@ -6,10 +6,16 @@ sweeps use wide random rows (64 x 64, where reordering a sum changes its bits in
 a large share of rows) and compare every layout and batch shape bitwise. Where the
 backend claims them, the sweeps request entropy and (except the TP=1 batch sweep)
 temperature 0.7, so both ride along in every bit comparison.
+
+On a real process group of N ranks, the layouts of N ranks run on the group and the
+others on the emulated group; the uneven layout the batch and special-row sweeps
+use is then one of N ranks (:func:`group_layout`), added to the layouts if none
+of them has N ranks.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -29,7 +35,7 @@ from tp_logprob.contract import (
 )
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.measuring import expect_bitwise, expect_close
-from tp_logprob.properties.running import execute, select_rows
+from tp_logprob.properties.running import execute, real_group, select_rows
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
 ROWS = 64
@@ -44,6 +50,30 @@ LAYOUTS = {
     "tp8-even": even_shard_bounds(64, 8),
     "tp8-mixed": ((0, 1), (1, 2), (2, 9), (9, 30), (30, 31), (31, 50), (50, 61), (61, 64)),
 }
+
+
+def group_layout() -> tuple[str, tuple[tuple[int, int], ...]] | None:
+    """The uneven layout a real process group of N ranks runs, and its name: one of
+    :data:`LAYOUTS` with N uneven shards, else ``tpN-uneven``; None off a real group."""
+    group = real_group()
+    if group is None:
+        return None
+    world = group.world_size
+    for name, bounds in LAYOUTS.items():
+        if len(bounds) == world and not name.endswith("-even"):
+            return name, bounds
+    edges = [0, *((PADDED * rank) // world - rank % 2 for rank in range(1, world)), PADDED]
+    return f"tp{world}-uneven", tuple(itertools.pairwise(edges))
+
+
+def _layouts() -> dict[str, tuple[tuple[int, int], ...]]:
+    """Every layout the sweeps run: :data:`LAYOUTS`, and the real group's."""
+    found = group_layout()
+    return LAYOUTS if found is None else {**LAYOUTS, found[0]: found[1]}
+
+
+UNEVEN = (group_layout() or ("tp3-uneven", LAYOUTS["tp3-uneven"]))[0]
+"""The uneven layout of the batch and special-row sweeps (the real group's, on one)."""
 
 
 def _contract(
@@ -94,7 +124,7 @@ def test_cross_tp_bitwise_sweep(tp_logprob_backend: Any) -> None:
         pytest.skip(f"{backend.backend_id} does not claim cross_tp_bitwise")
     first = _case(_contract(backend.capability, LAYOUTS["tp1"], scope))
     baseline = execute(backend, first)
-    for name, bounds in LAYOUTS.items():
+    for name, bounds in _layouts().items():
         case = first.replace(contract=_contract(backend.capability, bounds, scope))
         expect_bitwise(
             f"cross-TP bitwise sweep: {name} differs from tp1",
@@ -106,18 +136,19 @@ def test_cross_tp_bitwise_sweep(tp_logprob_backend: Any) -> None:
         )
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp3-uneven"])
+@pytest.mark.parametrize("layout", ["tp1", UNEVEN])
 def test_batch_invariance_sweep(tp_logprob_backend: Any, layout: str) -> None:
     """Each row alone, and in batches of 2, 5 and 64, gives the same bits."""
     backend = tp_logprob_backend
     scope = DeterminismScope.FIXED_TOPOLOGY
     temperature = 1.0 if layout == "tp1" else SWEEP_TEMPERATURE
-    full = _case(_contract(backend.capability, LAYOUTS[layout], scope, ROWS, temperature), seed=1)
+    bounds = _layouts()[layout]
+    full = _case(_contract(backend.capability, bounds, scope, ROWS, temperature), seed=1)
     whole = execute(backend, full)
     for size in (1, 2, 5):
         for start in range(0, ROWS, 13):
             rows = np.arange(start, min(start + size, ROWS))
-            contract = _contract(backend.capability, LAYOUTS[layout], scope, len(rows), temperature)
+            contract = _contract(backend.capability, bounds, scope, len(rows), temperature)
             part = LogprobCase(contract, full.logits[rows], full.targets[rows])
             observed = execute(backend, part)
             expected = select_rows(whole, rows)
@@ -132,16 +163,18 @@ def test_batch_invariance_sweep(tp_logprob_backend: Any, layout: str) -> None:
 
 
 def test_special_rows_with_lse(tp_logprob_backend: Any) -> None:
-    """NaN, +inf and all -inf rows with the LSE exported, against the oracle, at TP 3."""
+    """NaN, +inf and all -inf rows with the LSE exported, against the oracle, at TP 3 (or
+    the real group's uneven layout)."""
     backend = tp_logprob_backend
     inf, nan = float("inf"), float("nan")
-    contract = _contract(backend.capability, LAYOUTS["tp3-uneven"], DeterminismScope.RUN_TO_RUN, 4)
+    bounds = _layouts()[UNEVEN]
+    contract = _contract(backend.capability, bounds, DeterminismScope.RUN_TO_RUN, 4)
     base = _case(contract, seed=2)
     logits = np.array(base.logits)
-    logits[0, 40] = inf  # +inf in a live column of the last rank
+    logits[0, 40] = inf  # +inf in a live column of the last rank (at TP 3)
     logits[1, 3] = nan  # NaN on the first rank
     logits[2, :] = -inf  # no finite live value
-    logits[3, 21] = inf  # +inf in the width-1 shard
+    logits[3, 21] = inf  # +inf in the width-1 shard (at TP 3)
     case = base.replace(logits=logits)
     selected, lse = exact_outputs(case)
     expect_close(

@@ -33,7 +33,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import LogprobInputKind
-from tp_logprob.properties.draws import interpreted
+from tp_logprob.properties.draws import drawing_capability, interpreted
 from tp_logprob.properties.lm_head import fused_only
 from tp_logprob.properties.measuring import expect_exact, expect_reference
 from tp_logprob.properties.params import PropertyInputError
@@ -75,7 +75,8 @@ def test_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data:
     if not backend.capability.serves("input_kind", LogprobInputKind.LOGITS):
         pytest.skip(f"{backend.backend_id} takes hidden states: the wide sweep is on logits")
     limit = wide_max_vocab(backend, tp_logprob_suite.wide_max_vocab)
-    case = data.draw(wide_cases(backend.capability, max_vocab=limit), label="wide case")
+    capability = drawing_capability(backend)
+    case = data.draw(wide_cases(capability, max_vocab=limit), label="wide case")
     tp_logprob_suite.stats.example(backend.backend_id)
     run_property("wide_reference", backend, case, stats=tp_logprob_suite.stats)
     assert np.isfinite(case.logits).any()
@@ -126,7 +127,7 @@ def test_fused_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any,
         pytest.skip(f"{backend.backend_id} takes logits: the fused wide sweep is on hidden states")
     small = interpreted(backend)
     strategy = wide_hidden_cases(
-        backend.capability,
+        drawing_capability(backend),
         max_vocab=min(
             tp_logprob_suite.wide_max_vocab,
             _FUSED_MAX_VOCAB,

@@ -81,11 +81,19 @@ def replay(
     backend: BackendUnderTest,
     properties: Mapping[str, SuiteProperty],
 ) -> ReplayResult:
-    """Rerun the artifact's property (from ``properties``) on ``backend``; SKIP if the
-    backend does not claim the contract."""
+    """Rerun the artifact's property (from ``properties``) on ``backend``, on the emulated
+    group; SKIP if the backend does not claim the contract or runs only on a real group."""
     reasons = backend.capability.incompatibilities(artifact.case.contract)
     if reasons:
         return ReplayResult(artifact, backend.backend_id, Outcome.SKIPPED, "; ".join(reasons))
+    if backend.capability.real_group_only:
+        return ReplayResult(
+            artifact,
+            backend.backend_id,
+            Outcome.SKIPPED,
+            f"{backend.backend_id} runs only on a real process group (real_group_only): rerun "
+            f"{artifact.document.get('test') or 'its test'} under torchrun",
+        )
     failure = backend.load_failure()
     if failure is not None:
         return ReplayResult(artifact, backend.backend_id, Outcome.FAILED, f"not loaded: {failure}")

@@ -81,6 +81,7 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         exports_entropy=data.get("exports_entropy", False),
         even_shards_only=data.get("even_shards_only", False),
         consumes_input=data.get("consumes_input", False),
+        real_group_only=data.get("real_group_only", False),
         # Recorded before the fused LM head: the backend took logits.
         input_kinds=frozenset(data.get("input_kinds", ["logits"])),
         # Recorded before supports_bias: every fused backend was sent bias contracts.
