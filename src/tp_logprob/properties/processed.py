@@ -138,7 +138,7 @@ def backend_support(case: LogprobCase, outputs: Outputs) -> BackendSupport:
         mask[:, : z.shape[1]] = z >= outputs.support_threshold[:, None]
         defined = ~np.isnan(z).any(axis=1) & ~np.isposinf(z).any(axis=1)
         defined &= np.isfinite(z).any(axis=1)
-    return BackendSupport(mask, defined)
+    return BackendSupport(mask, np.asarray(defined, dtype=np.bool_))
 
 
 def _spec(contract: LogprobContract) -> SupportSpec:
