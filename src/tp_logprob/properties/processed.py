@@ -257,12 +257,13 @@ def support_notes(case: LogprobCase, found: BackendSupport, outputs: Outputs) ->
         if not found.defined[row]:
             return [("support", f"{spec.rules()}: undefined for row {row} (NaN/+inf live z)")]
         tau = None if outputs.support_threshold is None else float(outputs.support_threshold[row])
-        text = f"{spec.rules()}: the backend kept {int(kept.sum())} tokens (z >= {tau!r})"
+        text = f"{spec.rules()}: the backend kept |S| = {int(kept.sum())} (z >= {tau!r})"
         if found.classification is not None:
             exact = found.classification.exact
             border = int(found.classification.borderline[row].sum())
             text += (
-                f"; the exact rules {int(exact.size[row])} (z >= {float(exact.threshold[row])!r}), "
+                f"; the exact rules |S| = {int(exact.size[row])} "
+                f"(z >= {float(exact.threshold[row])!r}), "
                 f"{border} borderline"
             )
         return [("support", text), ("boundary", _boundary(z[row], kept))]
