@@ -220,14 +220,12 @@ def judge_gradient(
     bound: Floats,
     stats: SuiteStats | None = None,
     *,
-    outside: npt.NDArray[np.bool_] | None = None,
     notes: Callable[[int], list[tuple[str, str]]] | None = None,
 ) -> None:
     """Raise unless ``run``'s gradient is within ``bound`` (:func:`gradient_bound`) of
     ``w exact + v entropy_grad`` element by element, and each row's sum within the sum of
-    its bounds of the exact row's sum (0 for the raw op). ``outside`` marks the columns
-    outside a processed op's support (whose bound is 0), for the report; ``notes(row)``
-    adds lines to the report of a row."""
+    its bounds of the exact row's sum (0 for the raw op). ``notes(row)`` adds lines to the
+    report of a row."""
     contract = case.contract
     weights, entropy_w, observed = run.weights, run.entropy_weights, run.gradient
     with np.errstate(invalid="ignore"):
@@ -254,8 +252,6 @@ def judge_gradient(
             excess = np.nan_to_num(np.where(bad, error - bound, -np.inf), nan=np.inf)
         row, column = np.unravel_index(int(np.argmax(excess)), bad.shape)
         where = _describe_position(case, int(row), int(column))
-        if outside is not None and outside[row, column] and where != "padding column: must be 0":
-            where = "outside the support: must be 0" if case.active[row] else where
         raise violation(
             f"{prop}: gradient outside its bound",
             case,

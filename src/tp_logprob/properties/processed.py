@@ -61,7 +61,7 @@ from tp_logprob.properties.measuring import (
     input_error,
     working_scale,
 )
-from tp_logprob.properties.report import SuiteStats, violation
+from tp_logprob.properties.report import SuiteStats, format_value, violation
 from tp_logprob.properties.running import Outputs, execute
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.support import SupportMode, SupportSpec
@@ -472,9 +472,11 @@ def expect_processed_gradient(
     entropy_grad = None
     if contract.export_entropy:
         entropy_grad = exact_processed_entropy_grad(case.logits, found.mask, **common)
+    outside = ~found.mask & found.defined[:, None]
+    notes = support_notes(case, found, run.outputs)
+    _expect_zero_outside(prop, case, backend.backend_id, run.gradient, outside, notes)
     masked = masked_case(case, found)
     bound = gradient_bound(masked, exact, entropy_grad, (run.weights, run.entropy_weights))
-    outside = ~found.mask & found.defined[:, None]
     judge_gradient(
         prop,
         case,
@@ -484,6 +486,34 @@ def expect_processed_gradient(
         entropy_grad,
         np.where(outside, 0.0, bound),
         stats,
-        outside=outside,
-        notes=support_notes(case, found, run.outputs),
+        notes=notes,
+    )
+
+
+def _expect_zero_outside(
+    prop: str, case: LogprobCase, backend_id: str, gradient: Floats, outside: Bools, notes: Notes
+) -> None:
+    """Every column outside ``S`` of an active row (the target's, padding) has gradient 0."""
+    leak = outside & case.active[:, None] & (gradient != 0.0)
+    if not leak.any():
+        return
+    row, column = (int(k) for k in np.argwhere(leak)[0])
+    real = case.contract.sharding.real_vocab_size
+    what = (
+        "padding column"
+        if column >= real
+        else "the target's column"
+        if column == int(case.targets[row])
+        else "a live column"
+    )
+    raise violation(
+        f"{prop}: the gradient is not 0 outside the support",
+        case,
+        backend_id,
+        [
+            ("worst", f"row {row}, column {column} ({what}, outside S); {int(leak.sum())} in all"),
+            ("observed", format_value(gradient[row, column])),
+            ("expected", "0.0 exactly (S is held fixed)"),
+            *notes(row),
+        ],
     )
