@@ -1,5 +1,6 @@
 """Planted-bug backends: torch_native (or, in ``fused_bugs``, torch_native_fused) with one
-realistic bug each, which the suite must catch.
+realistic bug each, which the suite must catch; ``processed_bugs`` plants them in its
+processed op (a sampling support).
 
 Every mutant is exposed as ``tests.mutants.<module>:<name>``, an ``(op, capability)``
 pair that ``pytest --pyargs tp_logprob.properties --tp-logprob-backend=SPEC``
@@ -289,6 +290,53 @@ MUTANTS: tuple[Mutant, ...] = (
         "fused LM head: the chunk partials' row sums as a BLAS matrix-vector product: a row's "
         "bits depend on its position in the chunk",
     ),
+    Mutant(
+        "top_k_exactly_k",
+        "processed_bugs",
+        "top-k keeps exactly k tokens, as torch.topk does: the tie at the k-th value is cut "
+        "by vocabulary id instead of kept whole",
+    ),
+    Mutant(
+        "top_p_inclusive_cumsum",
+        "processed_bugs",
+        "top-p keeps a token while the cumulative mass through it (its own included) is "
+        "<= top_p, not while the mass strictly above it is < top_p: the token that crosses "
+        "top_p is dropped",
+    ),
+    Mutant(
+        "rules_on_full_distribution",
+        "processed_bugs",
+        "SGLang's joint rule: top-k, top-p and min-p each on the full distribution and "
+        "intersected; top-p not renormalised over the survivors of min-p and top-k",
+    ),
+    Mutant(
+        "min_p_last",
+        "processed_bugs",
+        "min-p applied after top-k and top-p instead of first: top-p not renormalised over "
+        "min-p's survivors",
+    ),
+    Mutant(
+        "temperature_after_truncation",
+        "processed_bugs",
+        "the support's rules read the logits before the temperature (truncate, then divide by T)",
+    ),
+    Mutant(
+        "mask_not_renormalised",
+        "processed_bugs",
+        "the support applied to the trainer's logprob without renormalising: z_y - LSE over "
+        "the whole vocabulary instead of z_y - LSE_S",
+    ),
+    Mutant(
+        "support_per_shard",
+        "processed_bugs",
+        "the support recomputed from each rank's shard alone (a local top-k, top-p, min-p), "
+        "never across ranks",
+    ),
+    Mutant(
+        "replayed_local_ids",
+        "processed_bugs",
+        "the replayed mask's kept ids read as each rank's local column ids instead of global ids",
+    ),
 )
 """Every planted bug, in the order the runner reports them."""
 
@@ -298,8 +346,10 @@ CONTROLS: tuple[tuple[str, str], ...] = (
     ("my_kernel", "examples/my_kernel.py:register"),
     ("torch_native_fused", "torch_native_fused"),
     ("control_fused", "tests.mutants.fused_bugs:control_fused"),
+    ("control_processed", "tests.mutants.processed_bugs:control_processed"),
 )
 """``(name, spec)`` of the backends that must pass: the built-in torch_native,
 torch_native rebuilt by the mutants' own composition (loaded as module:attr),
-the third-party example backend (loaded from its file), and the same pair for the
-fused LM head (the built-in torch_native_fused, and its rebuild by ``fused_bugs``)."""
+the third-party example backend (loaded from its file), the same pair for the
+fused LM head (the built-in torch_native_fused, and its rebuild by ``fused_bugs``),
+and torch_native with sampling supports rebuilt by ``processed_bugs``."""

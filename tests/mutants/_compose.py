@@ -9,6 +9,14 @@ supports: the base-op mutants predate them, and a mutant claims them only by
 passing ``supports_temperature=True, exports_entropy=True`` (``support_modes=...``).
 The unmutated composition is the control ``tests.mutants.control:control_native``,
 which must pass the whole suite.
+
+A processed op (a contract with a support) is ``check -> live z -> support (a
+threshold, or the replayed mask) -> partial over S -> merge`` as
+``kernels/native.py`` and ``kernels/processed.py`` compose it;
+:func:`compose_processed` takes a forward built by :func:`processed_forward_from`
+from those steps, one of them replaced, and claims everything torch_native claims
+(temperature, entropy, both sampling supports). Its unmutated composition is
+``tests.mutants.processed_bugs:control_processed``.
 """
 
 from __future__ import annotations
@@ -22,15 +30,33 @@ import torch
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.builtin import TORCH_NATIVE
-from tp_logprob.kernels.merge import gather, merge_entropy, merge_partials
+from tp_logprob.kernels.merge import gather, gather_and_merge, merge_entropy, merge_partials
 from tp_logprob.kernels.native import native_forward
-from tp_logprob.kernels.partials import local_grad, local_partial
-from tp_logprob.kernels.results import differentiable_outputs, run_for_role
+from tp_logprob.kernels.partials import live_logits, local_grad, local_partial
+from tp_logprob.kernels.processed import (
+    SupportBlock,
+    merge_processed,
+    processed_partial,
+    support_block,
+)
+from tp_logprob.kernels.results import ProcessedOutputs, differentiable_outputs, run_for_role
 from tp_logprob.kernels.shards import owner_ranks
+from tp_logprob.kernels.support_mask import ReplayedSupport
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.support import SupportMode
 
-__all__ = ["Forward", "Grad", "MutantPair", "compose", "forward_from", "mutant"]
+__all__ = [
+    "Forward",
+    "Grad",
+    "MutantPair",
+    "ProcessedForward",
+    "compose",
+    "compose_processed",
+    "forward_from",
+    "mutant",
+    "native_block",
+    "processed_forward_from",
+]
 
 Forward = Callable[..., tuple[torch.Tensor, ...]]
 """``forward(local_logits, targets, active, contract, group) -> (selected, lse, entropy)``,
@@ -147,3 +173,115 @@ def compose(
 def mutant(name: str, **steps: Any) -> MutantPair:
     """:func:`compose` under the backend id ``mutant_<name>``."""
     return compose(f"mutant_{name}", **steps)
+
+
+ProcessedForward = Callable[..., tuple[tuple[torch.Tensor, ...], torch.Tensor | None]]
+"""``forward(local_logits, targets, active, contract, group) -> (outputs, keep)``: native's
+outputs (six for a processed op) and this rank's support mask for the backward (None:
+every live column)."""
+
+Block = Callable[..., SupportBlock]
+"""``block(local_logits, z, contract, group, replayed) -> (keep, size, threshold)``: the
+support of every row from this rank's live tempered logits ``z``, or the replayed mask."""
+
+
+def native_block(
+    local_logits: torch.Tensor,
+    z: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+    replayed: ReplayedSupport | None,
+) -> SupportBlock:
+    """torch_native's support: :func:`~tp_logprob.kernels.processed.support_block`."""
+    return support_block(z, contract, group, replayed)
+
+
+def processed_forward_from(
+    block: Block = native_block,
+    merge: Callable[..., ProcessedOutputs] = merge_processed,
+    replayed_support: Callable[[LogprobContract, torch.device], Any] = ReplayedSupport,
+) -> ProcessedForward:
+    """native's forward (``kernels/native.py``'s, ``processed_forward`` for a support) with
+    some steps replaced: the support, the merge, or how the replayed mask is read."""
+
+    def forward(
+        local_logits: torch.Tensor,
+        targets: torch.Tensor,
+        active: torch.Tensor,
+        contract: LogprobContract,
+        group: Any,
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        if contract.support is None:
+            partial = local_partial(local_logits, targets, contract)
+            return gather_and_merge(partial, targets, active, contract, group), None
+        z = live_logits(local_logits, contract)
+        replayed = None
+        if contract.support_mode is SupportMode.REPLAYED_MASK:
+            replayed = replayed_support(contract, z.device)
+        keep, size, threshold = block(local_logits, z, contract, group, replayed)
+        partial = processed_partial(z, targets, contract, keep)
+        return merge(partial, targets, active, contract, group, size, threshold), keep
+
+    return forward
+
+
+class _ProcessedMutantFunction(torch.autograd.Function):
+    """native's NativeLogprobFunction with the forward as an argument: the gradient of
+    ``z_y - LSE_S`` from the support's LSE and mask saved in forward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        local_logits: torch.Tensor,
+        targets: torch.Tensor,
+        active: torch.Tensor,
+        contract: LogprobContract,
+        group: Any,
+        output_dtype: torch.dtype,
+        forward: ProcessedForward,
+    ) -> tuple[torch.Tensor, ...]:
+        outputs, keep = forward(local_logits, targets, active, contract, group)
+        grad_lse = outputs[1] if len(outputs) == 3 else outputs[3]
+        ctx.save_for_backward(local_logits, targets, active, grad_lse, outputs[2], keep)
+        ctx.contract = contract
+        return differentiable_outputs(ctx, contract, output_dtype, *outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        local_logits, targets, active, lse, entropy, keep = ctx.saved_tensors
+        grad_entropy = grads[2] if ctx.contract.export_entropy else None
+        grad = local_grad(
+            local_logits,
+            targets,
+            active,
+            lse,
+            grads[0],
+            ctx.contract,
+            entropy,
+            grad_entropy,
+            keep=keep,
+        )
+        return (grad, *([None] * 6))
+
+
+def compose_processed(backend_id: str, forward: ProcessedForward) -> MutantPair:
+    """The ``(op, capability)`` pair of a native-built backend, sampling supports included,
+    registered as ``backend_id`` with torch_native's capability."""
+
+    def op(
+        local_logits: torch.Tensor,
+        targets: torch.Tensor,
+        contract: LogprobContract,
+        group: Any = None,
+    ) -> LogprobResult:
+        active = check_op_inputs(local_logits, targets, contract, group)
+        return run_for_role(contract, train, infer, local_logits, targets, active, contract, group)
+
+    def train(*inputs: Any) -> Any:
+        return _ProcessedMutantFunction.apply(*inputs, forward)
+
+    def infer(*inputs: Any) -> tuple[torch.Tensor, ...]:
+        return forward(*inputs)[0]
+
+    op.__qualname__ = op.__name__ = backend_id
+    return op, dataclasses.replace(TORCH_NATIVE, backend_id=backend_id)

@@ -5,7 +5,8 @@ fast tests keep the zoo honest: every mutant loads through the suite's own
 ``module:attr`` loader with its base backend's capability (torch_native, or
 torch_native_fused for the ``fused_*`` modules; bar its declared lie), the controls rebuilt
 from the same parts pass every demo, and each mutant differs from its base
-backend on a case designed for its bug.
+backend on a case designed for its bug (``processed_bugs``: a contract with a
+sampling support, every output compared, the support's too).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tp_logprob as tpl
 from tests.mutants import CONTROLS, MUTANTS
 from tests.mutants.control import control_native
 from tests.mutants.fused_bugs import control_fused
+from tests.mutants.processed_bugs import control_processed
 from tp_logprob.comm import CollectiveError, EmulatedGroup
 from tp_logprob.emulate import ReplicationError
 from tp_logprob.kernels.builtin import TORCH_NATIVE, TORCH_NATIVE_FUSED
@@ -125,6 +127,40 @@ NATIVE_FUSED: Pair = (torch_native_fused_logprob, TORCH_NATIVE_FUSED)
 
 def _forward_differs(case: Case) -> Callable[[Pair], bool]:
     return lambda pair: not _same_bits(_outputs(pair[0], case), _outputs(NATIVE[0], case))
+
+
+_SUPPORT_OUTPUTS = ("support_lse", "support_size", "support_threshold")
+
+
+def _processed_differs(case: Case) -> Callable[[Pair], bool]:
+    """Some output of a processed op (the support's included) has other bits than native's."""
+
+    def outputs(op: Callable[..., Any]) -> tuple[Any, ...]:
+        logits, targets = case.tensors()
+        result = tpl.run_tp(op, logits, targets, case.contract)[0]
+        support = tuple(getattr(result, name) for name in _SUPPORT_OUTPUTS)
+        return (*tuple(result), *support)
+
+    def differs(pair: Pair) -> bool:
+        mine, native = outputs(pair[0]), outputs(NATIVE[0])
+        return not all(_same_output(a, b) for a, b in zip(mine, native, strict=True))
+
+    return differs
+
+
+def _same_output(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Both None, or the same bits (int64 sizes: the same values)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if a.dtype == torch.int64:
+        return torch.equal(a, b)
+    return torch.equal(_bits(a), _bits(b))
+
+
+def _supported(
+    support: tpl.SupportSpec, bounds: tuple[tuple[int, int], ...] = ((0, _V),), **fields: Any
+) -> tpl.LogprobContract:
+    return dataclasses.replace(_contract(bounds, **fields), support=support)
 
 
 def _input_written(case: Case) -> Callable[[Pair], bool]:
@@ -468,8 +504,43 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
             [1, 2],
         )
     ),
+    # Processed logprobs (vs torch_native). RAMP's masses exp(v - 7): 1, 0.368, 0.135, ...
+    "top_k_exactly_k": _processed_differs(
+        Case(
+            _supported(tpl.SupportSpec(top_k=2), _TP2),
+            [[0.0, 1.0, 2.0, 2.0, 2.0, 3.0, -1.0, -2.0]],
+            [5],
+        )
+    ),
+    # top_p=0.9 keeps 7, 6, 5 (mass above 5 is 1.37 < 0.9 Z = 1.42); through 5 it is 1.50.
+    "top_p_inclusive_cumsum": _processed_differs(
+        Case(_supported(tpl.SupportSpec(top_p=0.9)), _RAMP, [7])
+    ),
+    # top_k=2, top_p=0.7: over {7, 6} 6 goes (1 >= 0.7 * 1.37); over the vocabulary it stays.
+    "rules_on_full_distribution": _processed_differs(
+        Case(_supported(tpl.SupportSpec(top_k=2, top_p=0.7), _TP2), _RAMP, [7])
+    ),
+    # min_p=0.1 keeps 7, 6, 5 (Z = 1.50); top_p=0.88 then keeps 7, 6, over the vocabulary 5 too.
+    "min_p_last": _processed_differs(
+        Case(_supported(tpl.SupportSpec(min_p=0.1, top_p=0.88)), _RAMP, [7])
+    ),
+    # z = 2x: min_p=0.1 keeps 7, 6 of z, and 7, 6, 5 of x.
+    "temperature_after_truncation": _processed_differs(
+        Case(_supported(tpl.SupportSpec(min_p=0.1), temperature=0.5), _RAMP, [7])
+    ),
+    "mask_not_renormalised": _processed_differs(
+        Case(_supported(tpl.SupportSpec(top_k=3)), _RAMP, [7])
+    ),
+    "support_per_shard": _raises(
+        ReplicationError, Case(_supported(tpl.SupportSpec(top_k=2), _TP2), _RAMP, [7])
+    ),
+    # Rank 1 (columns 4-7) must keep global id 6; read as a local id, 1 is global 5.
+    "replayed_local_ids": _processed_differs(
+        Case(_supported(tpl.SupportSpec.from_kept_lists([[1, 6]]), _TP2), _RAMP, [1])
+    ),
 }
 _FUSED_DEMOS = {m.name for m in MUTANTS if m.module.startswith("fused_")}
+_PROCESSED_DEMOS = {m.name for m in MUTANTS if m.module == "processed_bugs"}
 
 
 def _pair(name: str) -> Pair:
@@ -496,10 +567,14 @@ def test_unmutated_backends_do_not(name: str, backend: str) -> None:
     builtin, control = (
         (NATIVE_FUSED, control_fused) if name in _FUSED_DEMOS else (NATIVE, control_native)
     )
+    if name in _PROCESSED_DEMOS:
+        control = control_processed
     assert not DEMOS[name](builtin if backend == "builtin" else control)
 
 
-_CONTROL_SPECS = [dict(CONTROLS)[name] for name in ("control_native", "control_fused")]
+_CONTROL_SPECS = [
+    dict(CONTROLS)[name] for name in ("control_native", "control_fused", "control_processed")
+]
 
 
 @pytest.mark.parametrize("spec", [m.spec for m in MUTANTS] + _CONTROL_SPECS)

@@ -28,7 +28,12 @@ from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_logits
 from tp_logprob.properties.registry import suite_properties
-from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
+from tp_logprob.replay.artifacts import (
+    SCHEMA_VERSION,
+    ArtifactError,
+    load_artifact,
+    write_artifact,
+)
 from tp_logprob.replay.runner import replay_paths
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 
@@ -115,7 +120,7 @@ def test_hidden_case_round_trip(tmp_path: Path, has_bias: bool) -> None:
         else:
             np.testing.assert_array_equal(stored, original)
     document = json.loads(path.read_text())
-    assert document["schema_version"] == 2
+    assert document["schema_version"] == SCHEMA_VERSION
     expected = {"logits", "targets", "mask", "hidden", "weight"} | ({"bias"} if has_bias else set())
     assert set(document["arrays"]) == expected
     assert document["arrays"]["weight"] == {"dtype": "float32", "shape": [5, 3]}

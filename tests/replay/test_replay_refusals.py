@@ -110,7 +110,7 @@ REFUSALS = {
         ),
         "non-standard JSON constant",
     ),
-    "future schema version": (_edit_json(_set("schema_version", value=3)), "schema_version=3"),
+    "future schema version": (_edit_json(_set("schema_version", value=4)), "schema_version=4"),
     "unknown top-level key": (
         _edit_json(_set("command", value="rm -rf /")),
         "unexpected ['command']",

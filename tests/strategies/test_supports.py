@@ -55,20 +55,33 @@ def test_top_k_boundaries_land_on_ties() -> None:
     assert found
 
 
+def _survivors(finite: np.ndarray, support: Any) -> np.ndarray:
+    """The values min-p and top-k keep (float64), over which top-p renormalises."""
+    if support.min_p is not None:
+        with np.errstate(under="ignore"):
+            finite = finite[np.exp(finite - finite.max()) >= support.min_p]
+    if support.top_k is not None and support.top_k < finite.size:
+        finite = finite[finite >= np.sort(finite)[::-1][support.top_k - 1]]
+    return finite
+
+
 def test_top_p_boundaries_sit_on_a_mass() -> None:
-    """Some drawn top_p equals the float64 mass strictly above a token of a row."""
+    """Some drawn top_p equals the float64 mass strictly above a token of a row, relative to
+    the survivors of the min-p and top-k drawn with it."""
     found = []
 
     @settings(database=None, max_examples=400, deadline=None)
     @given(cases(support_modes={"sampling_params"}, max_padded_vocab_size=24, max_num_tokens=3))
     def search(case: Any) -> None:
-        p = case.contract.support.top_p
+        support = case.contract.support
+        p = support.top_p
         if p is None or p == 1.0:
             return
         for row in _z(case):
             finite = row[np.isfinite(row)]
             if finite.size == 0 or np.isnan(row).any() or np.isposinf(row).any():
                 continue
+            finite = _survivors(finite, support)
             with np.errstate(under="ignore"):
                 masses = np.exp(finite - finite.max())
             ratios = {float(masses[finite > v].sum() / masses.sum()) for v in np.unique(finite)}

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import DeterminismScope, ShardingSpec
+from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
 from tp_logprob.properties.running import real_group
 from tp_logprob.strategies import (
     HiddenCase,
@@ -26,6 +26,7 @@ from tp_logprob.strategies import (
     hidden_cases,
     shard_bounds,
 )
+from tp_logprob.support import SupportMode
 
 __all__ = [
     "INTERPRETED",
@@ -38,6 +39,7 @@ __all__ = [
     "draw_case",
     "draw_hidden_case",
     "draw_positions",
+    "draw_processed_case",
     "drawing_capability",
     "interpreted",
     "long_lengths",
@@ -46,6 +48,7 @@ __all__ = [
     "position_lengths",
     "relayouts",
     "skip_unless_batch_invariant",
+    "support_modes_served",
 ]
 
 
@@ -93,6 +96,39 @@ def draw_hidden_case(data: Any, backend: Any, suite: Any, **filters: Any) -> Hid
     case: HiddenCase = data.draw(strategy, label="case")
     suite.stats.example(backend.backend_id)
     return case
+
+
+SAMPLING_SUPPORTS = (SupportMode.SAMPLING_PARAMS, SupportMode.REPLAYED_MASK)
+
+
+def support_modes_served(backend: Any) -> list[SupportMode]:
+    """The sampling supports ``backend`` claims (``full`` aside), in a stable order."""
+    return [mode for mode in SAMPLING_SUPPORTS if backend.capability.serves("support_mode", mode)]
+
+
+def draw_processed_case(
+    data: Any, backend: Any, suite: Any, *, modes: Any = SAMPLING_SUPPORTS, **filters: Any
+) -> LogprobCase:
+    """A case with a sampling support (one of ``modes`` the backend claims), drawn as
+    :func:`draw_case` or :func:`draw_hidden_case` for what the backend takes; skips a
+    backend that claims none of ``modes``. A fused case with a recomputed support has
+    small-integer operands (exact products: the backend's ``x`` is the oracle's)."""
+    served = [mode for mode in support_modes_served(backend) if mode in modes]
+    if not served:
+        claimed = sorted(mode.value for mode in backend.capability.support_modes)
+        wanted = ", ".join(SupportMode(mode).value for mode in modes)
+        pytest.skip(
+            f"{backend.backend_id} serves no sampling support this property needs ({wanted}); "
+            f"support_modes {claimed}"
+        )
+    mode = data.draw(st.sampled_from(served), label="support mode")
+    if backend.capability.serves("input_kind", LogprobInputKind.LOGITS):
+        return draw_case(data, backend, suite, support_modes={mode}, **filters)
+    filters.pop("special_values", None)
+    exact = mode is SupportMode.SAMPLING_PARAMS
+    return draw_hidden_case(
+        data, backend, suite, support_modes={mode}, small_integers=exact, **filters
+    )
 
 
 def claims_batch_invariance(backend: Any) -> bool:

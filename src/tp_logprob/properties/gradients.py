@@ -12,6 +12,8 @@ most one ulp of that dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,10 +25,18 @@ from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.measuring import allowed_error, entropy_error, row_summary
 from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import execute, gathered_grad
+from tp_logprob.properties.running import Outputs, execute, gathered_grad
 from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCase
 
-__all__ = ["expect_gradient", "entropy_weights", "gradient_bound", "upstream_weights"]
+__all__ = [
+    "Backward",
+    "backward",
+    "entropy_weights",
+    "expect_gradient",
+    "gradient_bound",
+    "judge_gradient",
+    "upstream_weights",
+]
 
 Floats = npt.NDArray[np.float64]
 _U32 = 2.0**-24
@@ -131,6 +141,42 @@ def expect_gradient(
     The loss is ``sum(w * selected_logp)`` with :func:`upstream_weights`, so the
     expected gradient is ``w[:, None] * exact``.
     """
+    run = backward(prop, case, backend)
+    contract = case.contract
+    real = contract.sharding.real_vocab_size
+    exact = exact_logprob_grad(
+        case.logits,
+        case.targets,
+        active_mask=case.active,
+        real_vocab_size=real,
+        temperature=contract.temperature,
+    )
+    entropy_grad = None
+    if contract.export_entropy:
+        entropy_grad = exact_entropy_grad(
+            case.logits,
+            active_mask=case.active,
+            real_vocab_size=real,
+            temperature=contract.temperature,
+        )
+    bound = gradient_bound(case, exact, entropy_grad, (run.weights, run.entropy_weights))
+    judge_gradient(prop, case, backend.backend_id, run, exact, entropy_grad, bound, stats)
+
+
+@dataclass(frozen=True)
+class Backward:
+    """One forward and backward of ``sum(w selected_logp + v entropy)`` over every rank."""
+
+    outputs: Outputs
+    gradient: Floats  # d loss / d logits, float64 copy ([N, padded])
+    weights: Floats  # w, per row
+    entropy_weights: Floats  # v, per row (0 without export_entropy)
+
+
+def backward(prop: str, case: LogprobCase, backend: Any) -> Backward:
+    """Run ``case`` with logits that require grad and backprop every rank's weighted loss
+    (:func:`upstream_weights`, :func:`entropy_weights`); a gradient in another dtype
+    than the logits' is a violation."""
     import torch
 
     logits = case.torch_logits(backend.device).requires_grad_(True)
@@ -162,23 +208,27 @@ def expect_gradient(
         if grad is None
         else grad.detach().float().cpu().numpy().astype(np.float64)
     )
-    real = contract.sharding.real_vocab_size
-    exact = exact_logprob_grad(
-        case.logits,
-        case.targets,
-        active_mask=case.active,
-        real_vocab_size=real,
-        temperature=contract.temperature,
-    )
-    entropy_grad = None
-    if contract.export_entropy:
-        entropy_grad = exact_entropy_grad(
-            case.logits,
-            active_mask=case.active,
-            real_vocab_size=real,
-            temperature=contract.temperature,
-        )
-    bound = gradient_bound(case, exact, entropy_grad, (weights, entropy_w))
+    return Backward(outputs, observed, weights, entropy_w)
+
+
+def judge_gradient(
+    prop: str,
+    case: LogprobCase,
+    backend_id: str,
+    run: Backward,
+    exact: Floats,
+    entropy_grad: Floats | None,
+    bound: Floats,
+    stats: SuiteStats | None = None,
+    *,
+    notes: Callable[[int], list[tuple[str, str]]] | None = None,
+) -> None:
+    """Raise unless ``run``'s gradient is within ``bound`` (:func:`gradient_bound`) of
+    ``w exact + v entropy_grad`` element by element, and each row's sum within the sum of
+    its bounds of the exact row's sum (0 for the raw op). ``notes(row)`` adds lines to the
+    report of a row."""
+    contract = case.contract
+    weights, entropy_w, observed = run.weights, run.entropy_weights, run.gradient
     with np.errstate(invalid="ignore"):
         exact = weights[:, None] * exact
         if entropy_grad is not None:
@@ -196,7 +246,8 @@ def expect_gradient(
     if stats is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             used = np.where(bound > 0, error / bound, 0.0)
-        stats.error(backend.backend_id, prop, 0.0, float(np.max(used[~bad], initial=0.0)))
+        stats.error(backend_id, prop, 0.0, float(np.max(used[~bad], initial=0.0)))
+    extra = (lambda row: []) if notes is None else notes
     if bad.any():
         with np.errstate(invalid="ignore"):
             excess = np.nan_to_num(np.where(bad, error - bound, -np.inf), nan=np.inf)
@@ -205,7 +256,7 @@ def expect_gradient(
         raise violation(
             f"{prop}: gradient outside its bound",
             case,
-            backend.backend_id,
+            backend_id,
             [
                 ("worst", f"row {row}, column {column} ({where}); {int(bad.sum())} elements out"),
                 ("observed", format_value(observed[row, column])),
@@ -216,22 +267,26 @@ def expect_gradient(
                     f"{bound[row, column]:.4g} absolute",
                 ),
                 ("row", row_summary(case, int(row))),
+                *extra(int(row)),
             ],
         )
     finite_rows = np.all(np.isfinite(observed), axis=1)  # NaN and overflow: judged above
     sums = np.where(np.asarray(finite_rows)[:, None], observed, 0.0).sum(axis=1)
-    over = np.abs(sums) > bound.sum(axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact_sums = np.where(finite_rows & np.all(np.isfinite(exact), axis=1), exact.sum(1), 0.0)
+    over = np.abs(sums - exact_sums) > bound.sum(axis=1)
     if over.any():
         first = int(np.flatnonzero(over)[0])
         raise violation(
-            f"{prop}: an active row's gradient does not sum to 0",
+            f"{prop}: an active row's gradient does not sum to its exact sum",
             case,
-            backend.backend_id,
+            backend_id,
             [
                 ("worst", f"row {first}; rows {np.flatnonzero(over).tolist()}"),
                 ("observed", f"sum {sums[first]!r}"),
-                ("exact", "0.0"),
+                ("exact", f"sum {exact_sums[first]!r}"),
                 ("error", f"bound {bound.sum(axis=1)[first]:.4g} (sum of the element bounds)"),
+                *extra(first),
             ],
         )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,19 +22,26 @@ from tp_logprob.contract import (
     LogprobInputKind,
     ReductionSpec,
 )
-from tp_logprob.oracle import apply_temperature, exact_entropy_grad
+from tp_logprob.oracle import (
+    apply_temperature,
+    exact_entropy_grad,
+    exact_processed_entropy_grad,
+    exact_processed_logprob_grad,
+    support_masked_logits,
+)
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.gradients import entropy_weights, gradient_bound, upstream_weights
 from tp_logprob.properties.measuring import input_error
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import execute, gathered_grad, summed_grad
+from tp_logprob.properties.running import Outputs, execute, gathered_grad, summed_grad
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase
 
 __all__ = ["expect_fused_gradients", "fused_only", "logits_contract"]
 
 Floats = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
 
 _U32 = 2.0**-24
 
@@ -62,11 +70,19 @@ def logits_contract(contract: LogprobContract) -> LogprobContract:
 
 
 def expect_fused_gradients(
-    backend: Any, case: LogprobCase, stats: SuiteStats | None = None
+    backend: Any,
+    case: LogprobCase,
+    stats: SuiteStats | None = None,
+    *,
+    support_of: Callable[[Outputs], tuple[Bools, Bools]] | None = None,
 ) -> None:
     """``d hidden`` (every rank's partial, summed as the caller's all-reduce does), ``d weight``
     and ``d bias`` of ``sum(w selected_logp + v entropy)`` within their bounds of the exact
-    values; exactly 0 on inactive rows and padding rows."""
+    values; exactly 0 on inactive rows and padding rows.
+
+    For a processed op ``support_of(outputs)`` gives the ``(mask, defined)`` of the support
+    the run used: ``G`` is then the exact gradient on it, 0 outside it.
+    """
     import torch
 
     case = fused_only(case)
@@ -93,26 +109,47 @@ def expect_fused_gradients(
         np.zeros(t.shape) if grad is None else grad.detach().double().cpu().numpy()
         for t, grad in zip(leaves, grads, strict=True)
     ]
-    expected = _expected_grads(case, w, v)[: len(leaves)]  # no bias: no d bias
+    support = None if support_of is None else support_of(outputs)
+    expected = _expected_grads(case, w, v, support)[: len(leaves)]  # no bias: no d bias
     for name, got, (want, bound) in zip(
         ("hidden", "weight", "bias"), observed, expected, strict=False
     ):
         _compare(case, backend.backend_id, name, got, want, bound, stats)
 
 
-def _expected_grads(case: HiddenCase, w: Floats, v: Floats) -> list[tuple[Floats, Floats]]:
-    """Exact ``(d hidden, d weight, d bias)`` and per-element bounds (module docstring)."""
+def _expected_grads(
+    case: HiddenCase, w: Floats, v: Floats, support: tuple[Bools, Bools] | None = None
+) -> list[tuple[Floats, Floats]]:
+    """Exact ``(d hidden, d weight, d bias)`` and per-element bounds (module docstring); on
+    the support ``(mask, defined)`` when given."""
     contract = case.contract
     real, padded = contract.sharding.real_vocab_size, contract.sharding.padded_vocab_size
     active = case.active
     x32 = case.logits[:, :real].astype(np.float64)
-    plain = LogprobCase(logits_contract(contract), case.logits, case.targets)
-    g_sel = exact_logprob_grad(
-        x32, case.targets, active_mask=active, temperature=contract.temperature
-    )
+    plain_contract = dataclasses.replace(logits_contract(contract), support=None)
     g_ent = None
-    if contract.export_entropy:
-        g_ent = exact_entropy_grad(x32, active_mask=active, temperature=contract.temperature)
+    if support is None:
+        plain = LogprobCase(plain_contract, case.logits, case.targets)
+        g_sel = exact_logprob_grad(
+            x32, case.targets, active_mask=active, temperature=contract.temperature
+        )
+        if contract.export_entropy:
+            g_ent = exact_entropy_grad(x32, active_mask=active, temperature=contract.temperature)
+    else:
+        mask, defined = support
+        plain = LogprobCase(
+            plain_contract,
+            support_masked_logits(case.logits, mask, real_vocab_size=real),
+            case.targets,
+        )
+        common: dict[str, Any] = {
+            "active_mask": active,
+            "temperature": contract.temperature,
+            "defined": defined,
+        }
+        g_sel = exact_processed_logprob_grad(x32, case.targets, mask[:, :real], **common)
+        if contract.export_entropy:
+            g_ent = exact_processed_entropy_grad(x32, mask[:, :real], **common)
     # The bound on G as if the backend's x were fp32(x) (the logits path's gradient bound) ...
     full_sel = np.zeros((contract.num_tokens, padded))
     full_sel[:, :real] = g_sel
@@ -122,7 +159,9 @@ def _expected_grads(case: HiddenCase, w: Floats, v: Floats) -> list[tuple[Floats
         full_ent[:, :real] = g_ent
     g_bound = gradient_bound(plain, full_sel, full_ent, (w, v))[:, :real]
     # ... plus the effect of its x being off by the dot-product error.
-    g_bound = g_bound + _input_error_on_g(case, w, v)
+    g_bound = g_bound + _input_error_on_g(case, plain, w, v)
+    if support is not None:  # exactly 0 outside S, where the support is defined
+        g_bound = np.where(~support[0][:, :real] & support[1][:, None], 0.0, g_bound)
     g = w[:, None] * g_sel + (0.0 if g_ent is None else v[:, None] * g_ent)
     g = np.where(active[:, None], g, 0.0)
     g_bound = np.where(active[:, None], g_bound, 0.0)
@@ -162,16 +201,17 @@ def _gamma(terms: int) -> float:
     return 1.01 * k * _U32 / (1.0 - k * _U32)
 
 
-def _input_error_on_g(case: HiddenCase, w: Floats, v: Floats) -> Floats:
+def _input_error_on_g(case: HiddenCase, plain: LogprobCase, w: Floats, v: Floats) -> Floats:
     """How far ``G = d out / d x`` moves when every ``z`` moves by at most ``D`` (the row's
     dot-product room ``max_v D_v``): ``p`` by ``p expm1(2D)``, ``c = z - lse + H`` by
-    ``(2 + 2 log n) D``; divided by ``T``."""
+    ``(2 + 2 log n) D``; divided by ``T``. ``p``, ``lse`` and ``H`` are ``plain``'s (the
+    logits-path view of ``case``, on a processed op's support)."""
     contract = case.contract
     real = contract.sharding.real_vocab_size
     _, shift, _ = (np.asarray(a) for a in input_error(case))  # lse room = max_v D_v
-    _, lse = exact_outputs(case)
-    entropy = exact_entropy_of(case)
-    z = apply_temperature(case.logits[:, :real], contract.temperature_fp32)
+    _, lse = exact_outputs(plain)
+    entropy = exact_entropy_of(plain)
+    z = apply_temperature(plain.logits[:, :real], contract.temperature_fp32)
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.where(np.isfinite(z), np.exp(z - lse[:, None]), 0.0)
         drift = np.expm1(2.0 * shift)[:, None]

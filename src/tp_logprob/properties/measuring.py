@@ -12,6 +12,8 @@ dot products; :func:`ulps` measures an error in fp32 ulps.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from tp_logprob.strategies import HiddenCase, LogprobCase
 
 __all__ = [
     "MIN_ONLINE_BLOCK",
+    "Compared",
     "allowed_error",
     "entropy_error",
     "entropy_room",
@@ -39,11 +42,13 @@ __all__ = [
     "expect_close",
     "expect_exact",
     "expect_reference",
+    "expect_within",
     "fp32_ulp",
     "input_error",
     "row_summary",
     "suite_tolerance",
     "ulps",
+    "working_scale",
 ]
 
 MIN_ONLINE_BLOCK = 16
@@ -88,6 +93,24 @@ def ulps(exact: Floats, value: Floats, scale: Floats | None = None) -> Floats:
     return np.where(np.isfinite(exact) & np.isfinite(value), scaled, distance)
 
 
+@dataclass(frozen=True)
+class Compared:
+    """One output compared row by row: what came back, the expected values, the allowed
+    absolute error, which rows count, and the magnitude its ulps are measured at.
+
+    ``zero_inactive`` outputs (``selected_logp``, entropy) must be exactly +0.0 on
+    inactive rows.
+    """
+
+    name: str
+    value: Floats
+    exact: Floats
+    bound: Floats
+    rows: npt.NDArray[np.bool_]
+    scale: Floats
+    zero_inactive: bool = False
+
+
 def expect_close(
     prop: str,
     case: LogprobCase,
@@ -120,44 +143,114 @@ def expect_close(
     special-values property does not blame the NaN/inf pattern for a rounding error).
     """
     active = case.active
-    live_max = row_max_of_z(case)
-    row_max = np.where(np.isfinite(live_max), live_max, 0.0)
     exact_lse = np.asarray(expected_lse, dtype=np.float64)
     exact_sel = np.asarray(expected_selected, dtype=np.float64)
+    scale = working_scale(case, exact_lse)
     sel_bound, lse_bound = allowed_error(case, exact_sel, exact_lse)
-    fields: list[tuple[str, Floats, Floats, Floats, npt.NDArray[np.bool_]]] = [
-        ("selected_logp", observed.selected, exact_sel, sel_bound + extra_selected, active)
+    fields = [
+        Compared(
+            "selected_logp",
+            observed.selected,
+            exact_sel,
+            sel_bound + extra_selected,
+            active,
+            _with(scale, exact_sel),
+            zero_inactive=True,
+        )
     ]
     if observed.lse is not None:
-        fields.append(("lse", observed.lse, exact_lse, lse_bound + extra_lse, np.ones_like(active)))
+        fields.append(
+            Compared(
+                "lse", observed.lse, exact_lse, lse_bound + extra_lse, np.ones_like(active), scale
+            )
+        )
     if observed.entropy is not None and expected_entropy is not None:
         if isinstance(expected_entropy, str):
             expected_entropy = exact_entropy_of(case)
         exact_h = np.asarray(expected_entropy, dtype=np.float64)
         bound_h = entropy_error(case, exact_h, exact_lse) + extra_entropy
-        fields.append(("entropy", observed.entropy, exact_h, bound_h, active))
-    for name, value, exact, bound, rows in fields:
-        with np.errstate(invalid="ignore"):
-            scale = np.fmax(np.fmax(np.abs(exact), np.abs(exact_lse)), np.abs(row_max))
-        errors = ulps(exact, value, scale)
-        bounds = bound / fp32_ulp(scale)
+        fields.append(
+            Compared(
+                "entropy",
+                observed.entropy,
+                exact_h,
+                bound_h,
+                active,
+                _with(scale, exact_h),
+                zero_inactive=True,
+            )
+        )
+    expect_within(
+        prop,
+        case,
+        backend_id,
+        fields,
+        expected_name=expected_name,
+        stats=stats,
+        count_ulps=count_ulps,
+        inactive_zero=inactive_zero,
+        finite_headline=finite_headline,
+    )
+
+
+def working_scale(case: LogprobCase, lse: Floats) -> Floats:
+    """``max(|lse|, |row max of z|)`` per row: the magnitude a row's computation works at
+    (NaN where both are; a non-finite row max counts as 0)."""
+    live_max = row_max_of_z(case)
+    row_max = np.where(np.isfinite(live_max), live_max, 0.0)
+    with np.errstate(invalid="ignore"):
+        return np.asarray(np.fmax(np.abs(np.asarray(lse, np.float64)), np.abs(row_max)))
+
+
+def _with(scale: Floats, values: Floats) -> Floats:
+    with np.errstate(invalid="ignore"):
+        return np.asarray(np.fmax(np.abs(values), scale))
+
+
+def expect_within(
+    prop: str,
+    case: LogprobCase,
+    backend_id: str,
+    fields: list[Compared],
+    *,
+    expected_name: str = "exact",
+    stats: SuiteStats | None = None,
+    count_ulps: bool = True,
+    inactive_zero: bool = True,
+    finite_headline: str | None = None,
+    notes: Callable[[int], list[tuple[str, str]]] | None = None,
+) -> None:
+    """Raise unless every field is within its bound on its rows; the report names the
+    worst row of the first field out of bounds, with ``notes(row)`` added to it.
+
+    The rules are :func:`expect_close`'s (NaN and infinities must match exactly; with
+    ``inactive_zero`` a ``zero_inactive`` field must be +0.0 on inactive rows).
+    """
+    active = case.active
+    for field in fields:
+        name, value, exact, rows = field.name, field.value, field.exact, field.rows
+        errors = ulps(exact, value, field.scale)
+        bounds = field.bound / fp32_ulp(field.scale)
         with np.errstate(invalid="ignore", divide="ignore"):
             used = errors / bounds
         if count_ulps:
             _record(prop, backend_id, name, errors[rows], used[rows], stats)
         with np.errstate(invalid="ignore", over="ignore"):
-            bad = ~within_bound(value, exact, bound) & rows
-        if name in ("selected_logp", "entropy") and inactive_zero:
+            bad = ~within_bound(value, exact, field.bound) & rows
+        if field.zero_inactive and inactive_zero:
             bad |= ~active & ((value != 0.0) | np.signbit(value))
         if bad.any():
             ratio = np.where(bad, np.nan_to_num(used, nan=np.inf), -1.0)
             row = int(np.argmax(ratio))
             both_finite = bool(np.isfinite(value[row]) and np.isfinite(exact[row]))
+            lines = _mismatch_lines(
+                case, field, row, errors, bounds, bad, expected_name, inactive_zero
+            )
             raise violation(
                 finite_headline if finite_headline and both_finite else prop,
                 case,
                 backend_id,
-                _mismatch_lines(case, name, row, value, exact, errors, bounds, bad, expected_name),
+                lines + ([] if notes is None else notes(row)),
             )
 
 
@@ -182,21 +275,21 @@ def _record(
 
 def _mismatch_lines(
     case: LogprobCase,
-    name: str,
+    field: Compared,
     row: int,
-    value: Floats,
-    exact: Floats,
     errors: Floats,
     bounds: Floats,
     bad: npt.NDArray[np.bool_],
     expected_name: str,
+    inactive_zero: bool,
 ) -> list[tuple[str, str]]:
+    name = field.name
     target_id = int(case.targets[row])
     active = bool(case.active[row])
     column = (
         f"column {target_id} (target)" if active and name == "selected_logp" else "all live columns"
     )
-    exact_zero = name in ("selected_logp", "entropy") and not active
+    exact_zero = field.zero_inactive and inactive_zero and not active
     state = "active" if active else "inactive"
     tolerance = "exactly +0.0 required" if exact_zero else f"tolerance {bounds[row]:.4g} ulp"
     return [
@@ -205,8 +298,8 @@ def _mismatch_lines(
             f"{name}, row {row} ({state}), {column}; rows out of tolerance: "
             f"{np.flatnonzero(bad).tolist()}",
         ),
-        ("observed", format_value(value[row])),
-        ("expected", f"{format_value(exact[row])} [{expected_name}]"),
+        ("observed", format_value(field.value[row])),
+        ("expected", f"{format_value(field.exact[row])} [{expected_name}]"),
         ("error", f"{errors[row]:.4g} ulp (of max(|expected|, |lse|, |row max|)); {tolerance}"),
         ("row", row_summary(case, row)),
     ]
@@ -231,26 +324,34 @@ def expect_bitwise(
     *,
     labels: tuple[str, str],
 ) -> None:
-    """Raise unless both runs' outputs have identical fp32 bits, row for row."""
+    """Raise unless both runs' outputs have identical fp32 bits, row for row (a processed
+    op's ``support_lse``, ``support_threshold`` and ``support_size`` too, where both
+    runs returned them)."""
     pairs = [("selected_logp", first.selected, second.selected)]
-    if first.lse is not None and second.lse is not None:
-        pairs.append(("lse", first.lse, second.lse))
-    if first.entropy is not None and second.entropy is not None:
-        pairs.append(("entropy", first.entropy, second.entropy))
+    for name in ("lse", "entropy", "support_lse", "support_threshold", "support_size"):
+        a, b = getattr(first, name), getattr(second, name)
+        if a is not None and b is not None:
+            pairs.append((name, a, b))
     for name, a, b in pairs:
-        differ = np.flatnonzero(_bits(a) != _bits(b))
+        sizes = name == "support_size"
+        differ = np.flatnonzero(a != b if sizes else _bits(a) != _bits(b))
         if differ.size:
             row = int(differ[0])
-            distance = float(ulps(a[row : row + 1], b[row : row + 1])[0])
+            if sizes:
+                shown, error = (str(int(a[row])), str(int(b[row]))), "equality required"
+            else:
+                distance = float(ulps(a[row : row + 1], b[row : row + 1])[0])
+                shown = (format_value(a[row]), format_value(b[row]))
+                error = f"{distance:.4g} ulp; bitwise equality required"
             raise violation(
                 prop,
                 case,
                 backend_id,
                 [
                     ("worst", f"{name}, row {row}; {differ.size} rows differ: {differ.tolist()}"),
-                    (labels[0], format_value(a[row])),
-                    (labels[1], format_value(b[row])),
-                    ("error", f"{distance:.4g} ulp; bitwise equality required"),
+                    (labels[0], shown[0]),
+                    (labels[1], shown[1]),
+                    ("error", error),
                 ],
             )
 

@@ -3,8 +3,10 @@
 :func:`execute` dispatches by backend id (so the capability gate is exercised),
 runs every emulated rank through :func:`~tp_logprob.run_tp` (or
 :func:`~tp_logprob.run_tp_hidden` for a fused LM-head case), which also proves the
-outputs are replicated, and checks the structure of what came back.
-:func:`sub_batch` and :func:`select_rows` cut a case and its outputs to some rows.
+outputs are replicated, and checks the structure of what came back (a processed
+op's ``support_lse``, ``support_size`` and ``support_threshold`` included).
+:func:`sub_batch` and :func:`select_rows` cut a case (a replayed support's rows
+too) and its outputs to some rows.
 
 On a real process group (the suite under ``torchrun``, see
 :mod:`tp_logprob.properties.real_group`), the plugin hands the group to
@@ -31,6 +33,7 @@ from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
 from tp_logprob.contract import LogprobContract, LogprobResult, MaskSpec
 from tp_logprob.properties.report import violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [
     "GARBAGE_TARGETS",
@@ -56,13 +59,18 @@ Floats = npt.NDArray[np.float64]
 class Outputs:
     """One run's replicated outputs as float64 copies of the fp32 values.
 
-    ``entropy`` is None unless the contract has ``export_entropy``.
+    ``entropy`` is None unless the contract has ``export_entropy``. A processed op
+    (a contract with a support) also has ``support_lse``, ``support_size`` (int64)
+    and, for sampling parameters, ``support_threshold``; they are None otherwise.
     """
 
     selected: Floats
     lse: Floats | None
     results: Any  # the per-rank LogprobResults, for gradients
     entropy: Floats | None = None
+    support_lse: Floats | None = None
+    support_size: npt.NDArray[np.int64] | None = None
+    support_threshold: Floats | None = None
 
 
 def execute(
@@ -243,7 +251,18 @@ def outputs_of(results: Any, case: LogprobCase, backend_id: str) -> Outputs:
         )
     lse = None if first.lse is None else _numpy(first.lse)
     entropy = None if first.entropy is None else _numpy(first.entropy)
-    return Outputs(_numpy(first.selected_logp), lse, results, entropy)
+    if case.contract.support is None:
+        return Outputs(_numpy(first.selected_logp), lse, results, entropy)
+    threshold = first.support_threshold
+    return Outputs(
+        _numpy(first.selected_logp),
+        lse,
+        results,
+        entropy,
+        support_lse=_numpy(first.support_lse),
+        support_size=np.asarray(first.support_size.detach().cpu().numpy(), dtype=np.int64),
+        support_threshold=None if threshold is None else _numpy(threshold),
+    )
 
 
 def _numpy(tensor: Any) -> Floats:
@@ -267,14 +286,51 @@ def _structure_problems(result: Any, contract: LogprobContract) -> list[str]:
         dtype = str(getattr(value, "dtype", type(value).__name__))
         if shape != (rows,) or dtype != "torch.float32":
             problems.append(f"{name} is {dtype} {list(shape)}, expected torch.float32 [{rows}]")
+    if contract.support is not None:
+        problems += _support_structure_problems(result, contract)
+    return problems
+
+
+def _support_structure_problems(result: Any, contract: LogprobContract) -> list[str]:
+    """A processed op's fp32 ``support_lse``, int64 ``support_size`` and (sampling
+    parameters) fp32 ``support_threshold``, ``[N]`` each; no threshold for a replayed mask."""
+    rows = contract.num_tokens
+    recomputed = contract.support_mode is SupportMode.SAMPLING_PARAMS
+    problems = []
+    fields = [
+        ("support_lse", "torch.float32", True),
+        ("support_size", "torch.int64", True),
+        ("support_threshold", "torch.float32", recomputed),
+    ]
+    for name, wanted_dtype, wanted in fields:
+        value = getattr(result, name, None)
+        if not wanted:
+            if value is not None:
+                got = type(value).__name__
+                problems.append(f"{name} should be None (a replayed mask), got {got}")
+            continue
+        shape = tuple(getattr(value, "shape", ()))
+        dtype = str(getattr(value, "dtype", type(value).__name__))
+        if shape != (rows,) or dtype != wanted_dtype:
+            problems.append(f"{name} is {dtype} {list(shape)}, expected {wanted_dtype} [{rows}]")
     return problems
 
 
 def select_rows(outputs: Outputs, rows: Any) -> Outputs:
     """The outputs of ``rows`` only (in that order)."""
-    lse = None if outputs.lse is None else outputs.lse[rows]
-    entropy = None if outputs.entropy is None else outputs.entropy[rows]
-    return Outputs(outputs.selected[rows], lse, outputs.results, entropy)
+
+    def pick(values: Any) -> Any:
+        return None if values is None else values[rows]
+
+    return Outputs(
+        outputs.selected[rows],
+        pick(outputs.lse),
+        outputs.results,
+        pick(outputs.entropy),
+        support_lse=pick(outputs.support_lse),
+        support_size=pick(outputs.support_size),
+        support_threshold=pick(outputs.support_threshold),
+    )
 
 
 def sub_batch(
@@ -283,8 +339,9 @@ def sub_batch(
     """The case made of ``rows`` only (in that order, repeats allowed), with new ``targets``
     and ``active`` mask (one per new row) when given.
 
-    A fused case's exact logits and dot-product bounds, when already computed, are
-    carried over row by row instead of being computed again.
+    A replayed support keeps each chosen row's kept ids. A fused case's exact logits
+    and dot-product bounds, when already computed, are carried over row by row
+    instead of being computed again.
     """
     contract = case.contract
     rows = np.asarray(rows, dtype=np.int64)
@@ -292,7 +349,9 @@ def sub_batch(
     if active is None and mask is not None:
         mask = mask[rows]
     sub_mask = MaskSpec(len(rows), mask, ignore_index=contract.mask.ignore_index)
-    sub_contract = dataclasses.replace(contract, mask=sub_mask)
+    sub_contract = dataclasses.replace(
+        contract, mask=sub_mask, support=_support_rows(contract.support, rows)
+    )
     new_targets = case.targets[rows] if targets is None else np.asarray(targets)
     if isinstance(case, HiddenCase):
         sub = HiddenCase(
@@ -308,6 +367,13 @@ def sub_batch(
                 sub.__dict__[name] = case.__dict__[name][rows]
         return sub
     return LogprobCase(sub_contract, case.logits[rows], new_targets)
+
+
+def _support_rows(support: SupportSpec | None, rows: npt.NDArray[np.int64]) -> SupportSpec | None:
+    """A replayed support's ``rows`` (in that order); any other support as it is."""
+    if support is None or support.mode is not SupportMode.REPLAYED_MASK:
+        return support
+    return SupportSpec.from_kept_lists([support.kept_row(int(row)).tolist() for row in rows])
 
 
 GARBAGE_TARGETS = (-1, -100, 2**31 - 1, 2**40, -(2**40))

@@ -2,9 +2,10 @@
 
 The test draws which bad input to make; its property makes the call and judges it.
 Every rank gets the bad input (through ``run_tp``, or each rank of a real process
-group its own shard of it), except for a wrong shard width,
-which is handed to a single rank whose peers never arrive: an op that reached a
-collective before checking its inputs fails instead of raising ``LogprobContractError``.
+group its own shard of it), except for a wrong shard width and an active target
+outside its row's replayed kept ids, which are handed to a single rank whose peers
+never arrive: an op that reached a collective before checking its inputs fails
+instead of raising ``LogprobContractError``.
 """
 
 from __future__ import annotations
@@ -18,19 +19,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.draws import draw_case
+from tp_logprob.properties.draws import draw_case, draw_processed_case
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
 from tp_logprob.properties.running import execute, run_logits
-from tp_logprob.strategies import LogprobCase
+from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.support import SupportMode
 
 BAD_INPUT_KINDS = (
     "active target outside the real vocabulary",
     "wrong shard width",
     "wrong logits dtype",
     "wrong targets shape",
+    "active target outside its replayed kept ids",
 )
+"""The bad inputs made; the last needs a contract with a replayed mask
+(``test_rejects_targets_outside_replayed_support``)."""
 
 
 BAD_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -88,6 +93,8 @@ def _bad_call(
         group = None if sharding.tp_world_size == 1 else _LoneRank(rank, sharding.tp_world_size)
         local_contract = contract.with_rank(rank)
         return lambda: op(local, targets, local_contract, group=group), local
+    if kind == BAD_INPUT_KINDS[4]:
+        return _outside_kept_call(op, case, params, logits)
     if kind == "wrong logits dtype":
         name = _need(params, "dtype")
         if name not in BAD_DTYPES:
@@ -110,6 +117,44 @@ def _bad_call(
     return lambda: run_logits(
         backend, op, logits, targets, contract, timeout=_PEER_TIMEOUT_S
     ), logits
+
+
+def _outside_kept_call(
+    op: Any, case: LogprobCase, params: Mapping[str, Any], logits: Any
+) -> tuple[Callable[[], Any], Any]:
+    """One rank's call (its peers never arrive) with an active row's target set to a live id
+    its replayed mask does not keep."""
+    import torch
+
+    contract = case.contract
+    sharding = contract.sharding
+    support = contract.support
+    if support is None or support.mode is not SupportMode.REPLAYED_MASK:
+        raise PropertyInputError(f"params.kind={params['kind']!r}: needs a replayed mask")
+    rank, row, target = _need(params, "rank"), _need(params, "row"), _need(params, "target")
+    if not (
+        0 <= rank < sharding.tp_world_size
+        and 0 <= row < contract.num_tokens
+        and bool(case.active[row])
+        and 0 <= target < sharding.real_vocab_size
+        and target not in support.kept_row(row)
+    ):
+        raise PropertyInputError(
+            f"params: rank {rank} / row {row} / target {target} is not an active row's live "
+            "target outside its kept ids"
+        )
+    bad = np.array(case.targets)
+    bad[row] = target
+    targets = torch.from_numpy(bad).to(logits.device)
+    start, end = sharding.vocab_shard_bounds[rank]
+    group = None if sharding.tp_world_size == 1 else _LoneRank(rank, sharding.tp_world_size)
+    local_contract = contract.with_rank(rank)
+    if isinstance(case, HiddenCase):
+        hidden, weight, bias = case.torch_inputs(logits.device)
+        rows = {"weight": weight[start:end], "bias": None if bias is None else bias[start:end]}
+        return lambda: op(hidden, targets, local_contract, group=group, **rows), hidden
+    local = logits[:, start:end].clone()
+    return lambda: op(local, targets, local_contract, group=group), local
 
 
 _TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -173,7 +218,6 @@ def bad_inputs(
     backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
 ) -> None:
     """The bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
-    import torch
 
     kind = params["kind"]
     call, logits = _bad_call(backend, case, params)
@@ -181,7 +225,7 @@ def bad_inputs(
     try:
         result = call()
     except LogprobContractError:
-        if not torch.equal(logits, original):  # no NaN: cases here hold no special values
+        if not bool(_same_bits(original, logits).all()):  # NaN payloads compared as bits
             raise violation(
                 f"bad inputs: {kind} raised, but only after writing into the logits",
                 case,
@@ -209,9 +253,39 @@ def test_rejects_bad_inputs(tp_logprob_backend: Any, tp_logprob_suite: Any, data
     """Each bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
-    kinds = [k for k in BAD_INPUT_KINDS if k != BAD_INPUT_KINDS[0] or case.active.any()]
+    kinds = [k for k in BAD_INPUT_KINDS[:4] if k != BAD_INPUT_KINDS[0] or case.active.any()]
     kind = data.draw(st.sampled_from(kinds), label="bad input")
     run_property("bad_inputs", backend, case, _draw_bad_input(data, case, kind))
+
+
+@given(data=st.data())
+def test_rejects_targets_outside_replayed_support(
+    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+) -> None:
+    """An active target outside its row's replayed kept ids: LogprobContractError on the
+    rank that gets it, before any collective (an engine never samples outside its mask)."""
+    backend = tp_logprob_backend
+    replayed = (SupportMode.REPLAYED_MASK,)
+    case = draw_processed_case(data, backend, tp_logprob_suite, modes=replayed)
+    contract = case.contract
+    assert contract.support is not None
+    real = contract.sharding.real_vocab_size
+    candidates = [
+        row
+        for row in np.flatnonzero(case.active).tolist()
+        if contract.support.kept_counts()[row] < real
+    ]
+    if not candidates:
+        return  # every active row keeps the whole vocabulary: no target lies outside
+    row = data.draw(st.sampled_from(candidates), label="active row")
+    outside = np.setdiff1d(np.arange(real), contract.support.kept_row(row)).tolist()
+    params = {
+        "kind": BAD_INPUT_KINDS[4],
+        "rank": data.draw(st.integers(0, contract.sharding.tp_world_size - 1), label="rank"),
+        "row": row,
+        "target": data.draw(st.sampled_from(outside), label="target outside the kept ids"),
+    }
+    run_property("bad_inputs", backend, case, params)
 
 
 @suite_property("inputs_untouched")

@@ -7,8 +7,10 @@ temporary file and an atomic :func:`os.replace`; the ``.json`` is written last.
 
 A fused LM-head case (``input_kind="hidden"``) also stores its operands
 ``hidden``, ``weight`` and ``bias``; :mod:`tp_logprob.replay.hidden` says what is
-checked before it is rebuilt. Schema version 2 added them; version 1 artifacts
-(logits cases only) still load.
+checked before it is rebuilt. A case whose contract replays a sampling mask stores
+its ``kept_offsets`` and ``kept_ids`` (:mod:`tp_logprob.replay.support`); sampling
+parameters live in the contract's JSON. Schema version 2 added the operands and 3
+the kept ids; version 1 and 2 artifacts still load.
 
 Artifacts are data only. :func:`load_artifact` refuses anything that does not
 fit the schema (sizes, types, ranges, array dtypes and shapes against the
@@ -44,6 +46,7 @@ from tp_logprob.replay.hidden import (
     operand_names,
 )
 from tp_logprob.replay.schema import ArtifactError, check_document
+from tp_logprob.replay.support import SUPPORT_ARRAYS, kept_arrays, support_arrays, support_names
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
 __all__ = [
@@ -60,9 +63,10 @@ __all__ = [
 ]
 
 ARTIFACT_FORMAT = "tp-logprob-failure"
-SCHEMA_VERSION = 2
-"""Version 2 added the fused LM head's operands (``hidden``, ``weight``, ``bias``)."""
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""Version 3 added a replayed support's kept ids (``kept_offsets``, ``kept_ids``); version 2
+the fused LM head's operands (``hidden``, ``weight``, ``bias``)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 MAX_JSON_BYTES = 1 << 20
 MAX_NPZ_BYTES = 256 << 20
 _CASE_ARRAYS = ("logits", "targets", "mask")
@@ -111,6 +115,7 @@ def _case_arrays(case: LogprobCase) -> dict[str, np.ndarray[Any, Any]]:
         "targets": np.ascontiguousarray(case.targets, dtype=np.int64),
         "mask": np.ascontiguousarray(case.active, dtype=np.bool_),
         **operand_arrays(case),
+        **support_arrays(case),
     }
 
 
@@ -172,7 +177,7 @@ def write_artifact(
     if prop not in properties:
         raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(properties)})")
     scalars, extra = _split_params(params)
-    reserved = _CASE_ARRAYS + HIDDEN_ARRAYS
+    reserved = _CASE_ARRAYS + HIDDEN_ARRAYS + SUPPORT_ARRAYS
     if set(extra) & set(reserved):
         raise ValueError(f"params: array names {sorted(extra)} collide with {reserved}")
     arrays = {**_case_arrays(case), **extra}
@@ -347,7 +352,7 @@ def load_artifact(
     spec: PropertySpec = properties[prop].spec
     scalars = document["params"]
     problems = spec.param_problems(scalars)
-    stored = _CASE_ARRAYS + operand_names(contract)
+    stored = _CASE_ARRAYS + operand_names(contract) + support_names(contract)
     extras = {key: value for key, value in arrays.items() if key not in stored}
     if set(extras) != set(spec.arrays):
         problems.append(f"arrays: {sorted(extras)}, property {prop!r} takes {sorted(spec.arrays)}")
@@ -428,7 +433,8 @@ def _contract(
     per_token = data["mask"].get("explicit", data["mask"]["mode"] == "per_token")
     if not per_token and not mask.all():
         raise ArtifactError(path, "mask: the contract has no mask but the array has inactive rows")
+    kept = kept_arrays(path, document["schema_version"], data, arrays)
     try:
-        return LogprobContract.from_dict(data, mask if per_token else None)
+        return LogprobContract.from_dict(data, mask if per_token else None, kept)
     except LogprobContractError as error:
         raise ArtifactError(path, f"contract: {error}") from None

@@ -2,7 +2,9 @@
 
 Errors are measured the way the property suite measures them: in fp32 ulps at
 ``max(|exact|, |lse|, |row max|)`` (the magnitude the computation works at), and
-the tolerance is the suite's tolerance table converted to the same ulps.
+the tolerance is the suite's tolerance table converted to the same ulps. A
+processed case (a contract with a support) is measured on the support the backend
+used (``properties/processed.py``), ``support_lse`` included.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
-from tp_logprob.properties.expected import exact_outputs, row_max_of_z
-from tp_logprob.properties.measuring import allowed_error, fp32_ulp, ulps
+from tp_logprob.properties.expected import exact_outputs
+from tp_logprob.properties.measuring import allowed_error, fp32_ulp, ulps, working_scale
+from tp_logprob.properties.processed import backend_support, masked_case, processed_expected
 from tp_logprob.properties.running import execute as execute_case
 from tp_logprob.strategies import LogprobCase
 
@@ -50,23 +53,62 @@ class RowErrors:
 def measure(backend: Any, case: LogprobCase) -> list[RowErrors]:
     """Run ``case`` on ``backend`` (every emulated rank) and measure each row against exact.
 
-    ``selected_logp`` is measured on active rows, ``lse`` (when exported) on every row.
+    ``selected_logp`` is measured on active rows, ``lse`` (when exported) on every row; a
+    processed case's ``selected_logp`` and ``support_lse`` (every row) on the backend's
+    support.
     """
     outputs = execute_case(backend, case)
-    exact_selected, exact_lse = exact_outputs(case)
-    selected_bound, lse_bound = allowed_error(case, exact_selected, exact_lse)
-    live_max = row_max_of_z(case)
-    row_max = np.where(np.isfinite(live_max), live_max, 0.0)
     active = case.active
-    found = []
-    fields: list[tuple[str, Any, Floats, Floats, npt.NDArray[np.bool_]]] = [
-        ("selected_logp", outputs.selected, exact_selected, selected_bound, active)
-    ]
+    everywhere = np.ones_like(active)
+    fields: list[tuple[str, Any, Floats, Floats, npt.NDArray[np.bool_], Floats]]
+    if case.contract.support is None:
+        exact_selected, exact_lse = exact_outputs(case)
+        selected_bound, lse_bound = allowed_error(case, exact_selected, exact_lse)
+        fields = [
+            (
+                "selected_logp",
+                outputs.selected,
+                exact_selected,
+                selected_bound,
+                active,
+                working_scale(case, exact_lse),
+            )
+        ]
+    else:
+        support = backend_support(case, outputs)
+        expected = processed_expected(case, support)
+        masked = masked_case(case, support)
+        exact_lse = expected.lse
+        _, lse_bound = allowed_error(case, np.zeros_like(exact_lse), exact_lse)
+        selected_bound, support_bound = allowed_error(
+            masked, expected.selected, expected.support_lse
+        )
+        on_support = working_scale(masked, expected.support_lse)
+        fields = [
+            (
+                "selected_logp",
+                outputs.selected,
+                expected.selected,
+                selected_bound,
+                active,
+                on_support,
+            ),
+            (
+                "support_lse",
+                outputs.support_lse,
+                expected.support_lse,
+                support_bound,
+                everywhere,
+                on_support,
+            ),
+        ]
     if outputs.lse is not None:
-        fields.append(("lse", outputs.lse, exact_lse, lse_bound, np.ones_like(active)))
-    for name, value, exact, bound, keep in fields:
+        full = working_scale(case, exact_lse)
+        fields.append(("lse", outputs.lse, exact_lse, lse_bound, everywhere, full))
+    found = []
+    for name, value, exact, bound, keep, working in fields:
         with np.errstate(invalid="ignore", over="ignore"):
-            scale = np.fmax(np.fmax(np.abs(exact), np.abs(exact_lse)), np.abs(row_max))
+            scale = np.fmax(np.abs(exact), working)
             abs_error = np.where(
                 np.isfinite(exact) & np.isfinite(value), np.abs(value - exact), np.nan
             )

@@ -46,6 +46,7 @@ from tp_logprob.oracle.hidden import dot_product_error_bound, exact_hidden_logit
 from tp_logprob.strategies.cases import LogprobCase
 from tp_logprob.strategies.contracts import contracts as contracts_strategy
 from tp_logprob.strategies.logits import round_to_dtype
+from tp_logprob.strategies.supports import supports as supports_strategy
 from tp_logprob.strategies.targets import targets as targets_strategy
 
 __all__ = [
@@ -258,6 +259,9 @@ def _hidden_cases(
         hidden[~active] = np.nan
     with np.errstate(over="ignore", invalid="ignore"):
         logits = exact_hidden_logits(hidden, weight, bias).astype(np.float32)
+    if contract.support is not None:  # aim the support at these logits' boundaries
+        support = draw(supports_strategy(contract, modes=(contract.support_mode,), logits=logits))
+        contract = dataclasses.replace(contract, support=support)
     chosen = draw(targets_strategy(contract, logits=logits))
     return HiddenCase(contract, logits, chosen, hidden=hidden, weight=weight, bias=bias)
 
@@ -274,7 +278,10 @@ def hidden_cases(
     :func:`~tp_logprob.strategies.contracts` (``input_kind="hidden"`` is implied;
     temperatures default to :func:`hidden_temperatures`). With ``small_integers``
     the operands are integers in [-8, 8] (bias in [-64, 64]), so a fp32 dot
-    product is exact in any order and the kernel's ``x`` is the oracle's.
+    product is exact in any order and the kernel's ``x`` is the oracle's. A
+    contract drawn with a sampling support (``support_modes=...``) gets one aimed at
+    the drawn logits (:func:`~tp_logprob.strategies.supports`), as in
+    :func:`~tp_logprob.strategies.cases`, and its targets follow it.
 
     Example::
 

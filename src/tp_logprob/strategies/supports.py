@@ -5,10 +5,11 @@ parameters (top-k, top-p, min-p, alone or together, or every rule off) or a
 replayed mask of kept ids. Given the logits, the parameters aim at the places the
 rules are hard to get right (``docs/semantics.md``, "Processed logprobs"): a
 ``top_k`` that lands on a tie, a ``top_p`` equal to (or one ulp around) the mass
-strictly above some token, a ``min_p`` equal to (or one ulp around) some token's
-``exp(z - M)``. Those values are computed in float64 here; the exact decision at
-such a boundary is the oracle's business, and a backend may take either side of
-a borderline token.
+strictly above some token, relative to the survivors of the min-p and top-k drawn
+with it (the distribution top-p renormalises over), a ``min_p`` equal to (or one
+ulp around) some token's ``exp(z - M)``. Those values are computed in float64
+here; the exact decision at such a boundary is the oracle's business, and a
+backend may take either side of a borderline token.
 
 Replayed masks keep a random subset of each row's live columns (all of them, a
 single token, or the row's largest values), never empty for an active row.
@@ -31,7 +32,7 @@ from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = ["PARAM_KINDS", "REPLAYED_ROW_KINDS", "supports"]
 
-PARAM_KINDS = ("all_off", "top_k", "top_p", "min_p", "top_k_top_p", "all_rules")
+PARAM_KINDS = ("all_off", "top_k", "top_p", "min_p", "top_k_top_p", "min_p_top_p", "all_rules")
 """Which sampling rules a drawn support turns on (``all_off`` is ``top_p=1``)."""
 
 REPLAYED_ROW_KINDS = ("every_live", "single", "random_subset", "largest", "empty_inactive")
@@ -68,14 +69,32 @@ def _near(value: float, shift: int) -> float:
     return min(max(moved, 0.0), 1.0)
 
 
+def _survivors(values: npt.NDArray[Any], earlier: dict[str, Any]) -> npt.NDArray[Any]:
+    """The finite ``values`` of a row that min-p and top-k (those ``earlier`` holds) keep, in
+    float64: what top-p renormalises over."""
+    kept = values
+    min_p, top_k = earlier.get("min_p"), earlier.get("top_k")
+    if min_p is not None:
+        with np.errstate(under="ignore"):
+            kept = kept[np.exp(kept - kept.max()) >= min_p]
+    if top_k is not None and top_k < kept.size:
+        kept = kept[kept >= np.sort(kept)[::-1][top_k - 1]]
+    return kept
+
+
 @st.composite
-def _boundary(draw: Any, z: npt.NDArray[Any], rule: str) -> float | int | None:
-    """A parameter of ``rule`` at a boundary of some defined row of ``z``, or None."""
+def _boundary(
+    draw: Any, z: npt.NDArray[Any], rule: str, earlier: dict[str, Any]
+) -> float | int | None:
+    """A parameter of ``rule`` at a boundary of some defined row of ``z``, or None; top-p's on
+    the distribution renormalised over the survivors of the rules drawn ``earlier``."""
     rows = _defined_rows(z)
     if rows.size == 0:
         return None
     row = z[draw(st.sampled_from(rows.tolist()), label=f"{rule} boundary row")]
     finite = row[np.isfinite(row)]
+    if rule == "top_p":
+        finite = _survivors(finite, earlier)
     values = np.unique(finite)[::-1]  # distinct finite values, largest first
     index = draw(st.integers(0, values.size - 1), label=f"{rule} boundary value")
     value = float(values[index])
@@ -95,10 +114,12 @@ def _boundary(draw: Any, z: npt.NDArray[Any], rule: str) -> float | int | None:
     return moved
 
 
-def _rule_value(draw: Any, rule: str, z: npt.NDArray[Any] | None, real: int) -> Any:
+def _rule_value(
+    draw: Any, rule: str, z: npt.NDArray[Any] | None, real: int, earlier: dict[str, Any]
+) -> Any:
     """One rule's parameter: at a boundary of the logits when given, else a plain value."""
     if z is not None and draw(st.booleans(), label=f"{rule} at a boundary"):
-        value = draw(_boundary(z, rule))
+        value = draw(_boundary(z, rule, earlier))
         if value is not None:
             return value
     if rule == "top_k":
@@ -129,10 +150,13 @@ def _sampling_params(
         "top_p": ("top_p",),
         "min_p": ("min_p",),
         "top_k_top_p": ("top_k", "top_p"),
+        "min_p_top_p": ("min_p", "top_p"),
         "all_rules": ("min_p", "top_k", "top_p"),
     }[kind]
     real = contract.sharding.real_vocab_size
-    chosen = {rule: _rule_value(draw, rule, z, real) for rule in rules}
+    chosen: dict[str, Any] = {}
+    for rule in rules:  # in vLLM's order: min-p, top-k, top-p
+        chosen[rule] = _rule_value(draw, rule, z, real, chosen)
     return SupportSpec(**chosen)
 
 
