@@ -34,6 +34,7 @@ from tp_logprob.comm import (
     CollectiveError,
     CollectiveTimeoutError,
     EmulatedGroup,
+    GroupHandle,
 )
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.errors import LogprobContractError
@@ -92,7 +93,7 @@ def run_tp(
             " (run_tp takes the full, unsharded logits)"
         )
 
-    def call(rank: int, contract_r: LogprobContract, group: Any) -> Any:
+    def call(rank: int, contract_r: LogprobContract, group: GroupHandle | None) -> Any:
         start, end = sharding.vocab_shard_bounds[rank]
         return op(logits[:, start:end], targets, contract_r, group=group)
 
@@ -141,7 +142,7 @@ def run_tp_hidden(
                 " (run_tp_hidden takes the full, unsharded weight)"
             )
 
-    def call(rank: int, contract_r: LogprobContract, group: Any) -> Any:
+    def call(rank: int, contract_r: LogprobContract, group: GroupHandle | None) -> Any:
         start, end = sharding.vocab_shard_bounds[rank]
         shard_bias = None if bias is None else bias[start:end]
         return op(

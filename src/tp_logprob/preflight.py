@@ -15,8 +15,9 @@ first bytes (for the error message only).
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError, LogprobDispatchError
 
@@ -33,7 +34,7 @@ _NAME = 64
 _RECORD = 2 * _DIGEST + 8 + _NAME
 
 
-def preflight(contract: LogprobContract, backend_id: str, group: Any) -> None:
+def preflight(contract: LogprobContract, backend_id: str, group: GroupHandle | None) -> None:
     """Raise :class:`LogprobDispatchError` naming the ranks unless all ranks agree.
 
     Every rank of ``group`` must call this with its own contract and the backend
@@ -75,7 +76,7 @@ def preflight(contract: LogprobContract, backend_id: str, group: Any) -> None:
 
 def resolve_and_preflight(
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
     requested_backend: str = "auto",
     *,
     registry: KernelRegistry | None = None,

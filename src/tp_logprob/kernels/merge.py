@@ -16,10 +16,10 @@ end with it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.shards import owner_ranks
 
@@ -133,7 +133,7 @@ def merge_entropy(partials: Sequence[torch.Tensor], active: torch.Tensor) -> tor
     return torch.where(active, entropy, 0.0).to(stacked.dtype)
 
 
-def gather(partial: torch.Tensor, group: Any) -> list[torch.Tensor]:
+def gather(partial: torch.Tensor, group: GroupHandle | None) -> list[torch.Tensor]:
     """Every rank's partial in rank order, by one all-gather (``group=None``: TP=1)."""
     return [partial] if group is None else group.all_gather(partial)
 
@@ -158,7 +158,7 @@ def gather_and_merge(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's partial all-gathered once and merged: :func:`gather`, then
     :func:`merge_gathered`."""

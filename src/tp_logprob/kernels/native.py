@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.merge import gather_and_merge
 from tp_logprob.kernels.partials import live_logits, local_grad, local_partial
@@ -53,7 +54,7 @@ def torch_native_logprob(
     local_logits: torch.Tensor,
     targets: torch.Tensor,
     contract: LogprobContract,
-    group: Any = None,
+    group: GroupHandle | None = None,
 ) -> LogprobResult:
     """One rank's vocab-parallel selected logprob; every rank of the group gets the same bits.
 
@@ -70,7 +71,7 @@ def native_logprob(
     local_logits: torch.Tensor,
     targets: torch.Tensor,
     contract: LogprobContract,
-    group: Any = None,
+    group: GroupHandle | None = None,
     *,
     active: torch.Tensor | None = None,
     output_dtype: torch.dtype | None = None,
@@ -116,7 +117,7 @@ class NativeLogprobFunction(torch.autograd.Function):
         targets: torch.Tensor,
         active: torch.Tensor,
         contract: LogprobContract,
-        group: Any,
+        group: GroupHandle | None,
         output_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, ...]:
         outputs, keep = _forward(local_logits, targets, active, contract, group)
@@ -149,7 +150,7 @@ def native_forward(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, ...]:
     """Partial, one all-gather, merge: ``(selected_logp, lse, entropy)`` in the compute dtype,
     followed by ``(support_lse, support_size, support_threshold)`` for a processed op.
@@ -164,7 +165,7 @@ def _forward(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
     """The outputs and, for a processed op, this rank's support mask (None: every column)."""
     if contract.support is None:

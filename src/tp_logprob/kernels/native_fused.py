@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.lm_head import (
     chunk_rows,
@@ -97,7 +98,7 @@ def torch_native_fused_logprob(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     contract: LogprobContract,
-    group: Any = None,
+    group: GroupHandle | None = None,
     *,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
@@ -138,7 +139,7 @@ class FusedLogprobFunction(torch.autograd.Function):
         targets: torch.Tensor,
         active: torch.Tensor,
         contract: LogprobContract,
-        group: Any,
+        group: GroupHandle | None,
         output_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, ...]:
         outputs, replayed = _forward(hidden, weight, bias, targets, active, contract, group)
@@ -179,7 +180,7 @@ def native_fused_forward(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, ...]:
     """Chunked partials, one all-gather, torch_native's merge; fp32 results.
 
@@ -196,7 +197,7 @@ def _forward(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[tuple[torch.Tensor, ...], ReplayedSupport | None]:
     """The outputs, and a replayed mask's kept ids on the device (for the backward)."""
     if contract.support is None:
@@ -215,7 +216,7 @@ def _raw_forward(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, ...]:
     rows, width = hidden.shape[0], live_width(contract)
     step = chunk_rows(contract)
@@ -237,7 +238,7 @@ def _processed_forward(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
     replayed: ReplayedSupport | None,
 ) -> ProcessedOutputs:
     """Per chunk: logits, the chunk's support (threshold collectives for sampling

@@ -19,10 +19,9 @@ or a replayed mask's rows); torch_native runs :func:`processed_forward` on its l
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import (
     PARTIAL_FIELDS,
@@ -75,7 +74,7 @@ def processed_fields(contract: LogprobContract) -> int:
 def support_block(
     z: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
     replayed: ReplayedSupport | None = None,
     begin: int = 0,
 ) -> SupportBlock:
@@ -145,7 +144,7 @@ def merge_processed(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
     size: torch.Tensor,
     threshold: torch.Tensor,
 ) -> ProcessedOutputs:
@@ -172,7 +171,7 @@ def processed_forward(
     targets: torch.Tensor,
     active: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[ProcessedOutputs, torch.Tensor | None]:
     """The processed outputs from this rank's live tempered logits ``z`` (all rows), and the
     support mask (None: every live column) for the backward."""

@@ -23,10 +23,9 @@ what a rank's candidates cover.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.merge import gather
 
@@ -83,7 +82,7 @@ def key_passes(dtype: torch.dtype) -> tuple[int, ...]:
     return tuple(range(_TOP_SHIFT, low - 1, -DIGIT_BITS))
 
 
-def _gathered_sum(local: torch.Tensor, group: Any) -> torch.Tensor:
+def _gathered_sum(local: torch.Tensor, group: GroupHandle | None) -> torch.Tensor:
     """The integer ``local`` summed over the ranks (exact, so in any order)."""
     return torch.stack(gather(local.to(torch.int64), group)).sum(dim=0)
 
@@ -125,7 +124,7 @@ def radix_kth(
     survivors: torch.Tensor,
     top_k: int,
     passes: tuple[int, ...],
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the key of the k-th largest survivor over every rank (with multiplicity;
     the least survivor when there are fewer than k) and how many survivors lie at or above
@@ -156,7 +155,7 @@ def radix_top_p(
     weights: torch.Tensor,
     top_p: float,
     passes: tuple[int, ...],
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the key of the smallest survivor whose strictly larger survivors weigh
     ``< top_p Z`` (``Z`` the survivors' total int64 ``weights`` over every rank, the

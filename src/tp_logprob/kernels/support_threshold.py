@@ -50,11 +50,11 @@ masses only where a rank's survivors outnumber its candidates),
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.fixed_point import fixed_point_terms, fraction_bits
@@ -112,7 +112,7 @@ def sampling_rules(contract: LogprobContract) -> SamplingRules:
 
 
 def support_threshold(
-    z: torch.Tensor, contract: LogprobContract, group: Any = None
+    z: torch.Tensor, contract: LogprobContract, group: GroupHandle | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tau, size)`` of every row from this rank's live tempered logits ``z`` (``[N, w]``).
 
@@ -173,7 +173,7 @@ def _least_not_below(threshold: float, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float(value), dtype=like.dtype, device=like.device)
 
 
-def _row_extremes(z: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_extremes(z: torch.Tensor, group: GroupHandle | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's max (NaN when any live value is NaN) and min over every rank's ``z``."""
     rows, width = z.shape
     if width == 0:
@@ -184,14 +184,14 @@ def _row_extremes(z: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tens
     return stacked[..., 0].amax(dim=0), stacked[..., 1].amin(dim=0)
 
 
-def _gathered_min(values: torch.Tensor, group: Any) -> torch.Tensor:
+def _gathered_min(values: torch.Tensor, group: GroupHandle | None) -> torch.Tensor:
     """The least of each row's ``values`` (``[N, w]``) over every rank; ``+inf`` for none."""
     rows, width = values.shape
     local = values.amin(dim=1) if width else values.new_full((rows,), _INF)
     return torch.stack(gather(local, group)).amin(dim=0)
 
 
-def _gathered_count(mask: torch.Tensor, group: Any) -> torch.Tensor:
+def _gathered_count(mask: torch.Tensor, group: GroupHandle | None) -> torch.Tensor:
     """int64 count of each row's True entries over every rank."""
     return torch.stack(gather(mask.sum(dim=1, dtype=torch.int64), group)).sum(dim=0)
 
@@ -211,7 +211,7 @@ def _survivors(z: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor | No
 
 
 def _top_k(
-    z: torch.Tensor, floor: torch.Tensor | None, top_k: int, count: bool, group: Any
+    z: torch.Tensor, floor: torch.Tensor | None, top_k: int, count: bool, group: GroupHandle | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The k-th largest survivor (``z >= floor``) with multiplicity, and (``count``) how
     many survivors lie at or above it."""
@@ -235,7 +235,7 @@ def _top_p(
     floor: torch.Tensor | None,
     top_p: float,
     bits: int,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """top-p's threshold over the survivors (``z >= floor``) and the support's size."""
     survivors = _survivors(z, floor)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
@@ -28,7 +29,7 @@ __all__ = [
 
 
 def check_op_inputs(
-    local_logits: Any, targets: Any, contract: Any, group: Any = None
+    local_logits: Any, targets: Any, contract: Any, group: GroupHandle | None = None
 ) -> torch.Tensor:
     """Validate one rank's op inputs against its contract; return the active mask on device."""
     contract = check_contract(contract)
@@ -126,7 +127,7 @@ def check_contract(contract: Any) -> LogprobContract:
     return contract
 
 
-def _check_group(group: Any, contract: LogprobContract) -> None:
+def _check_group(group: object, contract: LogprobContract) -> None:
     sharding = contract.sharding
     if group is None:
         if sharding.tp_world_size != 1:
@@ -155,7 +156,7 @@ def check_fused_inputs(
     hidden: Any,
     targets: Any,
     contract: Any,
-    group: Any,
+    group: GroupHandle | None,
     weight: Any,
     bias: Any,
 ) -> torch.Tensor:
@@ -187,7 +188,7 @@ def check_fused_inputs(
 
 
 def check_hidden_op_targets(
-    targets: Any, contract: LogprobContract, group: Any, device: torch.device
+    targets: Any, contract: LogprobContract, group: GroupHandle | None, device: torch.device
 ) -> torch.Tensor:
     """:func:`check_op_inputs`' checks (group, targets, active target range) for an op that
     takes hidden states; return the active mask on ``device``.

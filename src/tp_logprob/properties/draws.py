@@ -17,6 +17,7 @@ from hypothesis.errors import InvalidArgument
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.running import real_group
 from tp_logprob.strategies import (
     HiddenCase,
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 
-def drawing_capability(backend: Any) -> LogprobBackendCapability:
+def drawing_capability(backend: BackendUnderTest) -> LogprobBackendCapability:
     """What the properties draw ``backend``'s contracts from: its capability, and on a real
     process group of N ranks that capability at TP degree N only (every strategy that
     takes a capability then draws for the group); skips the test if it serves no TP N."""
@@ -69,7 +70,7 @@ def drawing_capability(backend: Any) -> LogprobBackendCapability:
     return dataclasses.replace(capability, tp_world_sizes=frozenset({world}))
 
 
-def cases_for(backend: Any, **filters: Any) -> st.SearchStrategy[LogprobCase]:
+def cases_for(backend: BackendUnderTest, **filters: Any) -> st.SearchStrategy[LogprobCase]:
     """Cases from the contracts ``backend`` claims; skips the test if it claims none such."""
     special_values = filters.pop("special_values", False)
     logit_kinds = filters.pop("logit_kinds", None)
@@ -80,14 +81,16 @@ def cases_for(backend: Any, **filters: Any) -> st.SearchStrategy[LogprobCase]:
     return cases(contract_strategy, special_values=special_values, logit_kinds=logit_kinds)
 
 
-def draw_case(data: Any, backend: Any, suite: Any, **filters: Any) -> LogprobCase:
+def draw_case(data: Any, backend: BackendUnderTest, suite: Any, **filters: Any) -> LogprobCase:
     """Draw one case for ``backend`` (labelled ``case``) and count the example."""
     case: LogprobCase = data.draw(cases_for(backend, **filters), label="case")
     suite.stats.example(backend.backend_id)
     return case
 
 
-def draw_hidden_case(data: Any, backend: Any, suite: Any, **filters: Any) -> HiddenCase:
+def draw_hidden_case(
+    data: Any, backend: BackendUnderTest, suite: Any, **filters: Any
+) -> HiddenCase:
     """A fused case from the contracts ``backend`` claims; skips backends that take logits."""
     try:
         strategy = hidden_cases(capability=drawing_capability(backend), **filters)
@@ -101,13 +104,18 @@ def draw_hidden_case(data: Any, backend: Any, suite: Any, **filters: Any) -> Hid
 SAMPLING_SUPPORTS = (SupportMode.SAMPLING_PARAMS, SupportMode.REPLAYED_MASK)
 
 
-def support_modes_served(backend: Any) -> list[SupportMode]:
+def support_modes_served(backend: BackendUnderTest) -> list[SupportMode]:
     """The sampling supports ``backend`` claims (``full`` aside), in a stable order."""
     return [mode for mode in SAMPLING_SUPPORTS if backend.capability.serves("support_mode", mode)]
 
 
 def draw_processed_case(
-    data: Any, backend: Any, suite: Any, *, modes: Any = SAMPLING_SUPPORTS, **filters: Any
+    data: Any,
+    backend: BackendUnderTest,
+    suite: Any,
+    *,
+    modes: Any = SAMPLING_SUPPORTS,
+    **filters: Any,
 ) -> LogprobCase:
     """A case with a sampling support (one of ``modes`` the backend claims), drawn as
     :func:`draw_case` or :func:`draw_hidden_case` for what the backend takes; skips a
@@ -131,12 +139,12 @@ def draw_processed_case(
     )
 
 
-def claims_batch_invariance(backend: Any) -> bool:
+def claims_batch_invariance(backend: BackendUnderTest) -> bool:
     """Whether ``backend`` claims a scope with batch invariance (more than run-to-run bits)."""
     return bool(backend.capability.serves("determinism_scope", DeterminismScope.FIXED_TOPOLOGY))
 
 
-def skip_unless_batch_invariant(backend: Any) -> None:
+def skip_unless_batch_invariant(backend: BackendUnderTest) -> None:
     """Skip a batch-invariance property for a backend that claims run-to-run bits only."""
     if not claims_batch_invariance(backend):
         pytest.skip(f"{backend.backend_id} claims run_to_run determinism only: not batch invariant")
@@ -186,17 +194,17 @@ INTERPRETED_LONG_BATCH_VOCAB = 32
 """Most columns of an interpreted backend's long batch: two of the CPU launch table's tiles."""
 
 
-def interpreted(backend: Any) -> bool:
+def interpreted(backend: BackendUnderTest) -> bool:
     """Whether ``backend`` is a built-in Triton backend run by the interpreter here."""
     return bool(backend.platform == "cpu" and backend.backend_id in INTERPRETED)
 
 
-def max_batch_rows(backend: Any) -> int:
+def max_batch_rows(backend: BackendUnderTest) -> int:
     """The most rows a long batch for ``backend`` draws."""
     return INTERPRETED_LONG_BATCH_ROWS if interpreted(backend) else LONG_BATCH_ROWS
 
 
-def max_batch_vocab(backend: Any, default: int) -> int:
+def max_batch_vocab(backend: BackendUnderTest, default: int) -> int:
     """The widest vocabulary a long batch for ``backend`` draws."""
     return min(default, INTERPRETED_LONG_BATCH_VOCAB) if interpreted(backend) else default
 
@@ -222,7 +230,7 @@ def position_lengths(max_rows: int) -> st.SearchStrategy[int]:
     return st.sampled_from(lengths)
 
 
-def draw_positions(data: Any, case: LogprobCase, backend: Any) -> dict[str, Any]:
+def draw_positions(data: Any, case: LogprobCase, backend: BackendUnderTest) -> dict[str, Any]:
     """The ``row`` and ``length`` params of the row-position property."""
     rows = case.contract.num_tokens
     return {

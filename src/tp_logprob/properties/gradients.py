@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +21,7 @@ import numpy.typing as npt
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.measuring import allowed_error, entropy_error, row_summary
 from tp_logprob.properties.report import SuiteStats, format_value, violation
@@ -134,7 +134,7 @@ def _entropy_term_bound(
 
 
 def expect_gradient(
-    prop: str, case: LogprobCase, backend: Any, stats: SuiteStats | None = None
+    prop: str, case: LogprobCase, backend: BackendUnderTest, stats: SuiteStats | None = None
 ) -> None:
     """Backprop every rank's (replicated) weighted loss, as TP training does; compare.
 
@@ -173,7 +173,7 @@ class Backward:
     entropy_weights: Floats  # v, per row (0 without export_entropy)
 
 
-def backward(prop: str, case: LogprobCase, backend: Any) -> Backward:
+def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backward:
     """Run ``case`` with logits that require grad and backprop every rank's weighted loss
     (:func:`upstream_weights`, :func:`entropy_weights`); a gradient in another dtype
     than the logits' is a violation."""

@@ -30,6 +30,7 @@ from tp_logprob.oracle import (
     support_masked_logits,
 )
 from tp_logprob.oracle.exact import exact_logprob_grad
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.gradients import entropy_weights, gradient_bound, upstream_weights
 from tp_logprob.properties.measuring import input_error
@@ -70,7 +71,7 @@ def logits_contract(contract: LogprobContract) -> LogprobContract:
 
 
 def expect_fused_gradients(
-    backend: Any,
+    backend: BackendUnderTest,
     case: LogprobCase,
     stats: SuiteStats | None = None,
     *,

@@ -27,6 +27,7 @@ from tp_logprob.oracle.reference_entropy import reference_entropy, reference_ent
 from tp_logprob.oracle.tolerance import tolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs, row_max_of_z
 from tp_logprob.properties.report import SuiteStats, format_value, violation
 from tp_logprob.properties.running import Floats, Outputs, execute
@@ -409,7 +410,7 @@ def entropy_error(case: LogprobCase, entropy: Floats, lse: Floats) -> Floats:
 
 def expect_exact(
     prop: str,
-    backend: Any,
+    backend: BackendUnderTest,
     case: LogprobCase,
     stats: SuiteStats | None = None,
     *,
@@ -436,7 +437,7 @@ def expect_exact(
 
 
 def expect_reference(
-    prop: str, backend: Any, case: LogprobCase, stats: SuiteStats | None = None
+    prop: str, backend: BackendUnderTest, case: LogprobCase, stats: SuiteStats | None = None
 ) -> None:
     """Run ``case`` and :func:`expect_close` to the float64 reference plus its own bound."""
     real = case.contract.sharding.real_vocab_size

@@ -50,6 +50,7 @@ from tp_logprob.oracle import (
     support_margins,
     support_masked_logits,
 )
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.gradients import backward, gradient_bound, judge_gradient
 from tp_logprob.properties.lm_head import expect_fused_gradients
 from tp_logprob.properties.measuring import (
@@ -421,7 +422,7 @@ def expect_processed_close(
 
 def expect_processed_exact(
     prop: str,
-    backend: Any,
+    backend: BackendUnderTest,
     case: LogprobCase,
     stats: SuiteStats | None = None,
     *,
@@ -444,7 +445,7 @@ def expect_processed_exact(
 
 
 def expect_processed_gradient(
-    prop: str, case: LogprobCase, backend: Any, stats: SuiteStats | None = None
+    prop: str, case: LogprobCase, backend: BackendUnderTest, stats: SuiteStats | None = None
 ) -> None:
     """The gradient of ``w selected_logp + v entropy`` on the backend's support: exactly 0 on
     every column outside ``S`` (the target's too), and within the gradient bounds of the

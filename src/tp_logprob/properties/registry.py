@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.params import ArraySpec, PropertySpec
 from tp_logprob.strategies import LogprobCase
 
@@ -63,7 +64,11 @@ class SuiteProperty:
     spec: PropertySpec = field(default_factory=PropertySpec)
 
     def __call__(
-        self, backend: Any, case: LogprobCase, params: Mapping[str, Any], **context: Any
+        self,
+        backend: BackendUnderTest,
+        case: LogprobCase,
+        params: Mapping[str, Any],
+        **context: Any,
     ) -> None:
         self.body(backend, case, params, **context)
 
@@ -155,7 +160,7 @@ class FailureRecord:
     """One failing run of a property: enough to write an artifact that replays it."""
 
     prop: str
-    backend: Any
+    backend: BackendUnderTest
     case: LogprobCase
     params: dict[str, Any]
     error: BaseException
@@ -166,7 +171,7 @@ class PropertyRun:
     """One call of :func:`run_property`: which property, on which backend and case."""
 
     prop: str
-    backend: Any
+    backend: BackendUnderTest
     case: LogprobCase
     params: dict[str, Any]
 
@@ -196,7 +201,7 @@ def recording_runs() -> Iterator[list[PropertyRun]]:
 
 def run_property(
     name: str,
-    backend: Any,
+    backend: BackendUnderTest,
     case: LogprobCase,
     params: Mapping[str, Any] | None = None,
     **context: Any,

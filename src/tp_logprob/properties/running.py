@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,9 +31,13 @@ import pytest
 
 from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
 from tp_logprob.contract import LogprobContract, LogprobResult, MaskSpec
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.report import violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.support import SupportMode, SupportSpec
+
+if TYPE_CHECKING:
+    from tp_logprob.properties.real_group import RealGroup
 
 __all__ = [
     "GARBAGE_TARGETS",
@@ -74,7 +78,7 @@ class Outputs:
 
 
 def execute(
-    backend: Any,
+    backend: BackendUnderTest,
     case: LogprobCase,
     *,
     logits: Any = None,
@@ -114,23 +118,22 @@ def execute(
     return outputs_of(results, case, backend.backend_id)
 
 
-_REAL_GROUP: list[Any] = []
+_REAL_GROUP: list[RealGroup] = []
 
 
-def use_real_group(group: Any) -> None:
-    """Run every case of ``group``'s TP degree on ``group``, a
-    :class:`~tp_logprob.properties.real_group.RealGroup` (None: only the emulated group)."""
+def use_real_group(group: RealGroup | None) -> None:
+    """Run every case of ``group``'s TP degree on ``group`` (None: only the emulated group)."""
     _REAL_GROUP.clear()
     if group is not None:
         _REAL_GROUP.append(group)
 
 
-def real_group() -> Any:
+def real_group() -> RealGroup | None:
     """The real process group the suite runs on, or None (the emulated group only)."""
     return _REAL_GROUP[0] if _REAL_GROUP else None
 
 
-def _group_for(backend: Any, contract: LogprobContract) -> Any:
+def _group_for(backend: BackendUnderTest, contract: LogprobContract) -> Any:
     """The real group if ``contract`` runs on it; None for the emulated group; a skip when
     the backend cannot run on the emulated group."""
     group = real_group()
@@ -151,7 +154,7 @@ def _group_for(backend: Any, contract: LogprobContract) -> Any:
 
 
 @contextmanager
-def _emulation(backend: Any) -> Iterator[None]:
+def _emulation(backend: BackendUnderTest) -> Iterator[None]:
     """An op that says it cannot run on the emulated group here is skipped, not failed."""
     try:
         yield
@@ -160,7 +163,7 @@ def _emulation(backend: Any) -> Iterator[None]:
 
 
 def run_logits(
-    backend: Any,
+    backend: BackendUnderTest,
     op: Any,
     logits: Any,
     targets: Any,
@@ -189,7 +192,7 @@ def run_logits(
 
 
 def run_hidden(
-    backend: Any,
+    backend: BackendUnderTest,
     op: Any,
     hidden: Any,
     weight: Any,

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case, draw_processed_case
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.registry import run_property, suite_property
@@ -72,7 +73,7 @@ def _need(params: Mapping[str, Any], key: str) -> Any:
 
 
 def _bad_call(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any]
+    backend: BackendUnderTest, case: LogprobCase, params: Mapping[str, Any]
 ) -> tuple[Callable[[], Any], Any]:
     """The bad call, not yet made, and the logits tensor it passes."""
     import torch
@@ -215,7 +216,11 @@ _BAD_INPUT_PARAMS = {
 
 @suite_property("bad_inputs", params=_BAD_INPUT_PARAMS, optional=set(_BAD_INPUT_PARAMS) - {"kind"})
 def bad_inputs(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
 
@@ -249,7 +254,9 @@ def bad_inputs(
 
 
 @given(data=st.data())
-def test_rejects_bad_inputs(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_rejects_bad_inputs(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Each bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
@@ -260,7 +267,7 @@ def test_rejects_bad_inputs(tp_logprob_backend: Any, tp_logprob_suite: Any, data
 
 @given(data=st.data())
 def test_rejects_targets_outside_replayed_support(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """An active target outside its row's replayed kept ids: LogprobContractError on the
     rank that gets it, before any collective (an engine never samples outside its mask)."""
@@ -290,7 +297,11 @@ def test_rejects_targets_outside_replayed_support(
 
 @suite_property("inputs_untouched")
 def inputs_untouched(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The forward (and, for train, the backward) leaves ``local_logits`` and ``targets``
     as they were: the same bits and no in-place version bump, unless the capability
@@ -318,7 +329,7 @@ def inputs_untouched(
 
 
 def _compare_inputs(
-    case: LogprobCase, backend: Any, saved: list[tuple[str, Any, Any, int]], stage: str
+    case: LogprobCase, backend: BackendUnderTest, saved: list[tuple[str, Any, Any, int]], stage: str
 ) -> None:
     for name, tensor, before, version in saved:
         now = tensor.detach()
@@ -354,7 +365,7 @@ def _same_bits(before: Any, now: Any) -> Any:
 
 @given(data=st.data())
 def test_inputs_are_left_untouched(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """local_logits and targets keep their bits and version through forward and backward."""
     backend = tp_logprob_backend

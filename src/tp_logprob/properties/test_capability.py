@@ -29,6 +29,7 @@ from tp_logprob.contract import (
     ShardingSpec,
 )
 from tp_logprob.oracle import exact_hidden_logits
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import drawing_capability
 from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.lm_head import expect_fused_gradients
@@ -189,7 +190,11 @@ def _hidden_case(
 
 @suite_property("claimed_contract")
 def claimed_contract(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """A claimed contract kind agrees with the exact oracle and, for train, backprops; with a
     sampling support, on the backend's (admissible) support."""
@@ -214,14 +219,17 @@ def claimed_contract(
         expect_gradient("capability truthfulness (train)", case, backend)
 
 
-def test_serves_every_claimed_contract_kind(tp_logprob_backend: Any, tp_logprob_suite: Any) -> None:
+def test_serves_every_claimed_contract_kind(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any
+) -> None:
     """Each claimed combination runs, agrees with the exact oracle, and (train) backprops."""
     backend = tp_logprob_backend
     contracts = claimed_contracts(drawing_capability(backend))
-    if not contracts and real_group() is not None:
+    group = real_group()
+    if not contracts and group is not None:
         pytest.skip(
             f"{backend.backend_id}: no TP degree it claims both splits the sweep's "
-            f"{_PADDED} columns and is this group's ({real_group().world_size} ranks)"
+            f"{_PADDED} columns and is this group's ({group.world_size} ranks)"
         )
     assert contracts, f"{backend.backend_id} claims no contract at all"
     for seed, contract in enumerate(contracts):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties.backends import resolve_backends
+from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.measuring import allowed_error, entropy_error, expect_close
@@ -26,7 +26,7 @@ from tp_logprob.properties.running import execute
 from tp_logprob.strategies import LogprobCase
 
 
-def _others(backend: Any, suite: Any) -> list[Any]:
+def _others(backend: BackendUnderTest, suite: Any) -> list[Any]:
     chosen = {other.backend_id: other for other in suite.backends()}
     for builtin in resolve_backends([], backend.platform):
         chosen.setdefault(builtin.backend_id, builtin)
@@ -36,7 +36,7 @@ def _others(backend: Any, suite: Any) -> list[Any]:
 
 @suite_property("backends_agree")
 def backends_agree(
-    backend: Any,
+    backend: BackendUnderTest,
     case: LogprobCase,
     params: Mapping[str, Any],
     *,
@@ -83,7 +83,9 @@ def backends_agree(
 
 @scaled(0.4)
 @given(data=st.data())
-def test_backends_agree(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_backends_agree(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Within both tolerances of every other backend that serves the same contract."""
     backend = tp_logprob_backend
     candidates = _others(backend, tp_logprob_suite)

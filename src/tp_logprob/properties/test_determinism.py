@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, ShardingSpec
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     batch_rows,
     draw_case,
@@ -38,7 +39,11 @@ from tp_logprob.strategies import LogprobCase
 
 @suite_property("replicated")
 def replicated(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Every rank returns the same bits, NaN payloads and signed zeros included."""
     outputs = execute(backend, case)  # raises the violation if ranks differ
@@ -47,7 +52,7 @@ def replicated(
 
 @given(data=st.data())
 def test_outputs_replicated_across_ranks(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Every rank returns the same bits, NaN payloads and signed zeros included."""
     backend = tp_logprob_backend
@@ -57,7 +62,11 @@ def test_outputs_replicated_across_ranks(
 
 @suite_property("run_to_run")
 def run_to_run(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Running the same case twice gives the same bits."""
     expect_bitwise(
@@ -71,7 +80,9 @@ def run_to_run(
 
 
 @given(data=st.data())
-def test_run_to_run_bitwise(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_run_to_run_bitwise(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Running the same case twice gives the same bits."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
@@ -80,7 +91,11 @@ def test_run_to_run_bitwise(tp_logprob_backend: Any, tp_logprob_suite: Any, data
 
 @suite_property("batch_invariance", arrays={"rows": ArraySpec("int64", any_length)})
 def batch_invariance(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Rows ``params["rows"]`` (in that order, repeats allowed) run as their own batch
     give the bits they had in the whole batch."""
@@ -98,7 +113,9 @@ def batch_invariance(
 
 
 @given(data=st.data())
-def test_batch_invariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_batch_invariance(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """A row's bits do not depend on the other rows, their order, or N."""
     backend = tp_logprob_backend
     skip_unless_batch_invariant(backend)
@@ -119,7 +136,11 @@ def position_rows(row: int, length: int, num_tokens: int) -> list[int]:
 
 @suite_property("row_positions", params={"row": "int", "length": "int"})
 def row_positions(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Row ``params["row"]`` at many positions of a ``params["length"]``-row batch
     (:func:`position_rows`): every copy has the bits of the row run alone. A BLAS matrix
@@ -144,7 +165,9 @@ def row_positions(
 
 @scaled(0.4)
 @given(data=st.data())
-def test_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_row_positions(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """One row at odd and even positions, inside and at the end of tiles: its own bits."""
     backend = tp_logprob_backend
     skip_unless_batch_invariant(backend)
@@ -155,7 +178,11 @@ def test_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
 
 @suite_property("tp_consistency", params={"tp_rank": "int", "vocab_shard_bounds": "bounds"})
 def tp_consistency(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The layout ``params["vocab_shard_bounds"]`` (seen by ``params["tp_rank"]``):
     bitwise for cross_tp_bitwise, else within tolerance."""
@@ -215,7 +242,9 @@ def tp_consistency(
 
 @scaled(0.6)
 @given(data=st.data())
-def test_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_tp_consistency(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Another TP degree and shard layout: bitwise for cross_tp_bitwise, else within tolerance."""
     backend = tp_logprob_backend
     capability = backend.capability

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobDispatchError
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.report import violation
 from tp_logprob.strategies import contracts
 
@@ -31,7 +32,9 @@ def _check_refusal(
 
 
 @given(data=st.data())
-def test_dispatch_is_sound(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_dispatch_is_sound(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """By id and by ``auto``: a capable backend, or a LogprobDispatchError listing each reason."""
     backend = tp_logprob_backend
     registry, platform = backend.registry, backend.platform

@@ -57,7 +57,7 @@ Floats = npt.NDArray[np.float64]
 
 @given(data=st.data())
 def test_fused_matches_exact_oracle(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """selected_logp, lse and entropy within the tolerance table plus the dot-product room
     of the exact values on ``fp32(hidden @ W.T + b)``."""
@@ -68,7 +68,11 @@ def test_fused_matches_exact_oracle(
 
 @suite_property("fused_exact_products")
 def fused_exact_products(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Operands whose fp32 dot products are exact (small integers): the fused backend must
     be as accurate as a logits backend on ``x``, with no dot-product room, and agree with
@@ -123,7 +127,7 @@ def _entropy_room(case: LogprobCase) -> Floats:
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_exact_dot_products_match_logits_path(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Small-integer operands (exact fp32 dot products): as accurate as the logits path,
     and within tolerance of torch_native run on the same logits."""
@@ -137,7 +141,11 @@ _GARBAGE = np.array([np.nan, np.inf, -np.inf, 2.0**100, -(2.0**100), 0.0], dtype
 
 @suite_property("fused_padding_rows", params={"seed": "int"})
 def fused_padding_rows(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Other garbage in the weight's (and bias's) padding rows changes no output bit.
 
@@ -165,7 +173,7 @@ def fused_padding_rows(
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_padding_rows_never_read(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Other garbage (NaN, +-inf, 2^100) in the weight's and bias's padding rows: same bits."""
     backend = tp_logprob_backend
@@ -176,7 +184,11 @@ def test_fused_padding_rows_never_read(
 
 @suite_property("fused_gradients")
 def fused_gradients(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """``d hidden`` (every rank's partial, summed as the caller's all-reduce does), ``d weight``
     and ``d bias`` of ``sum(w selected_logp + v entropy)`` within their bounds of the exact
@@ -185,7 +197,9 @@ def fused_gradients(
 
 
 @given(data=st.data())
-def test_fused_gradients(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_fused_gradients(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """d hidden (rank partials summed), d weight and d bias of w * selected + v * entropy
     within their bounds; exactly 0 on inactive rows and padding rows."""
     backend = tp_logprob_backend
@@ -196,7 +210,7 @@ def test_fused_gradients(tp_logprob_backend: Any, tp_logprob_suite: Any, data: A
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_run_to_run_and_batch_invariance(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits
     (unless the backend claims run_to_run determinism only)."""
@@ -211,7 +225,9 @@ def test_fused_run_to_run_and_batch_invariance(
 
 @scaled(0.2)
 @given(data=st.data())
-def test_fused_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_fused_row_positions(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """One hidden row at odd and even positions, inside and at the end of row chunks and
     tiles: every copy has the bits of the row run alone."""
     backend = tp_logprob_backend
@@ -222,7 +238,9 @@ def test_fused_row_positions(tp_logprob_backend: Any, tp_logprob_suite: Any, dat
 
 @scaled(0.5)
 @given(data=st.data())
-def test_fused_tp_consistency(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_fused_tp_consistency(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Another TP degree and shard layout of the same weight: bitwise for cross_tp_bitwise,
     else within tolerance (with the dot-product room of both runs)."""
     backend = tp_logprob_backend
@@ -244,7 +262,11 @@ rows never holds an fp32 tensor as wide as a shard with all of them."""
 
 @suite_property("fused_memory")
 def fused_memory(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The case's rows repeated to :data:`MEMORY_ROWS` rows: no fp32 tensor that the op
     allocates (forward, and backward for train; every aten op, every rank's thread) is
@@ -324,7 +346,7 @@ def fused_memory(
 @scaled(0.12)
 @given(data=st.data())
 def test_fused_never_materializes_the_logits(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """384 rows, forward and (train) backward: no fp32 tensor the op allocates is a
     shard's width with every row, i.e. the ``[N, local_vocab]`` logits never exist."""

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.profiles import scaled
@@ -18,7 +19,11 @@ from tp_logprob.strategies import LogprobCase
 
 @suite_property("gradients")
 def gradients(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Within bound of the exact gradient; exactly 0 on padding and inactive rows."""
     expect_gradient("gradients", case, backend, stats)
@@ -26,7 +31,9 @@ def gradients(
 
 @scaled(0.6)
 @given(data=st.data())
-def test_gradients_match_exact(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_gradients_match_exact(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Within bound of the exact gradient; exactly 0 on padding and inactive rows; rows sum to 0."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, roles={"train"})

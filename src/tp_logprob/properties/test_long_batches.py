@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     draw_case,
     draw_hidden_case,
@@ -37,7 +38,11 @@ from tp_logprob.strategies import HiddenCase, LogprobCase
 
 @suite_property("long_batch", params={"length": "int", "seed": "int"})
 def long_batch(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The ``params["length"]``-row batch built from ``case`` with ``params["seed"]``: every
     row within the tolerance table of the exact values, inactive rows exactly +0.0, and
@@ -55,7 +60,7 @@ def long_batch(
         expect_gradient(f"long batch: {length} rows (gradient)", long, backend, stats)
 
 
-def _long_params(data: Any, backend: Any) -> dict[str, Any]:
+def _long_params(data: Any, backend: BackendUnderTest) -> dict[str, Any]:
     return {
         "length": data.draw(long_lengths(max_batch_rows(backend)), label="rows of the batch"),
         "seed": data.draw(st.integers(0, 2**32 - 1), label="batch seed"),
@@ -64,7 +69,9 @@ def _long_params(data: Any, backend: Any) -> dict[str, Any]:
 
 @scaled(0.16)
 @given(data=st.data())
-def test_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_long_batches(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """65 to 700 rows (100 and 32 columns under the Triton interpreter), never a multiple
     of 64: every row against the exact oracle, and the gradient for train."""
     backend = tp_logprob_backend
@@ -75,7 +82,9 @@ def test_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any)
 
 @scaled(0.16)
 @given(data=st.data())
-def test_fused_long_batches(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_fused_long_batches(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """A fused LM head on 65 to 700 hidden rows: every row against the exact oracle (with
     the dot-product room), and d hidden, d weight and d bias for train."""
     backend = tp_logprob_backend

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import LogprobDType, MaskMode, MaskSpec
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.measuring import (
@@ -42,7 +43,11 @@ from tp_logprob.strategies import LogprobCase, logits, round_to_dtype
 
 @suite_property("padding_ignored", arrays={"padding": ArraySpec("float32", padding_columns)})
 def padding_ignored(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """``params["padding"]`` (garbage) in the padding columns changes no bit of the output."""
     real = case.contract.sharding.real_vocab_size
@@ -58,7 +63,9 @@ def padding_ignored(
 
 
 @given(data=st.data())
-def test_padding_is_ignored(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_padding_is_ignored(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Garbage (NaN, +-inf, huge values) in the padding columns changes no bit of the output."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, padding=True)
@@ -90,7 +97,11 @@ _SIGNED_ZERO_HINT = (
     arrays={"inactive_targets": ArraySpec("int64", per_row)},
 )
 def inactive_rows(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Row ``params["flipped"]`` (if any) made inactive, and every inactive row's target
     replaced by ``params["inactive_targets"]``: inactive rows give +0.0, other rows do not move."""
@@ -158,7 +169,9 @@ def inactive_rows(
 
 
 @given(data=st.data())
-def test_inactive_rows(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_inactive_rows(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Inactive rows give exactly +0.0, their targets are never read, and the other rows
     are unaffected when one more row is made inactive."""
     backend = tp_logprob_backend
@@ -183,7 +196,11 @@ _PRECISION_BITS = {LogprobDType.FP32: 24, LogprobDType.BF16: 8, LogprobDType.FP1
 
 @suite_property("shift_equivariance", params={"shift": "float"})
 def shift_equivariance(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """``x + params["shift"]`` (exact in the dtype): lse moves by the shift, selected stays."""
     shift = params["shift"]
@@ -221,7 +238,9 @@ def shift_equivariance(
 
 
 @given(data=st.data())
-def test_shift_equivariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_shift_equivariance(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """x + c (exact in the dtype): lse moves by c, selected_logp stays, within tolerance."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, temperature=1.0)
@@ -241,7 +260,11 @@ def test_shift_equivariance(tp_logprob_backend: Any, tp_logprob_suite: Any, data
 
 @suite_property("vocabulary_permutation", arrays={"order": ArraySpec("int64", live_columns)})
 def vocabulary_permutation(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """New column j holds old column ``params["order"][j]`` (targets follow): same result."""
     real = case.contract.sharding.real_vocab_size
@@ -276,7 +299,9 @@ def vocabulary_permutation(
 
 
 @given(data=st.data())
-def test_vocabulary_permutation(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_vocabulary_permutation(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Permuting the live columns (and the targets with them) changes nothing beyond tolerance."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.measuring import expect_exact, expect_reference
 from tp_logprob.properties.profiles import scaled
@@ -18,14 +19,20 @@ from tp_logprob.strategies import SPECIAL_KINDS, LogprobCase
 
 @suite_property("oracle")
 def oracle(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """selected_logp and lse within the tolerance table of the correctly rounded values."""
     expect_exact("oracle agreement: output outside the tolerance table", backend, case, stats)
 
 
 @given(data=st.data())
-def test_matches_exact_oracle(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_matches_exact_oracle(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """selected_logp and lse within the tolerance table of the correctly rounded values."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
@@ -34,7 +41,11 @@ def test_matches_exact_oracle(tp_logprob_backend: Any, tp_logprob_suite: Any, da
 
 @suite_property("special_values")
 def special_values(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """NaN, +inf and all -inf rows give exactly the oracle's NaN/inf pattern."""
     expect_exact(
@@ -49,7 +60,7 @@ def special_values(
 
 @given(data=st.data())
 def test_special_values_match_oracle(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """NaN, +inf and all -inf rows give exactly the oracle's NaN/inf pattern."""
     backend = tp_logprob_backend
@@ -61,7 +72,11 @@ def test_special_values_match_oracle(
 
 @suite_property("reference")
 def reference(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Within tolerance of the float64 reference (plus its own bound)."""
     expect_reference("reference agreement", backend, case, stats)
@@ -70,7 +85,7 @@ def reference(
 @scaled(0.5)
 @given(data=st.data())
 def test_matches_reference_on_larger_shapes(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Within tolerance of the float64 reference (plus its own bound) on wider vocabularies."""
     backend = tp_logprob_backend

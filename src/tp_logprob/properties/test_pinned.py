@@ -23,6 +23,7 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.measuring import expect_exact
 from tp_logprob.properties.registry import run_property, suite_property
@@ -130,7 +131,11 @@ PINNED = {
 
 @suite_property("pinned", params={"name": "str"})
 def pinned(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The exact oracle's values (and gradient, for train) on a pinned case."""
     name = params["name"]
@@ -140,7 +145,9 @@ def pinned(
 
 
 @pytest.mark.parametrize("name", list(PINNED))
-def test_pinned_case(tp_logprob_backend: Any, tp_logprob_suite: Any, name: str) -> None:
+def test_pinned_case(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, name: str
+) -> None:
     """The exact oracle's values (and gradient, for train) on a case worth keeping."""
     backend = tp_logprob_backend
     case = PINNED[name]

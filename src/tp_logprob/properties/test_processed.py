@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     batch_rows,
     claims_batch_invariance,
@@ -55,7 +56,11 @@ _RECOMPUTED = (SupportMode.SAMPLING_PARAMS,)
 
 @suite_property("processed_oracle")
 def processed_oracle(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The backend's support is admissible (support_size its size, the threshold its least
     ``z``), and selected_logp, support_lse, lse and entropy are within the tolerance table
@@ -67,7 +72,7 @@ def processed_oracle(
 
 @given(data=st.data())
 def test_processed_matches_exact_oracle_on_its_support(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """An admissible support, and every output within the tolerance table of the exact
     values on it; NaN, +inf and all -inf rows (undefined supports) included."""
@@ -78,7 +83,11 @@ def test_processed_matches_exact_oracle_on_its_support(
 
 @suite_property("processed_replayed_bits")
 def processed_replayed_bits(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The support the backend recomputed from sampling parameters, replayed as a mask, gives
     the recomputed run's bits (selected_logp, lse, entropy, support_lse, support_size) on
@@ -133,7 +142,7 @@ def processed_replayed_bits(
 @scaled(0.4)
 @given(data=st.data())
 def test_replayed_own_support_gives_the_same_bits(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Sampling parameters, then the support they gave replayed as a mask: the same bits."""
     backend = tp_logprob_backend
@@ -169,7 +178,11 @@ def _rules_off(params: Mapping[str, Any], real: int) -> SupportSpec:
     "processed_rules_off", params={"rules_off": "str", "top_k": "int"}, optional={"top_k"}
 )
 def processed_rules_off(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The case (no support) with a support whose rules are all off (``params["rules_off"]``,
     ``params["top_k"]``): selected_logp, lse and entropy are bitwise the raw op's, and
@@ -217,7 +230,7 @@ def processed_rules_off(
 @scaled(0.4)
 @given(data=st.data())
 def test_rules_off_is_the_raw_logprob(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """top_k >= live, top_p = 1, min_p = 0: bitwise the op without a support."""
     backend = tp_logprob_backend
@@ -242,7 +255,11 @@ def test_rules_off_is_the_raw_logprob(
     "processed_tp_consistency", params={"tp_rank": "int", "vocab_shard_bounds": "bounds"}
 )
 def processed_tp_consistency(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """The layout ``params["vocab_shard_bounds"]`` (seen by ``params["tp_rank"]``): bitwise,
     the support's outputs included, for cross_tp_bitwise; else an admissible support and
@@ -288,7 +305,7 @@ def processed_tp_consistency(
 @scaled(0.5)
 @given(data=st.data())
 def test_processed_tp_consistency(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Another TP degree and shard layout: bitwise (the support too) for cross_tp_bitwise,
     else admissible and within tolerance at both layouts."""
@@ -305,7 +322,11 @@ def test_processed_tp_consistency(
 
 @suite_property("processed_gradients")
 def processed_gradients(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Role train: the gradient of ``w selected_logp + v entropy`` is exactly 0 outside the
     backend's support (the target's column too) and within the gradient bounds of the exact
@@ -317,7 +338,9 @@ def processed_gradients(
 
 @scaled(0.5)
 @given(data=st.data())
-def test_processed_gradients(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_processed_gradients(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Zero outside the support, within bound of the exact gradient on it; rows sum to their
     exact sums (0, or -w / T where the target lies outside the support)."""
     backend = tp_logprob_backend
@@ -328,7 +351,7 @@ def test_processed_gradients(tp_logprob_backend: Any, tp_logprob_suite: Any, dat
 @scaled(0.3)
 @given(data=st.data())
 def test_processed_run_to_run_and_batch_invariance(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits (unless
     the backend claims run_to_run only): support_lse, support_size and the threshold too."""

@@ -18,6 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import MaskSpec, ShardingSpec
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.gradients import expect_gradient
@@ -38,7 +39,11 @@ from tp_logprob.strategies import LogprobCase, round_to_dtype
 
 @suite_property("entropy_nan_free")
 def entropy_nan_free(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """Rows full of ``-inf`` logits and garbage padding: entropy and its gradient are finite
     (and within tolerance) wherever the exact values are finite."""
@@ -49,7 +54,7 @@ def entropy_nan_free(
 
 @given(data=st.data())
 def test_entropy_is_nan_free_where_exact_is_finite(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Rows with -inf logits and garbage padding: entropy (and, for train, its gradient)
     finite and within tolerance wherever the exact value is finite."""
@@ -68,7 +73,11 @@ def test_entropy_is_nan_free_where_exact_is_finite(
 
 @suite_property("temperature_power_of_two", params={"exponent": "int"})
 def temperature_power_of_two(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """``T = 2^k`` gives the bits of ``T = 1`` on the logits scaled by ``2^-k`` (exact in
     the dtype), since ``x / 2^k`` is then exact: the division is the contract's, once."""
@@ -96,7 +105,7 @@ def temperature_power_of_two(
 @scaled(0.5)
 @given(data=st.data())
 def test_power_of_two_temperature_is_exact_scaling(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """T = 2^k gives bitwise the outputs of T = 1 on logits scaled by 2^-k (when exact)."""
     backend = tp_logprob_backend
@@ -110,7 +119,11 @@ def test_power_of_two_temperature_is_exact_scaling(
 
 @suite_property("neg_inf_columns_ignored", params={"columns": "int"})
 def neg_inf_columns_ignored(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """``params["columns"]`` more live columns, all ``-inf``, appended to the real vocabulary
     (the last live shard grows): entropy, lse and selected_logp do not change, within
@@ -161,7 +174,7 @@ def neg_inf_columns_ignored(
 @scaled(0.5)
 @given(data=st.data())
 def test_entropy_ignores_appended_neg_inf_columns(
-    tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """Appending -inf columns to the real vocabulary changes no output beyond tolerance."""
     backend = tp_logprob_backend

@@ -16,7 +16,6 @@ of them has N ranks.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +32,7 @@ from tp_logprob.contract import (
     ShardingSpec,
     even_shard_bounds,
 )
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.measuring import expect_bitwise, expect_close
 from tp_logprob.properties.running import execute, real_group, select_rows
@@ -116,7 +116,7 @@ def _case(contract: LogprobContract, seed: int = 0) -> LogprobCase:
     return LogprobCase(contract, logits.astype(np.float32), targets)
 
 
-def test_cross_tp_bitwise_sweep(tp_logprob_backend: Any) -> None:
+def test_cross_tp_bitwise_sweep(tp_logprob_backend: BackendUnderTest) -> None:
     """A cross_tp_bitwise claim: the same bits at TP 1, 2, 3, 4, 8, even and uneven."""
     backend = tp_logprob_backend
     scope = DeterminismScope.CROSS_TP_BITWISE
@@ -137,7 +137,7 @@ def test_cross_tp_bitwise_sweep(tp_logprob_backend: Any) -> None:
 
 
 @pytest.mark.parametrize("layout", ["tp1", UNEVEN])
-def test_batch_invariance_sweep(tp_logprob_backend: Any, layout: str) -> None:
+def test_batch_invariance_sweep(tp_logprob_backend: BackendUnderTest, layout: str) -> None:
     """Each row alone, and in batches of 2, 5 and 64, gives the same bits."""
     backend = tp_logprob_backend
     scope = DeterminismScope.FIXED_TOPOLOGY
@@ -162,7 +162,7 @@ def test_batch_invariance_sweep(tp_logprob_backend: Any, layout: str) -> None:
             )
 
 
-def test_special_rows_with_lse(tp_logprob_backend: Any) -> None:
+def test_special_rows_with_lse(tp_logprob_backend: BackendUnderTest) -> None:
     """NaN, +inf and all -inf rows with the LSE exported, against the oracle, at TP 3 (or
     the real group's uneven layout)."""
     backend = tp_logprob_backend

@@ -33,6 +33,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import LogprobInputKind
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import drawing_capability, interpreted
 from tp_logprob.properties.lm_head import fused_only
 from tp_logprob.properties.measuring import expect_exact, expect_reference
@@ -50,7 +51,7 @@ _FUSED_MAX_HIDDEN = 256
 _INTERPRETED_MAX_HIDDEN = 16
 
 
-def wide_max_vocab(backend: Any, configured: int) -> int:
+def wide_max_vocab(backend: BackendUnderTest, configured: int) -> int:
     """The widest vocabulary the sweep draws for ``backend``."""
     if interpreted(backend):
         return min(configured, _INTERPRETED_MAX_VOCAB)
@@ -59,7 +60,11 @@ def wide_max_vocab(backend: Any, configured: int) -> int:
 
 @suite_property("wide_reference")
 def wide_reference(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """A wide case within tolerance of the float64 reference, entropy included."""
     expect_reference("wide sweep", backend, case, stats)
@@ -67,7 +72,9 @@ def wide_reference(
 
 @scaled(0.4)
 @given(data=st.data())
-def test_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_wide_vocabularies(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Up to 2^18 columns, -inf blocks, constant blocks, a lone finite column, an extreme
     block, padding across a block edge and shard bounds that cut blocks: within the
     float64 reference's bound plus the tolerance table."""
@@ -91,7 +98,11 @@ def _integer_rows(case: Any) -> list[int]:
 
 @suite_property("fused_wide_reference")
 def fused_wide_reference(
-    backend: Any, case: LogprobCase, params: Mapping[str, Any], *, stats: SuiteStats | None = None
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    params: Mapping[str, Any],
+    *,
+    stats: SuiteStats | None = None,
 ) -> None:
     """A wide fused case: its small-integer rows (exact dot products) within tolerance of
     the float64 reference with no dot-product room, any other row within tolerance of the
@@ -118,7 +129,9 @@ def fused_wide_reference(
 
 @scaled(0.2)
 @given(data=st.data())
-def test_fused_wide_vocabularies(tp_logprob_backend: Any, tp_logprob_suite: Any, data: Any) -> None:
+def test_fused_wide_vocabularies(
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+) -> None:
     """Fused shards of 2^10 to 2^14 columns, hidden sizes up to 256, uneven TP, bias, garbage
     padding rows, temperature and entropy; each row's maximum and target at the end of a
     shard's last, partial tile: within the float64 reference's bound."""

@@ -37,6 +37,7 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.params import PropertySpec
 from tp_logprob.properties.registry import SuiteProperty
 from tp_logprob.replay.hidden import (
@@ -165,7 +166,7 @@ def write_artifact(
     properties: Mapping[str, SuiteProperty],
     *,
     prop: str,
-    backend: Any,
+    backend: BackendUnderTest,
     case: LogprobCase,
     params: Mapping[str, Any],
     failure: BaseException | str,

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.measuring import allowed_error, fp32_ulp, ulps, working_scale
 from tp_logprob.properties.processed import backend_support, masked_case, processed_expected
@@ -50,7 +51,7 @@ class RowErrors:
         return np.where(self.within & ~np.isfinite(ratio), 0.0, ratio)
 
 
-def measure(backend: Any, case: LogprobCase) -> list[RowErrors]:
+def measure(backend: BackendUnderTest, case: LogprobCase) -> list[RowErrors]:
     """Run ``case`` on ``backend`` (every emulated rank) and measure each row against exact.
 
     ``selected_logp`` is measured on active rows, ``lse`` (when exported) on every row; a

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.registry import SuiteProperty
 from tp_logprob.replay.artifacts import artifact_paths, load_artifact
 from tp_logprob.replay.drift import RowErrors, measure, worst_rows
@@ -192,7 +193,9 @@ def _entry(
     }
 
 
-def build_report(backend: Any, cases: Sequence[LogprobCase], source: str) -> DriftReport:
+def build_report(
+    backend: BackendUnderTest, cases: Sequence[LogprobCase], source: str
+) -> DriftReport:
     """Run every case on ``backend`` and measure it against the exact oracle."""
     groups: dict[tuple[str, int], _Group] = defaultdict(_Group)
     for index, case in enumerate(cases):
