@@ -6,7 +6,9 @@ Every mutant is exposed as ``tests.mutants.<module>:<name>``, an ``(op, capabili
 pair that ``pytest --pyargs tp_logprob.properties --tp-logprob-backend=SPEC``
 loads, registered as ``mutant_<name>`` with its base backend's capability (or the
 false claim that is its bug). ``benchmarks/suite_power.py`` runs the suite on
-each of them and on the :data:`CONTROLS`, which must pass.
+each of them and on the :data:`CONTROLS`, which must pass. A mutant that only the
+:data:`REACH_PROPERTIES` can see names those it needs (``reach``): the suite without
+them must let it survive.
 
 Importing this package does not import torch; the mutant modules do.
 """
@@ -15,16 +17,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CONTROLS", "MUTANTS", "Mutant"]
+__all__ = ["CONTROLS", "MUTANTS", "REACH_PROPERTIES", "Mutant"]
+
+
+REACH_PROPERTIES: tuple[str, ...] = (
+    "test_long_batches",
+    "test_fused_long_batches",
+    "test_row_positions",
+    "test_fused_row_positions",
+    "test_fused_wide_vocabularies",
+    "test_fused_never_materializes_the_logits",
+)
+"""The properties that reach past the first 64 rows of a batch, past a shard's first
+128-column tile, or into a row's position in its batch. The last is the fused memory
+check, whose 384 repeated rows must keep their bits; its memory half is older."""
 
 
 @dataclass(frozen=True)
 class Mutant:
-    """One planted bug: its name, the module that plants it, and what the bug is."""
+    """One planted bug: its name, the module that plants it, and what the bug is.
+
+    ``reach`` names the :data:`REACH_PROPERTIES` that can see the bug, for a bug no other
+    property can: the suite with those deselected must let the mutant survive.
+    """
 
     name: str
     module: str
     bug: str
+    reach: tuple[str, ...] = ()
 
     @property
     def spec(self) -> str:
@@ -261,34 +281,45 @@ MUTANTS: tuple[Mutant, ...] = (
         "reach_bugs",
         "row i reads the target of row i % 64 (the offset in its 64-row tile, not the row): "
         "exactly right for the first 64 rows",
+        reach=("test_long_batches", "test_row_positions"),
     ),
     Mutant(
         "blas_row_sums",
         "reach_bugs",
         "the row sums sum exp(z - m) as one BLAS matrix-vector product over the batch: the "
         "micro-kernel treats a row by its position, so a row's bits depend on where it sits",
+        # No reach: the older batch-invariance sweep sees it too (a row alone and the same
+        # row in a 64-row gemv get other bits).
     ),
     Mutant(
         "fused_long_batch_target_offset",
         "fused_reach_bugs",
         "fused LM head: row i reads the target of row i % 64: right for the first 64 rows",
+        reach=(
+            "test_fused_long_batches",
+            "test_fused_row_positions",
+            "test_fused_never_materializes_the_logits",
+        ),
     ),
     Mutant(
         "fused_bias_first_tile_only",
         "fused_reach_bugs",
         "fused LM head: the bias is loaded with each shard's first 128-column tile only",
+        reach=("test_fused_wide_vocabularies",),
     ),
     Mutant(
         "fused_last_partial_tile_dropped",
         "fused_reach_bugs",
         "fused LM head: a shard's columns are walked in 128-column tiles and a last, partial "
         "tile is never visited (unless it is the only one)",
+        reach=("test_fused_wide_vocabularies",),
     ),
     Mutant(
         "fused_blas_row_sums",
         "fused_reach_bugs",
         "fused LM head: the chunk partials' row sums as a BLAS matrix-vector product: a row's "
         "bits depend on its position in the chunk",
+        reach=("test_fused_row_positions", "test_fused_never_materializes_the_logits"),
     ),
     Mutant(
         "top_k_exactly_k",

@@ -1,5 +1,6 @@
-"""Mutants whose bug lives past the first 64 rows or in a row's position in its batch: only
-long batches and the row-position property reach them.
+"""Mutants whose bug lives past the first 64 rows or in a row's position in its batch: long
+batches and the row-position property reach them (``blas_row_sums`` the batch-invariance
+sweep too).
 
 Each is torch_native's composition (``tests.mutants._compose``) with one change marked
 ``# BUG:``; ``fused_reach_bugs`` plants the same bugs, and two of the fused wide sweep's,
