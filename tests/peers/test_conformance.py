@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +201,33 @@ def test_the_real_group_column_runs_the_honest_backend_under_torchrun(
     assert "| `megatron_vp_ce` | not run (--column) |" in report
     assert report.count("**pass** (1 passed)") == 1
     assert "real gloo process group of 2 ranks under `torchrun`" in report
+
+
+def test_the_collector_records_outcomes_and_the_reasons_of_skips(tmp_path: Path) -> None:
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def unserved():\n"
+        "    pytest.skip('no such layout')\n\n"
+        "def test_passes():\n"
+        "    pass\n\n"
+        "def test_skips():\n"
+        "    pytest.skip('serves no replayed mask')\n\n"
+        "def test_skips_in_setup(unserved):\n"
+        "    pass\n\n"
+        "def test_fails():\n"
+        "    assert 1 == 2\n"
+    )
+    record = tmp_path / "records.jsonl"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["-p", "tp_logprob.peers._collect", "test_some.py"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env[conformance.RECORD_ENV] = str(record)  # this test's own worker would write nothing
+    subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, check=False)
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    found = {r["nodeid"].split("::")[1]: (r["outcome"], r["text"]) for r in records}
+    assert found["test_passes"] == ("passed", "")
+    assert found["test_skips"] == ("skipped", "serves no replayed mask")
+    assert found["test_skips_in_setup"] == ("skipped", "no such layout")
+    assert found["test_fails"][0] == "failed" and "assert 1 == 2" in found["test_fails"][1]
+    assert len(records) == 4
