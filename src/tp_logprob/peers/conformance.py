@@ -19,11 +19,11 @@ finding with the outcome of its reproducer, run here (``docs/repro_*.py`` exits 
 while the library differs from the exact rules); then the libraries that cannot
 run on CPU and why (:mod:`tp_logprob.peers._processed_section`).
 
-``--peer`` runs some of the peers. Where the report already exists, what those
-peers did not produce is kept from it: the matrix part as it stands when no
-matrix peer is chosen, and the other processed peers' subsections; the examples
-next to the report are those it still refers to. So
-``--peer vllm_sampler`` regenerates that peer's subsection alone.
+``--peer`` runs some of the peers. Where the report already exists, the
+processed peers not run keep their subsections, and the matrix part stays as it
+stands when no matrix peer is chosen (with one, the matrix is rewritten with the
+chosen matrix peers only); the examples next to the report are those it still
+refers to. So ``--peer vllm_sampler`` regenerates that peer's subsection alone.
 
 Exit status 1 when a failure has no explanation in :mod:`tp_logprob.peers._catalog`
 (a new bug, in a peer, an adapter or the suite) or a reproducer crashes, 2 when a
