@@ -143,7 +143,7 @@ def mutants(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def conformance(session: nox.Session) -> None:
-    """Run the property suite against every peer adapter and variant; write docs/conformance.md."""
+    """Run the property suite against every peer adapter, variant and sampler; write the report."""
     peers = ["-c", str(ROOT / "ci" / "constraints-peers.txt")]
     session.install(*_constraints(), *peers, "-e", ".[torch,triton,test,peers]")
     # megatron-core's metadata asks for Python >= 3.12 although it imports on 3.11, and its

@@ -12,6 +12,7 @@ import pytest
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.peers._catalog import COLUMNS, PEERS, PROCESSED_PEERS, REAL_GROUP
+from tp_logprob.peers._processed_section import processed_tests
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,3 +113,13 @@ def test_a_processed_peer_serves_a_support_and_backs_each_finding(peer) -> None:
         assert "exits 1 while" in script.read_text()
     names = [peer.name for peer in (*PEERS, *PROCESSED_PEERS)]
     assert len(names) == len(set(names))
+
+
+def test_a_finding_names_processed_tests_that_exist() -> None:
+    tests = set(processed_tests())
+    for peer in PROCESSED_PEERS:
+        for finding in peer.findings:
+            assert set(finding.properties) <= tests, (finding.rule, finding.properties)
+            for test in finding.properties:
+                assert finding in peer.findings_for(test)
+    assert PROCESSED_PEERS[0].findings_for("test_no_such_property") == ()

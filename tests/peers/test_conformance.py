@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tp_logprob.peers import conformance
+from tp_logprob.peers import _processed_section as processed
+from tp_logprob.peers import _records, conformance
 from tp_logprob.peers._catalog import PEERS, PROCESSED_PEERS, UNAVAILABLE
+from tp_logprob.peers._processed_section import PropertyResult
 
 VIOLATION = (
     "padding independence: padding columns changed the output\n"
@@ -25,8 +30,8 @@ TRACEBACK = (
 
 
 def test_headline_is_the_violation_or_the_exception() -> None:
-    assert conformance._headline(VIOLATION).startswith("padding independence: padding")
-    assert conformance._headline(TRACEBACK).startswith("RuntimeError: index -100 is out")
+    assert _records.headline(VIOLATION).startswith("padding independence: padding")
+    assert _records.headline(TRACEBACK).startswith("RuntimeError: index -100 is out")
 
 
 def test_records_are_grouped_by_backend(tmp_path: Path) -> None:
@@ -45,7 +50,7 @@ def test_records_are_grouped_by_backend(tmp_path: Path) -> None:
             for node, o, t in rows
         )
     )
-    outcomes = conformance._read_records(path)
+    outcomes = _records.outcomes(path)
     assert (outcomes["liger_ce"].passed, outcomes["liger_ce"].skipped) == (1, 1)
     (failure,) = outcomes["liger_ce.assume_padding"].failures
     assert (failure.test, failure.artifact) == ("test_a", "x.json")
@@ -58,10 +63,10 @@ def _fake_run(failing: dict[str, str], artifact: Path) -> Any:
             if cell.attr is None:
                 continue
             backend = conformance._backend_id(peer, cell.attr)
-            outcome = conformance.Outcome(passed=5)
+            outcome = _records.Outcome(passed=5)
             if backend in failing:
                 outcome.failures.append(
-                    conformance.Failure(failing[backend], "oracle agreement: out", str(artifact))
+                    _records.Failure(failing[backend], "oracle agreement: out", str(artifact))
                 )
             outcomes[backend] = outcome
         return outcomes, 1.0
@@ -136,21 +141,22 @@ def test_processed_section_reports_each_finding_and_its_reproducer(
 ) -> None:
     (peer,) = PROCESSED_PEERS
 
-    def reproduce(peer: Any, finding: Any, root: Path) -> conformance.Reproduction:
-        return conformance.Reproduction(finding, outcome)
+    def reproduce(peer: Any, finding: Any, root: Path) -> processed.Reproduction:
+        return processed.Reproduction(finding, outcome)
 
     monkeypatch.setattr(conformance, "_reproduce", reproduce)
+    monkeypatch.setattr(conformance, "_run_processed", _fake_processed({}))
     monkeypatch.chdir(tmp_path)
     output = tmp_path / "docs" / "conformance.md"
     output.parent.mkdir()
     assert conformance.main(["--output", str(output), "--peer", peer.name]) == status
     report = output.read_text()
     section = report[report.index("## Processed logprobs") :]
-    assert f"| `{peer.name}` |" in section and "| sampling_params |" in section
+    assert f"### `{peer.name}`" in section and "Support modes: sampling_params;" in section
     for finding in peer.findings:
         assert f"**{finding.rule}**" in section
         assert f"[`{finding.explanation.reproducer}`]" in section
-    assert section.count(f": {outcome})") == len(peer.findings)
+    assert section.count(f": {outcome}; fails ") == len(peer.findings)
     for library in UNAVAILABLE:
         assert f"(`{library.distribution}`): {library.reason}." in section
     stale = "no longer differs" in capsys.readouterr().out
@@ -198,3 +204,191 @@ def test_the_real_group_column_runs_the_honest_backend_under_torchrun(
     assert "| `megatron_vp_ce` | not run (--column) |" in report
     assert report.count("**pass** (1 passed)") == 1
     assert "real gloo process group of 2 ranks under `torchrun`" in report
+
+
+def test_the_collector_records_outcomes_and_the_reasons_of_skips(tmp_path: Path) -> None:
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def unserved():\n"
+        "    pytest.skip('no such layout')\n\n"
+        "def test_passes():\n"
+        "    pass\n\n"
+        "def test_skips():\n"
+        "    pytest.skip('serves no replayed mask')\n\n"
+        "def test_skips_in_setup(unserved):\n"
+        "    pass\n\n"
+        "def test_fails():\n"
+        "    assert 1 == 2\n"
+    )
+    record = tmp_path / "records.jsonl"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += ["-p", "tp_logprob.peers._collect", "test_some.py"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env[conformance.RECORD_ENV] = str(record)  # this test's own worker would write nothing
+    subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, check=False)
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    found = {r["nodeid"].split("::")[1]: (r["outcome"], r["text"]) for r in records}
+    assert found["test_passes"] == ("passed", "")
+    assert found["test_skips"] == ("skipped", "serves no replayed mask")
+    assert found["test_skips_in_setup"] == ("skipped", "no such layout")
+    assert found["test_fails"][0] == "failed" and "assert 1 == 2" in found["test_fails"][1]
+    assert len(records) == 4
+
+
+ORACLE = "test_processed_matches_exact_oracle_on_its_support"
+RULES_OFF = "test_rules_off_is_the_raw_logprob"
+RUN_TO_RUN = "test_processed_run_to_run_and_batch_invariance"
+ORACLE_VIOLATION = (
+    "processed oracle: support: support_size is not the size of the support\n"
+    "  backend   vllm_sampler\n"
+    "  contract  infer fp32 N=1 (active 1) tp=0/1 run_to_run support: top_p=0.5\n"
+    "  shapes    logits [1, 3] fp32, targets [1]\n"
+    "  observed  support_size 1\n"
+    "  expected  2 (|S| of the support the backend used)\n"
+    "  replay    pytest 'test_processed.py::x' --hypothesis-seed=1\n"
+    "  artifact  python -m tp_logprob replay /tmp/run/abc.json\n"
+)
+
+
+def test_processed_records_are_read_per_property_in_the_modules_order(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    rows = [
+        (f"{RUN_TO_RUN}[torch_native]", "failed", "another backend's"),
+        (f"{RULES_OFF}[vllm_sampler]", "skipped", "serves no raw logprob"),
+        (f"{ORACLE}[vllm_sampler]", "failed", ORACLE_VIOLATION),
+        ("test_processed_gradients[vllm_sampler]", "passed", ""),
+    ]
+    path.write_text(
+        "".join(
+            json.dumps({"nodeid": f"test_processed.py::{node}", "outcome": o, "text": t}) + "\n"
+            for node, o, t in rows
+        )
+    )
+    tests = processed.processed_tests()
+    results = processed.results_from(_records.read_records(path), "vllm_sampler", tests)
+    assert [result.test for result in results] == tests and tests[0] == ORACLE
+    found = {result.test: result for result in results}
+    assert found[ORACLE] == PropertyResult(
+        ORACLE,
+        "failed",
+        "processed oracle: support: support_size is not the size of the support",
+        (
+            "contract: infer fp32 N=1 (active 1) tp=0/1 run_to_run support: top_p=0.5",
+            "observed: support_size 1",
+            "expected: 2 (|S| of the support the backend used)",
+        ),
+        "/tmp/run/abc.json",
+    )
+    assert found[RULES_OFF] == PropertyResult(RULES_OFF, "skipped", "serves no raw logprob")
+    assert found["test_processed_gradients"].outcome == "passed"
+    assert found[RUN_TO_RUN].outcome == "not run"  # its only record is another backend's
+
+
+def _processed_results(failing: dict[str, str]) -> list[PropertyResult]:
+    """Every processed test passes, but those of ``failing`` (test -> headline)."""
+    return [
+        PropertyResult(test, "failed", failing[test], ("observed: 1",), "docs/conformance/a.json")
+        if test in failing
+        else PropertyResult(test, "passed")
+        for test in processed.processed_tests()
+    ]
+
+
+def _fake_processed(failing: dict[str, str]) -> Any:
+    def run(peer: Any, args: Any, scratch: Path) -> tuple[list[PropertyResult], float]:
+        return _processed_results(failing), 2.0
+
+    return run
+
+
+def test_a_peer_subsection_shows_each_property_and_links_each_failure() -> None:
+    (peer,) = PROCESSED_PEERS
+    results = _processed_results({ORACLE: "processed oracle: out", RUN_TO_RUN: "ValueError: T"})
+    results[2] = PropertyResult(results[2].test, "skipped", "one | layout")
+    runs = [processed.Reproduction(finding, "differs") for finding in peer.findings]
+    text = processed.peer_subsection(peer, results, runs, "pytest x", 3.0)
+    assert text == processed.peer_subsection(peer, results, runs, "pytest x", 3.0)
+    assert text.startswith(f"### `{peer.name}`\n")
+    assert "`pytest x`: 3 passed, 2 failed, 1 skipped in 3 s." in text
+    explaining = peer.findings_for(ORACLE)
+    assert explaining
+    for finding in explaining:
+        anchor = f"vllm_sampler-finding-{peer.findings.index(finding) + 1}"
+        assert f"[{finding.rule}](#{anchor})" in text
+        assert f'<a id="{anchor}"></a>**{finding.rule}**' in text
+    assert f"| `{ORACLE}` | **fail** | " in text
+    assert f"| `{RUN_TO_RUN}` | **fail** | **UNEXPLAINED**: no finding lists this test" in text
+    assert f"| `{results[2].test}` | skipped: one \\| layout |  |" in text
+    assert f"- `{RUN_TO_RUN}`: ValueError: T\n  - observed: 1\n" in text
+    replay = "python -m tp_logprob replay docs/conformance/a.json --backend " + peer.spec()
+    assert text.count(f"  - replay: `{replay}`") == 2
+    assert processed.unexplained(peer, results) == [RUN_TO_RUN]
+
+
+OLD_REPORT = """# Conformance of the kernels RL teams run
+
+The matrix, untouched: `python -m tp_logprob replay docs/conformance/kept.json`.
+
+## Processed logprobs
+
+Old words.
+
+### `vllm_sampler`
+
+The old subsection.
+
+### Libraries whose sampler code cannot be installed or imported here
+
+- old
+"""
+
+
+@pytest.mark.parametrize(
+    ("failing", "status"),
+    [({ORACLE: "processed oracle: out"}, 0), ({RUN_TO_RUN: "VLLMValidationError: T"}, 1)],
+    ids=["explained", "unexplained"],
+)
+def test_one_processed_peer_replaces_its_subsection_and_keeps_the_matrix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: dict[str, str], status: int
+) -> None:
+    (peer,) = PROCESSED_PEERS
+
+    def no_matrix(*_: Any) -> None:
+        raise AssertionError("a matrix peer ran")
+
+    def reproduce(peer: Any, finding: Any, root: Path) -> processed.Reproduction:
+        return processed.Reproduction(finding, "differs")
+
+    monkeypatch.setattr(conformance, "_run_peer", no_matrix)
+    monkeypatch.setattr(conformance, "_reproduce", reproduce)
+    monkeypatch.setattr(conformance, "_run_processed", _fake_processed(failing))
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "docs" / "conformance.md"
+    examples = output.parent / "conformance"
+    examples.mkdir(parents=True)
+    for name in ("kept.json", "kept.npz", "a.json", "gone.json"):
+        (examples / name).write_text("{}")
+    output.write_text(OLD_REPORT)
+    assert conformance.main(["--output", str(output), "--peer", peer.name]) == status
+    report = output.read_text()
+    assert report.startswith(OLD_REPORT[: OLD_REPORT.index("## Processed")])
+    assert "The old subsection." not in report and "Old words." not in report
+    assert report.count(f"### `{peer.name}`") == 1
+    assert ("UNEXPLAINED" in report) == (status == 1)
+    assert sorted(path.name for path in examples.iterdir()) == ["a.json", "kept.json", "kept.npz"]
+
+
+def test_merge_keeps_the_subsections_of_peers_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    (peer,) = PROCESSED_PEERS
+    other = dataclasses.replace(peer, name="other_sampler")
+    monkeypatch.setattr(processed, "PROCESSED_PEERS", (other, peer))
+    existing = OLD_REPORT.replace(
+        "### `vllm_sampler`", "### `vllm_sampler`\n\nv\n\n### `other_sampler`"
+    )
+    existing = existing[existing.index("## Processed") :]
+    fresh = {peer.name: f"### `{peer.name}`\n\nnew"}
+    kept_other = "### `other_sampler`\n\nThe old subsection."
+    assert processed.merge(existing, fresh) == [kept_other, fresh[peer.name]]
+    assert processed.merge("", fresh) == [fresh[peer.name]]
+    assert processed.merge(existing, {}) == [kept_other, "### `vllm_sampler`\n\nv"]

@@ -17,6 +17,11 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tp_logprob.peers._catalog import PROCESSED_PEERS
+from tp_logprob.properties.backends import resolve_backends
+from tp_logprob.properties.registry import run_property
+from tp_logprob.properties.report import PropertyViolation
+from tp_logprob.strategies import LogprobCase
 from tp_logprob.support import SupportSpec
 
 INF = math.inf
@@ -159,3 +164,59 @@ def test_random_rows_follow_the_exact_rules_away_from_boundaries(seed: int) -> N
         exact, margin = _exact_support(z[row].numpy(), support)
         if margin > 1e-4:
             assert sorted(torch.nonzero(kept)[:, 0].tolist()) == exact
+
+
+FINDING_ROWS = {
+    "docs/repro_vllm_top_p_ties.py": ([[0.0, 0.0, 0.0, 0.0]], SupportSpec(top_p=0.5), [0], {}),
+    "docs/repro_vllm_top_p_fp32_boundary.py": (
+        [[1.2608230113983154, 1.1623315811157227]],
+        SupportSpec(top_p=0.524603009223938),
+        [1],
+        {},
+    ),
+    "docs/repro_vllm_min_p_fp32_boundary.py": (
+        [[0.0, -0.6931471824645996]],
+        SupportSpec(min_p=0.5),
+        [1],
+        {},
+    ),
+    "docs/repro_vllm_temperature_floor.py": (
+        [[1.0, 0.0]],
+        SupportSpec(top_k=2),
+        [1],
+        {"temperature": 0.005},
+    ),
+    "docs/repro_vllm_neg_inf_support.py": ([[1.0, 0.0, -INF, -INF]], SupportSpec(top_k=3), [1], {}),
+}
+"""Each finding's reproducer row. top_p = 1 beside a top-p request has none: the adapter runs
+one contract, so one top_p, per batch, and no property test can meet that finding."""
+
+SUITE_PROPERTIES = {
+    "test_processed_matches_exact_oracle_on_its_support": "processed_oracle",
+    "test_processed_run_to_run_and_batch_invariance": "run_to_run",
+}
+"""The processed tests that draw the sampler's cases (the others skip it) and the suite
+property each one checks."""
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    "finding", PROCESSED_PEERS[0].findings, ids=[f.rule for f in PROCESSED_PEERS[0].findings]
+)
+def test_a_finding_lists_the_properties_its_row_fails(finding) -> None:  # type: ignore[no-untyped-def]
+    """Finding.properties is what the report links a failing property to: pinned here."""
+    row = FINDING_ROWS.get(str(finding.explanation.reproducer))
+    if row is None:
+        assert finding.properties == ()
+        return
+    logits, support, targets, extra = row
+    contract = _contract(len(logits), len(logits[0]), support, export_lse=True, **extra)
+    case = LogprobCase(contract, np.array(logits, np.float32), np.array(targets))
+    (backend,) = resolve_backends([PROCESSED_PEERS[0].spec()], "cpu")
+    failing = set()
+    for test, prop in SUITE_PROPERTIES.items():
+        try:
+            run_property(prop, backend, case)
+        except PropertyViolation:
+            failing.add(test)
+    assert failing == set(finding.properties)

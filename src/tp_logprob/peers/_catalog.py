@@ -374,7 +374,8 @@ class Finding:
 
     ``rule`` names the rule in a few words; ``explanation`` says why (its
     ``reproducer`` prints the library's support next to the exact one and exits 1
-    while they differ); ``properties`` are the property tests it explains.
+    while they differ); ``properties`` are the tests of
+    ``tp_logprob.properties.test_processed`` that fail on the reproducer's row.
     """
 
     rule: str
@@ -401,12 +402,13 @@ class ProcessedPeer:
         """The ``--tp-logprob-backend`` value of the adapter."""
         return f"tp_logprob.peers.{self.module}:{self.attr}"
 
-    def explain(self, test: str) -> Explanation | None:
-        """Why property test ``test`` fails for this peer, if known."""
-        for finding in self.findings:
-            if test in finding.properties:
-                return finding.explanation
-        return None
+    def findings_for(self, test: str) -> tuple[Finding, ...]:
+        """The findings that explain a failure of property test ``test`` (none: unexplained).
+
+        Hypothesis reports one failing example per test, so a test that several
+        findings fail is explained by whichever of them its example shows.
+        """
+        return tuple(finding for finding in self.findings if test in finding.properties)
 
 
 @dataclass(frozen=True)
@@ -424,6 +426,7 @@ class Unavailable:
 
 
 _VLLM_TOP_P = "apply_top_k_top_p_pytorch sorts ascending and drops the positions whose fp32 cumsum "
+_ORACLE = ("test_processed_matches_exact_oracle_on_its_support",)
 
 PROCESSED_PEERS = (
     ProcessedPeer(
@@ -440,6 +443,7 @@ PROCESSED_PEERS = (
                     "those the sort put last, where the exact rule keeps the whole tie",
                     "docs/repro_vllm_top_p_ties.py",
                 ),
+                _ORACLE,
             ),
             Finding(
                 "top-p, fp32 boundary",
@@ -482,6 +486,7 @@ PROCESSED_PEERS = (
                     "warning), so the processed logprob is that of x / 0.01, not x / T",
                     "docs/repro_vllm_temperature_floor.py",
                 ),
+                _ORACLE,
             ),
             Finding(
                 "-inf logits inside the support",
@@ -493,6 +498,7 @@ PROCESSED_PEERS = (
                     "not; the logprobs agree",
                     "docs/repro_vllm_neg_inf_support.py",
                 ),
+                _ORACLE,
             ),
         ),
         agrees="top-k keeps the whole tie at the k-th value; the order is the exact one "

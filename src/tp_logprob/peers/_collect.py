@@ -2,9 +2,10 @@
 
 ``pytest -p tp_logprob.peers._collect`` with ``TP_LOGPROB_CONFORMANCE_RECORD=FILE``
 appends ``{"nodeid", "outcome", "text"}`` for every test's call phase (and any
-failing setup), where ``text`` is the failure report with the plugin's replay
-and artifact lines. Under pytest-xdist only the controller writes, under
-``torchrun`` only rank 0 (every rank reaches the same outcomes).
+failing or skipping setup), where ``text`` is the failure report with the
+plugin's replay and artifact lines, or the reason of a skip. Under pytest-xdist
+only the controller writes, under ``torchrun`` only rank 0 (every rank reaches
+the same outcomes).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ def pytest_runtest_logreport(report: Any) -> None:
     path = os.environ.get(RECORD_ENV)
     if not path or "PYTEST_XDIST_WORKER" in os.environ or os.environ.get("RANK", "0") != "0":
         return
-    if report.when != "call" and not report.failed:
+    if report.when != "call" and not (report.failed or report.skipped):
         return
     text = ""
     if report.failed:
         sections = "\n".join(content for _, content in report.sections if "replay" in _)
         text = f"{report.longreprtext}\n{sections}"
+    elif report.skipped and isinstance(report.longrepr, tuple):  # (path, line, reason)
+        text = str(report.longrepr[2]).removeprefix("Skipped: ")
     record = {"nodeid": report.nodeid, "outcome": report.outcome, "text": text}
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
