@@ -238,6 +238,7 @@ def test_the_collector_records_outcomes_and_the_reasons_of_skips(tmp_path: Path)
 
 ORACLE = "test_processed_matches_exact_oracle_on_its_support"
 RULES_OFF = "test_rules_off_is_the_raw_logprob"
+GRADIENTS = "test_processed_gradients"
 RUN_TO_RUN = "test_processed_run_to_run_and_batch_invariance"
 ORACLE_VIOLATION = (
     "processed oracle: support: support_size is not the size of the support\n"
@@ -304,7 +305,7 @@ def _fake_processed(failing: dict[str, str]) -> Any:
 
 def test_a_peer_subsection_shows_each_property_and_links_each_failure() -> None:
     (peer,) = PROCESSED_PEERS
-    results = _processed_results({ORACLE: "processed oracle: out", RUN_TO_RUN: "ValueError: T"})
+    results = _processed_results({ORACLE: "processed oracle: out", GRADIENTS: "ValueError: T"})
     results[2] = PropertyResult(results[2].test, "skipped", "one | layout")
     runs = [processed.Reproduction(finding, "differs") for finding in peer.findings]
     text = processed.peer_subsection(peer, results, runs, "pytest x", 3.0)
@@ -318,12 +319,12 @@ def test_a_peer_subsection_shows_each_property_and_links_each_failure() -> None:
         assert f"[{finding.rule}](#{anchor})" in text
         assert f'<a id="{anchor}"></a>**{finding.rule}**' in text
     assert f"| `{ORACLE}` | **fail** | " in text
-    assert f"| `{RUN_TO_RUN}` | **fail** | **UNEXPLAINED**: no finding lists this test" in text
+    assert f"| `{GRADIENTS}` | **fail** | **UNEXPLAINED**: no finding lists this test" in text
     assert f"| `{results[2].test}` | skipped: one \\| layout |  |" in text
-    assert f"- `{RUN_TO_RUN}`: ValueError: T\n  - observed: 1\n" in text
+    assert f"- `{GRADIENTS}`: ValueError: T\n  - observed: 1\n" in text
     replay = "python -m tp_logprob replay docs/conformance/a.json --backend " + peer.spec()
     assert text.count(f"  - replay: `{replay}`") == 2
-    assert processed.unexplained(peer, results) == [RUN_TO_RUN]
+    assert processed.unexplained(peer, results) == [GRADIENTS]
 
 
 OLD_REPORT = """# Conformance of the kernels RL teams run
@@ -346,7 +347,7 @@ The old subsection.
 
 @pytest.mark.parametrize(
     ("failing", "status"),
-    [({ORACLE: "processed oracle: out"}, 0), ({RUN_TO_RUN: "VLLMValidationError: T"}, 1)],
+    [({ORACLE: "processed oracle: out"}, 0), ({GRADIENTS: "VLLMValidationError: T"}, 1)],
     ids=["explained", "unexplained"],
 )
 def test_one_processed_peer_replaces_its_subsection_and_keeps_the_matrix(

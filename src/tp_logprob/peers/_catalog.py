@@ -489,6 +489,17 @@ PROCESSED_PEERS = (
                 _ORACLE,
             ),
             Finding(
+                "temperature above 2",
+                Explanation(
+                    PEER_LIMITATION,
+                    "SamplingParams refuses any temperature outside [0, 2] with "
+                    "VLLMValidationError, so the engine has no processed logprob at T > 2 to "
+                    "compare with; the adapter passes the error on",
+                    "docs/repro_vllm_temperature_range.py",
+                ),
+                (*_ORACLE, "test_processed_run_to_run_and_batch_invariance"),
+            ),
+            Finding(
                 "-inf logits inside the support",
                 Explanation(
                     PEER_LIMITATION,
