@@ -185,7 +185,10 @@ def exact_sum_kernel(
                     shifted = tl.where(keep, full_shifted, float("-inf"))
                     weights = tl.where(keep, full_weights, 0.0)
                 else:
-                    shifted = tl.where(keep & finite, z - shift, float("-inf"))
+                    # (A where, not `keep & finite`: the interpreter mistypes vector & scalar.)
+                    shifted = tl.where(
+                        finite, tl.where(keep, z - shift, float("-inf")), float("-inf")
+                    )
                     weights = tl.exp(shifted)
                 units, moment_units = fixed_point_add(
                     weights, shifted, scale, units, moment_units, ENTROPY, 0
