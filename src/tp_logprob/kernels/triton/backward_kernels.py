@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import round_for, scaled, widen
-from tp_logprob.kernels.triton.support_kernels import kept, row_threshold
+from tp_logprob.kernels.triton.support_kernels import kept_tile, row_threshold
 
 __all__ = ["logprob_grad_kernel"]
 
@@ -65,7 +65,9 @@ def logprob_grad_kernel(
     z = scaled(widen(x), temperature, SCALE)
     if SUPPORT != 0:
         tau = row_threshold(threshold_ptr, row, active, SUPPORT)
-        keep = kept(z, cols, live, tau, mask_ptr + row * mask_stride, SUPPORT)
+        start = tl.program_id(1) * BLOCK
+        mask_row_ptr = mask_ptr + row * mask_stride
+        keep = kept_tile(z, start, live, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
         # Outside S a column counts as -inf (p = 0, never inf - inf) and gets 0 below.
         z = tl.where(keep, z, float("-inf"))
         live = live & keep

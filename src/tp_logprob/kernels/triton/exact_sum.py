@@ -21,6 +21,18 @@ sums) and two passes over the local logits instead of one, so about twice the
 bytes read. Bytes per row (``w`` live columns, ``b`` the item size, ``R`` the TP
 degree): read ``2 w b + b`` + ``8 R`` (maxima and targets) + ``8 R`` (sums; ``16 R``
 with entropy) + 9; written 8 (stage) + 8 (sums; 16 with entropy) + the outputs.
+
+A processed op (``docs/semantics.md``, "Processed logprobs"): the support comes first
+(``support_inputs``: the shared threshold, whose decisions are exact integer masses, so
+``tau`` and ``|S|`` are the same bits for every layout; or a replayed mask's packed
+bits), then both passes treat columns outside ``S`` as padding: the stage is
+``S``'s ``(m, t)``, followed by the full vocabulary's ``m`` when ``lse`` is exported,
+and the sums ``S``'s (and its entropy moment's), then the full vocabulary's. Every
+output, the support's included, stays ``cross_tp_bitwise``, and ``lse`` is the raw
+op's bits (the same integers). Extra bytes per row: 4 (threshold) or
+``4 ceil(w / 32)`` (packed mask) per pass, 4 + 8 written and ``12 R`` gathered for the
+full vocabulary's fields. One ``exp`` per column where ``S``'s maximum is the row's
+(every recomputed support), two where a replayed ``S`` misses it.
 """
 
 from __future__ import annotations

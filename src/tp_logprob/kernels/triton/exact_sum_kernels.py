@@ -47,7 +47,7 @@ from tp_logprob.kernels.triton.common_kernels import (
     store_results,
     widen,
 )
-from tp_logprob.kernels.triton.support_kernels import kept, row_threshold, support_target
+from tp_logprob.kernels.triton.support_kernels import masked_tile, row_threshold, support_target
 
 __all__ = [
     "FULL_STAGE_FIELDS",
@@ -91,18 +91,16 @@ def exact_max_kernel(
     lane_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
     full_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-    full_nans = tl.zeros([BLOCK], dtype=tl.int1)
+    full_nans = tl.zeros([BLOCK], dtype=tl.int32)  # int32: int1 lanes fill AMD scalar registers
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        in_live = cols < live_width
-        x = widen(tl.load(row_ptr + cols, mask=in_live, other=float("-inf")))
+        x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         x = scaled(x, temperature, SCALE)
-        if SUPPORT != 0:
-            if SEPARATE:
-                full_nans = full_nans | (x != x)
-                full_max = tl.maximum(full_max, x)
-            # Outside S a column counts as padding does (its NaN too).
-            x = tl.where(kept(x, cols, in_live, tau, mask_row_ptr, SUPPORT), x, float("-inf"))
+        if SEPARATE:
+            full_nans = full_nans | (x != x).to(tl.int32)
+            full_max = tl.maximum(full_max, x)
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN too)
+            x = masked_tile(x, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
         lane_nans = lane_nans | (x != x)
         lane_max = tl.maximum(lane_max, x)  # NaN-ignoring (maxnum), so the max is NaN-free
     has_nan = tl.max(lane_nans.to(tl.int32), axis=0) > 0
@@ -117,7 +115,7 @@ def exact_max_kernel(
         )
     tl.store(base + 1, target)
     if SEPARATE:
-        full_has_nan = tl.max(full_nans.to(tl.int32), axis=0) > 0
+        full_has_nan = tl.max(full_nans, axis=0) > 0
         tl.store(base + 2, tl.where(full_has_nan, float("nan"), tl.max(full_max, axis=0)))
 
 
@@ -172,33 +170,25 @@ def exact_sum_kernel(
     full_units = tl.zeros([], dtype=tl.int64)
     for start in range(0, limit, BLOCK):
         cols = start + offsets
-        in_live = cols < live_width
-        x = widen(tl.load(row_ptr + cols, mask=in_live, other=float("-inf")))
+        x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         z = scaled(x, temperature, SCALE)
-        if SUPPORT != 0:
-            keep = kept(z, cols, in_live, tau, mask_row_ptr, SUPPORT)
-            if SEPARATE:
-                full_shifted = tl.where(full_finite, z - full_shift, float("-inf"))
-                full_weights = tl.exp(full_shifted)
-                full_units += tl.sum((full_weights * scale).to(tl.int64), axis=0)
-                if shared:
-                    shifted = tl.where(keep, full_shifted, float("-inf"))
-                    weights = tl.where(keep, full_weights, 0.0)
-                else:
-                    # (A where, not `keep & finite`: the interpreter mistypes vector & scalar.)
-                    shifted = tl.where(
-                        finite, tl.where(keep, z - shift, float("-inf")), float("-inf")
-                    )
-                    weights = tl.exp(shifted)
-                units, moment_units = fixed_point_add(
-                    weights, shifted, scale, units, moment_units, ENTROPY, 0
-                )
+        if SEPARATE:
+            full_shifted = tl.where(full_finite, z - full_shift, float("-inf"))
+            full_weights = tl.exp(full_shifted)
+            full_units += tl.sum((full_weights * scale).to(tl.int64), axis=0)
+            z = masked_tile(z, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
+            if shared:  # the same terms as the else branch's, with no second exp
+                in_support = z > float("-inf")
+                shifted = tl.where(in_support, full_shifted, float("-inf"))
+                weights = tl.where(in_support, full_weights, 0.0)
             else:
-                shifted = tl.where(keep, z - shift, float("-inf"))
-                units, moment_units = fixed_point_fold(
-                    shifted, scale, units, moment_units, ENTROPY, 0
-                )
+                shifted = tl.where(finite, z - shift, float("-inf"))
+                weights = tl.exp(shifted)
+            units, moment_units = fixed_point_add(
+                weights, shifted, scale, units, moment_units, ENTROPY, 0
+            )
         else:
+            z = masked_tile(z, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
             units, moment_units = fixed_point_fold(
                 z - shift, scale, units, moment_units, ENTROPY, 0
             )

@@ -43,6 +43,14 @@ not: the per-lane sums and the merge group the columns by shard, as
 ``triton_online``'s do. ``triton_fused_exact_sum`` (``fused_exact_sum.py``) runs
 ``logits_tile`` under ``triton_exact_sum``'s fixed-point sums instead, and shares
 this module's front (``run_fused_op``) and backward.
+
+A processed op (``docs/semantics.md``, "Processed logprobs"; ``docs/fused-lm-head.md``,
+"Sampling supports"): the support comes first (``fused_support``: a replayed mask's
+packed bits, one int32 word per 32 columns and row; or each row's threshold, found on
+chunks of ``lm_head.shared_chunk_rows`` rows of logits so that every rank's collectives
+line up), and ``fused_partial_kernel`` keeps ``z >= tau`` or the mask's bits per logits
+tile, writing ``S``'s partial and the full one for ``lse`` as ``triton_online`` does.
+The backward applies the same support per chunk: ``G`` is 0 outside ``S``.
 """
 
 from __future__ import annotations

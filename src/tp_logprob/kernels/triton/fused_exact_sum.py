@@ -40,6 +40,11 @@ this forward's fp32 LSE (and entropy), which are layout independent, so
   within tolerance across layouts.
 
 Each gradient is still run to run and batch invariant, as ``triton_fused``'s is.
+
+A processed op: ``triton_fused``'s support (``fused_support``: packed replayed bits, or
+thresholds from chunks of logits), applied per tile in both passes as
+``triton_exact_sum`` applies it; the threshold's decisions and the logits' bits do not
+depend on the layout, so the support's outputs are ``cross_tp_bitwise`` too.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ import triton.language as tl
 from tp_logprob.kernels.triton.common_kernels import gathered_max
 from tp_logprob.kernels.triton.exact_sum_kernels import fixed_point_fold
 from tp_logprob.kernels.triton.fused_kernels import owned_targets, picked_target, z_tile
-from tp_logprob.kernels.triton.support_kernels import kept, row_threshold
+from tp_logprob.kernels.triton.support_kernels import masked_row_tiles, row_threshold
 
 __all__ = ["fused_exact_max_kernel", "fused_exact_sum_kernel"]
 
@@ -96,7 +96,6 @@ def fused_exact_max_kernel(
     offsets = tl.arange(0, BLOCK)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        col_mask = cols < live_width
         z = z_tile(
             hidden_ptr,
             (hidden_row_stride, hidden_col_stride),
@@ -106,7 +105,7 @@ def fused_exact_max_kernel(
             rows,
             cols,
             row_mask,
-            col_mask,
+            cols < live_width,
             size,
             temperature,
             SCALE,
@@ -115,18 +114,14 @@ def fused_exact_max_kernel(
             BLOCK,
             BLOCK_K,
         )
-        is_nan = z != z
-        if SUPPORT != 0:
-            if SEPARATE:
-                full_nans = full_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
-                clean = tl.where(is_nan, float("-inf"), z)
-                full_max = tl.maximum(full_max, tl.max(clean, axis=1))
-            valid = row_mask[:, None] & col_mask[None, :]
-            keep = kept(z, cols[None, :], valid, tau[:, None], mask_rows[:, None], SUPPORT)
-            # Outside S a column counts as padding does (its NaN too), the target's too.
-            z = tl.where(keep, z, float("-inf"))
-            is_nan = is_nan & keep
+        if SEPARATE:
+            full_nan = z != z
+            full_nans = full_nans | (tl.max(full_nan.to(tl.int32), axis=1) > 0)
+            full_max = tl.maximum(full_max, tl.max(tl.where(full_nan, float("-inf"), z), axis=1))
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN, its target)
+            z = masked_row_tiles(z, start, tau, mask_rows, live_width, SUPPORT, BLOCK)
         target = picked_target(z, cols, start, local, owned, target, BLOCK)
+        is_nan = z != z
         row_nans = row_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
         running_max = tl.maximum(running_max, tl.max(tl.where(is_nan, float("-inf"), z), axis=1))
     base = stage_ptr + rows * STAGE
@@ -186,7 +181,6 @@ def fused_exact_sum_kernel(
     offsets = tl.arange(0, BLOCK)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        col_mask = cols < live_width
         z = z_tile(
             hidden_ptr,
             (hidden_row_stride, hidden_col_stride),
@@ -196,7 +190,7 @@ def fused_exact_sum_kernel(
             rows,
             cols,
             row_mask,
-            col_mask,
+            cols < live_width,
             size,
             temperature,
             SCALE,
@@ -207,18 +201,12 @@ def fused_exact_sum_kernel(
         )
         # A finite M bounds every z of its row (the gathered max saw these same bits),
         # so d <= 0; other rows take d = -inf, i.e. terms of exactly 0.
-        in_sum = finite[:, None]
-        if SUPPORT != 0:
-            if SEPARATE:
-                full_shifted = tl.where(
-                    full_finite[:, None], z - full_shift[:, None], float("-inf")
-                )
-                full_units += tl.sum((tl.exp(full_shifted) * scale).to(tl.int64), axis=1)
-            valid = row_mask[:, None] & col_mask[None, :]
-            in_sum = in_sum & kept(
-                z, cols[None, :], valid, tau[:, None], mask_rows[:, None], SUPPORT
-            )
-        shifted = tl.where(in_sum, z - shift[:, None], float("-inf"))
+        if SEPARATE:
+            full_shifted = tl.where(full_finite[:, None], z - full_shift[:, None], float("-inf"))
+            full_units += tl.sum((tl.exp(full_shifted) * scale).to(tl.int64), axis=1)
+        if SUPPORT != 0:  # outside S a column counts as padding does
+            z = masked_row_tiles(z, start, tau, mask_rows, live_width, SUPPORT, BLOCK)
+        shifted = tl.where(finite[:, None], z - shift[:, None], float("-inf"))
         units, moment_units = fixed_point_fold(shifted, scale, units, moment_units, ENTROPY, 1)
     tl.store(sums_ptr + rows * SUM_FIELDS, units, mask=row_mask)
     if ENTROPY:

@@ -18,9 +18,10 @@ owner's target ``z`` picked from the tile that holds it. It writes the fp32
 backends' merge serves it unchanged. With a support (``SUPPORT``, ``support_kernels``)
 each tile's columns outside ``S`` count as ``-inf``: a threshold per row (4 bytes),
 or the packed mask's words of the tile (``BLOCK / 8`` bytes per row); with
-``SEPARATE`` a second set of per-lane sums carries the full vocabulary's
-``(m, s, t)`` after the support's fields, for ``lse`` (a second ``exp`` per logit,
-small beside the ``H`` multiply-adds that form it). Nothing ``[N, vocab]``-sized exists: per
+``SEPARATE`` the full vocabulary's ``(m, s, t)`` follows the support's fields, for
+``lse``: one more sum a row (``row_update``: each tile's terms summed at once, fewer
+registers than one a lane), and a second ``exp`` per logit, small beside the ``H``
+multiply-adds that form it. Nothing ``[N, vocab]``-sized exists: per
 row it reads ``H`` hidden elements once per column tile (cached), the rank's
 live ``W`` rows once per row block, and writes 12 bytes (16 with entropy).
 
@@ -60,7 +61,7 @@ import triton
 import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import entropy_term, scaled, widen
-from tp_logprob.kernels.triton.support_kernels import kept, row_threshold
+from tp_logprob.kernels.triton.support_kernels import masked_row_tiles, row_threshold
 
 __all__ = [
     "fused_logits_kernel",
@@ -69,6 +70,7 @@ __all__ = [
     "online_update",
     "owned_targets",
     "picked_target",
+    "row_update",
     "z_tile",
 ]
 
@@ -142,6 +144,18 @@ def online_update(z, running_max, lane_sums, lane_moments, ENTROPY: tl.constexpr
         ) + entropy_term(weights, shifted)
     lane_sums = lane_sums * rescale[:, None] + weights
     return new_max, lane_sums, lane_moments
+
+
+@triton.jit
+def row_update(z, running_max, row_sums):
+    """:func:`online_update` with one sum a row instead of one a lane: each tile's terms
+    are summed at once (fewer registers, another summation order)."""
+    new_max = tl.maximum(running_max, tl.max(z, axis=1))
+    finite = (new_max > float("-inf")) & (new_max < float("inf"))
+    shift = tl.where(finite, new_max, 0.0)
+    rescale = tl.exp(tl.where(finite, running_max - shift, 0.0))
+    weights = tl.exp(tl.where(finite[:, None], z - shift[:, None], float("-inf")))
+    return new_max, row_sums * rescale + tl.sum(weights, axis=1)
 
 
 @triton.jit
@@ -244,11 +258,10 @@ def fused_partial_kernel(
     full_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     full_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
     full_target = tl.zeros([BLOCK_M], dtype=tl.float32)
-    full_sums = tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32)
+    full_sums = tl.zeros([BLOCK_M], dtype=tl.float32)
     offsets = tl.arange(0, BLOCK)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        col_mask = cols < live_width
         z = z_tile(
             hidden_ptr,
             (hidden_row_stride, hidden_col_stride),
@@ -258,7 +271,7 @@ def fused_partial_kernel(
             rows,
             cols,
             row_mask,
-            col_mask,
+            cols < live_width,
             size,
             temperature,
             SCALE,
@@ -267,21 +280,17 @@ def fused_partial_kernel(
             BLOCK,
             BLOCK_K,
         )
-        is_nan = z != z
-        if SUPPORT != 0:
-            if SEPARATE:
-                # The full vocabulary's (m, s, t), for lse: the raw partial's steps.
-                full_target = picked_target(z, cols, start, local, owned, full_target, BLOCK)
-                full_nans = full_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
-                full_max, full_sums, _ = online_update(
-                    tl.where(is_nan, float("-inf"), z), full_max, full_sums, full_sums, False
-                )
-            valid = row_mask[:, None] & col_mask[None, :]
-            keep = kept(z, cols[None, :], valid, tau[:, None], mask_rows[:, None], SUPPORT)
-            # Outside S a column counts as padding does (its NaN too), the target's too.
-            z = tl.where(keep, z, float("-inf"))
-            is_nan = is_nan & keep
+        if SEPARATE:
+            # The full vocabulary's (m, s, t), for lse, with one sum a row (registers).
+            full_target = picked_target(z, cols, start, local, owned, full_target, BLOCK)
+            full_nan = z != z
+            full_nans = full_nans | (tl.max(full_nan.to(tl.int32), axis=1) > 0)
+            clean = tl.where(full_nan, float("-inf"), z)
+            full_max, full_sums = row_update(clean, full_max, full_sums)
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN, its target)
+            z = masked_row_tiles(z, start, tau, mask_rows, live_width, SUPPORT, BLOCK)
         target = picked_target(z, cols, start, local, owned, target, BLOCK)
+        is_nan = z != z
         row_nans = row_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
         running_max, lane_sums, lane_moments = online_update(
             tl.where(is_nan, float("-inf"), z), running_max, lane_sums, lane_moments, ENTROPY
@@ -295,7 +304,7 @@ def fused_partial_kernel(
     if SEPARATE:
         full = base + (FIELDS - 3)
         tl.store(full, tl.where(full_nans, float("nan"), full_max), mask=row_mask)
-        tl.store(full + 1, tl.sum(full_sums, axis=1), mask=row_mask)
+        tl.store(full + 1, full_sums, mask=row_mask)
         tl.store(full + 2, full_target, mask=row_mask)
 
 

@@ -14,6 +14,19 @@ written ``12`` (``16``) to the partial, ``4 + o`` for ``lse32`` and
 ``4`` (+ ``o`` for 16-bit outputs). Bitwise reproducible run to run and batch invariant
 for a fixed TP degree and shard layout; not bitwise across layouts (use
 ``triton_exact_sum`` for that).
+
+A processed op (a contract with a support, ``docs/semantics.md``, "Processed
+logprobs"): ``support_inputs`` finds the support first (sampling parameters: the
+shared threshold on an fp32 ``z`` formed in torch, an ``[N, w]`` temporary freed before
+the kernels run; a replayed mask: its packed bits), then the same single pass keeps
+``z >= tau`` or the mask's bits, treats every other column as padding, and writes
+``S``'s ``(m, s, t[, q])`` followed, when ``lse`` is exported, by the full vocabulary's
+``(m, s, t)`` (the raw kernel's steps: ``lse`` is the raw op's bits), so still one
+all-gather, of ``[N, 6]`` (``[N, 7]``). The merge folds both. Extra bytes per row: 4
+(the threshold) or ``4 ceil(w / 32)`` (the packed mask) read, ``12`` written and
+``12 R`` gathered for the full partial. One ``exp`` per column while ``S`` holds the
+rank's running maximum (always, for a threshold's upper set); a replayed ``S`` without
+it costs a second one on those tiles. With every rule off the raw kernels run.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from tp_logprob.kernels.triton.common_kernels import (
     store_results,
     widen,
 )
-from tp_logprob.kernels.triton.support_kernels import kept, row_threshold, support_target
+from tp_logprob.kernels.triton.support_kernels import masked_tile, row_threshold, support_target
 
 __all__ = ["online_merge_kernel", "online_partial_kernel"]
 
@@ -88,30 +88,27 @@ def online_partial_kernel(
     lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
     full_max = float("-inf")
     full_sums = tl.zeros([BLOCK], dtype=tl.float32)
-    full_nans = tl.zeros([BLOCK], dtype=tl.int1)
+    full_nans = tl.zeros([BLOCK], dtype=tl.int32)  # int32: int1 lanes fill AMD scalar registers
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
-        in_live = cols < live_width
-        x = widen(tl.load(row_ptr + cols, mask=in_live, other=float("-inf")))
+        x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         x = scaled(x, temperature, SCALE)
+        if SEPARATE:
+            # The full vocabulary's (m, s), for lse: the raw kernel's steps, so its bits.
+            full_nan = x != x
+            full_nans = full_nans | full_nan.to(tl.int32)
+            clean = tl.where(full_nan, float("-inf"), x)
+            new_full = tl.maximum(full_max, tl.max(clean, axis=0))
+            full_ok = (new_full > float("-inf")) & (new_full < float("inf"))
+            full_shift = tl.where(full_ok, new_full, 0.0)
+            full_shifted = tl.where(full_ok, clean - full_shift, float("-inf"))
+            full_weights = tl.exp(full_shifted)
+            full_rescale = tl.exp(tl.where(full_ok, full_max - full_shift, 0.0))
+            full_sums = full_sums * full_rescale + full_weights
+            full_max = new_full
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN too)
+            x = masked_tile(x, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
         is_nan = x != x
-        if SUPPORT != 0:
-            keep = kept(x, cols, in_live, tau, mask_row_ptr, SUPPORT)
-            if SEPARATE:
-                # The full vocabulary's (m, s), for lse: the raw kernel's steps, so its bits.
-                full_nans = full_nans | is_nan
-                clean = tl.where(is_nan, float("-inf"), x)
-                new_full = tl.maximum(full_max, tl.max(clean, axis=0))
-                full_ok = (new_full > float("-inf")) & (new_full < float("inf"))
-                full_shift = tl.where(full_ok, new_full, 0.0)
-                full_shifted = tl.where(full_ok, clean - full_shift, float("-inf"))
-                full_weights = tl.exp(full_shifted)
-                full_rescale = tl.exp(tl.where(full_ok, full_max - full_shift, 0.0))
-                full_sums = full_sums * full_rescale + full_weights
-                full_max = new_full
-            # Outside S a column counts as padding does (its NaN too).
-            is_nan = is_nan & keep
-            x = tl.where(keep, x, float("-inf"))
         lane_nans = lane_nans | is_nan
         x = tl.where(is_nan, float("-inf"), x)
         new_max = tl.maximum(running_max, tl.max(x, axis=0))
@@ -123,8 +120,9 @@ def online_partial_kernel(
                 # so far (always, for a threshold's upper set): then S's terms are the full
                 # terms on S, the same bits as their own exp, at no second exp.
                 if new_max == full_max:
-                    shifted = tl.where(keep, full_shifted, float("-inf"))
-                    weights = tl.where(keep, full_weights, 0.0)
+                    in_support = x > float("-inf")
+                    shifted = tl.where(in_support, full_shifted, float("-inf"))
+                    weights = tl.where(in_support, full_weights, 0.0)
                 else:
                     shifted = x - new_max
                     weights = tl.exp(shifted)
@@ -158,7 +156,7 @@ def online_partial_kernel(
         tl.store(base + 3, tl.sum(lane_moments, axis=0))
     if SEPARATE:
         full = base + (FIELDS - 3)
-        full_has_nan = tl.max(full_nans.to(tl.int32), axis=0) > 0
+        full_has_nan = tl.max(full_nans, axis=0) > 0
         tl.store(full, tl.where(full_has_nan, float("nan"), full_max))
         tl.store(full + 1, tl.sum(full_sums, axis=0))
         tl.store(full + 2, target)

@@ -26,7 +26,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["PACKED_MASK", "THRESHOLD", "kept", "row_threshold", "support_target"]
+__all__ = [
+    "PACKED_MASK",
+    "THRESHOLD",
+    "kept",
+    "kept_tile",
+    "masked_row_tiles",
+    "masked_tile",
+    "packed_bits",
+    "row_threshold",
+    "support_target",
+]
 
 THRESHOLD = tl.constexpr(1)
 """``SUPPORT`` value: the support is every live column with ``z >= tau`` (per-row fp32 tau)."""
@@ -60,6 +70,66 @@ def kept(z, cols, valid, tau, mask_row_ptr, SUPPORT: tl.constexpr):
         return ((words >> (cols & 31)) & 1) != 0
     else:
         return valid
+
+
+@triton.jit
+def packed_bits(mask_rows_ptr, start, live_width, BLOCK: tl.constexpr):
+    """bool ``[rows, BLOCK]``: the packed mask's bits of columns ``start`` to ``start + BLOCK``
+    for each row pointer of ``mask_rows_ptr`` (``[rows, 1]``), from ``max(1, BLOCK / 32)``
+    loaded words per row rather than one gathered word per column. ``start`` is a multiple
+    of ``BLOCK``, and ``BLOCK`` divides 32 or 32 divides it."""
+    WORDS: tl.constexpr = max(BLOCK // 32, 1)
+    WIDTH: tl.constexpr = min(BLOCK, 32)
+    index = (start >> 5) + tl.arange(0, WORDS)
+    words = tl.load(mask_rows_ptr + index[None, :], mask=index[None, :] * 32 < live_width, other=0)
+    shifts = (start & 31) + tl.arange(0, WIDTH)
+    bits = (words[:, :, None] >> shifts[None, None, :]) & 1
+    return tl.reshape(bits, [mask_rows_ptr.shape[0], BLOCK]) != 0
+
+
+@triton.jit
+def kept_tile(
+    z, start, valid, tau, mask_row_ptr, live_width, SUPPORT: tl.constexpr, BLOCK: tl.constexpr
+):
+    """:func:`kept` of a row's tile of columns ``start`` to ``start + BLOCK`` (``z``, ``valid``:
+    ``[BLOCK]``; ``tau`` the row's threshold, ``mask_row_ptr`` its first mask word)."""
+    if SUPPORT == PACKED_MASK:
+        row = tl.full([1, 1], 0, tl.int64) + mask_row_ptr
+        return tl.reshape(packed_bits(row, start, live_width, BLOCK), [BLOCK]) & valid
+    else:
+        return kept(z, start + tl.arange(0, BLOCK), valid, tau, mask_row_ptr, SUPPORT)
+
+
+@triton.jit
+def masked_tile(
+    z, start, tau, mask_row_ptr, live_width, SUPPORT: tl.constexpr, BLOCK: tl.constexpr
+):
+    """A row's tile ``z`` (columns ``start`` to ``start + BLOCK``, ``-inf`` past the live ones)
+    with every column outside ``S`` set to ``-inf``, as padding counts; ``z`` itself with
+    ``SUPPORT = 0``. A threshold drops ``z < tau`` (nothing where ``tau`` is NaN, so a
+    row without a support keeps its NaN)."""
+    if SUPPORT == THRESHOLD:
+        return tl.where(z < tau, float("-inf"), z)
+    elif SUPPORT == PACKED_MASK:
+        row = tl.full([1, 1], 0, tl.int64) + mask_row_ptr
+        bits = tl.reshape(packed_bits(row, start, live_width, BLOCK), [BLOCK])
+        return tl.where(bits, z, float("-inf"))
+    else:
+        return z
+
+
+@triton.jit
+def masked_row_tiles(
+    z, start, tau, mask_rows_ptr, live_width, SUPPORT: tl.constexpr, BLOCK: tl.constexpr
+):
+    """:func:`masked_tile` of a ``[rows, BLOCK]`` tile (``tau``, ``mask_rows_ptr``: ``[rows]``)."""
+    if SUPPORT == THRESHOLD:
+        return tl.where(z < tau[:, None], float("-inf"), z)
+    elif SUPPORT == PACKED_MASK:
+        bits = packed_bits(mask_rows_ptr[:, None], start, live_width, BLOCK)
+        return tl.where(bits, z, float("-inf"))
+    else:
+        return z
 
 
 @triton.jit
