@@ -135,8 +135,14 @@ def test_every_rule_off_is_bitwise_the_raw_op(
     assert torch.isnan(got.support_threshold[~defined]).all()
 
 
-@pytest.mark.parametrize("rules", list(RULES))
-@pytest.mark.parametrize("layout", ["tp1", "tp3-uneven", "tp8-mixed"])
+# Every rule set at TP 1 and on uneven shards; TP 8 (mixed widths) with every rule on.
+REPLAYED_CASES = [
+    *((layout, rules) for layout in ("tp1", "tp3-uneven") for rules in RULES),
+    ("tp8-mixed", "all-three"),
+]
+
+
+@pytest.mark.parametrize(("layout", "rules"), REPLAYED_CASES)
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_replayed_mask_equal_to_the_recomputed_one_gives_the_same_bits(
     backend: str, layout: str, rules: str
