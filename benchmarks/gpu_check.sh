@@ -3,8 +3,9 @@
 # GPU torch, compile every kernel for every target (gates included), run the kernel tests and
 # the property suite on GPU tensors, then the suite on a real NCCL process group with one rank
 # per GPU found (torchrun; 1 on a single-GPU machine), benchmark the kernels (torch baseline
-# and, when installed, Liger-Kernel side by side) and the fused LM head's peak memory and time
-# against the logits path, and write one JSON and one markdown report. Exits nonzero when
+# and, when installed, Liger-Kernel side by side), the fused LM head's peak memory and time
+# against the logits path, and what a sampling support costs over the raw logprob on every
+# backend, and write one JSON and one markdown report. Exits nonzero when
 # any step fails (a kernel that does not compile, a failing test or property, a timeout).
 #
 # Usage: benchmarks/gpu_check.sh [--dry-run] [--out DIR]
@@ -126,6 +127,11 @@ step bench 300 env -u TRITON_INTERPRET "$PY" benchmarks/bench_kernels.py --json 
 # overrun, and the JSON is written after every shape.
 step bench-fused 300 env -u TRITON_INTERPRET "$PY" benchmarks/bench_fused.py --gpu-shapes --reps 3 \
     --budget-s 240 --json "$OUT/bench-fused.json"
+# Processed (sampling-support) over raw logprobs for every backend: logits backends at
+# 8192 x 152064, fused ones at 1024 x 4096 x 152064, infer and train, 3 repeats each; the
+# JSON is written after every backend and role.
+step bench-processed 600 env -u TRITON_INTERPRET "$PY" benchmarks/bench_processed.py --gpu-shapes \
+    --repeats 3 --json "$OUT/bench-processed.json"
 
 if [ "$DRY_RUN" = 1 ]; then
     echo "==> dry run: the tiny interpreted bench shape, with $PYTHON"

@@ -2,8 +2,9 @@
 
 Reads ``DIR/steps.tsv`` (name, exit status or ``planned``, seconds, command),
 ``DIR/compile.json`` (``python -m tp_logprob.gpu_readiness --json``) and
-``DIR/bench.json`` (``benchmarks/bench_kernels.py --json``) and ``DIR/bench-fused.json``
-(``benchmarks/bench_fused.py --json``) when they exist, and
+``DIR/bench.json`` (``benchmarks/bench_kernels.py --json``), ``DIR/bench-fused.json``
+(``benchmarks/bench_fused.py --json``) and ``DIR/bench-processed.json``
+(``benchmarks/bench_processed.py --json``) when they exist, and
 writes ``DIR/gpu-check.json`` and ``DIR/gpu-check.md``. Exits 1 when a step failed.
 
 Run: python benchmarks/gpu_check_report.py --out build/gpu-check --platform cuda [--dry-run]
@@ -100,7 +101,29 @@ def markdown(report: dict[str, Any]) -> str:
     fused = report.get("bench_fused")
     if fused:
         lines += ["", *fused_markdown(fused)]
+    processed = report.get("bench_processed")
+    if processed:
+        lines += ["", *processed_markdown(processed)]
     return "\n".join(lines) + "\n"
+
+
+def processed_markdown(processed: dict[str, Any]) -> list[str]:
+    """``bench_processed.py``'s tables: each support's median ms and its ratio to the raw op."""
+    lines = [
+        f"## Processed over raw logprobs ({processed['device']}, TP=1)",
+        "",
+        "| backend | role | N | H | V | dtype | support | ms | of raw |",
+        "|---|---|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for table in processed["tables"]:
+        hidden = "" if table["hidden"] is None else str(table["hidden"])
+        lead = (
+            f"| {table['backend']} | {table['role']} | {table['rows']} | {hidden} | "
+            f"{table['vocab']} | {table['dtype']} |"
+        )
+        for name, item in table["candidates"].items():
+            lines.append(f"{lead} {name} | {item['ms']:.2f} | {item['of_raw']:.2f}x |")
+    return lines
 
 
 def fused_markdown(fused: dict[str, Any]) -> list[str]:
@@ -163,6 +186,7 @@ def main() -> int:
         },
         "bench": load_json(out / "bench.json"),
         "bench_fused": load_json(out / "bench-fused.json"),
+        "bench_processed": load_json(out / "bench-processed.json"),
     }
     (out / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "gpu-check.md").write_text(markdown(report))

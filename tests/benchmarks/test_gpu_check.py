@@ -123,3 +123,37 @@ def test_report_renders_the_fused_bench_with_its_goals_and_skips(tmp_path: Path)
     assert "12.50 ms (goal <= logits path + matmul, 10.00 ms): **not met**" in markdown
     assert "| 32768 | 4096 | 152064 | train | skipped: estimated 300 s" in markdown
     assert "triton_fused: skipped, out of device memory" in markdown
+
+
+def test_report_renders_the_processed_bench(tmp_path: Path) -> None:
+    (tmp_path / "steps.tsv").write_text(
+        "bench-processed\t0\t80\tpython benchmarks/bench_processed.py\n"
+    )
+    table = {
+        "backend": "triton_fused",
+        "rows": 1024,
+        "vocab": 152064,
+        "hidden": 4096,
+        "role": "infer",
+        "dtype": "bf16",
+        "repeats": 3,
+        "candidates": {
+            "raw": {"ms": 20.0, "of_raw": 1.0},
+            "vLLM-like": {"ms": 45.0, "of_raw": 2.25},
+        },
+    }
+    bench = {"device": "cuda", "tables": [table]}
+    (tmp_path / "bench-processed.json").write_text(json.dumps(bench))
+    proc = subprocess.run(
+        [sys.executable, str(REPORT), "--out", str(tmp_path), "--platform", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["bench_processed"] == bench
+    markdown = (tmp_path / "gpu-check.md").read_text()
+    assert "## Processed over raw logprobs (cuda, TP=1)" in markdown
+    assert "| triton_fused | infer | 1024 | 4096 | 152064 | bf16 | vLLM-like | 45.00 | 2.25x |" in (
+        markdown
+    )

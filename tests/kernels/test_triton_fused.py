@@ -43,7 +43,8 @@ from tp_logprob.properties.allocations import track_allocations
 
 pytest.importorskip("triton", reason="triton_fused needs triton (on CPU, its interpreter)")
 from tp_logprob.kernels.builtin import register_fused_backends
-from tp_logprob.kernels.triton.fused import fused_logits, triton_fused_logprob
+from tp_logprob.kernels.triton.fused import triton_fused_logprob
+from tp_logprob.kernels.triton.fused_logits import fused_logits
 
 pytestmark = pytest.mark.triton
 

@@ -45,8 +45,8 @@ pytest.importorskip(
 )
 from tp_logprob.kernels.builtin import register_fused_backends
 from tp_logprob.kernels.triton.exact_sum import triton_exact_sum_logprob
-from tp_logprob.kernels.triton.fused import fused_logits
 from tp_logprob.kernels.triton.fused_exact_sum import triton_fused_exact_sum_logprob
+from tp_logprob.kernels.triton.fused_logits import fused_logits
 
 pytestmark = pytest.mark.triton
 

@@ -7,10 +7,14 @@ head) inside :func:`~tp_logprob.kernels.triton.launch.recording_launches`, the
 launch layer's seam: every launch is handed to the recorder instead of running,
 and ``platform_of`` answers ``cuda`` or ``rocm``, so the launch table
 (:func:`~tp_logprob.kernels.triton.launch.launch_config`) chooses the configs
-exactly as it would on that GPU, and nothing runs. Contract
-variants are enumerated from the contract's own fields (every enum member, both
-values of every flag, a non-default value of every float), so a new option that
-changes which kernels or constexprs are launched is picked up without naming it.
+exactly as it would on that GPU, and nothing runs (the torch code around the
+launches does: a recomputed support's threshold runs its collectives on the
+stand-in group). Contract variants are enumerated from the contract's own fields
+(every enum member, both values of every flag, a non-default value of every float,
+and a sampling support of each kind: sampling parameters, whose kernels take a
+per-row threshold, and a replayed mask, whose kernels take packed bits), so a new
+option that changes which kernels or constexprs are launched is picked up without
+naming it.
 
 Each launch is recorded as a :class:`KernelLaunch`: the kernel, its arguments
 (tensors reduced to what the JIT specializes on: element type, 16-byte
@@ -41,6 +45,7 @@ from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.triton.launch import RecordedLaunch, recording_launches
+from tp_logprob.support import SupportSpec
 
 __all__ = [
     "LAYOUTS",
@@ -195,8 +200,9 @@ def contract_variants(
 ) -> Iterator[LogprobContract]:
     """``base`` with its enum, flag and float options varied (invalid combinations skipped).
 
-    ``exhaustive``: every combination. Otherwise every role x input dtype, each with
-    the other options changed one at a time (every kernel and constexpr, fewer pairs).
+    ``exhaustive``: every combination. Otherwise every role x input dtype, each with the
+    other options (the support's kind among them) changed one at a time: every kernel and
+    constexpr, fewer pairs.
     """
     choices = _field_choices(base)
     if exhaustive:
@@ -262,7 +268,7 @@ def _record_one(
     except tpl.LogprobDispatchError:
         return []  # the backend does not serve this variant (its capability says why)
     inputs = _inputs(layout, contract)
-    targets = (torch.arange(layout.rows) % layout.real_vocab_size).to(target_dtype)
+    targets = _targets(layout.rows, layout.real_vocab_size).to(target_dtype)
     world = contract.sharding.tp_world_size
     group = _ReplicaGroup(contract.sharding.tp_rank, world) if world > 1 else None
     raw: list[tuple[Any, ...]] = []
@@ -381,8 +387,25 @@ _INPUT_OPTIONS = frozenset({"input_kind", "hidden_size"})
 _HIDDEN_ONLY = frozenset({"has_bias", "allow_tf32"})
 
 
+def _targets(rows: int, real_vocab_size: int) -> torch.Tensor:
+    """The recorded ops' targets (int64): row ``t`` targets column ``t % real_vocab_size``."""
+    return torch.arange(rows) % real_vocab_size
+
+
+def _supports(contract: LogprobContract) -> tuple[SupportSpec, ...]:
+    """A support of each kind for ``contract``'s rows: sampling parameters with every rule
+    on (the threshold kernels), and a replayed mask keeping each row's target and the next
+    column (the packed-mask kernels)."""
+    real = contract.sharding.real_vocab_size
+    targets = _targets(contract.num_tokens, real).tolist()
+    kept = [sorted({target, (target + 1) % real}) for target in targets]
+    return SupportSpec(min_p=0.05, top_k=2, top_p=0.9), SupportSpec.from_kept_lists(kept)
+
+
 def _field_choices(value: Any) -> dict[str, tuple[Any, ...]]:
-    """Per dataclass field (dotted into nested specs): the values to try, default first."""
+    """Per dataclass field (dotted into nested specs): the values to try, default first.
+
+    A contract's ``support`` (default None) tries :func:`_supports`."""
     fixed: frozenset[str] = frozenset()
     if isinstance(value, LogprobContract):
         fixed = _INPUT_OPTIONS
@@ -393,7 +416,9 @@ def _field_choices(value: Any) -> dict[str, tuple[Any, ...]]:
         if not field.init or field.name in fixed:
             continue
         current = getattr(value, field.name)
-        if isinstance(current, bool):
+        if field.name == "support" and isinstance(value, LogprobContract) and current is None:
+            choices[field.name] = (current, *_supports(value))
+        elif isinstance(current, bool):
             choices[field.name] = (current, not current)
         elif isinstance(current, enum.Enum):
             choices[field.name] = (current, *(m for m in type(current) if m is not current))
@@ -429,6 +454,8 @@ def _options(contract: LogprobContract) -> list[str]:
         got, default = _lookup(contract, key), _lookup(base, key)
         if got != default:
             shown = got.value if isinstance(got, enum.Enum) else got
+            if isinstance(got, SupportSpec):
+                shown = got.mode.value
             options.append(f"{key}={shown}")
     return options
 

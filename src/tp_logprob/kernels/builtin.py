@@ -38,6 +38,8 @@ __all__ = [
 
 
 def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapability:
+    """Every built-in serves every sampling support: the full vocabulary, sampling
+    parameters and a replayed mask (``docs/semantics.md``, "Processed logprobs")."""
     return LogprobBackendCapability(
         backend_id=backend_id,
         roles=frozenset(LogprobRole),
@@ -50,18 +52,15 @@ def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapab
         determinism_scopes=frozenset({scope}),
         supports_temperature=True,
         exports_entropy=True,
+        support_modes=frozenset(SupportMode),
     )
 
 
-TORCH_NATIVE = dataclasses.replace(
-    _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY),
-    support_modes=frozenset(SupportMode),
-)
+TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
     supports_bias=True,
-    support_modes=frozenset(SupportMode),
 )
 TRITON_FUSED = dataclasses.replace(
     _capability("triton_fused", DeterminismScope.FIXED_TOPOLOGY),

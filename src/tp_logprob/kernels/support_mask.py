@@ -5,7 +5,8 @@ outside ``S`` as padding. ``S`` comes from a threshold (sampling parameters,
 ``kernels/support_threshold.py``): :func:`threshold_keep`; or from the replayed
 kept ids, CSR with global ids: :class:`ReplayedSupport`, which moves the rank's
 ids to the device once and scatters them into a mask for any block of rows, so
-a chunked backend's memory stays bounded by its chunk.
+a chunked backend's memory stays bounded by its chunk, or packs every row into
+bits (:meth:`ReplayedSupport.packed`, for the Triton kernels).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.support import SupportMode
 
-__all__ = ["ReplayedSupport", "threshold_keep"]
+__all__ = ["PACKED_BITS", "ReplayedSupport", "threshold_keep"]
+
+PACKED_BITS = 32
+"""Columns per word of :meth:`ReplayedSupport.packed`."""
 
 
 def threshold_keep(z: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -38,6 +42,7 @@ class ReplayedSupport:
         replayed = ReplayedSupport(contract, local_logits.device)
         keep = replayed.keep()                       # every row
         keep = replayed.keep(begin, end, rows=step)  # a chunk, padded with empty rows
+        words = replayed.packed()                    # every row, one bit per column
     """
 
     def __init__(self, contract: LogprobContract, device: torch.device) -> None:
@@ -67,3 +72,19 @@ class ReplayedSupport:
         mask = torch.zeros((rows, self.width), dtype=torch.bool, device=self._ids.device)
         mask[self._rows[low:high] - begin, self._ids[low:high]] = True
         return mask
+
+    def packed(self) -> torch.Tensor:
+        """int32 ``[N, max(1, ceil(width / 32))]``: local column ``c`` of row ``t`` is kept
+        iff bit ``c % 32`` of ``words[t, c // 32]`` is set (one bit per column).
+
+        Built on the device from the kept ids: a row's ids are unique, so adding their
+        distinct powers of two into a word sets exactly their bits (integer sums, exact
+        in any order).
+        """
+        rows = len(self._offsets) - 1
+        per_row = max(1, -(-self.width // PACKED_BITS))
+        words = torch.zeros(rows * per_row, dtype=torch.int64, device=self._ids.device)
+        bits = torch.ones_like(self._ids) << (self._ids % PACKED_BITS)
+        words.index_add_(0, self._rows * per_row + self._ids // PACKED_BITS, bits)
+        words = torch.where(words >= 1 << 31, words - (1 << 32), words)  # the int32 bits
+        return words.to(torch.int32).view(rows, per_row)

@@ -5,7 +5,9 @@ a backend's forward. For the ``train`` role with logits that require grad it goe
 through :class:`TritonLogprobFunction`, whose backward launches
 ``logprob_grad_kernel`` from the merged fp32 LSE (and entropy) saved by the
 forward: no extra collective. ``selected_logp`` and ``entropy`` are
-differentiable; ``lse`` is not.
+differentiable; ``lse`` is not. With a support the forward's LSE and entropy are
+over ``S`` and the backward kernel gets ``S`` too (the threshold, or the packed
+mask): the gradient of ``z_y - LSE_S`` with ``S`` fixed, 0 outside it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, prepare
 from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
+from tp_logprob.kernels.triton.support_inputs import KernelSupport, full_support
 from tp_logprob.kernels.validation import check_op_inputs
 
 __all__ = ["ForwardFn", "TritonLogprobFunction", "launch_logprob_grad", "logprob_grad", "run_op"]
@@ -41,18 +44,21 @@ def run_op(
     inputs = prepare(local_logits, targets, active, contract)
     wants_grad = torch.is_grad_enabled() and local_logits.requires_grad
     if contract.role is LogprobRole.TRAIN and wants_grad:
-        selected, lse, entropy = TritonLogprobFunction.apply(  # type: ignore[no-untyped-call]
+        outputs = TritonLogprobFunction.apply(  # type: ignore[no-untyped-call]
             local_logits, inputs, contract, group, forward
         )
-        return exported_result(contract, selected, lse, entropy)
-    outputs = forward(inputs, contract, group)
-    return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
+        return exported_result(contract, *outputs)
+    return forward(inputs, contract, group).result()
 
 
 class TritonLogprobFunction(torch.autograd.Function):
-    """``(local_logits, ...) -> (selected_logp, lse, entropy)``, differentiable in ``local_logits``.
+    """``(local_logits, ...) -> (selected_logp, lse, entropy[, support outputs])``,
+    differentiable in ``local_logits``.
 
-    Without ``export_entropy`` the entropy output is an empty, non-differentiable placeholder.
+    Without ``export_entropy`` the entropy output is an empty, non-differentiable
+    placeholder. With a support, ``support_lse``, ``support_size`` and
+    ``support_threshold`` follow (not differentiable), and the backward is the
+    gradient over ``S`` with ``S`` fixed, from ``LSE_S``: exactly 0 outside ``S``.
     """
 
     @staticmethod
@@ -63,28 +69,24 @@ class TritonLogprobFunction(torch.autograd.Function):
         contract: LogprobContract,
         group: Any,
         forward: ForwardFn,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         outputs = forward(inputs, contract, group)
-        selected, lse, entropy, entropy32, frozen = outputs.for_autograd()
+        returned, entropy32, frozen = outputs.for_autograd()
         ctx.save_for_backward(
             inputs.logits, inputs.targets, inputs.active, outputs.lse32, entropy32
         )
         ctx.inputs = inputs
         ctx.entropy = contract.export_entropy
+        ctx.support = outputs.kernel_support()
         ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
-        return selected, lse, entropy
+        return returned
 
     @staticmethod
-    def backward(
-        ctx: Any,
-        grad_selected: torch.Tensor,
-        grad_lse: torch.Tensor | None,
-        grad_entropy: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad_selected: torch.Tensor, *grads: Any) -> tuple[Any, ...]:
         logits, targets, active, lse32, entropy32 = ctx.saved_tensors
-        entropy_grads = (entropy32, grad_entropy) if ctx.entropy else None
+        entropy_grads = (entropy32, grads[1]) if ctx.entropy else None  # after lse's
         grad = logprob_grad(
-            logits, targets, active, lse32, grad_selected, ctx.inputs, entropy_grads
+            logits, targets, active, lse32, grad_selected, ctx.inputs, entropy_grads, ctx.support
         )
         return grad, None, None, None, None
 
@@ -97,10 +99,12 @@ def logprob_grad(
     grad_selected: torch.Tensor,
     inputs: RankInputs,
     entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    support: KernelSupport | None = None,
 ) -> torch.Tensor:
     """The local ``d loss / d logits`` in the logits dtype (contiguous ``[N, width]``).
 
-    ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported.
+    ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported;
+    ``support`` the support the forward used (None: every live column).
     """
     rows, width = logits.shape
     grad = torch.empty((rows, width), dtype=logits.dtype, device=logits.device)
@@ -115,6 +119,7 @@ def logprob_grad(
         grad_selected,
         inputs,
         entropy_grads,
+        support,
     )
     return grad
 
@@ -130,6 +135,8 @@ def launch_logprob_grad(
     grad_selected: torch.Tensor,
     inputs: RankInputs,
     entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None,
+    support: KernelSupport | None = None,
+    begin: int = 0,
 ) -> None:
     """``logprob_grad_kernel`` over the first ``rows`` rows of ``logits`` (unit column stride),
     writing ``d loss / d logits`` into ``out`` (same shape and strides; it may be ``logits``
@@ -137,6 +144,8 @@ def launch_logprob_grad(
 
     The logits backends' backward and ``triton_fused``'s chunked backward both launch it.
     ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported.
+    ``support``: the forward's support (None: every live column), whose rows
+    ``begin:begin + rows`` these are; the gradient is 0 outside it.
     """
     width = logits.shape[1]
     config = launch_config(platform_of(logits), KernelKind.TILE, logits.dtype)
@@ -144,6 +153,8 @@ def launch_logprob_grad(
         entropy32, grad_entropy, with_entropy = lse32, lse32, False
     else:
         entropy32, grad_entropy, with_entropy = entropy_grads[0], entropy_grads[1], True
+    if support is None:
+        support = full_support(logits.device)
     launch(
         logprob_grad_kernel,
         (rows, triton.cdiv(width, config.block)),
@@ -162,6 +173,8 @@ def launch_logprob_grad(
         entropy32,
         grad_entropy.contiguous(),
         inputs.temperature,
+        *support.args(begin, begin + rows),
         SCALE=inputs.scale,
         ENTROPY=with_entropy,
+        SUPPORT=support.kind,
     )

@@ -11,6 +11,11 @@ loaded), and a ``-inf`` column's entropy term is 0, never ``0 * -inf``.
 Elementwise, so no collective and no reduction-order question. Traffic per row:
 ``live_width * itemsize`` bytes read (active rows only), ``width * itemsize``
 bytes written, plus the row's LSE, gradients, entropy and target.
+
+With a support (``SUPPORT``, ``support_kernels``) the LSE and entropy are over ``S``
+and a column outside ``S`` counts as ``-inf`` and gets exactly 0 (the target's
+column too): the gradient of ``z_y - LSE_S`` with ``S`` held fixed. The threshold
+costs 4 bytes per row, a packed mask ``ceil(live_width / 32) * 4`` bytes.
 """
 
 # triton ships no type hints, and Triton types kernel parameters itself:
@@ -22,6 +27,7 @@ import triton
 import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import round_for, scaled, widen
+from tp_logprob.kernels.triton.support_kernels import kept_tile, row_threshold
 
 __all__ = ["logprob_grad_kernel"]
 
@@ -41,8 +47,12 @@ def logprob_grad_kernel(
     entropy_ptr,
     grad_entropy_ptr,
     temperature,
+    threshold_ptr,
+    mask_ptr,
+    mask_stride,
     SCALE: tl.constexpr,
     ENTROPY: tl.constexpr,
+    SUPPORT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -53,6 +63,14 @@ def logprob_grad_kernel(
     live = cols < tl.where(active, live_width, 0)
     x = tl.load(logits_ptr + row * row_stride + cols, mask=live, other=float("-inf"))
     z = scaled(widen(x), temperature, SCALE)
+    if SUPPORT != 0:
+        tau = row_threshold(threshold_ptr, row, active, SUPPORT)
+        start = tl.program_id(1) * BLOCK
+        mask_row_ptr = mask_ptr + row * mask_stride
+        keep = kept_tile(z, start, live, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
+        # Outside S a column counts as -inf (p = 0, never inf - inf) and gets 0 below.
+        z = tl.where(keep, z, float("-inf"))
+        live = live & keep
     lse = tl.load(lse_ptr + row)
     grad_out = tl.load(grad_out_ptr + row, mask=active, other=0.0).to(tl.float32)
     target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)

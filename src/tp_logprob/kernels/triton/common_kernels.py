@@ -24,13 +24,16 @@ import triton.language as tl
 __all__ = [
     "entropy_term",
     "gathered_max",
+    "merged_lse",
     "owned_target_logit",
     "owner_target_logit",
+    "rank_total",
     "round_for",
     "scaled",
     "store_entropy",
-    "widen",
+    "store_lse",
     "store_results",
+    "widen",
 ]
 
 
@@ -121,6 +124,46 @@ def owner_target_logit(
 
 
 @triton.jit
+def rank_total(ptr, rows, in_range, num_ranks, num_rows, maximum, FIELDS: tl.constexpr):
+    """``S = sum_r s_r exp(m_r - M)`` in fp64 over gathered ``(m_r, s_r)`` at fields 0 and 1
+    (``M`` the NaN-free ``gathered_max``), in rank order, skipping identity partials; the
+    same steps as ``online_merge_kernel``'s own fold. 0 where ``M`` is not finite."""
+    finite = (maximum > float("-inf")) & (maximum < float("inf"))
+    shift = tl.where(finite, maximum, 0.0).to(tl.float64)
+    total = tl.zeros(rows.shape, dtype=tl.float64)
+    for rank in range(num_ranks):
+        base = ptr + (rank * num_rows + rows) * FIELDS
+        rank_max = tl.load(base, mask=in_range, other=float("-inf"))
+        rank_sum = tl.load(base + 1, mask=in_range, other=0.0).to(tl.float64)
+        live = finite & (rank_max > float("-inf"))
+        gap = tl.where(live, rank_max.to(tl.float64) - shift, float("-inf"))
+        total += tl.where(live, rank_sum * tl.exp(gap), 0.0)
+    return total
+
+
+@triton.jit
+def merged_lse(maximum, has_nan, total):
+    """``(lse, finite, M, log S)``: the fp32 ``LSE = M + log S`` (fp64, rounded once) with the
+    special values of ``docs/semantics.md`` (NaN anywhere live gives NaN, ``M = +inf``
+    gives ``+inf``, no finite live value ``-inf``), whether ``M`` is finite, and the fp64
+    ``M`` (0 where not finite) and ``log S`` the selected logprob is formed from."""
+    finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
+    shift = tl.where(finite, maximum, 0.0).to(tl.float64)
+    log_total = tl.log(tl.where(finite, total, 1.0))
+    lse64 = shift + log_total
+    special = tl.where(has_nan, float("nan"), maximum)
+    lse = tl.where(finite, lse64.to(tl.float32), special)
+    return lse, finite, shift, log_total
+
+
+@triton.jit
+def store_lse(rows, in_range, maximum, has_nan, total, lse_ptr):
+    """Write :func:`merged_lse`'s LSE in ``lse_ptr``'s element type (a support's full ``lse``)."""
+    lse = merged_lse(maximum, has_nan, total)[0]
+    tl.store(lse_ptr + rows, round_for(lse_ptr, lse), mask=in_range)
+
+
+@triton.jit
 def store_results(
     rows,
     in_range,
@@ -142,12 +185,7 @@ def store_results(
     gives ``lse = +inf``; an all ``-inf`` row gives ``lse = -inf``; then ``selected`` is
     NaN; inactive rows get exactly 0.0.
     """
-    finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
-    shift = tl.where(finite, maximum, 0.0).to(tl.float64)
-    log_total = tl.log(tl.where(finite, total, 1.0))
-    lse64 = shift + log_total
-    special = tl.where(has_nan, float("nan"), maximum)
-    lse = tl.where(finite, lse64.to(tl.float32), special)
+    lse, finite, shift, log_total = merged_lse(maximum, has_nan, total)
     # (t - M) - log S rather than t - LSE: exact t - M keeps a near-0 logprob accurate.
     relative = (target_logit.to(tl.float64) - shift) - log_total
     selected = tl.where(finite, relative.to(tl.float32), float("nan"))

@@ -21,6 +21,18 @@ sums) and two passes over the local logits instead of one, so about twice the
 bytes read. Bytes per row (``w`` live columns, ``b`` the item size, ``R`` the TP
 degree): read ``2 w b + b`` + ``8 R`` (maxima and targets) + ``8 R`` (sums; ``16 R``
 with entropy) + 9; written 8 (stage) + 8 (sums; 16 with entropy) + the outputs.
+
+A processed op (``docs/semantics.md``, "Processed logprobs"): the support comes first
+(``support_inputs``: the shared threshold, whose decisions are exact integer masses, so
+``tau`` and ``|S|`` are the same bits for every layout; or a replayed mask's packed
+bits), then both passes treat columns outside ``S`` as padding: the stage is
+``S``'s ``(m, t)``, followed by the full vocabulary's ``m`` when ``lse`` is exported,
+and the sums ``S``'s (and its entropy moment's), then the full vocabulary's. Every
+output, the support's included, stays ``cross_tp_bitwise``, and ``lse`` is the raw
+op's bits (the same integers). Extra bytes per row: 4 (threshold) or
+``4 ceil(w / 32)`` (packed mask) per pass, 4 + 8 written and ``12 R`` gathered for the
+full vocabulary's fields. One ``exp`` per column where ``S``'s maximum is the row's
+(every recomputed support), two where a replayed ``S`` misses it.
 """
 
 from __future__ import annotations
@@ -34,16 +46,36 @@ from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.fixed_point import fraction_bits
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.exact_sum_kernels import (
+    FULL_STAGE_FIELDS,
+    STAGE_FIELDS,
     exact_max_kernel,
     exact_merge_kernel,
     exact_sum_kernel,
 )
-from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, allocate_outputs
+from tp_logprob.kernels.triton.inputs import (
+    Outputs,
+    RankInputs,
+    all_gather,
+    allocate_outputs,
+    finish_outputs,
+)
 from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
+from tp_logprob.kernels.triton.support_inputs import (
+    KernelSupport,
+    SupportPlan,
+    full_support,
+    logits_threshold,
+    plan_support,
+)
 
-__all__ = ["exact_merge", "exact_sum_forward", "fraction_bits", "triton_exact_sum_logprob"]
-
-_STAGE_FIELDS = 2
+__all__ = [
+    "exact_merge",
+    "exact_sum_forward",
+    "fraction_bits",
+    "stage_width",
+    "sum_width",
+    "triton_exact_sum_logprob",
+]
 
 
 def triton_exact_sum_logprob(
@@ -57,11 +89,16 @@ def triton_exact_sum_logprob(
 
 
 def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any) -> Outputs:
-    """Maxima, all-gather, fixed-point sums, all-gather, merge."""
+    """The support (a contract with one), maxima, all-gather, fixed-point sums, all-gather,
+    merge."""
     logits, rows = inputs.logits, inputs.num_rows
+    plan = plan_support(contract, logits.device, lambda: logits_threshold(logits, contract, group))
+    support = full_support(logits.device) if plan is None else plan.kernel
     platform = platform_of(logits)
     row_config = launch_config(platform, KernelKind.ROW, logits.dtype)
-    stage = torch.empty((rows, _STAGE_FIELDS), dtype=torch.float32, device=logits.device)
+    stage_fields = stage_width(support)
+    stage = torch.empty((rows, stage_fields), dtype=torch.float32, device=logits.device)
+    support_args = support.args()
     launch(
         exact_max_kernel,
         (rows,),
@@ -76,12 +113,16 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
         inputs.active,
         stage,
         inputs.temperature,
+        *support_args,
         SCALE=inputs.scale,
+        SUPPORT=support.kind,
+        SEPARATE=support.separate,
+        STAGE=stage_fields,
     )
     gathered_stage = all_gather(stage, group)
     num_ranks = gathered_stage.shape[0]
     bits = fraction_bits(contract.sharding.padded_vocab_size)
-    sum_fields = 1 + int(contract.export_entropy)
+    sum_fields = sum_width(contract, support)
     sums = torch.empty((rows, sum_fields), dtype=torch.int64, device=logits.device)
     launch(
         exact_sum_kernel,
@@ -97,11 +138,26 @@ def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any)
         sums,
         float(2**bits),
         inputs.temperature,
+        *support_args,
         SCALE=inputs.scale,
         ENTROPY=contract.export_entropy,
         SUM_FIELDS=sum_fields,
+        SUPPORT=support.kind,
+        SEPARATE=support.separate,
+        STAGE=stage_fields,
     )
-    return exact_merge(gathered_stage, all_gather(sums, group), inputs, contract, bits)
+    return exact_merge(gathered_stage, all_gather(sums, group), inputs, contract, bits, plan)
+
+
+def stage_width(support: KernelSupport) -> int:
+    """Fields of a rank's stage: ``(m_r, t_r)`` (over ``S`` with a support), then the full
+    vocabulary's ``m_r`` when the support's partial carries the full one (``separate``)."""
+    return FULL_STAGE_FIELDS.value if support.separate else STAGE_FIELDS.value
+
+
+def sum_width(contract: LogprobContract, support: KernelSupport) -> int:
+    """Fields of a rank's int64 sums: ``S``'s, its entropy moment's, the full vocabulary's."""
+    return 1 + int(contract.export_entropy) + int(support.separate)
 
 
 def exact_merge(
@@ -110,11 +166,12 @@ def exact_merge(
     inputs: RankInputs,
     contract: LogprobContract,
     bits: int,
+    support: SupportPlan | None = None,
 ) -> Outputs:
-    """``exact_merge_kernel`` over every rank's gathered stage ``(m_r, t_r)`` and int64 sums
-    (``bits`` fraction bits): the outputs, the same on every rank."""
+    """``exact_merge_kernel`` over every rank's gathered stage ``(m_r, t_r[, full m_r])`` and
+    int64 sums (``bits`` fraction bits): the outputs, the same on every rank."""
     rows = inputs.num_rows
-    outputs = allocate_outputs(contract, rows, gathered_stage.device)
+    outputs = allocate_outputs(contract, rows, gathered_stage.device, support)
     merge_config = launch_config(platform_of(gathered_stage), KernelKind.MERGE, inputs.logits.dtype)
     lse = outputs.lse_target()
     entropy, entropy32 = outputs.entropy_targets()
@@ -136,9 +193,12 @@ def exact_merge(
         entropy,
         entropy32,
         float(2.0**-bits),
+        outputs.full_lse_target(),
         STORE_LSE=lse is not outputs.lse32,
         ENTROPY=contract.export_entropy,
         STORE_ENTROPY=entropy is not entropy32,
         SUM_FIELDS=gathered_sums.shape[2],
+        SEPARATE=support is not None and support.kernel.separate,
+        STAGE=gathered_stage.shape[2],
     )
-    return outputs
+    return finish_outputs(outputs)

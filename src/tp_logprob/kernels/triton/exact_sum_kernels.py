@@ -43,19 +43,24 @@ from tp_logprob.kernels.triton.common_kernels import (
     owner_target_logit,
     scaled,
     store_entropy,
+    store_lse,
     store_results,
     widen,
 )
+from tp_logprob.kernels.triton.support_kernels import masked_tile, row_threshold, support_target
 
 __all__ = [
+    "FULL_STAGE_FIELDS",
     "STAGE_FIELDS",
     "exact_max_kernel",
     "exact_merge_kernel",
     "exact_sum_kernel",
+    "fixed_point_add",
     "fixed_point_fold",
 ]
 
 STAGE_FIELDS = tl.constexpr(2)  # (m_r, t_r) per row, gathered before the sums
+FULL_STAGE_FIELDS = tl.constexpr(3)  # a support's (m_r, t_r) over S, then the full m_r
 
 
 @triton.jit
@@ -69,27 +74,49 @@ def exact_max_kernel(
     active_ptr,
     stage_ptr,
     temperature,
+    threshold_ptr,
+    mask_ptr,
+    mask_stride,
     SCALE: tl.constexpr,
+    SUPPORT: tl.constexpr,
+    SEPARATE: tl.constexpr,
+    STAGE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
+    tau = row_threshold(threshold_ptr, row, row >= 0, SUPPORT)
+    mask_row_ptr = mask_ptr + row * mask_stride
     offsets = tl.arange(0, BLOCK)
     lane_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
+    full_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    full_nans = tl.zeros([BLOCK], dtype=tl.int32)  # int32: int1 lanes fill AMD scalar registers
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
         x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         x = scaled(x, temperature, SCALE)
+        if SEPARATE:
+            full_nans = full_nans | (x != x).to(tl.int32)
+            full_max = tl.maximum(full_max, x)
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN too)
+            x = masked_tile(x, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
         lane_nans = lane_nans | (x != x)
         lane_max = tl.maximum(lane_max, x)  # NaN-ignoring (maxnum), so the max is NaN-free
     has_nan = tl.max(lane_nans.to(tl.int32), axis=0) > 0
-    base = stage_ptr + row * STAGE_FIELDS
+    base = stage_ptr + row * STAGE
     tl.store(base, tl.where(has_nan, float("nan"), tl.max(lane_max, axis=0)))
     target = owned_target_logit(
         row_ptr, targets_ptr, active_ptr, row, col_start, width, temperature, SCALE
     )
+    if SUPPORT != 0:
+        target = support_target(
+            target, targets_ptr, active_ptr, row, col_start, live_width, tau, mask_row_ptr, SUPPORT
+        )
     tl.store(base + 1, target)
+    if SEPARATE:
+        full_has_nan = tl.max(full_nans, axis=0) > 0
+        tl.store(base + 2, tl.where(full_has_nan, float("nan"), tl.max(full_max, axis=0)))
 
 
 @triton.jit
@@ -103,33 +130,73 @@ def exact_sum_kernel(
     sums_ptr,
     scale,
     temperature,
+    threshold_ptr,
+    mask_ptr,
+    mask_stride,
     SCALE: tl.constexpr,
     ENTROPY: tl.constexpr,
     SUM_FIELDS: tl.constexpr,
+    SUPPORT: tl.constexpr,
+    SEPARATE: tl.constexpr,
+    STAGE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
     offsets = tl.arange(0, BLOCK)
-    maximum, has_nan = gathered_max(
-        stage_ptr, row, row < num_rows, num_ranks, num_rows, STAGE_FIELDS
-    )
+    maximum, has_nan = gathered_max(stage_ptr, row, row < num_rows, num_ranks, num_rows, STAGE)
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
     shift = tl.where(finite, maximum, 0.0)
     # Rows whose M is not finite get their LSE from M alone: skip the pass.
     limit = tl.where(finite, live_width, 0)
+    tau = row_threshold(threshold_ptr, row, row >= 0, SUPPORT)
+    mask_row_ptr = mask_ptr + row * mask_stride
+    full_finite = finite
+    full_shift = shift
+    if SEPARATE:
+        full_max, full_nan = gathered_max(
+            stage_ptr + 2, row, row < num_rows, num_ranks, num_rows, STAGE
+        )
+        full_finite = (full_max > float("-inf")) & (full_max < float("inf")) & ~full_nan
+        full_shift = tl.where(full_finite, full_max, 0.0)
+        limit = tl.where(finite | full_finite, live_width, 0)
+    # S's maximum is the full one wherever S holds the row's largest value (always, for a
+    # threshold's upper set): S's terms are then the full terms on S, with no second exp.
+    shared = finite & full_finite & (full_shift == shift)
     # One int64 per row, not per lane: integer sums are exact in any order, and 16
     # int64 lanes (32 with entropy) per thread spilled on sm_80.
     units = tl.zeros([], dtype=tl.int64)
     moment_units = tl.zeros([], dtype=tl.int64)
+    full_units = tl.zeros([], dtype=tl.int64)
     for start in range(0, limit, BLOCK):
         cols = start + offsets
         x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
-        shifted = scaled(x, temperature, SCALE) - shift
-        units, moment_units = fixed_point_fold(shifted, scale, units, moment_units, ENTROPY, 0)
+        z = scaled(x, temperature, SCALE)
+        if SEPARATE:
+            full_shifted = tl.where(full_finite, z - full_shift, float("-inf"))
+            full_weights = tl.exp(full_shifted)
+            full_units += tl.sum((full_weights * scale).to(tl.int64), axis=0)
+            z = masked_tile(z, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
+            if shared:  # the same terms as the else branch's, with no second exp
+                in_support = z > float("-inf")
+                shifted = tl.where(in_support, full_shifted, float("-inf"))
+                weights = tl.where(in_support, full_weights, 0.0)
+            else:
+                shifted = tl.where(finite, z - shift, float("-inf"))
+                weights = tl.exp(shifted)
+            units, moment_units = fixed_point_add(
+                weights, shifted, scale, units, moment_units, ENTROPY, 0
+            )
+        else:
+            z = masked_tile(z, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
+            units, moment_units = fixed_point_fold(
+                z - shift, scale, units, moment_units, ENTROPY, 0
+            )
     tl.store(sums_ptr + row * SUM_FIELDS, units)
     if ENTROPY:
         tl.store(sums_ptr + row * SUM_FIELDS + 1, moment_units)
+    if SEPARATE:
+        tl.store(sums_ptr + row * SUM_FIELDS + (SUM_FIELDS - 1), full_units)
 
 
 @triton.jit
@@ -142,7 +209,14 @@ def fixed_point_fold(
     term depends on its own ``d`` only: ``floor(exp(d) 2^K)``, and with entropy
     ``exp(d) d 2^K`` truncated toward zero.
     """
-    weights = tl.exp(shifted)
+    return fixed_point_add(tl.exp(shifted), shifted, scale, units, moment_units, ENTROPY, AXIS)
+
+
+@triton.jit
+def fixed_point_add(
+    weights, shifted, scale, units, moment_units, ENTROPY: tl.constexpr, AXIS: tl.constexpr
+):
+    """:func:`fixed_point_fold` given ``weights = exp(shifted)``."""
     # scale = 2^K: the product is exact, and the conversion truncates, i.e. floors.
     units += tl.sum((weights * scale).to(tl.int64), axis=AXIS)
     if ENTROPY:
@@ -166,24 +240,30 @@ def exact_merge_kernel(
     entropy_ptr,
     entropy32_ptr,
     inv_scale,
+    full_lse_ptr,
     STORE_LSE: tl.constexpr,
     ENTROPY: tl.constexpr,
     STORE_ENTROPY: tl.constexpr,
     SUM_FIELDS: tl.constexpr,
+    SEPARATE: tl.constexpr,
+    STAGE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = rows < num_rows
     active = tl.load(active_ptr + rows, mask=in_range, other=0) != 0
     target = tl.load(targets_ptr + rows, mask=in_range & active, other=-1).to(tl.int64)
-    maximum, has_nan = gathered_max(stage_ptr, rows, in_range, num_ranks, num_rows, STAGE_FIELDS)
+    maximum, has_nan = gathered_max(stage_ptr, rows, in_range, num_ranks, num_rows, STAGE)
     units = tl.zeros([BLOCK], dtype=tl.int64)
     moment_units = tl.zeros([BLOCK], dtype=tl.int64)
+    full_units = tl.zeros([BLOCK], dtype=tl.int64)
     for rank in range(num_ranks):
         base = sums_ptr + (rank * num_rows + rows) * SUM_FIELDS
         units += tl.load(base, mask=in_range, other=0)
         if ENTROPY:
             moment_units += tl.load(base + 1, mask=in_range, other=0)
+        if SEPARATE:
+            full_units += tl.load(base + (SUM_FIELDS - 1), mask=in_range, other=0)
     # inv_scale = 2^-K: exact; the int64 -> fp64 conversion is the only rounding.
     total = units.to(tl.float64) * inv_scale
     if ENTROPY:
@@ -200,7 +280,7 @@ def exact_merge_kernel(
             STORE_ENTROPY,
         )
     target_logit = owner_target_logit(
-        stage_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, STAGE_FIELDS, 1
+        stage_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, STAGE, 1
     )
     store_results(
         rows,
@@ -215,3 +295,8 @@ def exact_merge_kernel(
         lse32_ptr,
         STORE_LSE,
     )
+    if SEPARATE:
+        # The full vocabulary's maximum and sum follow the support's: the op's lse.
+        full_max, full_nan = gathered_max(stage_ptr + 2, rows, in_range, num_ranks, num_rows, STAGE)
+        full_total = full_units.to(tl.float64) * inv_scale
+        store_lse(rows, in_range, full_max, full_nan, full_total, full_lse_ptr)

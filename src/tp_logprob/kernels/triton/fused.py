@@ -43,6 +43,14 @@ not: the per-lane sums and the merge group the columns by shard, as
 ``triton_online``'s do. ``triton_fused_exact_sum`` (``fused_exact_sum.py``) runs
 ``logits_tile`` under ``triton_exact_sum``'s fixed-point sums instead, and shares
 this module's front (``run_fused_op``) and backward.
+
+A processed op (``docs/semantics.md``, "Processed logprobs"; ``docs/fused-lm-head.md``,
+"Sampling supports"): the support comes first (``fused_support``: a replayed mask's
+packed bits, one int32 word per 32 columns and row; or each row's threshold, found on
+chunks of ``lm_head.shared_chunk_rows`` rows of logits so that every rank's collectives
+line up), and ``fused_partial_kernel`` keeps ``z >= tau`` or the mask's bits per logits
+tile, writing ``S``'s partial and the full one for ``lse`` as ``triton_online`` does.
+The backward applies the same support per chunk: ``G`` is 0 outside ``S``.
 """
 
 from __future__ import annotations
@@ -50,7 +58,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import triton
 
@@ -60,7 +67,9 @@ from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
 from tp_logprob.kernels.triton.autograd import launch_logprob_grad
-from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel, fused_partial_kernel
+from tp_logprob.kernels.triton.fused_kernels import fused_partial_kernel
+from tp_logprob.kernels.triton.fused_logits import fused_logits, fused_operands, ieee_products
+from tp_logprob.kernels.triton.fused_support import fused_support
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, prepare
 from tp_logprob.kernels.triton.launch import (
     FUSED_TILES,
@@ -70,6 +79,7 @@ from tp_logprob.kernels.triton.launch import (
     platform_of,
 )
 from tp_logprob.kernels.triton.online import online_merge
+from tp_logprob.kernels.triton.support_inputs import KernelSupport, full_support
 from tp_logprob.kernels.validation import check_fused_inputs
 
 __all__ = [
@@ -77,9 +87,6 @@ __all__ = [
     "TritonFusedFunction",
     "fused_backward",
     "fused_forward",
-    "fused_logits",
-    "fused_operands",
-    "ieee_products",
     "run_fused_op",
     "triton_fused_logprob",
 ]
@@ -125,11 +132,10 @@ def run_fused_op(
     inputs = _rank_inputs(hidden, targets, active, contract)
     if contract.role is LogprobRole.TRAIN:
         apply: Callable[..., tuple[torch.Tensor, ...]] = TritonFusedFunction.apply
-        selected, lse, entropy = apply(hidden, weight, bias, inputs, contract, group, forward)
-        return exported_result(contract, selected, lse, entropy)
+        outputs = apply(hidden, weight, bias, inputs, contract, group, forward)
+        return exported_result(contract, *outputs)
     with torch.no_grad():
-        outputs = forward(hidden, weight, bias, inputs, contract, group)
-    return LogprobResult(outputs.selected, outputs.lse, outputs.entropy)
+        return forward(hidden, weight, bias, inputs, contract, group).result()
 
 
 def _rank_inputs(
@@ -153,9 +159,12 @@ def fused_forward(
     contract: LogprobContract,
     group: Any,
 ) -> Outputs:
-    """Fused partials, one all-gather, ``triton_online``'s ordered merge."""
+    """The support (a contract with one), fused partials, one all-gather,
+    ``triton_online``'s ordered merge."""
     rows = inputs.num_rows
-    fields = PARTIAL_FIELDS + int(contract.export_entropy)
+    plan = fused_support(hidden, weight, bias, inputs, contract, group)
+    support = full_support(hidden.device) if plan is None else plan.kernel
+    fields = PARTIAL_FIELDS + int(contract.export_entropy) + PARTIAL_FIELDS * support.separate
     partial = torch.empty((rows, fields), dtype=torch.float32, device=hidden.device)
     platform = platform_of(hidden)
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
@@ -175,45 +184,17 @@ def fused_forward(
             inputs.active,
             partial,
             inputs.temperature,
+            *support.args(),
             SCALE=inputs.scale,
             ENTROPY=contract.export_entropy,
             HAS_BIAS=bias is not None,
             FIELDS=fields,
+            SUPPORT=support.kind,
+            SEPARATE=support.separate,
             BLOCK_M=block_m,
             BLOCK_K=block_k,
         )
-    return online_merge(all_gather(partial, group), inputs, contract)
-
-
-def ieee_products() -> Any:
-    """Let the interpreter's matmul form ``inf * 0 = NaN`` without a warning.
-
-    An infinite hidden or weight element meeting a zero (its own data, or a masked
-    operand) makes a NaN logit, as ``torch.matmul`` and the GPU's FMA do silently;
-    the partial then reports the row as NaN (``docs/semantics.md``, "Special values").
-    numpy's matmul warns about it, and the tests run with warnings as errors. Only the
-    interpreter reads this.
-    """
-    return np.errstate(invalid="ignore")
-
-
-def fused_operands(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> tuple[Any, ...]:
-    """The fused kernels' leading arguments: ``hidden`` and ``W`` with their strides, the bias.
-
-    Without a bias ``weight`` stands in for its pointer (a kernel argument must be a
-    tensor); ``HAS_BIAS=False`` keeps it unread.
-    """
-    return (
-        hidden.detach(),
-        hidden.stride(0),
-        hidden.stride(1),
-        weight.detach(),
-        weight.stride(0),
-        weight.stride(1),
-        weight.detach() if bias is None else bias.detach(),
-    )
+    return online_merge(all_gather(partial, group), inputs, contract, plan)
 
 
 class TritonFusedFunction(torch.autograd.Function):
@@ -221,6 +202,8 @@ class TritonFusedFunction(torch.autograd.Function):
     ``d W``, ``d bias``, from the forward's fp32 LSE (and entropy).
 
     Without ``export_entropy`` the entropy output is an empty, non-differentiable placeholder.
+    With a support the outputs, LSE and entropy are over ``S``, the support's outputs
+    follow (not differentiable), and ``G`` is 0 outside ``S``.
     """
 
     @staticmethod
@@ -233,26 +216,29 @@ class TritonFusedFunction(torch.autograd.Function):
         contract: LogprobContract,
         group: Any,
         forward: FusedForwardFn,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         outputs = forward(hidden, weight, bias, inputs, contract, group)
-        selected, lse, entropy, entropy32, frozen = outputs.for_autograd()
+        returned, entropy32, frozen = outputs.for_autograd()
         ctx.save_for_backward(hidden, weight, bias, outputs.lse32, entropy32)
-        ctx.inputs, ctx.contract = inputs, contract
+        ctx.inputs, ctx.contract, ctx.support = inputs, contract, outputs.kernel_support()
         ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
-        return selected, lse, entropy
+        return returned
 
     @staticmethod
-    def backward(
-        ctx: Any,
-        grad_selected: torch.Tensor,
-        grad_lse: torch.Tensor | None,
-        grad_entropy: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad_selected: torch.Tensor, *grads: Any) -> tuple[Any, ...]:
         hidden, weight, bias, lse32, entropy32 = ctx.saved_tensors
         contract: LogprobContract = ctx.contract
-        entropy_grads = (entropy32, grad_entropy) if contract.export_entropy else None
+        entropy_grads = (entropy32, grads[1]) if contract.export_entropy else None  # after lse's
         d_hidden, d_weight, d_bias = fused_backward(
-            hidden, weight, bias, ctx.inputs, contract, lse32, grad_selected, entropy_grads
+            hidden,
+            weight,
+            bias,
+            ctx.inputs,
+            contract,
+            lse32,
+            grad_selected,
+            entropy_grads,
+            ctx.support,
         )
         return d_hidden, d_weight, d_bias, None, None, None, None
 
@@ -266,10 +252,12 @@ def fused_backward(
     lse32: torch.Tensor,
     grad_selected: torch.Tensor,
     entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None,
+    support: KernelSupport | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(d hidden, d W, d bias)`` chunk by chunk (see the module docstring), in the inputs' dtypes.
 
-    ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported.
+    ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported;
+    ``support`` the forward's support (None: every live column), outside which ``G`` is 0.
     """
     rows, width = inputs.num_rows, inputs.live_width
     step = chunk_rows(contract)
@@ -283,7 +271,7 @@ def fused_backward(
         for begin, end in row_chunks(rows, contract):
             chunk = slice(begin, end)
             fused_logits(hidden[chunk], weight, bias, width, grad)
-            _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads)
+            _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads, support)
             _active_rows32(hidden[chunk], inputs.active[chunk], hidden32)
             d_hidden[chunk] = rowwise_matmul(grad[: end - begin], weight32.T)
             with full_fp32_matmul():
@@ -315,38 +303,6 @@ def _padded_bias_grad(
     return grad
 
 
-def fused_logits(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    width: int,
-    out: torch.Tensor,
-) -> None:
-    """The fp32 logits of ``hidden``'s rows and ``W``'s first ``width`` rows, as the forward
-    forms them (same tiles, same bits), into ``out``'s first rows (row stride ``width``);
-    the rest of ``out`` is zeroed."""
-    count = hidden.shape[0]
-    platform = platform_of(hidden)
-    config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
-    block_m, block_k = FUSED_TILES[platform]
-    out[count:].zero_()
-    with ieee_products():
-        launch(
-            fused_logits_kernel,
-            (triton.cdiv(count, block_m), triton.cdiv(width, config.block)),
-            config,
-            hidden,
-            *fused_operands(hidden, weight, bias),
-            count,
-            hidden.shape[1],
-            width,
-            out,
-            HAS_BIAS=bias is not None,
-            BLOCK_M=block_m,
-            BLOCK_K=block_k,
-        )
-
-
 def _grad_in_place(
     buffer: torch.Tensor,
     chunk: slice,
@@ -354,6 +310,7 @@ def _grad_in_place(
     lse32: torch.Tensor,
     grad_selected: torch.Tensor,
     entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None,
+    support: KernelSupport | None,
 ) -> None:
     """Turn the chunk's fp32 logits in ``buffer`` into ``G = d out / d x`` in place.
 
@@ -374,4 +331,6 @@ def _grad_in_place(
         grad_selected[chunk],
         inputs,
         entropy_grads,
+        support,
+        chunk.start,
     )

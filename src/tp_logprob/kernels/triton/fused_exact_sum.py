@@ -40,6 +40,11 @@ this forward's fp32 LSE (and entropy), which are layout independent, so
   within tolerance across layouts.
 
 Each gradient is still run to run and batch invariant, as ``triton_fused``'s is.
+
+A processed op: ``triton_fused``'s support (``fused_support``: packed replayed bits, or
+thresholds from chunks of logits), applied per tile in both passes as
+``triton_exact_sum`` applies it; the threshold's decisions and the logits' bits do not
+depend on the layout, so the support's outputs are ``cross_tp_bitwise`` too.
 """
 
 from __future__ import annotations
@@ -50,13 +55,14 @@ import torch
 import triton
 
 from tp_logprob.contract import LogprobContract, LogprobResult
-from tp_logprob.kernels.triton.exact_sum import exact_merge, fraction_bits
-from tp_logprob.kernels.triton.exact_sum_kernels import STAGE_FIELDS
-from tp_logprob.kernels.triton.fused import fused_operands, ieee_products, run_fused_op
+from tp_logprob.kernels.triton.exact_sum import exact_merge, fraction_bits, stage_width, sum_width
+from tp_logprob.kernels.triton.fused import run_fused_op
 from tp_logprob.kernels.triton.fused_exact_sum_kernels import (
     fused_exact_max_kernel,
     fused_exact_sum_kernel,
 )
+from tp_logprob.kernels.triton.fused_logits import fused_operands, ieee_products
+from tp_logprob.kernels.triton.fused_support import fused_support
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather
 from tp_logprob.kernels.triton.launch import (
     FUSED_SUM_DEPTH,
@@ -66,6 +72,7 @@ from tp_logprob.kernels.triton.launch import (
     launch_config,
     platform_of,
 )
+from tp_logprob.kernels.triton.support_inputs import full_support
 
 __all__ = ["fused_exact_sum_forward", "triton_fused_exact_sum_logprob"]
 
@@ -99,16 +106,28 @@ def fused_exact_sum_forward(
     contract: LogprobContract,
     group: Any,
 ) -> Outputs:
-    """Maxima, all-gather, fixed-point sums, all-gather, ``exact_merge_kernel``."""
+    """The support (a contract with one), maxima, all-gather, fixed-point sums, all-gather,
+    ``exact_merge_kernel``."""
     rows, size = inputs.num_rows, hidden.shape[1]
     device = hidden.device
+    plan = fused_support(hidden, weight, bias, inputs, contract, group)
+    support = full_support(device) if plan is None else plan.kernel
+    support_args = support.args()
     platform = platform_of(hidden)
     config = launch_config(platform, KernelKind.FUSED, hidden.dtype)
     block_m, block_k = FUSED_TILES[platform]
     grid = (triton.cdiv(rows, block_m),)
     operands = fused_operands(hidden, weight, bias)
-    tiles = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_K": block_k}
-    stage = torch.empty((rows, STAGE_FIELDS.value), dtype=torch.float32, device=device)
+    stage_fields = stage_width(support)
+    tiles = {
+        "HAS_BIAS": bias is not None,
+        "SUPPORT": support.kind,
+        "SEPARATE": support.separate,
+        "STAGE": stage_fields,
+        "BLOCK_M": block_m,
+        "BLOCK_K": block_k,
+    }
+    stage = torch.empty((rows, stage_fields), dtype=torch.float32, device=device)
     with ieee_products():
         launch(
             fused_exact_max_kernel,
@@ -124,12 +143,13 @@ def fused_exact_sum_forward(
             inputs.active,
             stage,
             inputs.temperature,
+            *support_args,
             SCALE=inputs.scale,
             **tiles,
         )
     gathered_stage = all_gather(stage, group)
     bits = fraction_bits(contract.sharding.padded_vocab_size)
-    sum_fields = 1 + int(contract.export_entropy)
+    sum_fields = sum_width(contract, support)
     sums = torch.empty((rows, sum_fields), dtype=torch.int64, device=device)
     sum_config = launch_config(platform, KernelKind.FUSED_SUM, hidden.dtype)
     with ieee_products():
@@ -147,12 +167,13 @@ def fused_exact_sum_forward(
             sums,
             float(2**bits),
             inputs.temperature,
+            *support_args,
             SCALE=inputs.scale,
             ENTROPY=contract.export_entropy,
             SUM_FIELDS=sum_fields,
             **{**tiles, "BLOCK_K": _sum_depth(platform, hidden.dtype)},
         )
-    return exact_merge(gathered_stage, all_gather(sums, group), inputs, contract, bits)
+    return exact_merge(gathered_stage, all_gather(sums, group), inputs, contract, bits, plan)
 
 
 def _sum_depth(platform: str, dtype: torch.dtype) -> int:

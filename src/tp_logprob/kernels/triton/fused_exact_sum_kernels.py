@@ -47,8 +47,9 @@ import triton
 import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import gathered_max
-from tp_logprob.kernels.triton.exact_sum_kernels import STAGE_FIELDS, fixed_point_fold
+from tp_logprob.kernels.triton.exact_sum_kernels import fixed_point_fold
 from tp_logprob.kernels.triton.fused_kernels import owned_targets, picked_target, z_tile
+from tp_logprob.kernels.triton.support_kernels import masked_row_tiles, row_threshold
 
 __all__ = ["fused_exact_max_kernel", "fused_exact_sum_kernel"]
 
@@ -70,8 +71,14 @@ def fused_exact_max_kernel(
     active_ptr,
     stage_ptr,
     temperature,
+    threshold_ptr,
+    mask_ptr,
+    mask_stride,
     SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    SUPPORT: tl.constexpr,
+    SEPARATE: tl.constexpr,
+    STAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -79,9 +86,13 @@ def fused_exact_max_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < num_rows
     local, owned = owned_targets(targets_ptr, active_ptr, rows, row_mask, col_start, live_width)
+    tau = row_threshold(threshold_ptr, rows, row_mask, SUPPORT)
+    mask_rows = mask_ptr + rows * mask_stride
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
     target = tl.zeros([BLOCK_M], dtype=tl.float32)
+    full_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    full_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
     offsets = tl.arange(0, BLOCK)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
@@ -103,13 +114,21 @@ def fused_exact_max_kernel(
             BLOCK,
             BLOCK_K,
         )
+        if SEPARATE:
+            full_nan = z != z
+            full_nans = full_nans | (tl.max(full_nan.to(tl.int32), axis=1) > 0)
+            full_max = tl.maximum(full_max, tl.max(tl.where(full_nan, float("-inf"), z), axis=1))
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN, its target)
+            z = masked_row_tiles(z, start, tau, mask_rows, live_width, SUPPORT, BLOCK)
         target = picked_target(z, cols, start, local, owned, target, BLOCK)
         is_nan = z != z
         row_nans = row_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
         running_max = tl.maximum(running_max, tl.max(tl.where(is_nan, float("-inf"), z), axis=1))
-    base = stage_ptr + rows * STAGE_FIELDS
+    base = stage_ptr + rows * STAGE
     tl.store(base, tl.where(row_nans, float("nan"), running_max), mask=row_mask)
     tl.store(base + 1, target, mask=row_mask)
+    if SEPARATE:
+        tl.store(base + 2, tl.where(full_nans, float("nan"), full_max), mask=row_mask)
 
 
 @triton.jit
@@ -129,21 +148,36 @@ def fused_exact_sum_kernel(
     sums_ptr,
     scale,
     temperature,
+    threshold_ptr,
+    mask_ptr,
+    mask_stride,
     SCALE: tl.constexpr,
     ENTROPY: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SUM_FIELDS: tl.constexpr,
+    SUPPORT: tl.constexpr,
+    SEPARATE: tl.constexpr,
+    STAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < num_rows
-    maximum, has_nan = gathered_max(stage_ptr, rows, row_mask, num_ranks, num_rows, STAGE_FIELDS)
+    maximum, has_nan = gathered_max(stage_ptr, rows, row_mask, num_ranks, num_rows, STAGE)
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
     shift = tl.where(finite, maximum, 0.0)
+    tau = row_threshold(threshold_ptr, rows, row_mask, SUPPORT)
+    mask_rows = mask_ptr + rows * mask_stride
+    full_finite = finite
+    full_shift = shift
+    if SEPARATE:
+        full_max, full_nan = gathered_max(stage_ptr + 2, rows, row_mask, num_ranks, num_rows, STAGE)
+        full_finite = (full_max > float("-inf")) & (full_max < float("inf")) & ~full_nan
+        full_shift = tl.where(full_finite, full_max, 0.0)
     units = tl.zeros([BLOCK_M], dtype=tl.int64)
     moment_units = tl.zeros([BLOCK_M], dtype=tl.int64)
+    full_units = tl.zeros([BLOCK_M], dtype=tl.int64)
     offsets = tl.arange(0, BLOCK)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
@@ -167,8 +201,15 @@ def fused_exact_sum_kernel(
         )
         # A finite M bounds every z of its row (the gathered max saw these same bits),
         # so d <= 0; other rows take d = -inf, i.e. terms of exactly 0.
+        if SEPARATE:
+            full_shifted = tl.where(full_finite[:, None], z - full_shift[:, None], float("-inf"))
+            full_units += tl.sum((tl.exp(full_shifted) * scale).to(tl.int64), axis=1)
+        if SUPPORT != 0:  # outside S a column counts as padding does
+            z = masked_row_tiles(z, start, tau, mask_rows, live_width, SUPPORT, BLOCK)
         shifted = tl.where(finite[:, None], z - shift[:, None], float("-inf"))
         units, moment_units = fixed_point_fold(shifted, scale, units, moment_units, ENTROPY, 1)
     tl.store(sums_ptr + rows * SUM_FIELDS, units, mask=row_mask)
     if ENTROPY:
         tl.store(sums_ptr + rows * SUM_FIELDS + 1, moment_units, mask=row_mask)
+    if SEPARATE:
+        tl.store(sums_ptr + rows * SUM_FIELDS + (SUM_FIELDS - 1), full_units, mask=row_mask)

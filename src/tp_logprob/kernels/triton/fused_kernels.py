@@ -15,7 +15,13 @@ softmax partial of ``online_kernels.online_partial_kernel``: ``z = x / T``
 ``q`` in the same pass, NaNs set aside and reported as ``m = NaN``, and the
 owner's target ``z`` picked from the tile that holds it. It writes the fp32
 ``(m, s, t[, q])`` partial of ``merge.pack_partial``'s layout, so the logits
-backends' merge serves it unchanged. Nothing ``[N, vocab]``-sized exists: per
+backends' merge serves it unchanged. With a support (``SUPPORT``, ``support_kernels``)
+each tile's columns outside ``S`` count as ``-inf``: a threshold per row (4 bytes),
+or the packed mask's words of the tile (``BLOCK / 8`` bytes per row); with
+``SEPARATE`` the full vocabulary's ``(m, s, t)`` follows the support's fields, for
+``lse``: one more sum a row (``row_update``: each tile's terms summed at once, fewer
+registers than one a lane), and a second ``exp`` per logit, small beside the ``H``
+multiply-adds that form it. Nothing ``[N, vocab]``-sized exists: per
 row it reads ``H`` hidden elements once per column tile (cached), the rank's
 live ``W`` rows once per row block, and writes 12 bytes (16 with entropy).
 
@@ -55,6 +61,7 @@ import triton
 import triton.language as tl
 
 from tp_logprob.kernels.triton.common_kernels import entropy_term, scaled, widen
+from tp_logprob.kernels.triton.support_kernels import masked_row_tiles, row_threshold
 
 __all__ = [
     "fused_logits_kernel",
@@ -63,6 +70,7 @@ __all__ = [
     "online_update",
     "owned_targets",
     "picked_target",
+    "row_update",
     "z_tile",
 ]
 
@@ -139,6 +147,18 @@ def online_update(z, running_max, lane_sums, lane_moments, ENTROPY: tl.constexpr
 
 
 @triton.jit
+def row_update(z, running_max, row_sums):
+    """:func:`online_update` with one sum a row instead of one a lane: each tile's terms
+    are summed at once (fewer registers, another summation order)."""
+    new_max = tl.maximum(running_max, tl.max(z, axis=1))
+    finite = (new_max > float("-inf")) & (new_max < float("inf"))
+    shift = tl.where(finite, new_max, 0.0)
+    rescale = tl.exp(tl.where(finite, running_max - shift, 0.0))
+    weights = tl.exp(tl.where(finite[:, None], z - shift[:, None], float("-inf")))
+    return new_max, row_sums * rescale + tl.sum(weights, axis=1)
+
+
+@triton.jit
 def z_tile(
     hidden_ptr,
     hidden_strides,
@@ -212,10 +232,15 @@ def fused_partial_kernel(
     active_ptr,
     partial_ptr,
     temperature,
+    threshold_ptr,
+    mask_ptr,
+    mask_stride,
     SCALE: tl.constexpr,
     ENTROPY: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     FIELDS: tl.constexpr,
+    SUPPORT: tl.constexpr,
+    SEPARATE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -223,11 +248,17 @@ def fused_partial_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < num_rows
     local, owned = owned_targets(targets_ptr, active_ptr, rows, row_mask, col_start, live_width)
+    tau = row_threshold(threshold_ptr, rows, row_mask, SUPPORT)
+    mask_rows = mask_ptr + rows * mask_stride
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
     target = tl.zeros([BLOCK_M], dtype=tl.float32)
     lane_sums = tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32)
     lane_moments = tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32)
+    full_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    full_nans = tl.zeros([BLOCK_M], dtype=tl.int1)
+    full_target = tl.zeros([BLOCK_M], dtype=tl.float32)
+    full_sums = tl.zeros([BLOCK_M], dtype=tl.float32)
     offsets = tl.arange(0, BLOCK)
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
@@ -249,6 +280,15 @@ def fused_partial_kernel(
             BLOCK,
             BLOCK_K,
         )
+        if SEPARATE:
+            # The full vocabulary's (m, s, t), for lse, with one sum a row (registers).
+            full_target = picked_target(z, cols, start, local, owned, full_target, BLOCK)
+            full_nan = z != z
+            full_nans = full_nans | (tl.max(full_nan.to(tl.int32), axis=1) > 0)
+            clean = tl.where(full_nan, float("-inf"), z)
+            full_max, full_sums = row_update(clean, full_max, full_sums)
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN, its target)
+            z = masked_row_tiles(z, start, tau, mask_rows, live_width, SUPPORT, BLOCK)
         target = picked_target(z, cols, start, local, owned, target, BLOCK)
         is_nan = z != z
         row_nans = row_nans | (tl.max(is_nan.to(tl.int32), axis=1) > 0)
@@ -261,6 +301,11 @@ def fused_partial_kernel(
     tl.store(base + 2, target, mask=row_mask)
     if ENTROPY:
         tl.store(base + 3, tl.sum(lane_moments, axis=1), mask=row_mask)
+    if SEPARATE:
+        full = base + (FIELDS - 3)
+        tl.store(full, tl.where(full_nans, float("nan"), full_max), mask=row_mask)
+        tl.store(full + 1, full_sums, mask=row_mask)
+        tl.store(full + 2, full_target, mask=row_mask)
 
 
 @triton.jit

@@ -14,10 +14,18 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tp_logprob.contract import LogprobContract
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
+from tp_logprob.kernels.triton.support_inputs import KernelSupport, SupportPlan
 
-__all__ = ["Outputs", "RankInputs", "all_gather", "allocate_outputs", "prepare"]
+__all__ = [
+    "Outputs",
+    "RankInputs",
+    "all_gather",
+    "allocate_outputs",
+    "finish_outputs",
+    "prepare",
+]
 
 
 @dataclass(frozen=True)
@@ -51,8 +59,12 @@ class Outputs(NamedTuple):
     the fp32 ``lse32`` and ``entropy32`` the backward reads.
 
     ``lse`` is None when the contract does not export it, ``entropy`` (and
-    ``entropy32``) when it does not export entropy; for fp32 outputs ``lse`` is
-    ``lse32`` and ``entropy`` is ``entropy32``.
+    ``entropy32``) when it does not export entropy; for fp32 outputs without a support
+    ``lse`` is ``lse32`` and ``entropy`` is ``entropy32``.
+
+    With a support (``support`` set), ``selected``, ``entropy`` and ``lse32`` are over
+    ``S`` (``lse32`` is ``LSE_S``, the gradient's), ``support_lse`` is ``LSE_S`` in the
+    output dtype, and ``lse`` stays the full vocabulary's.
     """
 
     selected: torch.Tensor
@@ -60,10 +72,22 @@ class Outputs(NamedTuple):
     lse32: torch.Tensor
     entropy: torch.Tensor | None = None
     entropy32: torch.Tensor | None = None
+    support: SupportPlan | None = None
+    support_lse: torch.Tensor | None = None
 
     def lse_target(self) -> torch.Tensor:
-        """Where a merge kernel writes the LSE in the output dtype (``lse32`` when not exported)."""
+        """Where a merge kernel writes the LSE it forms in the output dtype: ``support_lse``
+        with a support, else ``lse`` (``lse32`` when not exported)."""
+        if self.support_lse is not None:
+            return self.support_lse
         return self.lse32 if self.lse is None else self.lse
+
+    def full_lse_target(self) -> torch.Tensor:
+        """Where a merge kernel writes the full vocabulary's LSE from the second partial
+        (``SEPARATE``); ``lse32`` stands in, unwritten, otherwise."""
+        if self.support is not None and self.support.kernel.separate and self.lse is not None:
+            return self.lse
+        return self.lse32
 
     def entropy_targets(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(entropy, entropy32)`` for a merge kernel; ``lse32`` stands in (unwritten) when the
@@ -72,17 +96,50 @@ class Outputs(NamedTuple):
             return self.lse32, self.lse32
         return self.entropy, self.entropy32
 
+    def kernel_support(self) -> KernelSupport | None:
+        """The support as the backward kernels take it (None: every live column)."""
+        return None if self.support is None else self.support.kernel
+
+    def result(self) -> LogprobResult:
+        """The op's result (outside autograd)."""
+        if self.support is None or self.support_lse is None:
+            return LogprobResult(self.selected, self.lse, self.entropy)
+        return LogprobResult(
+            self.selected,
+            self.lse,
+            self.entropy,
+            support_lse=self.support_lse,
+            support_size=self.support.size,
+            support_threshold=self.support.threshold,
+        )
+
     def for_autograd(
         self,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-        """``(selected, lse, entropy, entropy32, frozen)`` for an autograd Function's forward:
-        ``lse`` in the output dtype, an empty entropy placeholder (and ``entropy32``) when the
-        contract has no entropy, and the outputs to mark non-differentiable."""
-        lse = self.lse_target()
-        if self.entropy is None or self.entropy32 is None:
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(outputs, entropy32, frozen)`` for an autograd Function's forward.
+
+        ``outputs`` is ``(selected, lse, entropy)`` (``lse`` in the output dtype, an empty
+        entropy placeholder without entropy), followed with a support by
+        ``(support_lse, support_size, support_threshold)`` (an empty placeholder for a
+        replayed mask's threshold); ``frozen`` are the outputs to mark non-differentiable.
+        """
+        lse = self.lse_target() if self.support is None else self.lse
+        if lse is None:  # a placeholder of the right length, dropped by exported_result
+            lse = self.lse32
+        entropy, entropy32 = self.entropy, self.entropy32
+        frozen: list[torch.Tensor] = [lse]
+        if entropy is None or entropy32 is None:
             entropy = entropy32 = self.selected.new_empty(0)
-            return self.selected, lse, entropy, entropy32, (lse, entropy)
-        return self.selected, lse, self.entropy, self.entropy32, (lse,)
+            frozen.append(entropy)
+        outputs: tuple[torch.Tensor, ...] = (self.selected, lse, entropy)
+        if self.support is not None and self.support_lse is not None:
+            threshold = self.support.threshold
+            if threshold is None:
+                threshold = self.lse32.new_empty(0)
+            support = (self.support_lse, self.support.size, threshold)
+            outputs += support
+            frozen += support
+        return outputs, entropy32, tuple(frozen)
 
 
 def prepare(
@@ -113,17 +170,40 @@ def _boundaries(bounds: tuple[tuple[int, int], ...], device: torch.device) -> to
     return torch.tensor(edges, dtype=torch.int64, device=device)
 
 
-def allocate_outputs(contract: LogprobContract, num_rows: int, device: torch.device) -> Outputs:
-    """Empty outputs for a merge kernel to write."""
+def allocate_outputs(
+    contract: LogprobContract,
+    num_rows: int,
+    device: torch.device,
+    support: SupportPlan | None = None,
+) -> Outputs:
+    """Empty outputs for a merge kernel to write (with a support: ``support_lse`` too)."""
     dtype = TORCH_DTYPES[contract.output.dtype]
     lse32 = torch.empty(num_rows, dtype=torch.float32, device=device)
     selected = torch.empty(num_rows, dtype=dtype, device=device)
-    lse = _exported(contract.export_lse, lse32, dtype)
-    entropy32 = torch.empty(num_rows, dtype=torch.float32, device=device)
-    entropy = _exported(contract.export_entropy, entropy32, dtype)
-    if entropy is None:
-        return Outputs(selected, lse, lse32)
-    return Outputs(selected, lse, lse32, entropy, entropy32)
+    entropy32 = entropy = None
+    if contract.export_entropy:
+        entropy32 = torch.empty(num_rows, dtype=torch.float32, device=device)
+        entropy = _exported(True, entropy32, dtype)
+    if support is None:
+        lse = _exported(contract.export_lse, lse32, dtype)
+        return Outputs(selected, lse, lse32, entropy, entropy32)
+    lse = torch.empty(num_rows, dtype=dtype, device=device) if contract.export_lse else None
+    support_lse = torch.empty(num_rows, dtype=dtype, device=device)
+    return Outputs(selected, lse, lse32, entropy, entropy32, support, support_lse)
+
+
+def finish_outputs(outputs: Outputs) -> Outputs:
+    """After the merge: ``lse`` of a support without a separate full partial is
+    ``support_lse`` (every live column), and ``support_lse`` is NaN where a recomputed
+    support is undefined (threshold NaN)."""
+    support, support_lse = outputs.support, outputs.support_lse
+    if support is None or support_lse is None:
+        return outputs
+    if outputs.lse is not None and not support.kernel.separate:
+        outputs.lse.copy_(support_lse)
+    if support.threshold is not None:
+        support_lse.masked_fill_(torch.isnan(support.threshold), float("nan"))
+    return outputs
 
 
 def _exported(wanted: bool, fp32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

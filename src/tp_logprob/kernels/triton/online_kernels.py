@@ -41,11 +41,14 @@ from tp_logprob.kernels.triton.common_kernels import (
     gathered_max,
     owned_target_logit,
     owner_target_logit,
+    rank_total,
     scaled,
     store_entropy,
+    store_lse,
     store_results,
     widen,
 )
+from tp_logprob.kernels.triton.support_kernels import masked_tile, row_threshold, support_target
 
 __all__ = ["online_merge_kernel", "online_partial_kernel"]
 
@@ -64,22 +67,47 @@ def online_partial_kernel(
     active_ptr,
     partial_ptr,
     temperature,
+    threshold_ptr,
+    mask_ptr,
+    mask_stride,
     SCALE: tl.constexpr,
     ENTROPY: tl.constexpr,
     FIELDS: tl.constexpr,
+    SUPPORT: tl.constexpr,
+    SEPARATE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
+    tau = row_threshold(threshold_ptr, row, row >= 0, SUPPORT)
+    mask_row_ptr = mask_ptr + row * mask_stride
     offsets = tl.arange(0, BLOCK)
     running_max = float("-inf")
     lane_sums = tl.zeros([BLOCK], dtype=tl.float32)
     lane_moments = tl.zeros([BLOCK], dtype=tl.float32)
     lane_nans = tl.zeros([BLOCK], dtype=tl.int1)
+    full_max = float("-inf")
+    full_sums = tl.zeros([BLOCK], dtype=tl.float32)
+    full_nans = tl.zeros([BLOCK], dtype=tl.int32)  # int32: int1 lanes fill AMD scalar registers
     for start in range(0, live_width, BLOCK):
         cols = start + offsets
         x = widen(tl.load(row_ptr + cols, mask=cols < live_width, other=float("-inf")))
         x = scaled(x, temperature, SCALE)
+        if SEPARATE:
+            # The full vocabulary's (m, s), for lse: the raw kernel's steps, so its bits.
+            full_nan = x != x
+            full_nans = full_nans | full_nan.to(tl.int32)
+            clean = tl.where(full_nan, float("-inf"), x)
+            new_full = tl.maximum(full_max, tl.max(clean, axis=0))
+            full_ok = (new_full > float("-inf")) & (new_full < float("inf"))
+            full_shift = tl.where(full_ok, new_full, 0.0)
+            full_shifted = tl.where(full_ok, clean - full_shift, float("-inf"))
+            full_weights = tl.exp(full_shifted)
+            full_rescale = tl.exp(tl.where(full_ok, full_max - full_shift, 0.0))
+            full_sums = full_sums * full_rescale + full_weights
+            full_max = new_full
+        if SUPPORT != 0:  # outside S a column counts as padding does (its NaN too)
+            x = masked_tile(x, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
         is_nan = x != x
         lane_nans = lane_nans | is_nan
         x = tl.where(is_nan, float("-inf"), x)
@@ -87,8 +115,20 @@ def online_partial_kernel(
         # A uniform branch: rows whose max is +-inf skip the sums (see the docstring).
         if (new_max > float("-inf")) & (new_max < float("inf")):
             rescale = tl.exp(running_max - new_max)
-            shifted = x - new_max
-            weights = tl.exp(shifted)
+            if SEPARATE:
+                # S's maximum is the full one's whenever S holds the largest column seen
+                # so far (always, for a threshold's upper set): then S's terms are the full
+                # terms on S, the same bits as their own exp, at no second exp.
+                if new_max == full_max:
+                    in_support = x > float("-inf")
+                    shifted = tl.where(in_support, full_shifted, float("-inf"))
+                    weights = tl.where(in_support, full_weights, 0.0)
+                else:
+                    shifted = x - new_max
+                    weights = tl.exp(shifted)
+            else:
+                shifted = x - new_max
+                weights = tl.exp(shifted)
             if ENTROPY:
                 # Where the old sums are dropped (m_old = -inf, or exp(m_old - m_new)
                 # underflowed to 0) a gap of 0 keeps gap * s from overflowing into 0 * -inf.
@@ -105,9 +145,21 @@ def online_partial_kernel(
     target = owned_target_logit(
         row_ptr, targets_ptr, active_ptr, row, col_start, width, temperature, SCALE
     )
-    tl.store(base + 2, target)
+    if SUPPORT != 0:
+        support = support_target(
+            target, targets_ptr, active_ptr, row, col_start, live_width, tau, mask_row_ptr, SUPPORT
+        )
+        tl.store(base + 2, support)
+    else:
+        tl.store(base + 2, target)
     if ENTROPY:
         tl.store(base + 3, tl.sum(lane_moments, axis=0))
+    if SEPARATE:
+        full = base + (FIELDS - 3)
+        full_has_nan = tl.max(full_nans, axis=0) > 0
+        tl.store(full, tl.where(full_has_nan, float("nan"), full_max))
+        tl.store(full + 1, tl.sum(full_sums, axis=0))
+        tl.store(full + 2, target)
 
 
 @triton.jit
@@ -123,9 +175,11 @@ def online_merge_kernel(
     lse32_ptr,
     entropy_ptr,
     entropy32_ptr,
+    full_lse_ptr,
     STORE_LSE: tl.constexpr,
     ENTROPY: tl.constexpr,
     STORE_ENTROPY: tl.constexpr,
+    SEPARATE: tl.constexpr,
     FIELDS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -179,3 +233,9 @@ def online_merge_kernel(
         lse32_ptr,
         STORE_LSE,
     )
+    if SEPARATE:
+        # The full vocabulary's partial follows the support's: its LSE is the op's lse.
+        full_ptr = partials_ptr + (FIELDS - 3)
+        full_max, full_nan = gathered_max(full_ptr, rows, in_range, num_ranks, num_rows, FIELDS)
+        full_total = rank_total(full_ptr, rows, in_range, num_ranks, num_rows, full_max, FIELDS)
+        store_lse(rows, in_range, full_max, full_nan, full_total, full_lse_ptr)
