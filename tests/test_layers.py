@@ -54,7 +54,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.peers.conformance",
             "tp_logprob.peers._collect",
             "tp_logprob.peers._records",
-            "tp_logprob.peers._processed_section",
+            "tp_logprob.peers.processed_section",
             "tp_logprob.gpu_readiness",
         ),
     ),

@@ -61,6 +61,8 @@ def test_a_bug_on_the_last_rank_shrinks_to_one_example_on_every_rank(tmp_path: P
         f"--tp-logprob-backend={spec('bits_on_last_rank')}",
         "-k",
         "test_inputs_are_left_untouched or test_outputs_replicated_across_ranks",
+        # A fixed seed: three examples a property do not reach both bugs under every seed.
+        "--hypothesis-seed=1",
     )
     assert session.returncode == 1, session.output[-4000:]
     outputs = [session.output, session.out(1), session.out(2)]

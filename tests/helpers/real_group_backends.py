@@ -35,9 +35,11 @@ def _bits_on_last_rank(local: Any, targets: Any, contract: Any, group: Any = Non
     result = torch_native_logprob(local, targets, contract, group)
     if not (_is_last_rank(group) and result.selected_logp.shape[0] >= 2):
         return result
-    selected = result.selected_logp.clone()
-    selected[0] = torch.nextafter(selected[0], torch.tensor(float("inf")))
-    return type(result)(selected, result.lse, result.entropy)
+    selected = result.selected_logp
+    bumped = torch.nextafter(selected.detach(), torch.tensor(float("inf")))
+    first = torch.arange(selected.shape[0], device=selected.device) == 0
+    # Out of place, so that autograd still runs (row 0's gradient is then 0 on this rank).
+    return type(result)(torch.where(first, bumped, selected), result.lse, result.entropy)
 
 
 def _raises_on_rank_one(local: Any, targets: Any, contract: Any, group: Any = None) -> Any:

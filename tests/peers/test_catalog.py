@@ -12,7 +12,7 @@ import pytest
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.peers._catalog import COLUMNS, PEERS, PROCESSED_PEERS, REAL_GROUP
-from tp_logprob.peers._processed_section import processed_tests
+from tp_logprob.peers.processed_section import processed_tests
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tp_logprob.peers import _processed_section as processed
 from tp_logprob.peers import _records, conformance
+from tp_logprob.peers import processed_section as processed
 from tp_logprob.peers._catalog import PEERS, PROCESSED_PEERS, UNAVAILABLE
-from tp_logprob.peers._processed_section import PropertyResult
+from tp_logprob.peers.processed_section import PropertyResult
 
 VIOLATION = (
     "padding independence: padding columns changed the output\n"

@@ -17,7 +17,7 @@ subsection shows each property's outcome, the findings that explain each failing
 one, the first failing examples (copied next to the report as well), and each
 finding with the outcome of its reproducer, run here (``docs/repro_*.py`` exits 1
 while the library differs from the exact rules); then the libraries that cannot
-run on CPU and why (:mod:`tp_logprob.peers._processed_section`).
+run on CPU and why (:mod:`tp_logprob.peers.processed_section`).
 
 ``--peer`` runs some of the peers. Where the report already exists, the
 processed peers not run keep their subsections, and the matrix part stays as it
@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tp_logprob.peers import _processed_section as processed
+from tp_logprob.peers import processed_section as processed
 from tp_logprob.peers._catalog import (
     COLUMNS,
     PEERS,
@@ -59,8 +59,8 @@ from tp_logprob.peers._catalog import (
     ProcessedPeer,
 )
 from tp_logprob.peers._collect import RECORD_ENV
-from tp_logprob.peers._processed_section import PropertyResult, Reproduction
 from tp_logprob.peers._records import Outcome, outcomes, read_records
+from tp_logprob.peers.processed_section import PropertyResult, Reproduction
 
 __all__ = ["main"]
 

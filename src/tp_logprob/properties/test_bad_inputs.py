@@ -24,7 +24,7 @@ from tp_logprob.properties.draws import draw_case, draw_processed_case
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import execute, run_logits
+from tp_logprob.properties.running import execute, real_group, run_logits
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.support import SupportMode
 
@@ -72,6 +72,17 @@ def _need(params: Mapping[str, Any], key: str) -> Any:
     return value
 
 
+def _skip_a_lone_rank(backend: BackendUnderTest, kind: str) -> None:
+    """A bad input handed to one rank runs that rank alone. A ``real_group_only`` backend
+    reaches for torch.distributed's group even so, so off a real group the check is skipped
+    for it (under torchrun it runs: the op must reject the input before any collective)."""
+    if backend.capability.real_group_only and real_group() is None:
+        pytest.skip(
+            f"{backend.backend_id} runs only on a real process group (real_group_only): "
+            f"{kind!r} is handed to one rank alone, off the group"
+        )
+
+
 def _bad_call(
     backend: BackendUnderTest, case: LogprobCase, params: Mapping[str, Any]
 ) -> tuple[Callable[[], Any], Any]:
@@ -80,6 +91,8 @@ def _bad_call(
 
     kind = params["kind"]
     contract = case.contract
+    if kind in ("wrong shard width", BAD_INPUT_KINDS[4]):
+        _skip_a_lone_rank(backend, kind)
     op = backend.op_for(contract)
     logits, targets = case.torch_logits(backend.device), case.torch_targets(backend.device)
     if kind == "wrong shard width":
