@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import triton
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
@@ -37,7 +38,7 @@ def run_op(
     local_logits: Any,
     targets: Any,
     contract: Any,
-    group: Any,
+    group: GroupHandle | None,
 ) -> LogprobResult:
     """Check, prepare and run ``forward``, differentiably for the ``train`` role."""
     active = check_op_inputs(local_logits, targets, contract, group)
@@ -67,7 +68,7 @@ class TritonLogprobFunction(torch.autograd.Function):
         local_logits: torch.Tensor,
         inputs: RankInputs,
         contract: LogprobContract,
-        group: Any,
+        group: GroupHandle | None,
         forward: ForwardFn,
     ) -> tuple[torch.Tensor, ...]:
         outputs = forward(inputs, contract, group)

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import triton
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.fixed_point import fraction_bits
 from tp_logprob.kernels.triton.autograd import run_op
@@ -79,7 +80,7 @@ __all__ = [
 
 
 def triton_exact_sum_logprob(
-    local_logits: Any, targets: Any, contract: Any, group: Any = None
+    local_logits: Any, targets: Any, contract: Any, group: GroupHandle | None = None
 ) -> LogprobResult:
     """One rank's ``(selected_logp, lse)``, bitwise identical for every shard layout.
 
@@ -88,7 +89,9 @@ def triton_exact_sum_logprob(
     return run_op(exact_sum_forward, local_logits, targets, contract, group)
 
 
-def exact_sum_forward(inputs: RankInputs, contract: LogprobContract, group: Any) -> Outputs:
+def exact_sum_forward(
+    inputs: RankInputs, contract: LogprobContract, group: GroupHandle | None
+) -> Outputs:
     """The support (a contract with one), maxima, all-gather, fixed-point sums, all-gather,
     merge."""
     logits, rows = inputs.logits, inputs.num_rows

@@ -61,6 +61,7 @@ from typing import Any
 import torch
 import triton
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
 from tp_logprob.kernels.lm_head import chunk_rows, row_chunks
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
@@ -101,7 +102,7 @@ def triton_fused_logprob(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     contract: LogprobContract,
-    group: Any = None,
+    group: GroupHandle | None = None,
     *,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
@@ -122,7 +123,7 @@ def run_fused_op(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
 ) -> LogprobResult:
@@ -157,7 +158,7 @@ def fused_forward(
     bias: torch.Tensor | None,
     inputs: RankInputs,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> Outputs:
     """The support (a contract with one), fused partials, one all-gather,
     ``triton_online``'s ordered merge."""
@@ -214,7 +215,7 @@ class TritonFusedFunction(torch.autograd.Function):
         bias: torch.Tensor | None,
         inputs: RankInputs,
         contract: LogprobContract,
-        group: Any,
+        group: GroupHandle | None,
         forward: FusedForwardFn,
     ) -> tuple[torch.Tensor, ...]:
         outputs = forward(hidden, weight, bias, inputs, contract, group)

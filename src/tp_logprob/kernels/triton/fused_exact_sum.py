@@ -49,11 +49,10 @@ depend on the layout, so the support's outputs are ``cross_tp_bitwise`` too.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.triton.exact_sum import exact_merge, fraction_bits, stage_width, sum_width
 from tp_logprob.kernels.triton.fused import run_fused_op
@@ -81,7 +80,7 @@ def triton_fused_exact_sum_logprob(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     contract: LogprobContract,
-    group: Any = None,
+    group: GroupHandle | None = None,
     *,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
@@ -104,7 +103,7 @@ def fused_exact_sum_forward(
     bias: torch.Tensor | None,
     inputs: RankInputs,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> Outputs:
     """The support (a contract with one), maxima, all-gather, fixed-point sums, all-gather,
     ``exact_merge_kernel``."""

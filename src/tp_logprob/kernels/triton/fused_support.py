@@ -19,10 +19,9 @@ columns, and the threshold's collectives per chunk.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.lm_head import row_chunks, shared_chunk_rows
 from tp_logprob.kernels.partials import scaled_logits
@@ -40,7 +39,7 @@ def fused_support(
     bias: torch.Tensor | None,
     inputs: RankInputs,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> SupportPlan | None:
     """The support of a fused op's contract (None without one)."""
     return plan_support(
@@ -56,7 +55,7 @@ def fused_threshold(
     bias: torch.Tensor | None,
     inputs: RankInputs,
     contract: LogprobContract,
-    group: Any,
+    group: GroupHandle | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tau, |S|)`` of every row, from the logits of chunks of ``shared_chunk_rows`` rows."""
     rows, width = inputs.num_rows, inputs.live_width

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.triton.support_inputs import KernelSupport, SupportPlan
@@ -215,7 +216,7 @@ def _exported(wanted: bool, fp32: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return torch.empty(fp32.shape, dtype=dtype, device=fp32.device)
 
 
-def all_gather(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+def all_gather(tensor: torch.Tensor, group: GroupHandle | None) -> torch.Tensor:
     """Every rank's ``tensor`` stacked in rank order on a new leading dim (``group=None``: TP=1)."""
     if group is None:
         return tensor.unsqueeze(0)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import triton
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.triton.autograd import run_op
@@ -62,7 +63,7 @@ __all__ = ["online_forward", "online_merge", "triton_online_logprob"]
 
 
 def triton_online_logprob(
-    local_logits: Any, targets: Any, contract: Any, group: Any = None
+    local_logits: Any, targets: Any, contract: Any, group: GroupHandle | None = None
 ) -> LogprobResult:
     """One rank's ``(selected_logp, lse)`` by the one-pass online-softmax Triton kernel.
 
@@ -71,7 +72,9 @@ def triton_online_logprob(
     return run_op(online_forward, local_logits, targets, contract, group)
 
 
-def online_forward(inputs: RankInputs, contract: LogprobContract, group: Any) -> Outputs:
+def online_forward(
+    inputs: RankInputs, contract: LogprobContract, group: GroupHandle | None
+) -> Outputs:
     """The support (a contract with one), partials, one all-gather, ordered merge."""
     logits, rows = inputs.logits, inputs.num_rows
     plan = plan_support(contract, logits.device, lambda: logits_threshold(logits, contract, group))

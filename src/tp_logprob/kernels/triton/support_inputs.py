@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.partials import live_logits
 from tp_logprob.kernels.processed import separate_lse
@@ -104,7 +104,7 @@ def _stand_ins(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def logits_threshold(
-    logits: torch.Tensor, contract: LogprobContract, group: Any
+    logits: torch.Tensor, contract: LogprobContract, group: GroupHandle | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tau, |S|)`` of every row from this rank's logits (``[N, width]``, padding included):
     ``z`` formed in torch, then the shared threshold (see the module docstring)."""
