@@ -104,9 +104,7 @@ def _bad_call(
         ):
             raise PropertyInputError(f"params: rank {rank} / width {width} do not fit the case")
         local = torch.zeros((contract.num_tokens, width), dtype=logits.dtype, device=logits.device)
-        group = None if sharding.tp_world_size == 1 else _LoneRank(rank, sharding.tp_world_size)
-        local_contract = contract.with_rank(rank)
-        return lambda: op(local, targets, local_contract, group=group), local
+        return _lone_rank_call(op, local, targets, contract, rank), local
     if kind == BAD_INPUT_KINDS[4]:
         return _outside_kept_call(op, case, params, logits)
     if kind == "wrong logits dtype":
@@ -123,9 +121,7 @@ def _bad_call(
         row, target = _need(params, "row"), _need(params, "target")
         if not (0 <= row < contract.num_tokens and -(2**63) <= target < 2**63):
             raise PropertyInputError(f"params: row {row} / target {target} do not fit the case")
-        bad = np.array(case.targets)
-        bad[row] = target
-        targets = torch.from_numpy(bad).to(logits.device)
+        targets = _with_target(case, row, target, logits.device)
     else:
         raise PropertyInputError(f"params.kind={kind!r}: expected one of {BAD_INPUT_KINDS}")
     return lambda: run_logits(
@@ -138,7 +134,6 @@ def _outside_kept_call(
 ) -> tuple[Callable[[], Any], Any]:
     """One rank's call (its peers never arrive) with an active row's target set to a live id
     its replayed mask does not keep."""
-    import torch
 
     contract = case.contract
     sharding = contract.sharding
@@ -157,18 +152,34 @@ def _outside_kept_call(
             f"params: rank {rank} / row {row} / target {target} is not an active row's live "
             "target outside its kept ids"
         )
-    bad = np.array(case.targets)
-    bad[row] = target
-    targets = torch.from_numpy(bad).to(logits.device)
+    targets = _with_target(case, row, target, logits.device)
     start, end = sharding.vocab_shard_bounds[rank]
-    group = None if sharding.tp_world_size == 1 else _LoneRank(rank, sharding.tp_world_size)
-    local_contract = contract.with_rank(rank)
     if isinstance(case, HiddenCase):
         hidden, weight, bias = case.torch_inputs(logits.device)
         rows = {"weight": weight[start:end], "bias": None if bias is None else bias[start:end]}
-        return lambda: op(hidden, targets, local_contract, group=group, **rows), hidden
+        return _lone_rank_call(op, hidden, targets, contract, rank, **rows), hidden
     local = logits[:, start:end].clone()
-    return lambda: op(local, targets, local_contract, group=group), local
+    return _lone_rank_call(op, local, targets, contract, rank), local
+
+
+def _with_target(case: LogprobCase, row: int, target: int, device: Any) -> Any:
+    """``case``'s targets (a torch tensor on ``device``) with ``row``'s set to ``target``."""
+    import torch
+
+    bad = np.array(case.targets)
+    bad[row] = target
+    return torch.from_numpy(bad).to(device)
+
+
+def _lone_rank_call(
+    op: Any, first: Any, targets: Any, contract: Any, rank: int, **rows: Any
+) -> Callable[[], Any]:
+    """``op`` called as rank ``rank`` alone (no group at TP 1; else one whose peers never
+    arrive), with ``first`` (its logits shard or the hidden states) and the LM-head ``rows``."""
+    world = contract.sharding.tp_world_size
+    group = None if world == 1 else _LoneRank(rank, world)
+    local_contract = contract.with_rank(rank)
+    return lambda: op(first, targets, local_contract, group=group, **rows)
 
 
 _TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
