@@ -52,6 +52,40 @@ def fused_contract(
     )
 
 
+def fused_and_logits_contracts(
+    bounds: tuple[tuple[int, int], ...],
+    support: tpl.SupportSpec,
+    rows: int,
+    *,
+    size: int,
+    temperature: float,
+    **fields: Any,
+) -> tuple[tpl.LogprobContract, tpl.LogprobContract]:
+    """A biased fused contract with ``support``, temperature and entropy, and the logits
+    path's contract for the same invocation (its role, mask, sharding and scope)."""
+    fused = fused_contract(
+        bounds,
+        num_tokens=rows,
+        size=size,
+        has_bias=True,
+        temperature=temperature,
+        export_entropy=True,
+        support=support,
+        **fields,
+    )
+    plain = tpl.LogprobContract(
+        fused.role,
+        fused.dtype,
+        fused.mask,
+        fused.sharding,
+        fused.reduction,
+        temperature=temperature,
+        export_entropy=True,
+        support=support,
+    )
+    return fused, plain
+
+
 def fused_case(
     dtype: str, *, seed: int, num_tokens: int = 6, size: int = FUSED_SIZE, bias: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 import tp_logprob as tpl
-from tests.helpers.fused_cases import PADDED, REAL, as_f64, fused_case, fused_contract
+from tests.helpers.fused_cases import (
+    PADDED,
+    REAL,
+    as_f64,
+    fused_and_logits_contracts,
+    fused_case,
+)
 from tests.helpers.native_cases import bits
 from tests.helpers.support_cases import live_z32, reference_support
 from tp_logprob.kernels import lm_head
@@ -68,27 +74,9 @@ def contracts(
     bounds: tuple[tuple[int, int], ...], support: tpl.SupportSpec, rows: int, **fields: Any
 ) -> tuple[tpl.LogprobContract, tpl.LogprobContract]:
     """The fused contract and torch_native's on the same invocation."""
-    fused = fused_contract(
-        bounds,
-        num_tokens=rows,
-        size=SIZE,
-        has_bias=True,
-        temperature=TEMPERATURE,
-        export_entropy=True,
-        support=support,
-        **fields,
+    return fused_and_logits_contracts(
+        bounds, support, rows, size=SIZE, temperature=TEMPERATURE, **fields
     )
-    plain = tpl.LogprobContract(
-        fused.role,
-        fused.dtype,
-        fused.mask,
-        fused.sharding,
-        fused.reduction,
-        temperature=TEMPERATURE,
-        export_entropy=True,
-        support=support,
-    )
-    return fused, plain
 
 
 @pytest.mark.parametrize("mode", ["recomputed", "replayed"])

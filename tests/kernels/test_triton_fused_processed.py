@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 
 import tp_logprob as tpl
-from tests.helpers.fused_cases import DEVICE, PADDED, REAL, as_f64, fused_case, fused_contract
+from tests.helpers.fused_cases import (
+    DEVICE,
+    PADDED,
+    REAL,
+    as_f64,
+    fused_and_logits_contracts,
+    fused_case,
+)
 from tests.helpers.native_cases import assert_same_bits, bits
 from tests.helpers.processed_cases import PROCESSED_OUTPUTS, kept_targets, processed_report
 from tests.helpers.support_cases import live_z32, reference_support
@@ -84,27 +91,9 @@ def contracts(
     bounds: tuple[tuple[int, int], ...], support: tpl.SupportSpec, rows: int, **fields: Any
 ) -> tuple[tpl.LogprobContract, tpl.LogprobContract]:
     """The fused contract and the logits path's on the same invocation."""
-    fused = fused_contract(
-        bounds,
-        num_tokens=rows,
-        size=SIZE,
-        has_bias=True,
-        temperature=TEMPERATURE,
-        export_entropy=True,
-        support=support,
-        **fields,
+    return fused_and_logits_contracts(
+        bounds, support, rows, size=SIZE, temperature=TEMPERATURE, **fields
     )
-    plain = tpl.LogprobContract(
-        fused.role,
-        fused.dtype,
-        fused.mask,
-        fused.sharding,
-        fused.reduction,
-        temperature=TEMPERATURE,
-        export_entropy=True,
-        support=support,
-    )
-    return fused, plain
 
 
 def run_fused(
