@@ -25,8 +25,7 @@ never on the number of rows: that is what keeps the row kernels batch invariant
   rocm: 16 x 64 x 32 on 4 wavefronts; 16 x 16 x 1 under the interpreter (a 1-deep
   K chunk: numpy's matmul is not row-position independent, a rounded product is).
 - cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
-  the multi-tile loops. The interpreter keeps global state while it runs a grid,
-  so launches on CPU are serialized with a lock (ranks emulated as threads).
+  the multi-tile loops. Launches on CPU hold the interpreter (``interpreted``).
 """
 
 from __future__ import annotations
@@ -38,9 +37,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import numpy as np
 import torch
 from triton.runtime.interpreter import InterpretedFunction
+
+from tp_logprob.kernels.triton.interpreted import interpreting
 
 __all__ = [
     "FUSED_SUM_DEPTH",
@@ -106,8 +106,6 @@ per element, added to the accumulator elementwise (see ``fused_kernels``)."""
 FUSED_SUM_DEPTH: dict[str, tuple[int, int]] = {"cuda": (32, 16), "rocm": (32, 32), "cpu": (1, 1)}
 """platform -> hidden-size chunk of ``triton_fused_exact_sum``'s fixed-point pass, for 16-bit
 and fp32 inputs: on cuda's 8 warps that is 16 bytes a lane per load either way."""
-
-_INTERPRETER_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -202,8 +200,5 @@ def _launching(kernel: Any, tensor: torch.Tensor) -> Iterator[None]:
             "the Triton backends run on CPU tensors only through the Triton interpreter: "
             "set TRITON_INTERPRET=1 before tp_logprob's Triton kernels are first imported"
         )
-    # fp32 overflow to +-inf (x - M with |x| near the fp32 maximum) is IEEE behaviour the
-    # kernels rely on, silent on GPUs; numpy warns about it. Invalid operations (inf - inf)
-    # still warn: the kernels never perform one.
-    with _INTERPRETER_LOCK, np.errstate(over="ignore"):
+    with interpreting():
         yield

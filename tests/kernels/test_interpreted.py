@@ -1,0 +1,102 @@
+"""Holding the interpreter: one language patch per launch, the same bits, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+triton = pytest.importorskip("triton", reason="the interpreter needs triton")
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+from tp_logprob.kernels.triton.interpreted import interpreting  # noqa: E402
+
+pytestmark = [
+    pytest.mark.triton,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1", reason="runs the Triton interpreter"
+    ),
+]
+
+
+@triton.jit
+def _scaled_exp(x, scale):
+    return tl.exp(x * scale) - 1.0
+
+
+@triton.jit
+def _helper_loop_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Calls a helper in a loop: the interpreter patches on every helper call."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offsets < n
+    x = tl.load(x_ptr + offsets, mask=live, other=0.0)
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for step in range(4):
+        total += _scaled_exp(x, 0.25 * step)
+    tl.store(out_ptr + offsets, tl.max(total, axis=0) + total, mask=live)
+
+
+def _run(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    _helper_loop_kernel[(3,)](x, out, x.numel(), BLOCK=8)
+    return out
+
+
+@pytest.fixture
+def counted_patches() -> Iterator[list[Any]]:
+    """Count the interpreter's own ``_patch_lang`` calls, in and out of :func:`interpreting`."""
+    original = interpreter._patch_lang
+    calls: list[Any] = []
+
+    def counting(fn: Any) -> Any:
+        calls.append(fn)
+        return original(fn)
+
+    interpreter._patch_lang = counting
+    try:
+        yield calls
+    finally:
+        interpreter._patch_lang = original
+
+
+def test_one_patch_per_launch_and_the_same_bits(counted_patches: list[Any]) -> None:
+    x = torch.linspace(-3.0, 5.0, 21)
+    plain = _run(x)
+    plain_patches = len(counted_patches)
+    assert plain_patches > 3 * 4, "the interpreter no longer patches per helper call"
+    counted_patches.clear()
+    with interpreting():
+        held = _run(x)
+    # The launch's own patch, and one of triton.language.core for its standard library's
+    # helpers (tl.zeros); every later helper call reused them.
+    assert len(counted_patches) <= 2
+    assert torch.equal(held.view(torch.int32), plain.view(torch.int32))
+
+
+def test_the_interpreter_is_restored_after_the_launch() -> None:
+    original, exp = interpreter._patch_lang, tl.exp
+    with interpreting():
+        assert interpreter._patch_lang is not original
+        _run(torch.ones(5))
+    assert interpreter._patch_lang is original
+    assert tl.exp is exp  # the launch's patch of triton.language is undone too
+
+
+def test_overflow_to_inf_is_silent_and_invalid_operations_still_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with interpreting():
+            assert torch.isinf(_run(torch.full((4,), 400.0))).any()
+            with pytest.raises(RuntimeWarning, match="invalid value"):
+                np.float32(np.inf) - np.float32(np.inf)
