@@ -45,3 +45,13 @@ def test_recordings_do_not_nest_and_name_their_platform() -> None:
         pass
     with launch_layer.recording_launches("cuda", print):  # released after each use
         assert launch_layer.platform_of(torch.zeros(1)) == "cuda"
+
+
+def test_without_tl_dot_every_fused_pass_takes_one_chunk_depth() -> None:
+    """Without ``tl.dot`` a logit's bits depend on the K chunk depth: the forward, the
+    backward's recomputation and the fixed-point pass must share it."""
+    for platform, dot in launch_layer.FUSED_DOT.items():
+        if not dot:
+            depth = launch_layer.FUSED_TILES[platform][1]
+            assert launch_layer.FUSED_SUM_DEPTH[platform] == (depth, depth), platform
+    assert not launch_layer.FUSED_DOT["cpu"]  # numpy's matmul is not row-position independent

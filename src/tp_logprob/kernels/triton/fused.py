@@ -73,6 +73,7 @@ from tp_logprob.kernels.triton.fused_logits import fused_logits, fused_operands,
 from tp_logprob.kernels.triton.fused_support import fused_support
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather, prepare
 from tp_logprob.kernels.triton.launch import (
+    FUSED_DOT,
     FUSED_TILES,
     KernelKind,
     launch,
@@ -194,6 +195,7 @@ def fused_forward(
             SEPARATE=support.separate,
             BLOCK_M=block_m,
             BLOCK_K=block_k,
+            DOT=FUSED_DOT[platform],
         )
     return online_merge(all_gather(partial, group), inputs, contract, plan)
 

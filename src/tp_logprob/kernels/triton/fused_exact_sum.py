@@ -64,6 +64,7 @@ from tp_logprob.kernels.triton.fused_logits import fused_operands, ieee_products
 from tp_logprob.kernels.triton.fused_support import fused_support
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, all_gather
 from tp_logprob.kernels.triton.launch import (
+    FUSED_DOT,
     FUSED_SUM_DEPTH,
     FUSED_TILES,
     KernelKind,
@@ -125,6 +126,7 @@ def fused_exact_sum_forward(
         "STAGE": stage_fields,
         "BLOCK_M": block_m,
         "BLOCK_K": block_k,
+        "DOT": FUSED_DOT[platform],
     }
     stage = torch.empty((rows, stage_fields), dtype=torch.float32, device=device)
     with ieee_products():

@@ -21,9 +21,9 @@ Why the bits do not depend on the TP degree or the shard layout: ``logits_tile``
 element ``x[t, v]`` is a function of hidden row ``t`` and weight row ``v`` only (the
 K-loop runs over the hidden size in fixed ``BLOCK_K`` chunks in one order, the
 tile shapes come from the launch table, and an element of an ``ieee`` fp32
-``tl.dot`` is one FMA chain on NVIDIA and one rounded product a step under the
-interpreter; ``fused_kernels`` says where this premise holds, and ROCm is not
-among those places); ``z``
+``tl.dot`` is one FMA chain on NVIDIA; under the interpreter a chunk's products are
+summed alike for every element; ``fused_kernels`` says where this premise holds, and
+ROCm is not among those places); ``z``
 is one IEEE division of it. So every ``z[t, v]`` has the same bits whichever
 shard, tile or lane holds column ``v``; max is exact, so ``M`` is too; each
 fixed-point term is a function of ``(z, M)``; and integer sums are exact and
@@ -81,6 +81,7 @@ def fused_exact_max_kernel(
     STAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -113,6 +114,7 @@ def fused_exact_max_kernel(
             BLOCK_M,
             BLOCK,
             BLOCK_K,
+            DOT,
         )
         if SEPARATE:
             full_nan = z != z
@@ -160,6 +162,7 @@ def fused_exact_sum_kernel(
     STAGE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -198,6 +201,7 @@ def fused_exact_sum_kernel(
             BLOCK_M,
             BLOCK,
             BLOCK_K,
+            DOT,
         )
         # A finite M bounds every z of its row (the gathered max saw these same bits),
         # so d <= 0; other rows take d = -inf, i.e. terms of exactly 0.

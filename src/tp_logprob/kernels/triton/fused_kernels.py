@@ -3,9 +3,10 @@
 ``logits_tile`` forms one fp32 ``[BLOCK_M, BLOCK]`` tile ``x = hidden @ W.T (+ bias)``
 by a K-loop over the hidden size in ``BLOCK_K`` chunks: each chunk's operands are
 widened to fp32 exactly (``widen``) and multiplied by ``tl.dot`` with
-``input_precision="ieee"`` (fp32 products and sums, no TF32), accumulating into
-the tile; the bias is added once at the end. Rows past ``num_rows``, columns past
-``live_width`` (the padding rows of ``W``, whatever they hold) and hidden indices past
+``input_precision="ieee"`` (fp32 products and sums, no TF32; under the
+interpreter, ``DOT`` false, by elementwise products and ``tl.sum``), accumulating
+into the tile; the bias is added once at the end. Rows past ``num_rows``, columns
+past ``live_width`` (the padding rows of ``W``, whatever they hold) and hidden indices past
 the hidden size are masked loads: never read.
 
 ``fused_partial_kernel``: one program per block of ``BLOCK_M`` rows walks the
@@ -40,9 +41,11 @@ row and column sit in the tile. Where it holds:
   every element and every chunk depth. Holds by construction.
 - The interpreter (CPU): ``tl.dot`` is numpy's matmul, and BLAS micro-kernels give
   a row other bits at another position of a register block (OpenBLAS's Haswell
-  kernels do). The launch table makes the K chunk 1 deep there, so each step is
-  one rounded product per element, added to the accumulator elementwise. Holds by
-  construction.
+  kernels do). So there (``DOT`` false, ``launch.FUSED_DOT``) a chunk is the
+  ``[BLOCK_M, BLOCK_K, BLOCK_N]`` fp32 products, one rounded product per element,
+  summed over ``k`` by one numpy reduction (``tl.sum``), which runs the same loop
+  for every element of the tile, then added to the accumulator elementwise. Holds
+  by construction, for one chunk depth (all passes take the same one on CPU).
 - ROCm: Triton lowers an fp32 ``tl.dot`` to MFMA instructions, whose per-element
   summation order AMD does not document. Not established: the fused Triton
   backends claim run-to-run bits only there (``kernels/builtin.py``).
@@ -91,6 +94,7 @@ def logits_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     """fp32 ``x[rows, cols] = hidden @ W.T (+ bias)``; masked rows and columns read nothing.
 
@@ -113,7 +117,10 @@ def logits_tile(
             mask=in_k[:, None] & col_mask[None, :],
             other=0.0,
         )
-        acc = tl.dot(widen(a), widen(b), acc, input_precision="ieee")
+        if DOT:
+            acc = tl.dot(widen(a), widen(b), acc, input_precision="ieee")
+        else:
+            acc += tl.sum(widen(a)[:, :, None] * widen(b)[None, :, :], axis=1)
     if HAS_BIAS:
         acc += widen(tl.load(bias_ptr + cols, mask=col_mask, other=0.0))[None, :]
     return acc
@@ -176,6 +183,7 @@ def z_tile(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     """fp32 ``z = x / T`` of ``logits_tile``'s ``x``; ``-inf`` in columns past the live width."""
     x = logits_tile(
@@ -193,6 +201,7 @@ def z_tile(
         BLOCK_M,
         BLOCK_N,
         BLOCK_K,
+        DOT,
     )
     return scaled(tl.where(col_mask[None, :], x, float("-inf")), temperature, SCALE)
 
@@ -243,6 +252,7 @@ def fused_partial_kernel(
     SEPARATE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -279,6 +289,7 @@ def fused_partial_kernel(
             BLOCK_M,
             BLOCK,
             BLOCK_K,
+            DOT,
         )
         if SEPARATE:
             # The full vocabulary's (m, s, t), for lse, with one sum a row (registers).
@@ -324,6 +335,7 @@ def fused_logits_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -345,6 +357,7 @@ def fused_logits_kernel(
         BLOCK_M,
         BLOCK,
         BLOCK_K,
+        DOT,
     )
     out = out_ptr + rows[:, None] * live_width + cols[None, :]
     tl.store(out, x, mask=row_mask[:, None] & col_mask[None, :])

@@ -18,6 +18,7 @@ import triton
 
 from tp_logprob.kernels.triton.fused_kernels import fused_logits_kernel
 from tp_logprob.kernels.triton.launch import (
+    FUSED_DOT,
     FUSED_TILES,
     KernelKind,
     launch,
@@ -88,4 +89,5 @@ def fused_logits(
             HAS_BIAS=bias is not None,
             BLOCK_M=block_m,
             BLOCK_K=block_k,
+            DOT=FUSED_DOT[platform],
         )

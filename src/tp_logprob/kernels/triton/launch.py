@@ -22,8 +22,8 @@ never on the number of rows: that is what keeps the row kernels batch invariant
   ``triton_fused_exact_sum``'s fixed-point pass (``FUSED_SUM``) keeps int64 sums
   per element and takes 32-column tiles (64 spilled 4 bytes with temperature).
   A logit's bits do not depend on the column tile, so the two passes may differ.
-  rocm: 16 x 64 x 32 on 4 wavefronts; 16 x 16 x 1 under the interpreter (a 1-deep
-  K chunk: numpy's matmul is not row-position independent, a rounded product is).
+  rocm: 16 x 64 x 32 on 4 wavefronts; 16 x 16 x 16 under the interpreter, without
+  ``tl.dot`` (``FUSED_DOT``: numpy's matmul is not row-position independent).
 - cpu (the Triton interpreter): 16-column tiles, so small test shapes still run
   the multi-tile loops. Launches on CPU hold the interpreter (``interpreted``).
 """
@@ -43,6 +43,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from tp_logprob.kernels.triton.interpreted import interpreting
 
 __all__ = [
+    "FUSED_DOT",
     "FUSED_SUM_DEPTH",
     "FUSED_TILES",
     "KernelKind",
@@ -96,16 +97,23 @@ _TABLE: dict[tuple[str, KernelKind], tuple[int, int, int]] = {
     ("cpu", KernelKind.FUSED_SUM): (16, 16, 1),
 }
 
-FUSED_TILES: dict[str, tuple[int, int]] = {"cuda": (16, 16), "rocm": (16, 32), "cpu": (16, 1)}
-"""platform -> (rows per program, hidden-size chunk) of the fused kernels: fixed, as ``block``.
+FUSED_TILES: dict[str, tuple[int, int]] = {"cuda": (16, 16), "rocm": (16, 32), "cpu": (16, 16)}
+"""platform -> (rows per program, hidden-size chunk) of the fused kernels: fixed, as ``block``."""
 
-The interpreter's chunk is 1 deep: its ``tl.dot`` is numpy's matmul, whose BLAS gives a
-row other bits at another position in the tile; a 1-deep dot is one rounded product
-per element, added to the accumulator elementwise (see ``fused_kernels``)."""
+FUSED_DOT: dict[str, bool] = {"cuda": True, "rocm": True, "cpu": False}
+"""platform -> whether the fused kernels form a K chunk with ``tl.dot`` (constexpr ``DOT``).
 
-FUSED_SUM_DEPTH: dict[str, tuple[int, int]] = {"cuda": (32, 16), "rocm": (32, 32), "cpu": (1, 1)}
+Not under the interpreter: its ``tl.dot`` is numpy's matmul, whose BLAS gives a row other
+bits at another position in the tile. There a chunk is its fp32 products, one rounded
+product per element, summed over the chunk by one numpy reduction that treats every
+element of the tile alike (see ``fused_kernels``). That sum depends on the chunk depth,
+so on CPU every pass takes the same depth (``FUSED_SUM_DEPTH``)."""
+
+FUSED_SUM_DEPTH: dict[str, tuple[int, int]] = {"cuda": (32, 16), "rocm": (32, 32), "cpu": (16, 16)}
 """platform -> hidden-size chunk of ``triton_fused_exact_sum``'s fixed-point pass, for 16-bit
-and fp32 inputs: on cuda's 8 warps that is 16 bytes a lane per load either way."""
+and fp32 inputs: on cuda's 8 warps that is 16 bytes a lane per load either way. Where
+``FUSED_DOT`` holds, a logit's bits do not depend on the chunk depth, so the passes may
+differ; on CPU they match ``FUSED_TILES``'s depth."""
 
 
 @dataclass(frozen=True)
