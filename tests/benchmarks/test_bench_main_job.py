@@ -4,23 +4,18 @@ what it says when a tree has none."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_main_job", ROOT / "benchmarks" / "bench_main_job.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_main_job")
 
 
 def test_each_tree_runs_the_plugin_its_pyproject_registers(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ plans, how it reads a finished run, and the report it writes from made-up runs."
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,20 +11,14 @@ from types import ModuleType
 
 import pytest
 
+from tests.benchmarks import load_benchmark
 from tests.mutants import MUTANTS, REACH_PROPERTIES
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "suite_power", ROOT / "benchmarks" / "suite_power.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("suite_power")
 
 
 sp = _load()
