@@ -104,6 +104,7 @@ def check_row(x: np.ndarray, counts: np.ndarray | None, record: dict[str, float]
 @example(x=np.array([0.0, -1e-6, -1e-6]), with_counts=False, seed=0).via("S - 1 near 2")
 @example(x=np.array([0.0, -700.0]), with_counts=False, seed=0).via("T tiny, series branch")
 @example(x=np.array([0.0, -20.0, -20.5]), with_counts=False, seed=0).via("T near 2^-30")
+@example(x=np.array([-703.0] + [0.0] * 32), with_counts=False, seed=0).via("1/S low part subnormal")
 def test_enclosures_hold(x: np.ndarray, with_counts: bool, seed: int) -> None:
     with np.errstate(all="ignore"):  # the drivers run rows this way
         counts = None

@@ -32,6 +32,8 @@ from tp_logprob.oracle._fast_rows import (
 )
 from tp_logprob.oracle._inputs import BoolArray, FloatArray
 
+_UNDERFLOW = 2.0**-1073  # > 3 * 2^-1075: the reciprocal's underflowing roundings (A6)
+
 
 def reciprocal(terms: Terms) -> tuple[FloatArray, FloatArray, FloatArray]:
     """``(r_h, r_l, rel)``: ``1 / S`` per row, within a relative ``rel``."""
@@ -42,6 +44,9 @@ def reciprocal(terms: Terms) -> tuple[FloatArray, FloatArray, FloatArray]:
     eps = ((1.0 - p) - q) - tail  # 1 - p and its difference with q are exact
     r_l = r0 * eps
     own = (U * (np.abs(tail) + np.abs(eps)) + eps * eps * 1.01 + U * np.abs(eps)) * 1.0001
+    # tail, eps and r_l may be subnormal: three roundings of at most 2^-1075 each, absolute
+    # (S >= 1, so r0 <= 1 carries the first two into r_l no larger).
+    own += _UNDERFLOW / r0 * 1.0001
     rel_s = s.rad / s.hi * 1.0001
     return r0, r_l, (own + rel_s / (1.0 - rel_s)) * SLACK
 
