@@ -6,8 +6,9 @@ the property suite, replay, and the tools on top (the command line, the pytest
 plugin, the conformance runner, the GPU-readiness tools). A module may import
 its own layer or a lower one, never a higher one; the kernels never import the
 oracle, and the oracle imports nothing of the package but itself (nor torch,
-triton or hypothesis). Every import that runs counts, inside functions too; one
-under ``if TYPE_CHECKING:`` (for annotations only) does not.
+triton or hypothesis). Every import counts, inside functions too, and one under
+``if TYPE_CHECKING:`` as well: an annotation that names a higher layer is an
+arrow that runs back up, whether or not it is executed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob",
             "tp_logprob.errors",
             "tp_logprob._validation",
-            "tp_logprob._capability_rules",
             "tp_logprob.support",
             "tp_logprob.contract",
             "tp_logprob.capability",
@@ -80,7 +80,7 @@ def modules() -> dict[str, Path]:
 def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
     """``(imported name, line)`` for every import in the module, relative ones resolved."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -92,18 +92,6 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str
             for alias in node.names:
                 full = f"{base}.{alias.name}"
                 yield (full if full in known else base), node.lineno
-
-
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node, less the bodies of ``if TYPE_CHECKING:`` blocks (never executed)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def layer_of(name: str) -> int:

@@ -93,27 +93,3 @@ def test_the_scan_sees_private_imports(tmp_path: Path) -> None:
         "tp_logprob.kernels.native._hidden",
         "tp_logprob.kernels.native._other",
     ]
-
-
-@pytest.mark.parametrize(
-    ("name", "home"),
-    [
-        ("check_op_inputs", "tp_logprob.kernels.validation"),
-        ("active_mask_tensor", "tp_logprob.kernels.validation"),
-        ("owner_ranks", "tp_logprob.kernels.shards"),
-        ("TORCH_DTYPES", "tp_logprob.kernels.dtypes"),
-    ],
-)
-def test_checks_module_still_serves_its_names_with_a_deprecation_warning(
-    name: str, home: str
-) -> None:
-    checks = importlib.import_module("tp_logprob.kernels.checks")
-    with pytest.warns(DeprecationWarning, match=home):
-        value = getattr(checks, name)
-    assert value is getattr(importlib.import_module(home), name)
-
-
-def test_checks_module_has_no_other_names() -> None:
-    checks = importlib.import_module("tp_logprob.kernels.checks")
-    with pytest.raises(AttributeError, match="no attribute 'owner_rank'"):
-        checks.owner_rank  # noqa: B018

@@ -22,7 +22,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tp_logprob.oracle._error_model import SLACK, U64, ErrorModel, pow_minus_one
+from tp_logprob.oracle._error_model import SLACK, ErrorModel, pow_minus_one
+from tp_logprob.oracle.formats import U64
 
 
 def ratio_upper(

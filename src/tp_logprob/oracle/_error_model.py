@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-U64 = 2.0**-53
+from tp_logprob.oracle.formats import U64
+
 # Final safety factor for the float64 evaluation of a bound itself.
 SLACK = 1.0 + 2.0**-30
 

@@ -7,7 +7,7 @@ tighten as the working precision doubles (a Ziv loop); see
 the loop terminates. mpmath's raw ``libmp`` layer is used with an explicit
 precision, so no global mpmath state is read or changed.
 
-Before the Ziv loop, every row goes through a fast path (``_fast_path``): the
+Before the Ziv loop, every row goes through a fast path (``_fast_drivers``): the
 same quantities in vectorised double-double arithmetic with a proven error
 bound, kept only when the whole enclosure rounds to one float64. A row (or one
 quantity of a row) it cannot settle runs the Ziv loop as before, so the results
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from tp_logprob.oracle import _fast_path as fast
+from tp_logprob.oracle import _fast_drivers as fast
 from tp_logprob.oracle._exact_entropy import (
     RowEntropy,
     certified_entropy,

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tp_logprob.oracle import _fast_path as fast
+from tp_logprob.oracle import _fast_drivers as fast
 from tp_logprob.oracle._fast_stats import enabled as fast_path_enabled
 from tp_logprob.oracle._inputs import FloatArray, as_exact_array
 from tp_logprob.oracle.exact import exact_entropy_grad, exact_logprob_grad
+from tp_logprob.oracle.formats import U32, U64
 
 __all__ = [
     "dot_product_error_bound",
@@ -40,8 +41,6 @@ __all__ = [
     "reference_hidden_logits",
 ]
 
-_U32 = 2.0**-24
-_U64 = 2.0**-53
 _FP32_SUBNORMAL = 2.0**-149
 
 
@@ -127,8 +126,8 @@ def reference_hidden_logits(
             x = x + b
             magnitude = magnitude + np.abs(b)
     n = h.shape[1] + 1
-    gamma = n * _U64 / (1.0 - n * _U64)
-    return np.asarray(x, np.float64), np.asarray(gamma * magnitude * (1 + 4 * _U64), np.float64)
+    gamma = n * U64 / (1.0 - n * U64)
+    return np.asarray(x, np.float64), np.asarray(gamma * magnitude * (1 + 4 * U64), np.float64)
 
 
 def dot_product_error_bound(
@@ -149,15 +148,15 @@ def dot_product_error_bound(
     """
     h, w, b = _operands(hidden, weight, bias)
     size = h.shape[1]
-    if size * _U32 >= 1.0:
+    if size * U32 >= 1.0:
         raise ValueError(f"hidden size {size} too large for the gamma_H model (H u < 1)")
-    gamma = size * _U32 / (1.0 - size * _U32)
+    gamma = size * U32 / (1.0 - size * U32)
     with np.errstate(invalid="ignore", over="ignore"):
         magnitude = np.abs(h) @ np.abs(w).T
         bound = gamma * magnitude
         if b is not None:
             x = exact_hidden_logits(hidden, weight, bias)
-            bound = bound * (1.0 + _U32) + _U32 * np.abs(x)
+            bound = bound * (1.0 + U32) + U32 * np.abs(x)
         bound = bound * (1.0 + 2.0**-50) + (2 * size + 1) * _FP32_SUBNORMAL / 2
     return np.asarray(bound, dtype=np.float64)
 
@@ -185,9 +184,9 @@ def fused_extra_bounds(
     live = x.shape[1] if real_vocab_size is None else int(real_vocab_size)
     x, d = np.abs(x[:, :live]), d[:, :live]
     t32 = float(np.float32(temperature))
-    rounding = 0.0 if t32 == 1.0 else 2.0 * _U32
+    rounding = 0.0 if t32 == 1.0 else 2.0 * U32
     with np.errstate(invalid="ignore", over="ignore"):
-        column = ((d + _U32 * x) / t32 + rounding * (x + d) / t32) * (1.0 + 2.0**-20)
+        column = ((d + U32 * x) / t32 + rounding * (x + d) / t32) * (1.0 + 2.0**-20)
         worst = column.max(axis=1) if live else np.zeros(x.shape[0])
         index = np.clip(np.asarray(targets, dtype=np.int64), 0, max(live - 1, 0))
         at_target = column[np.arange(x.shape[0]), index] if live else np.zeros(x.shape[0])

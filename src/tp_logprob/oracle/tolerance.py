@@ -33,11 +33,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tp_logprob.oracle._entropy_error import entropy_error, ratio_upper
-from tp_logprob.oracle._error_model import U64
 from tp_logprob.oracle._error_model import ErrorModel as ErrorModel  # public here, as before
 from tp_logprob.oracle._inputs import format_name
+from tp_logprob.oracle.formats import U32, U64
 
-_U32 = 2.0**-24
 _FP32_OVERFLOW = float(np.finfo(np.float32).max) * (1.0 + 2.0**-25)
 
 
@@ -239,13 +238,13 @@ def tolerance(
     if fixed_point_bits is not None:
         fixed_point_bits = _positive_int(fixed_point_bits, "fixed_point_bits")
     model = ErrorModel(
-        unit=_U32,
+        unit=U32,
         # k ulp of the exact result is at most 2k u relative.
-        exp_rel=2.0 * exp_ulp * _U32,
+        exp_rel=2.0 * exp_ulp * U32,
         # fl(x - m), then fl(d * log2(e)) when exp is computed as exp2.
-        arg_rel=(1.0 + _U32) ** 2 - 1.0,
+        arg_rel=(1.0 + U32) ** 2 - 1.0,
         # k ulp, plus one rounding when log is computed as log2(S) * ln 2.
-        log_rel=2.0 * log_ulp * _U32 + _U32,
+        log_rel=2.0 * log_ulp * U32 + U32,
         log_abs=float(log_abs),
         tiny=2.0**-126,
         num_values=n,

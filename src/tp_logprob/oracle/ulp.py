@@ -8,18 +8,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from tp_logprob.oracle._inputs import format_name
-
-# (precision p including the implicit bit, smallest normal exponent, largest exponent)
-_FORMATS: dict[str, tuple[int, int, int]] = {
-    "bf16": (8, -126, 127),
-    "fp16": (11, -14, 15),
-    "fp32": (24, -126, 127),
-    "fp64": (53, -1022, 1023),
-}
+from tp_logprob.oracle.formats import FORMATS
 
 
 def _format(dtype: Any) -> tuple[int, int, int]:
-    return _FORMATS[format_name(dtype, tuple(_FORMATS))]
+    found = FORMATS[format_name(dtype, tuple(FORMATS))]
+    return found.precision, found.emin, found.emax
 
 
 def ulp_exponent(a: ArrayLike, dtype: Any) -> NDArray[np.int64]:

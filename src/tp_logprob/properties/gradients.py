@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
+from tp_logprob.oracle.formats import U32
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
@@ -39,7 +40,6 @@ __all__ = [
 ]
 
 Floats = npt.NDArray[np.float64]
-_U32 = 2.0**-24
 _SUBNORMAL_EXP_ERROR = 4.0 * 2.0**-149  # exp within a few ulps where its result is subnormal
 _UPSTREAM = np.array([1.0, -2.0, 0.5, 0.0, -0.25, 4.0])
 _UPSTREAM_ENTROPY = np.array([-0.5, 0.0, 2.0, 1.0, 0.25, -4.0, -1.0])
@@ -85,17 +85,17 @@ def gradient_bound(
     probability = np.where(is_target, 1.0 - exact * temperature, -exact * temperature)
     with np.errstate(invalid="ignore", over="ignore"):
         distance = np.where(np.isfinite(z), np.abs(z - lse[:, None]), 0.0)
-        relative = np.expm1(lse_error)[:, None] + _U32 * (distance + 8.0)
+        relative = np.expm1(lse_error)[:, None] + U32 * (distance + 8.0)
         # p == 0 stays 0 (p_hat underflows too) even where the LSE bound is huge.
         spread = np.where(probability == 0.0, 0.0, np.abs(probability) * relative * 1.01)
         # A zero weight zeroes its term even where the term's bound is inf (0 * inf is NaN).
-        bound = np.where(w == 0.0, 0.0, w * (spread + np.where(is_target, _U32, 0.0)))
+        bound = np.where(w == 0.0, 0.0, w * (spread + np.where(is_target, U32, 0.0)))
         if entropy_grad is not None:
             entropy_term = _entropy_term_bound(case, lse, lse_error, distance, relative)
             bound = bound + np.where(v == 0.0, 0.0, v * entropy_term)
         if temperature != 1.0:
             size = _weighted_size(w, exact, v, entropy_grad)
-            bound = bound / temperature * (1.0 + 2.0 * _U32) + _U32 * np.nan_to_num(size)
+            bound = bound / temperature * (1.0 + 2.0 * U32) + U32 * np.nan_to_num(size)
         size = _weighted_size(w, exact, v, entropy_grad)
     finite = np.where(np.isfinite(size), size, 0.0)
     cast = np.ldexp(1.0, ulp_exponent(np.abs(finite) + bound, contract.dtype.value))
@@ -122,10 +122,10 @@ def _entropy_term_bound(
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.where(np.isfinite(z), np.exp(z - lse[:, None]), 0.0)
         centred = np.abs(np.where(np.isfinite(z), z - lse[:, None], 0.0) + entropy[:, None])
-        spread_c = (lse_error + entropy_error_bound)[:, None] + _U32 * (
+        spread_c = (lse_error + entropy_error_bound)[:, None] + U32 * (
             distance + centred + np.abs(entropy)[:, None]
         )
-        term = p * ((1.0 + relative) * spread_c + relative * centred + 2.0 * _U32 * centred)
+        term = p * ((1.0 + relative) * spread_c + relative * centred + 2.0 * U32 * centred)
         # A subnormal p_hat carries an absolute error of a few fp32 subnormal ulps, which
         # |c| amplifies: the relative bound above does not cover it.
         term = term + _SUBNORMAL_EXP_ERROR * centred

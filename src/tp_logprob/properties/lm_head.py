@@ -30,6 +30,7 @@ from tp_logprob.oracle import (
     support_masked_logits,
 )
 from tp_logprob.oracle.exact import exact_logprob_grad
+from tp_logprob.oracle.formats import U32, unit_roundoff
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.gradients import entropy_weights, gradient_bound, upstream_weights
@@ -43,10 +44,6 @@ __all__ = ["expect_fused_gradients", "fused_only", "logits_contract"]
 
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
-
-_U32 = 2.0**-24
-
-_UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
 
 
 def fused_only(case: LogprobCase) -> HiddenCase:
@@ -169,7 +166,7 @@ def _expected_grads(
     h = np.where(active[:, None], np.nan_to_num(case.hidden.astype(np.float64)), 0.0)
     wt = case.weight[:real].astype(np.float64)
     size = np.abs(g) + g_bound
-    u = _UNIT_ROUNDOFF[contract.dtype.value]
+    u = unit_roundoff(contract.dtype.value)
     world = contract.sharding.tp_world_size
     tiny = DTYPE_SMALLEST_SUBNORMAL[contract.dtype]
     with np.errstate(invalid="ignore", over="ignore"):
@@ -199,7 +196,7 @@ def _expected_grads(
 def _gamma(terms: int) -> float:
     """Higham's ``gamma_k`` for fp32 sums of ``terms`` products (with a little slack)."""
     k = max(terms, 1) + 1
-    return 1.01 * k * _U32 / (1.0 - k * _U32)
+    return 1.01 * k * U32 / (1.0 - k * U32)
 
 
 def _input_error_on_g(case: HiddenCase, plain: LogprobCase, w: Floats, v: Floats) -> Floats:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from tp_logprob.contract import LogprobContract, LogprobDType
+from tp_logprob.oracle.formats import FORMATS
 
 __all__ = [
     "DTYPE_MAX",
@@ -49,21 +50,15 @@ SPECIAL_KINDS = ("nan", "pos_inf", "all_neg_inf", "special_in_padding")
 """Row kinds drawn only with ``special_values=True``: NaN and +inf in live
 columns, rows whose live columns are all -inf, and NaN/inf confined to padding."""
 
-DTYPE_MAX = {
-    LogprobDType.FP32: float(np.finfo(np.float32).max),
-    LogprobDType.BF16: float.fromhex("0x1.fep127"),
-    LogprobDType.FP16: 65504.0,
-}
+DTYPE_MAX = {dtype: FORMATS[dtype.value].max for dtype in LogprobDType}
 """Largest finite value of each logits dtype."""
 
 DTYPE_SMALLEST_SUBNORMAL = {
-    LogprobDType.FP32: 2.0**-149,
-    LogprobDType.BF16: 2.0**-133,
-    LogprobDType.FP16: 2.0**-24,
+    dtype: FORMATS[dtype.value].smallest_subnormal for dtype in LogprobDType
 }
 """Smallest positive (subnormal) value of each logits dtype."""
 
-_EPSILON = {LogprobDType.FP32: 2.0**-23, LogprobDType.BF16: 2.0**-7, LogprobDType.FP16: 2.0**-10}
+_EPSILON = {dtype: FORMATS[dtype.value].epsilon for dtype in LogprobDType}
 
 
 def round_to_dtype(values: npt.ArrayLike, dtype: LogprobDType | str) -> npt.NDArray[np.float32]:
