@@ -158,11 +158,11 @@ def _case_line(artifact: str) -> str | None:
 
 def _keep_artifact(artifact: str, args: argparse.Namespace) -> Path:
     """Copy an artifact (its JSON and, beside it, its arrays) next to the report."""
-    source = Path(artifact)
-    kept = args.artifacts_out / source.name
+    source, root = Path(artifact), Path(args.root)
+    kept = Path(args.artifacts_out) / source.name
     for companion in source.parent.glob(f"{source.stem}.*"):
         shutil.copyfile(companion, args.artifacts_out / companion.name)
-    return kept.relative_to(args.root) if kept.is_relative_to(args.root) else kept
+    return kept.relative_to(root) if kept.is_relative_to(root) else kept
 
 
 def _run_real_group(

@@ -159,7 +159,7 @@ def _all_reduce_sum(tensor: torch.Tensor, group: Any) -> torch.Tensor:
         )
         return tensor
     gathered = group.all_gather(tensor)
-    total = gathered[0]
+    total: torch.Tensor = gathered[0]
     for part in gathered[1:]:  # rank order: every rank adds the same way
         total = total + part
     return total
@@ -169,7 +169,7 @@ class _VocabParallelLoss(torch.autograd.Function):
     """Megatron's ``_VocabParallelCrossEntropy`` with all-reduces over a tp-logprob group."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, logits: torch.Tensor, targets: torch.Tensor, bounds: Any, group: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pieces = _megatron()["pieces"]

@@ -155,7 +155,7 @@ def exact_sum_forward(
 def stage_width(support: KernelSupport) -> int:
     """Fields of a rank's stage: ``(m_r, t_r)`` (over ``S`` with a support), then the full
     vocabulary's ``m_r`` when the support's partial carries the full one (``separate``)."""
-    return FULL_STAGE_FIELDS.value if support.separate else STAGE_FIELDS.value
+    return int(FULL_STAGE_FIELDS.value if support.separate else STAGE_FIELDS.value)
 
 
 def sum_width(contract: LogprobContract, support: KernelSupport) -> int:
