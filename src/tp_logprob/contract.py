@@ -163,7 +163,8 @@ class LogprobResult(tuple):  # type: ignore[type-arg]
     """
 
     _fields = ("selected_logp", "lse", "entropy")
-    _support_fields = ("support_lse", "support_size", "support_threshold")
+    SUPPORT_FIELDS = ("support_lse", "support_size", "support_threshold")
+    """The keyword outputs of a processed logprob, in the order a result lists them."""
 
     def __new__(
         cls,
@@ -188,7 +189,7 @@ class LogprobResult(tuple):  # type: ignore[type-arg]
         return tuple(self), self._support_values()
 
     def _support_values(self) -> dict[str, Any]:
-        return {name: self.__dict__.get(name) for name in self._support_fields}
+        return {name: self.__dict__.get(name) for name in self.SUPPORT_FIELDS}
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"LogprobResult is immutable: cannot set {name!r}")

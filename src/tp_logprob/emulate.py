@@ -260,7 +260,7 @@ def check_replicated(results: list[LogprobResult]) -> None:
     Bits are compared, so equal NaN payloads match and ``0.0`` differs from ``-0.0``. A
     processed op's ``support_lse``, ``support_size`` and ``support_threshold`` count too.
     """
-    for name in (*LogprobResult._fields, *LogprobResult._support_fields):
+    for name in (*LogprobResult._fields, *LogprobResult.SUPPORT_FIELDS):
         reference = getattr(results[0], name)
         for rank, result in enumerate(results[1:], start=1):
             problem = _bit_difference(reference, getattr(result, name))

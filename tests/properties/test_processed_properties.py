@@ -37,7 +37,7 @@ def _changed(**change: Callable[[Any], Any]) -> Callable[..., Any]:
 
     def op(local_logits: Any, targets: Any, contract: Any, group: Any = None) -> Any:
         result = torch_native_logprob(local_logits, targets, contract, group)
-        fields = {name: getattr(result, name) for name in tpl.LogprobResult._support_fields}
+        fields = {name: getattr(result, name) for name in tpl.LogprobResult.SUPPORT_FIELDS}
         values = {"selected_logp": result.selected_logp, "lse": result.lse, **fields}
         values.update({name: f(result) for name, f in change.items()})
         return tpl.LogprobResult(

@@ -262,7 +262,7 @@ class RealGroup:
 
 def _portable(result: LogprobResult) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The result's outputs (support ones too) as CPU tensors, to send to the peers."""
-    support = {name: getattr(result, name) for name in LogprobResult._support_fields}
+    support = {name: getattr(result, name) for name in LogprobResult.SUPPORT_FIELDS}
     return tuple(map(_to_cpu, result)), {name: _to_cpu(value) for name, value in support.items()}
 
 
