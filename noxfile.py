@@ -88,10 +88,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy: strict on the contract, registry, oracle and strategies; checked elsewhere."""
+    """mypy over the package and tools/: strict but for the suite and its plugin (pyproject)."""
     _install(session, "torch,test")
     session.install("mypy>=1.10")
-    session.run("mypy", "src/tp_logprob", *session.posargs)
+    session.run("mypy", "src/tp_logprob", "tools", *session.posargs)
 
 
 @nox.session
@@ -118,7 +118,7 @@ def compile(session: nox.Session) -> None:
     cache = os.environ.get("TRITON_CACHE_DIR", str(ROOT / ".nox" / "triton-cache"))
     session.env["TRITON_CACHE_DIR"] = cache
     args = session.posargs or ["--matrix", "full", "--markdown", "docs/gpu-readiness.md"]
-    session.run("python", "-m", "tp_logprob.gpu_readiness", *args)
+    session.run("python", "-m", "tools.gpu_readiness", *args)
 
 
 @nox.session(default=False)

@@ -20,7 +20,7 @@ and is reported as a fraction of the copy bandwidth measured in the same run:
 candidates that do not fit in free device memory are skipped with a note.
 
 Each Triton row also shows measured / predicted time: the roofline of
-``tp_logprob.gpu_readiness.traffic`` (bytes per row over the device's peak HBM
+``tools.gpu_readiness.traffic`` (bytes per row over the device's peak HBM
 bandwidth when the device is an H100, H200 or MI300X, else over the copy
 bandwidth measured here).
 
@@ -40,8 +40,10 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,7 +54,10 @@ if not torch.cuda.is_available():
 import triton.testing
 
 import tp_logprob as tpl
-from tp_logprob.gpu_readiness.traffic import PEAK_BANDWIDTH, Shape, predicted_seconds
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools, from a checkout
+from tools.gpu_readiness.traffic import PEAK_BANDWIDTH, Shape, predicted_seconds
+
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.triton.exact_sum import (
     exact_sum_forward,

@@ -106,7 +106,7 @@ if [ "$DRY_RUN" = 0 ] && ! grep -q $'^install\t0\t' "$STEPS"; then
     echo "gpu_check: the install failed; nothing else ran" >&2
     exit 1
 fi
-step compile 240 env -u TRITON_INTERPRET "$PY" -m tp_logprob.gpu_readiness --matrix ci \
+step compile 240 env -u TRITON_INTERPRET "$PY" -m tools.gpu_readiness --matrix ci \
     --jobs "$JOBS" --json "$OUT/compile.json"
 step kernel-tests 300 env -u TRITON_INTERPRET "$PY" -m pytest tests/kernels -q -p no:cacheprovider \
     -n "$JOBS" --ignore=tests/kernels/test_compile.py

@@ -1,7 +1,7 @@
 """Assemble gpu_check.sh's one JSON and one markdown report from its step log and outputs.
 
 Reads ``DIR/steps.tsv`` (name, exit status or ``planned``, seconds, command),
-``DIR/compile.json`` (``python -m tp_logprob.gpu_readiness --json``) and
+``DIR/compile.json`` (``python -m tools.gpu_readiness --json``) and
 ``DIR/bench.json`` (``benchmarks/bench_kernels.py --json``), ``DIR/bench-fused.json``
 (``benchmarks/bench_fused.py --json``) and ``DIR/bench-processed.json``
 (``benchmarks/bench_processed.py --json``) when they exist, and

@@ -3,7 +3,7 @@
 Bottom to top: the runtime core (contract, capability, registry, communication,
 emulation, kernels and the peer adapters), the oracle beside it, the strategies,
 the property suite, replay, and the tools on top (the command line, the pytest
-plugin, the conformance runner, the GPU-readiness tools). A module may import
+plugin, the conformance runner). A module may import
 its own layer or a lower one, never a higher one; the kernels never import the
 oracle, and the oracle imports nothing of the package but itself (nor torch,
 triton or hypothesis). Every import counts, inside functions too, and one under
@@ -55,7 +55,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.peers._collect",
             "tp_logprob.peers._records",
             "tp_logprob.peers.processed_section",
-            "tp_logprob.gpu_readiness",
         ),
     ),
 )
@@ -210,3 +209,15 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.M
         test_the_import_graph_has_no_circle()
     with pytest.raises(AssertionError, match="imports torch"):
         test_the_oracle_imports_only_itself_numpy_and_mpmath()
+
+
+def test_the_package_never_imports_the_tools() -> None:
+    """``tools/`` sits beside the package, outside its wheel: nothing installed may need it."""
+    known = modules()
+    found = [
+        f"{name} imports {imported} (line {line})"
+        for name, path in known.items()
+        for imported, line in imports(name, path, known)
+        if imported == "tools" or imported.startswith("tools.")
+    ]
+    assert not found, found

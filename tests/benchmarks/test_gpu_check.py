@@ -31,7 +31,7 @@ def test_dry_run_prints_the_plan_runs_the_tiny_shape_and_writes_reports(tmp_path
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for planned in ("tp_logprob.gpu_readiness --matrix ci", "pytest tests/kernels"):
+    for planned in ("tools.gpu_readiness --matrix ci", "pytest tests/kernels"):
         assert planned in proc.stdout
     assert "--tp-logprob-platform=" in proc.stdout
     assert "THIS MEASURES NOTHING" in proc.stdout
@@ -56,7 +56,7 @@ def test_dry_run_prints_the_plan_runs_the_tiny_shape_and_writes_reports(tmp_path
 
 def test_report_fails_when_a_step_failed(tmp_path: Path) -> None:
     (tmp_path / "steps.tsv").write_text(
-        "install\t0\t12\tinstall\ncompile\t1\t30\tpython -m tp_logprob.gpu_readiness\n"
+        "install\t0\t12\tinstall\ncompile\t1\t30\tpython -m tools.gpu_readiness\n"
     )
     proc = subprocess.run(
         [sys.executable, str(REPORT), "--out", str(tmp_path), "--platform", "cuda"],

@@ -2,7 +2,7 @@
 
 The compile matrix runs once, in a subprocess without ``TRITON_INTERPRET`` (the
 interpreter's ``@triton.jit`` objects cannot be compiled): ``python -m
-tp_logprob.gpu_readiness --matrix ci``. ``nox -s compile`` runs the full
+tools.gpu_readiness --matrix ci``. ``nox -s compile`` runs the full
 matrix and writes docs/gpu-readiness.md. The fast tests below check the pieces
 (recorder, asm reading, traffic) in process.
 """
@@ -24,10 +24,12 @@ import tp_logprob as tpl
 from tests.helpers.triton_cases import BACKENDS  # the interpreter on CPU, or a clean skip
 from tp_logprob.contract import LogprobInputKind
 
-recorder = pytest.importorskip("tp_logprob.gpu_readiness.recorder")
-resources = pytest.importorskip("tp_logprob.gpu_readiness.resources")
-traffic = pytest.importorskip("tp_logprob.gpu_readiness.traffic")
-aot = pytest.importorskip("tp_logprob.gpu_readiness.aot")
+ROOT = Path(__file__).resolve().parents[2]
+
+recorder = pytest.importorskip("tools.gpu_readiness.recorder")
+resources = pytest.importorskip("tools.gpu_readiness.resources")
+traffic = pytest.importorskip("tools.gpu_readiness.traffic")
+aot = pytest.importorskip("tools.gpu_readiness.aot")
 launch = pytest.importorskip("tp_logprob.kernels.triton.launch")
 
 _GATES = (
@@ -44,10 +46,11 @@ _GATES = (
 def ci_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("aot") / "ci.json"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    command = [sys.executable, "-m", "tp_logprob.gpu_readiness", "--matrix", "ci"]
+    command = [sys.executable, "-m", "tools.gpu_readiness", "--matrix", "ci"]
     proc = subprocess.run(
         [*command, "--jobs", "2", "--json", str(out)],
         env=env,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,

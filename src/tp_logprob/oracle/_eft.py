@@ -15,8 +15,9 @@ from functools import lru_cache
 import numpy as np
 
 from tp_logprob.oracle._inputs import FloatArray
+from tp_logprob.oracle.formats import U64
 
-U = 2.0**-53
+U = U64  # the names of the proofs in docs/tolerances.md
 # Veltkamp's constant 2^27 + 1: splits a double into two halves of 26 bits each.
 _SPLITTER = 134217729.0
 

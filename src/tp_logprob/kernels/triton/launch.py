@@ -142,7 +142,7 @@ def recording_launches(platform: str, sink: Callable[[RecordedLaunch], None]) ->
     """Within the block, every :func:`launch` goes to ``sink`` instead of running, and
     :func:`platform_of` answers ``platform``: the launchers choose their configs exactly as
     on that GPU, with CPU tensors and no GPU. The seam the GPU-readiness tools record
-    through (``tp_logprob.gpu_readiness.recorder``); one recording at a time per process.
+    through (``tools.gpu_readiness.recorder``); one recording at a time per process.
     """
     global _RECORDING
     if platform not in ("cuda", "rocm"):

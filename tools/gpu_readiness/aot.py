@@ -12,7 +12,7 @@ linked into Triton). Equal specializations are compiled once; Triton's cache
 This module needs the real compiler: run it where ``TRITON_INTERPRET`` is unset
 (under the interpreter ``@triton.jit`` yields objects that cannot be compiled).
 
-Run: ``python -m tp_logprob.gpu_readiness [--matrix ci|full] [--jobs N]
+Run: ``python -m tools.gpu_readiness [--matrix ci|full] [--jobs N]
 [--json PATH] [--markdown PATH]``; it exits 1 when a gate fails (see :func:`gate_failures`).
 """
 
@@ -112,7 +112,7 @@ def compile_matrix(
     """Record, specialize and compile ``matrix`` for ``targets``; one row per launch x target."""
     import torch
 
-    from tp_logprob.gpu_readiness import recorder
+    from tools.gpu_readiness import recorder
 
     layouts = sorted({layout for layout, _ in matrix.cases})
     platforms = sorted({_PLATFORM[TARGETS[name][0]] for name in targets})
@@ -232,8 +232,8 @@ class _TensorStandIn:
 
     def __init__(self, arg: Any) -> None:
         self.dtype = arg.dtype
-        self._data_ptr = 4096 + arg.data_ptr_mod_16
-        self._nbytes = arg.nbytes
+        self._data_ptr = 4096 + int(arg.data_ptr_mod_16)
+        self._nbytes = int(arg.nbytes)
 
     def data_ptr(self) -> int:
         return self._data_ptr
@@ -288,7 +288,7 @@ def _specialize(
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from tp_logprob.gpu_readiness.recorder import TensorArg
+    from tools.gpu_readiness.recorder import TensorArg
 
     cached = (id(kernel), target)
     if cached not in _BINDERS:
@@ -326,7 +326,7 @@ def _compile(job: _Job) -> tuple[Any, str | None]:
     import triton
     from triton.compiler import ASTSource
 
-    from tp_logprob.gpu_readiness.resources import analyze
+    from tools.gpu_readiness.resources import analyze
 
     kernel = getattr(importlib.import_module(job.module), job.name)
     signature, constexprs, attrs, options = _specialize(
@@ -356,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
     # The GPU runs pin Triton 3.9's default (FP fusion on) the same way; it warns when unset.
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    from tp_logprob.gpu_readiness import readiness
+    from tools.gpu_readiness import readiness
 
     matrix = MATRICES[args.matrix]
     started = time.perf_counter()

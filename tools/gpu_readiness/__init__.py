@@ -6,7 +6,7 @@ target on a CPU (:mod:`.aot`), and read back for registers, spills, load widths 
 IEEE division (:mod:`.resources`); :mod:`.traffic` models each backend's bytes per row
 and :mod:`.readiness` writes the report (docs/gpu-readiness.md).
 
-Run: ``python -m tp_logprob.gpu_readiness [--matrix ci|full] [--jobs N] [--json PATH]
+Run: ``python -m tools.gpu_readiness [--matrix ci|full] [--jobs N] [--json PATH]
 [--markdown PATH]`` where ``TRITON_INTERPRET`` is unset; ``nox -s compile`` runs the
 full matrix. Nothing in the runtime package imports this one.
 """
