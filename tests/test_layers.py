@@ -3,11 +3,12 @@
 Bottom to top: the runtime core (contract, capability, registry, communication,
 emulation, kernels and the peer adapters), the oracle beside it, the strategies,
 the property suite, replay, and the tools on top (the command line, the pytest
-plugin, the conformance runner, the GPU-readiness tools). A module may import
-its own layer or a lower one, never a higher one; the kernels never import the
-oracle, and the oracle imports nothing of the package but itself (nor torch,
-triton or hypothesis). Every import that runs counts, inside functions too; one
-under ``if TYPE_CHECKING:`` (for annotations only) does not.
+plugin, the conformance runner, the GPU-readiness tools, and ``tp_logprob.testing``,
+the asserts other projects' tests call, which judge and record as the suite does).
+A module may import its own layer or a lower one, never a higher one; the kernels
+never import the oracle, and the oracle imports nothing of the package but itself
+(nor torch, triton or hypothesis). Every import that runs counts, inside functions
+too; one under ``if TYPE_CHECKING:`` (for annotations only) does not.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.peers._records",
             "tp_logprob.peers.processed_section",
             "tp_logprob.gpu_readiness",
+            "tp_logprob.testing",
         ),
     ),
 )
