@@ -107,17 +107,18 @@ def assert_bitwise_across_tp(
             sharding=ShardingSpec(0, degree, bounds, real, padded),
             reduction=ReductionSpec(DeterminismScope.CROSS_TP_BITWISE),
         )
-        layouts.append((f"tp={degree} {list(bounds)}", case.replace(contract=contract)))
-    first_label, first_case = layouts[0]
+        layouts.append((degree, list(bounds), case.replace(contract=contract)))
+    first_degree, first_bounds, first_case = layouts[0]
     first = run(first_case)
     rows = list(range(case.contract.num_tokens))
-    for label, other in layouts[1:]:
+    for degree, layout, other in layouts[1:]:
         _compare(
-            f"assert_bitwise_across_tp: layouts {first_label} and {label} give other bits",
+            f"assert_bitwise_across_tp: layouts tp={first_degree} {first_bounds} and "
+            f"tp={degree} {layout} give other bits",
             op,
             first,
             run(other),
-            (first_label, label),
+            (f"tp={first_degree}", f"tp={degree}"),
             [],
             rows,
         )

@@ -21,8 +21,7 @@ from tp_logprob.contract import LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.oracle import SupportClassification, admissible_support, classify_support
 from tp_logprob.properties.processed import support_margins_of
-from tp_logprob.properties.report import violation
-from tp_logprob.strategies import LogprobCase
+from tp_logprob.properties.report import LABEL_WIDTH, PropertyViolation
 from tp_logprob.support import SupportSpec
 from tp_logprob.testing._arrays import as_numpy, is_tensor
 from tp_logprob.testing._case import build_case, full_logits
@@ -89,15 +88,13 @@ def assert_support_admissible(
         for r in rows
         if admissible_support(classification, mask, active_mask=case.active & (rows == r))
     )
-    raise violation(
-        f"{NAME}: the kept set is not admissible under {rules.rules()}",
-        case,
-        "(a kept set)",
-        [
-            *(("problem", problem) for problem in problems[:5]),
-            *_row_lines(case, classification, mask, row),
-        ],
-    )
+    lines = [
+        ("logits", f"{list(full.shape)} {contract.dtype.value}, T={contract.temperature!r}"),
+        *(("problem", problem) for problem in problems[:5]),
+        *_row_lines(classification, mask, row),
+    ]
+    report = "\n".join(f"  {label.ljust(LABEL_WIDTH)}  {text}" for label, text in lines)
+    raise PropertyViolation(f"{NAME}: the kept set is not admissible under {rules.rules()}", report)
 
 
 def _kept_mask(kept: Any, shape: tuple[int, int]) -> npt.NDArray[np.bool_]:
@@ -130,7 +127,6 @@ def _kept_mask(kept: Any, shape: tuple[int, int]) -> npt.NDArray[np.bool_]:
 
 
 def _row_lines(
-    case: LogprobCase,
     classification: SupportClassification,
     mask: npt.NDArray[np.bool_],
     row: int,
@@ -142,14 +138,12 @@ def _row_lines(
     border = np.flatnonzero(classification.borderline[row])
     shown = ", ".join(f"{int(v)} (z={float(z[v])!r})" for v in border[:_SHOWN])
     more = f", and {border.size - _SHOWN} more" if border.size > _SHOWN else ""
-    kept_ids = np.flatnonzero(mask[row]).tolist()
-    kept_text = kept_ids if len(kept_ids) <= _SHOWN else [*kept_ids[:_SHOWN], "..."]
     return [
-        ("row", f"{row}: kept |S| = {len(kept_ids)}, ids {kept_text}"),
+        ("row", f"{row}: kept |S| = {int(mask[row].sum())}, ids {_ids(mask[row])}"),
         (
             "exact",
-            f"the exact rules keep |S| = {int(exact.size[row])} "
-            f"(z >= {float(exact.threshold[row])!r})",
+            f"the exact rules keep |S| = {int(exact.size[row])}, ids "
+            f"{_ids(exact.mask[row])} (z >= {float(exact.threshold[row])!r})",
         ),
         (
             "border",
@@ -157,3 +151,8 @@ def _row_lines(
             f"{shown or 'none'}{more}",
         ),
     ]
+
+
+def _ids(kept: npt.NDArray[np.bool_]) -> str:
+    ids: list[Any] = np.flatnonzero(kept).tolist()
+    return str(ids if len(ids) <= _SHOWN else [*ids[:_SHOWN], "..."])
