@@ -3,8 +3,9 @@
 The goal is under 5 s for ``[1000, 32768]`` fp32 logits (``selected_logp`` and
 ``lse``) on 2 cores. The outputs judged are the exact values rounded to fp32, so
 every call passes and does all of its work; ``--grad`` adds the gradient.
-Prints each repeat, the median, and (``--profile``) the top of a cProfile of one
-call, cumulative time first, to say where the time goes.
+Prints each repeat's wall and CPU time, the medians with the load average (a
+shared machine's wall time is not the assert's), and (``--profile``) the top of a
+cProfile of one call, cumulative time first, to say where the time goes.
 
 Run: python benchmarks/bench_testing.py [--rows 1000] [--vocab 32768] [--repeat 3]
      [--dtype fp32] [--grad] [--profile]
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import time
@@ -47,14 +49,19 @@ def main() -> None:
     def call() -> None:
         assert_logprob_close(observed, logits, targets, **kwargs)
 
-    times = []
+    times, cpu = [], []
     for repeat in range(args.repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         call()
         times.append(time.perf_counter() - start)
-        print(f"repeat {repeat}: {times[-1]:.3f} s")
+        cpu.append(time.process_time() - start_cpu)
+        print(f"repeat {repeat}: {times[-1]:.3f} s wall, {cpu[-1]:.3f} s cpu")
     shape = f"[{args.rows}, {args.vocab}] {args.dtype}" + (" + grad" if args.grad else "")
-    print(f"assert_logprob_close {shape}: median {statistics.median(times):.3f} s")
+    print(
+        f"assert_logprob_close {shape}: median {statistics.median(times):.3f} s wall, "
+        f"{statistics.median(cpu):.3f} s cpu (load average {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores)"
+    )
     if args.profile:
         profile = cProfile.Profile()
         profile.runcall(call)
