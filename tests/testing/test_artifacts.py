@@ -6,6 +6,9 @@ from __future__ import annotations
 import io
 import re
 import shlex
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +20,10 @@ from tp_logprob.properties.registry import suite_properties
 from tp_logprob.replay.artifacts import load_artifact
 from tp_logprob.replay.runner import replay_paths
 from tp_logprob.testing import assert_logprob_close
+from tp_logprob.testing._close import REPLAYED_PROPERTIES
 
 SUITE = suite_properties()
+SRC = Path(__file__).resolve().parents[2] / "src"
 MASK = np.array([True, True, False, True])
 
 
@@ -71,3 +76,42 @@ def test_a_gradient_failure_is_recorded_under_the_gradient_property(tmp_path: Pa
     artifact = load_artifact(path, SUITE)
     assert artifact.prop == "gradients"
     assert artifact.case.contract.role.value == "train"
+
+
+def test_every_property_a_failure_is_recorded_under_is_the_suites() -> None:
+    assert set(REPLAYED_PROPERTIES) <= set(SUITE)
+
+
+def test_a_failure_inside_a_hypothesis_test_is_recorded_too(tmp_path: Path) -> None:
+    """The suite's property modules apply @given, which Hypothesis refuses inside a running
+    test: writing the artifact must not import them (a fresh interpreter, where none is yet)."""
+    script = textwrap.dedent(
+        f"""
+        import numpy as np
+        from hypothesis import given, settings, strategies as st
+        from tp_logprob.testing import assert_logprob_close
+
+        @settings(max_examples=1, database=None)
+        @given(st.integers(0, 3))
+        def inside(target):
+            assert_logprob_close(
+                np.array([0.0], np.float32), np.array([[0.0, 1.0, 2.0, 3.0]], np.float32),
+                [target], backend="torch_native", artifact_dir={str(tmp_path)!r})
+
+        try:
+            inside()
+        except AssertionError as failure:
+            print(str(failure).splitlines()[-2])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.match(r"  artifact  \S+\.json \(property 'oracle'\)", done.stdout), done.stdout
+    assert list(tmp_path.glob("*.json"))  # one per failing example Hypothesis tried

@@ -38,6 +38,10 @@ from tp_logprob.testing._arrays import Floats, gradient, per_row
 from tp_logprob.testing._case import build_case, full_logits
 
 NAME = "assert_logprob_close"
+REPLAYED_PROPERTIES = ("oracle", "gradients", "processed_oracle", "processed_gradients")
+"""The suite properties a failure is recorded under, by name: the registry itself would
+import the property modules, which apply ``@given``, refused inside a Hypothesis test
+(an assert may run in one). tests/testing checks every name is the suite's."""
 _UNNAMED = "(not named; pass backend=)"
 
 
@@ -203,13 +207,12 @@ def _recorded(
     folder: Path,
 ) -> PropertyViolation:
     """``failure`` written as a suite artifact, with where it is and the command that replays it."""
-    from tp_logprob.properties.registry import suite_properties
     from tp_logprob.replay.artifacts import write_artifact
 
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     path = write_artifact(
         folder,
-        suite_properties(),
+        REPLAYED_PROPERTIES,
         prop=prop,
         backend=backend,
         case=case,
