@@ -3,7 +3,8 @@
 Bottom to top: the runtime core (contract, capability, registry, communication,
 emulation, kernels and the peer adapters), the oracle beside it, the strategies,
 the property suite, replay, and the tools on top (the command line, the pytest
-plugin, the conformance runner). A module may import
+plugin, the conformance runner, and ``tp_logprob.testing``, the asserts other
+projects' tests call, which judge and record as the suite does). A module may import
 its own layer or a lower one, never a higher one; the kernels never import the
 oracle, and the oracle imports nothing of the package but itself (nor torch,
 triton or hypothesis). Every import counts, inside functions too, and one under
@@ -55,6 +56,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.peers._collect",
             "tp_logprob.peers._records",
             "tp_logprob.peers.processed_section",
+            "tp_logprob.testing",
         ),
     ),
 )

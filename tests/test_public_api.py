@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-PUBLIC_MODULES = ["tp_logprob", "tp_logprob.oracle", "tp_logprob.strategies"]
+PUBLIC_MODULES = ["tp_logprob", "tp_logprob.oracle", "tp_logprob.strategies", "tp_logprob.testing"]
 
 DOCUMENTED_NAMES = {
     "tp_logprob": {
@@ -20,6 +20,10 @@ DOCUMENTED_NAMES = {
     "tp_logprob.oracle": {
         "exact_logsumexp", "exact_selected_logprob", "exact_logprob_grad",
         "reference_selected_logprob",
+    },
+    "tp_logprob.testing": {
+        "assert_logprob_close", "assert_support_admissible", "assert_batch_invariant",
+        "assert_bitwise_across_tp",
     },
 }  # fmt: skip
 

@@ -187,7 +187,7 @@ def test_bfloat16_input_is_taken_exactly() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: exact_logsumexp(np.zeros((2, 2))), ValueError, r"row must be 1-D"),
+        (lambda: exact_logsumexp(np.zeros((2, 2, 2))), ValueError, r"row must be 1-D"),
         (lambda: exact_logsumexp(np.zeros(3, np.int64)), TypeError, r"row has dtype int64"),
         (lambda: exact_logsumexp(np.zeros(3, np.complex128)), TypeError, r"complex128"),
         (lambda: exact_logsumexp([0.0], real_vocab_size=2), ValueError, r"real_vocab_size=2"),
@@ -218,7 +218,7 @@ def test_bfloat16_input_is_taken_exactly() -> None:
         ),
     ],
     ids=[
-        "2-D row",
+        "3-D row",
         "int row",
         "complex row",
         "real_vocab_size too big",

@@ -85,6 +85,17 @@ def as_exact_array(value: ArrayLike, name: str, ndim: int | None) -> NDArray[Any
     return arr
 
 
+def row_dimensions(value: ArrayLike, name: str) -> int:
+    """1 for a single row, 2 for ``[N, V]`` rows; any other rank is refused, naming ``name``."""
+    ndim = np.ndim(value)
+    if ndim not in (1, 2):
+        raise ValueError(
+            f"{name} must be 1-D (one row) or 2-D [N, V] (rows along the last axis), got "
+            f"shape {np.shape(value)}"
+        )
+    return int(ndim)
+
+
 def as_real_vocab_size(real_vocab_size: int | None, padded: int) -> int:
     """The number of live columns: ``padded`` for None, else a checked int."""
     if real_vocab_size is None:

@@ -54,6 +54,7 @@ from tp_logprob.oracle._inputs import (
     as_real_vocab_size,
     as_targets,
     checked_targets,
+    row_dimensions,
 )
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
@@ -70,16 +71,23 @@ def _bits_source(value: ArrayLike, t32: float, live: int) -> NDArray[Any] | None
 
 def exact_logsumexp(
     row: ArrayLike, *, real_vocab_size: int | None = None, temperature: float = 1.0
-) -> float:
+) -> float | FloatArray:
     """``log(sum(exp(row[:real_vocab_size])))``, correctly rounded to float64.
 
-    ``row`` is 1-D (float16, bfloat16, float32 or float64, taken exactly).
+    ``row`` is 1-D, or ``[N, V]`` for one value per row along the last axis (as
+    ``torch.logsumexp(dim=-1)``), float16, bfloat16, float32 or float64, taken
+    exactly. A 1-D row gives a float; a batch gives float64 ``[N]`` holding, row
+    for row, the bits of the 1-D call (each value is correctly rounded, so unique).
     NaN gives NaN, ``+inf`` gives ``+inf``, and a row with no finite live value
     gives ``-inf``.
 
     >>> exact_logsumexp([0.0, 0.0])
     0.6931471805599453
+    >>> exact_logsumexp([[0.0, 0.0], [1.0, -float("inf")]]).tolist()
+    [0.6931471805599453, 1.0]
     """
+    if row_dimensions(row, "row") == 2:
+        return _logsumexp_rows(row, real_vocab_size=real_vocab_size, temperature=temperature)
     return _logsumexp(row, real_vocab_size=real_vocab_size, temperature=temperature)
 
 
@@ -200,6 +208,33 @@ def _logsumexp(
         return _SPECIAL_LSE[special]
     engine = RowLSE(finite)
     return certified_lse(engine, precision_scale * start_bits(engine.num_values))
+
+
+def _logsumexp_rows(
+    logits: ArrayLike, *, real_vocab_size: int | None, temperature: float
+) -> FloatArray:
+    """:func:`_logsumexp` of every row of ``[N, V]`` logits: the fast path on the whole batch,
+    then the Ziv loop for the rows it left."""
+    t32 = checked_temperature(temperature)
+    x = as_float64(logits, "row", 2)
+    n, v = x.shape
+    rv = as_real_vocab_size(real_vocab_size, v)
+    x = scaled_live(x, rv, t32, "row")
+    lse = np.empty(n)
+    done = np.zeros(n, dtype=np.bool_)
+    if fast_path_enabled():
+        quick = fast.selected_logprob(
+            x[:, :rv], np.zeros(n), np.zeros(n, dtype=np.bool_), _bits_source(logits, t32, rv)
+        )
+        lse[quick.lse_ok], done = quick.lse[quick.lse_ok], quick.lse_ok
+    for i in np.flatnonzero(~done).tolist():
+        special, finite = finite_part(x[i, :rv])
+        if special is not None:
+            lse[i] = _SPECIAL_LSE[special]
+            continue
+        engine = RowLSE(finite)
+        lse[i] = certified_lse(engine, start_bits(engine.num_values))
+    return lse
 
 
 def _selected_logprob(

@@ -46,6 +46,7 @@ from tp_logprob.oracle._inputs import (
     as_shard_bounds,
     as_targets,
     checked_targets,
+    row_dimensions,
 )
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
@@ -56,18 +57,22 @@ _CHUNK_VALUES = 1 << 20
 
 def reference_logsumexp(
     row: ArrayLike, *, real_vocab_size: int | None = None, temperature: float = 1.0
-) -> float:
+) -> float | FloatArray:
     """``log(sum(exp(row[:real_vocab_size])))`` in float64, max-shifted.
+
+    ``row`` is 1-D (a float), or ``[N, V]`` for one value per row along the last
+    axis (float64 ``[N]``, row for row the bits of the 1-D call).
 
     >>> reference_logsumexp([0.0, 0.0])
     0.6931471805599453
     """
     t32 = checked_temperature(temperature)
-    x = as_exact_array(row, "row", 1)
-    rv = as_real_vocab_size(real_vocab_size, x.shape[0])
+    batched = row_dimensions(row, "row") == 2
+    x = as_exact_array(row, "row", 2 if batched else 1)
+    rv = as_real_vocab_size(real_vocab_size, x.shape[-1])
     x = scaled_live(x, rv, t32, "row")
-    _, lse = _merged(x[None, :], [(0, rv)] if rv else [])
-    return float(lse[0])
+    _, lse = _merged(x if batched else x[None, :], [(0, rv)] if rv else [])
+    return lse if batched else float(lse[0])
 
 
 def reference_selected_logprob(

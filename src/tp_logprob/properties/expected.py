@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from tp_logprob.oracle import apply_temperature, exact_entropy
 from tp_logprob.oracle.exact import exact_selected_logprob
@@ -34,9 +35,14 @@ def exact_entropy_of(case: LogprobCase) -> Floats:
 
 
 def row_max_of_z(case: LogprobCase) -> Floats:
-    """Each row's max live ``z = fp32(x) / fp32(T)``: the magnitude the bounds scale with."""
-    live = apply_temperature(
-        case.logits[:, : case.contract.sharding.real_vocab_size], case.contract.temperature
-    )
+    """Each row's max live ``z = fp32(x) / fp32(T)``: the magnitude the bounds scale with.
+
+    For ``fp32(T) = 1``, ``z`` is the fp32 logits themselves: their maximum needs no
+    float64 copy of the batch."""
+    live: npt.NDArray[np.floating] = case.logits[:, : case.contract.sharding.real_vocab_size]
+    if case.contract.temperature_fp32 != 1.0:
+        live = apply_temperature(live, case.contract.temperature)
+    if not live.shape[1]:
+        return np.full(live.shape[0], -np.inf)
     with np.errstate(invalid="ignore"):
-        return live.max(axis=1) if live.shape[1] else np.full(live.shape[0], -np.inf)
+        return np.asarray(live.max(axis=1), dtype=np.float64)

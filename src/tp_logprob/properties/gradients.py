@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.contract import LogprobContract
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.formats import U32
@@ -264,7 +265,8 @@ def judge_gradient(
                 (
                     "error",
                     f"{ulps[row, column]:.4g} ulp of {contract.dtype.value}; bound "
-                    f"{bound[row, column]:.4g} absolute",
+                    f"{bound[row, column]:.4g} absolute "
+                    f"({_bound_ulps(exact[row, column], bound[row, column], contract):.4g} ulp)",
                 ),
                 ("row", row_summary(case, int(row))),
                 *extra(int(row)),
@@ -289,6 +291,11 @@ def judge_gradient(
                 *extra(first),
             ],
         )
+
+
+def _bound_ulps(exact: float, bound: float, contract: LogprobContract) -> float:
+    """``bound`` in ulps of the logits dtype at ``exact``, as the error is measured."""
+    return float(bound / np.ldexp(1.0, ulp_exponent(exact, contract.dtype.value)))
 
 
 def _describe_position(case: LogprobCase, row: int, column: int) -> str:

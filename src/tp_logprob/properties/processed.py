@@ -51,7 +51,7 @@ from tp_logprob.oracle import (
     support_masked_logits,
 )
 from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.gradients import backward, gradient_bound, judge_gradient
+from tp_logprob.properties.gradients import Backward, backward, gradient_bound, judge_gradient
 from tp_logprob.properties.lm_head import expect_fused_gradients
 from tp_logprob.properties.measuring import (
     MIN_ONLINE_BLOCK,
@@ -74,6 +74,7 @@ __all__ = [
     "expect_processed_close",
     "expect_processed_exact",
     "expect_processed_gradient",
+    "judge_processed_gradient",
     "judge_support",
     "masked_case",
     "processed_expected",
@@ -352,7 +353,8 @@ def expect_processed_close(
     count_ulps: bool = True,
 ) -> None:
     """Raise unless ``selected_logp``, ``support_lse``, ``lse`` and entropy are within the
-    tolerance table of the exact values on the support ``found``."""
+    tolerance table of the exact values on the support ``found`` (``support_lse``, ``lse``
+    and entropy where ``outputs`` holds them)."""
     expected = processed_expected(case, found)
     masked = masked_case(case, found)
     active = case.active
@@ -361,7 +363,6 @@ def expect_processed_close(
     s_scale = working_scale(masked, expected.support_lse)
     with np.errstate(invalid="ignore"):
         sel_scale = np.fmax(np.abs(expected.selected), s_scale)
-    assert outputs.support_lse is not None
     fields = [
         Compared(
             "selected_logp",
@@ -371,16 +372,19 @@ def expect_processed_close(
             active,
             sel_scale,
             zero_inactive=True,
-        ),
-        Compared(
-            "support_lse",
-            outputs.support_lse,
-            expected.support_lse,
-            s_lse_bound + s_lse_room,
-            np.ones_like(active),
-            s_scale,
-        ),
+        )
     ]
+    if outputs.support_lse is not None:
+        fields.append(
+            Compared(
+                "support_lse",
+                outputs.support_lse,
+                expected.support_lse,
+                s_lse_bound + s_lse_room,
+                np.ones_like(active),
+                s_scale,
+            )
+        )
     if outputs.lse is not None:
         _, lse_bound = allowed_error(case, np.zeros_like(expected.lse), expected.lse)
         fields.append(
@@ -461,7 +465,21 @@ def expect_processed_gradient(
         expect_fused_gradients(backend, case, stats, support_of=support_of)
         return
     run = backward(prop, case, backend)
-    found = backend_support(case, run.outputs)
+    judge_processed_gradient(
+        prop, case, backend.backend_id, run, backend_support(case, run.outputs), stats
+    )
+
+
+def judge_processed_gradient(
+    prop: str,
+    case: LogprobCase,
+    backend_id: str,
+    run: Backward,
+    found: BackendSupport,
+    stats: SuiteStats | None = None,
+) -> None:
+    """Raise unless ``run``'s gradient is exactly 0 outside the support ``found`` and within
+    the gradient bounds of the exact one on it (see :func:`expect_processed_gradient`)."""
     contract = case.contract
     common: dict[str, Any] = {
         "active_mask": case.active,
@@ -475,13 +493,13 @@ def expect_processed_gradient(
         entropy_grad = exact_processed_entropy_grad(case.logits, found.mask, **common)
     outside = ~found.mask & found.defined[:, None]
     notes = support_notes(case, found, run.outputs)
-    _expect_zero_outside(prop, case, backend.backend_id, run.gradient, outside, notes)
+    _expect_zero_outside(prop, case, backend_id, run.gradient, outside, notes)
     masked = masked_case(case, found)
     bound = gradient_bound(masked, exact, entropy_grad, (run.weights, run.entropy_weights))
     judge_gradient(
         prop,
         case,
-        backend.backend_id,
+        backend_id,
         run,
         exact,
         entropy_grad,

@@ -27,7 +27,7 @@ import os
 import platform as platform_module
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -163,7 +163,7 @@ def _environment() -> dict[str, Any]:
 
 def write_artifact(
     directory: str | os.PathLike[str],
-    properties: Mapping[str, SuiteProperty],
+    properties: Collection[str],
     *,
     prop: str,
     backend: BackendUnderTest,
@@ -173,8 +173,9 @@ def write_artifact(
     seed: int | str | None = None,
     test: str | None = None,
 ) -> Path:
-    """Write one failing example of property ``prop`` (one of ``properties``); return the
-    ``.json`` path (the existing one if already written)."""
+    """Write one failing example of property ``prop`` (one of ``properties``: the registry, or
+    the names a caller may record); return the ``.json`` path (the existing one if already
+    written)."""
     if prop not in properties:
         raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(properties)})")
     scalars, extra = _split_params(params)
