@@ -48,7 +48,6 @@ __all__ = [
     "max_batch_vocab",
     "position_lengths",
     "relayouts",
-    "skip_unless_batch_invariant",
     "support_modes_served",
 ]
 
@@ -142,12 +141,6 @@ def draw_processed_case(
 def claims_batch_invariance(backend: BackendUnderTest) -> bool:
     """Whether ``backend`` claims a scope with batch invariance (more than run-to-run bits)."""
     return bool(backend.capability.serves("determinism_scope", DeterminismScope.FIXED_TOPOLOGY))
-
-
-def skip_unless_batch_invariant(backend: BackendUnderTest) -> None:
-    """Skip a batch-invariance property for a backend that claims run-to-run bits only."""
-    if not claims_batch_invariance(backend):
-        pytest.skip(f"{backend.backend_id} claims run_to_run determinism only: not batch invariant")
 
 
 def batch_rows(num_tokens: int) -> st.SearchStrategy[np.ndarray]:
