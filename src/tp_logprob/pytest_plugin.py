@@ -4,9 +4,11 @@
 
 The plugin chooses the backends once (default: every backend registered on the
 platform), prints them with the platform, profile and seed in the report
-header, parametrizes every property over them, turns a failing property into a
-short report ending with the command that replays it, and prints a per-backend
-summary table at the end of the session (merged across pytest-xdist workers).
+header, parametrizes every property over them, deselects the properties a backend
+does not claim (:mod:`tp_logprob.properties.applicability`), turns a failing
+property into a short report ending with the command that replays it, and prints a
+per-backend summary table at the end of the session (merged across pytest-xdist
+workers), with what each backend does not claim under it.
 
 The plugin is inert unless the suite is requested: ``--tp-logprob-backend`` (or
 another ``--tp-logprob-*`` option) given, the suite's modules named on the command

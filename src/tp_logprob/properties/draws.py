@@ -1,8 +1,11 @@
 """What the properties draw for a backend: cases from the contracts it claims.
 
-A property that needs a kind of contract the backend does not claim is skipped
-with the reason, never failed. On a real process group of N ranks the contracts
-drawn are those of TP degree N (:func:`drawing_capability`).
+A property test declares what it needs of a backend
+(:mod:`tp_logprob.properties.applicability`) and is not collected for one that does
+not claim it; a draw that still finds no contract (filters narrower than that, or no
+contract of a real group's TP degree) skips with the reason, never fails. On a real
+process group of N ranks the contracts drawn are those of TP degree N
+(:func:`drawing_capability`).
 """
 
 from __future__ import annotations
