@@ -113,6 +113,7 @@ def _suite(
     )
 
 
+@pytest.mark.slow
 def test_what_a_backend_does_not_claim_is_deselected_and_listed() -> None:
     done = _suite(
         "--tp-logprob-backend=torch_native",
