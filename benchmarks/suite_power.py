@@ -12,8 +12,8 @@ instant). A mutant is *killed* when a property fails on it (pytest exit status 1
 with a failed test); it *survives* when the suite passes. The controls (torch_native,
 torch_native rebuilt from the mutants' parts, examples/my_kernel.py, torch_native_fused
 and its rebuild, torch_native with sampling supports) must pass. Every run is the whole
-suite: a fused (hidden-input) mutant skips the logits-path properties as any hidden-only
-backend does, and the other way round.
+suite: a fused (hidden-input) mutant is not collected for the logits-path properties, as
+any hidden-only backend is not (it does not claim them), and the other way round.
 Time to kill is the wall time of that pytest process: start-up and imports, the
 properties that passed before, and the failing one with its shrinking (``-x``
 stops there). ``--all-properties`` drops ``-x`` to list every property that

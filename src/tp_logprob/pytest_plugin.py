@@ -4,9 +4,11 @@
 
 The plugin chooses the backends once (default: every backend registered on the
 platform), prints them with the platform, profile and seed in the report
-header, parametrizes every property over them, turns a failing property into a
-short report ending with the command that replays it, and prints a per-backend
-summary table at the end of the session (merged across pytest-xdist workers).
+header, parametrizes every property over them, deselects the properties a backend
+does not claim (:mod:`tp_logprob.properties.applicability`), turns a failing
+property into a short report ending with the command that replays it, and prints a
+per-backend summary table at the end of the session (merged across pytest-xdist
+workers), with what each backend does not claim under it.
 
 The plugin is inert unless the suite is requested: ``--tp-logprob-backend`` (or
 another ``--tp-logprob-*`` option) given, the suite's modules named on the command
@@ -49,11 +51,12 @@ from tp_logprob.properties.profiles import (
     property_settings,
     register_profiles,
 )
-from tp_logprob.properties.report import LABEL_WIDTH, PropertyViolation, SuiteStats
+from tp_logprob.properties.report import LABEL_WIDTH, NotClaimed, PropertyViolation, SuiteStats
 
 PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"
 _STATS_OUTPUT = "tp_logprob_stats"
+_NOT_CLAIMED_OUTPUT = "tp_logprob_not_claimed"
 _SEED_INPUT = "tp_logprob_seed"
 DEFAULT_ARTIFACTS_DIR = ".tp_logprob/failures"
 DEFAULT_RANK_LOGS = ".tp_logprob/ranks"
@@ -76,6 +79,7 @@ class _Suite:
     everywhere: bool = False
     launcher: list[str] = field(default_factory=list)
     writes_artifacts: bool = True
+    not_claimed: NotClaimed = field(default_factory=NotClaimed)
     _backends: list[Any] | None = None
     _platform: str | None = None
 
@@ -333,6 +337,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m: what it deselects is what was selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give the properties the suite's settings and seed (with the project's opt-in, under
     ci, every Hypothesis test gets the seed too); nothing unless the suite is requested.
@@ -349,6 +354,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         from tp_logprob.properties.registry import suite_properties
 
         suite_properties()  # every property module, imported before a test runs
+    _deselect_unclaimed(config, suite, items)
     for item in items:
         test: Any = getattr(item, "obj", None)
         if not hasattr(test, "_hypothesis_internal_use_seed"):
@@ -357,6 +363,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             test._hypothesis_internal_use_settings = property_settings(suite.profile, test)
         if is_property(item) or (suite.everywhere and suite.profile == "ci"):
             test._hypothesis_internal_use_seed = suite.seed
+
+
+def _deselect_unclaimed(config: pytest.Config, suite: _Suite, items: list[pytest.Item]) -> None:
+    """Deselect every property a backend does not claim (see
+    :mod:`tp_logprob.properties.applicability`), counting why, per backend.
+
+    The decision reads only the capability and the test's parameters, so every
+    xdist worker deselects the same items and runs the same collection.
+    """
+    from tp_logprob.properties.applicability import unclaimed
+
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        params = dict(getattr(getattr(item, "callspec", None), "params", {}))
+        backend = params.pop(BACKEND_FIXTURE, None)
+        reason = None
+        if backend is not None and is_property(item):
+            reason = unclaimed(getattr(item, "obj", None), backend, params)
+        if reason is None:
+            kept.append(item)
+            continue
+        dropped.append(item)
+        suite.not_claimed.add(backend.backend_id, reason, item.nodeid)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
@@ -422,6 +455,9 @@ def pytest_runtest_makereport(
     replay = f"  {'replay'.ljust(LABEL_WIDTH)}  {replay_command(item, suite, backend.spec)}"
     replay += _write_artifacts(item, suite, call.excinfo.value if call.excinfo else None)
     violations = _violations(call.excinfo.value if call.excinfo else None)
+    for found in violations:  # the failing example counts, measured or not along the way
+        if found.measured is not None:
+            suite.stats.failure(backend.backend_id, found.prop.split(":")[0], *found.measured)
     if violations:
         reports = [f"{found.prop}\n{found.report}" for found in violations]
         report.longrepr = "\n\n".join(reports) + "\n" + replay
@@ -470,22 +506,32 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     output = getattr(session.config, "workeroutput", None)
     if output is not None and session.config.stash[_SUITE].active:
         output[_STATS_OUTPUT] = session.config.stash[_SUITE].stats.to_json()
+        output[_NOT_CLAIMED_OUTPUT] = session.config.stash[_SUITE].not_claimed.to_json()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """xdist controller: fold a finished worker's example counts and worst errors in."""
-    text = getattr(node, "workeroutput", {}).get(_STATS_OUTPUT)
-    if text:
-        node.config.stash[_SUITE].stats.merge_json(text)
+    output = getattr(node, "workeroutput", {})
+    suite = node.config.stash[_SUITE]
+    if output.get(_STATS_OUTPUT):
+        suite.stats.merge_json(output[_STATS_OUTPUT])
+    if output.get(_NOT_CLAIMED_OUTPUT) and not suite.not_claimed.nodeids:
+        suite.not_claimed = NotClaimed.from_json(output[_NOT_CLAIMED_OUTPUT])  # one worker's:
+        # every worker collected and deselected the same items
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):
+    suite = config.stash[_SUITE]
+    stats, not_claimed = suite.stats, suite.not_claimed
+    if hasattr(config, "workerinput") or not (stats.backends or not_claimed.nodeids):
         return
-    stats = config.stash[_SUITE].stats
-    if not stats.backends:
-        return
+    if config.pluginmanager.has_plugin("dsession"):  # the xdist controller
+        # The controller collects nothing: the workers deselected, and the summary line
+        # counts them only if the controller hears of them.
+        terminalreporter.stats.setdefault("deselected", []).extend(not_claimed.nodeids)
     terminalreporter.section("tp-logprob property suite")
     for line in stats.table():
+        terminalreporter.write_line(line)
+    for line in not_claimed.lines():
         terminalreporter.write_line(line)

@@ -1,8 +1,11 @@
 """What the properties draw for a backend: cases from the contracts it claims.
 
-A property that needs a kind of contract the backend does not claim is skipped
-with the reason, never failed. On a real process group of N ranks the contracts
-drawn are those of TP degree N (:func:`drawing_capability`).
+A property test declares what it needs of a backend
+(:mod:`tp_logprob.properties.applicability`) and is not collected for one that does
+not claim it; a draw that still finds no contract (filters narrower than that, or no
+contract of a real group's TP degree) skips with the reason, never fails. On a real
+process group of N ranks the contracts drawn are those of TP degree N
+(:func:`drawing_capability`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ __all__ = [
     "max_batch_vocab",
     "position_lengths",
     "relayouts",
-    "skip_unless_batch_invariant",
     "support_modes_served",
 ]
 
@@ -142,12 +144,6 @@ def draw_processed_case(
 def claims_batch_invariance(backend: BackendUnderTest) -> bool:
     """Whether ``backend`` claims a scope with batch invariance (more than run-to-run bits)."""
     return bool(backend.capability.serves("determinism_scope", DeterminismScope.FIXED_TOPOLOGY))
-
-
-def skip_unless_batch_invariant(backend: BackendUnderTest) -> None:
-    """Skip a batch-invariance property for a backend that claims run-to-run bits only."""
-    if not claims_batch_invariance(backend):
-        pytest.skip(f"{backend.backend_id} claims run_to_run determinism only: not batch invariant")
 
 
 def batch_rows(num_tokens: int) -> st.SearchStrategy[np.ndarray]:

@@ -252,6 +252,7 @@ def expect_within(
                 case,
                 backend_id,
                 lines + ([] if notes is None else notes(row)),
+                measured=(float(errors[row]), float(used[row])),
             )
 
 

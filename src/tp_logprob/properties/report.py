@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "LABEL_WIDTH",
     "BackendStats",
+    "NotClaimed",
     "PropertyViolation",
     "SuiteStats",
     "format_value",
@@ -31,12 +32,19 @@ LABEL_WIDTH = 8
 
 
 class PropertyViolation(AssertionError):  # noqa: N818 - reads "the property is violated"
-    """A property of the suite does not hold; ``report`` says where and by how much."""
+    """A property of the suite does not hold; ``report`` says where and by how much.
 
-    def __init__(self, prop: str, report: str) -> None:
+    ``measured`` is the worst row's error ``(fp32 ulps, fraction of its tolerance)`` when
+    the property measured one, so the session summary counts the failing example too.
+    """
+
+    def __init__(
+        self, prop: str, report: str, *, measured: tuple[float, float] | None = None
+    ) -> None:
         super().__init__(f"{prop}\n{report}")
         self.prop = prop
         self.report = report
+        self.measured = measured
 
 
 def format_value(value: Any) -> str:
@@ -52,11 +60,17 @@ def format_value(value: Any) -> str:
 
 
 def violation(
-    prop: str, subject: Any, backend_id: str, lines: Iterable[tuple[str, str]]
+    prop: str,
+    subject: Any,
+    backend_id: str,
+    lines: Iterable[tuple[str, str]],
+    *,
+    measured: tuple[float, float] | None = None,
 ) -> PropertyViolation:
     """A :class:`PropertyViolation` with the standard header and ``(label, text)`` lines.
 
-    ``subject`` is the failing case (contract and shapes are shown) or a bare contract.
+    ``subject`` is the failing case (contract and shapes are shown) or a bare contract;
+    ``measured`` is the worst row's ``(ulps, fraction of tolerance)``, if measured.
     """
     case = subject if hasattr(subject, "logits") else None
     contract = subject.contract if case is not None else subject
@@ -74,7 +88,7 @@ def violation(
     report = "\n".join(
         f"  {label.ljust(LABEL_WIDTH)}  {text}".rstrip() for label, text in [*rows, *lines]
     )
-    return PropertyViolation(prop, report)
+    return PropertyViolation(prop, report, measured=measured)
 
 
 @dataclass
@@ -123,6 +137,18 @@ class SuiteStats:
         if math.isfinite(tolerance_used) and tolerance_used > stats.worst_tolerance_used:
             stats.worst_tolerance_used, stats.worst_tolerance_property = float(tolerance_used), prop
 
+    def failure(self, backend_id: str, prop: str, ulps: float, tolerance_used: float) -> None:
+        """Record a failing example's worst error; an unbounded one (NaN against a finite
+        value, say) counts as inf, so the table never reads lower than the failure."""
+        stats = self.of(backend_id)
+        ulps = math.inf if math.isnan(ulps) else float(ulps)
+        used = math.inf if math.isnan(tolerance_used) else float(tolerance_used)
+        if ulps > stats.worst_ulp or not stats.worst_property:
+            stats.worst_ulp, stats.worst_property = max(ulps, stats.worst_ulp), prop
+        if used > stats.worst_tolerance_used or not stats.worst_tolerance_property:
+            stats.worst_tolerance_used = max(used, stats.worst_tolerance_used)
+            stats.worst_tolerance_property = prop
+
     def outcome(self, backend_id: str, passed: bool, *, skipped: bool = False) -> None:
         """Count one finished property test: passed, failed, or skipped (did not apply)."""
         stats = self.of(backend_id)
@@ -165,4 +191,40 @@ class SuiteStats:
         return [
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
             for row in [header, *rows]
+        ]
+
+
+@dataclass
+class NotClaimed:
+    """The properties deselected because a backend does not claim what they need: their
+    node ids, and per backend how many for each capability field (the reason)."""
+
+    nodeids: list[str] = field(default_factory=list)
+    reasons: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, backend_id: str, reason: str, nodeid: str) -> None:
+        """Count one deselected property test of ``backend_id``, not claimed for ``reason``."""
+        self.nodeids.append(nodeid)
+        counts = self.reasons.setdefault(backend_id, {})
+        counts[reason] = counts.get(reason, 0) + 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> NotClaimed:
+        return cls(**json.loads(text))
+
+    def lines(self) -> list[str]:
+        """Once per backend, what it does not claim and how many properties that deselected."""
+        if not self.nodeids:
+            return []
+        width = max(len(name) for name in self.reasons)
+        return [
+            f"not claimed, so not collected ({len(self.nodeids)} deselected):",
+            *(
+                f"  {name.ljust(width)}  "
+                + "; ".join(f"{reason} ({count})" for reason, count in sorted(counts.items()))
+                for name, counts in sorted(self.reasons.items())
+            ),
         ]

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
@@ -81,6 +82,7 @@ def backends_agree(
         )
 
 
+@applies_to(LOGITS_INPUT)
 @scaled(0.4)
 @given(data=st.data())
 def test_backends_agree(

@@ -7,19 +7,23 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, ShardingSpec
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.applicability import (
+    BATCH_INVARIANT,
+    LOGITS_INPUT,
+    SEVERAL_LAYOUTS,
+    applies_to,
+)
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     batch_rows,
     draw_case,
     draw_positions,
     relayouts,
-    skip_unless_batch_invariant,
 )
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.measuring import (
@@ -50,6 +54,7 @@ def replicated(
     assert len(outputs.results) == case.contract.sharding.tp_world_size
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_outputs_replicated_across_ranks(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -79,6 +84,7 @@ def run_to_run(
     )
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_run_to_run_bitwise(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -112,13 +118,13 @@ def batch_invariance(
     )
 
 
+@applies_to(LOGITS_INPUT, BATCH_INVARIANT)
 @given(data=st.data())
 def test_batch_invariance(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
 ) -> None:
     """A row's bits do not depend on the other rows, their order, or N."""
     backend = tp_logprob_backend
-    skip_unless_batch_invariant(backend)
     case = draw_case(data, backend, tp_logprob_suite)
     rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
     run_property("batch_invariance", backend, case, {"rows": rows})
@@ -163,6 +169,7 @@ def row_positions(
     )
 
 
+@applies_to(LOGITS_INPUT, BATCH_INVARIANT)
 @scaled(0.4)
 @given(data=st.data())
 def test_row_positions(
@@ -170,7 +177,6 @@ def test_row_positions(
 ) -> None:
     """One row at odd and even positions, inside and at the end of tiles: its own bits."""
     backend = tp_logprob_backend
-    skip_unless_batch_invariant(backend)
     case = draw_case(data, backend, tp_logprob_suite)
     params = draw_positions(data, case, backend)
     run_property("row_positions", backend, case, params)
@@ -240,6 +246,7 @@ def tp_consistency(
     )
 
 
+@applies_to(LOGITS_INPUT, SEVERAL_LAYOUTS)
 @scaled(0.6)
 @given(data=st.data())
 def test_tp_consistency(
@@ -248,10 +255,6 @@ def test_tp_consistency(
     """Another TP degree and shard layout: bitwise for cross_tp_bitwise, else within tolerance."""
     backend = tp_logprob_backend
     capability = backend.capability
-    worlds = capability.served_values("tp_world_size")
-    single = worlds is not None and len(worlds) == 1
-    if single and (worlds == {1} or not capability.serves("even_layout", False)):
-        pytest.skip(f"{backend.backend_id} serves one shard layout per vocabulary: nothing to vary")
     case = draw_case(data, backend, tp_logprob_suite)
     layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
     run_property("tp_consistency", backend, case, layout)

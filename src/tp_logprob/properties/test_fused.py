@@ -6,8 +6,8 @@ padding rows, bias, NaN hidden rows that are inactive, uneven and padding-only
 shards at TP 1-8. The oracle, determinism and TP-consistency checks are the
 logits path's, with room for the backend's own fp32 dot products
 (``docs/tolerances.md``, "Fused LM head"); the rest are the fused path's own.
-Backends that take only logits skip this module, and hidden-only backends skip
-the logits-path modules.
+Backends that take only logits are not collected for this module, nor hidden-only
+backends for the logits-path modules (:mod:`tp_logprob.properties.applicability`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,15 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.applicability import (
+    BATCH_INVARIANT,
+    HIDDEN_INPUT,
+    SEVERAL_LAYOUTS,
+    applies_to,
+)
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     batch_rows,
@@ -28,7 +33,6 @@ from tp_logprob.properties.draws import (
     draw_hidden_case,
     draw_positions,
     relayouts,
-    skip_unless_batch_invariant,
 )
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.lm_head import expect_fused_gradients, fused_only, logits_contract
@@ -55,6 +59,7 @@ from tp_logprob.strategies import LogprobCase, round_to_dtype
 Floats = npt.NDArray[np.float64]
 
 
+@applies_to(HIDDEN_INPUT)
 @given(data=st.data())
 def test_fused_matches_exact_oracle(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -124,6 +129,7 @@ def _entropy_room(case: LogprobCase) -> Floats:
     return entropy_error(case, exact_entropy_of(case), lse)
 
 
+@applies_to(HIDDEN_INPUT)
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_exact_dot_products_match_logits_path(
@@ -170,6 +176,7 @@ def fused_padding_rows(
     )
 
 
+@applies_to(HIDDEN_INPUT)
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_padding_rows_never_read(
@@ -196,6 +203,7 @@ def fused_gradients(
     expect_fused_gradients(backend, case, stats)
 
 
+@applies_to(HIDDEN_INPUT)
 @given(data=st.data())
 def test_fused_gradients(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -207,6 +215,7 @@ def test_fused_gradients(
     run_property("fused_gradients", backend, case, stats=tp_logprob_suite.stats)
 
 
+@applies_to(HIDDEN_INPUT)
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_run_to_run_and_batch_invariance(
@@ -223,6 +232,7 @@ def test_fused_run_to_run_and_batch_invariance(
     run_property("batch_invariance", backend, case, {"rows": rows})
 
 
+@applies_to(HIDDEN_INPUT, BATCH_INVARIANT)
 @scaled(0.2)
 @given(data=st.data())
 def test_fused_row_positions(
@@ -231,11 +241,11 @@ def test_fused_row_positions(
     """One hidden row at odd and even positions, inside and at the end of row chunks and
     tiles: every copy has the bits of the row run alone."""
     backend = tp_logprob_backend
-    skip_unless_batch_invariant(backend)
     case = draw_hidden_case(data, backend, tp_logprob_suite)
     run_property("row_positions", backend, case, draw_positions(data, case, backend))
 
 
+@applies_to(HIDDEN_INPUT, SEVERAL_LAYOUTS)
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_tp_consistency(
@@ -245,10 +255,6 @@ def test_fused_tp_consistency(
     else within tolerance (with the dot-product room of both runs)."""
     backend = tp_logprob_backend
     capability = backend.capability
-    worlds = capability.served_values("tp_world_size")
-    single = worlds is not None and len(worlds) == 1
-    if single and (worlds == {1} or not capability.serves("even_layout", False)):
-        pytest.skip(f"{backend.backend_id} serves one shard layout per vocabulary: nothing to vary")
     case = draw_hidden_case(data, backend, tp_logprob_suite)
     layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
     run_property("tp_consistency", backend, case, layout)
@@ -343,6 +349,7 @@ def fused_memory(
         )
 
 
+@applies_to(HIDDEN_INPUT)
 @scaled(0.12)
 @given(data=st.data())
 def test_fused_never_materializes_the_logits(

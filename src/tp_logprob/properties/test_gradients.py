@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.gradients import expect_gradient
@@ -29,6 +30,7 @@ def gradients(
     expect_gradient("gradients", case, backend, stats)
 
 
+@applies_to(LOGITS_INPUT)
 @scaled(0.6)
 @given(data=st.data())
 def test_gradients_match_exact(

@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     draw_case,
@@ -67,6 +68,7 @@ def _long_params(data: Any, backend: BackendUnderTest) -> dict[str, Any]:
     }
 
 
+@applies_to(LOGITS_INPUT)
 @scaled(0.16)
 @given(data=st.data())
 def test_long_batches(
@@ -80,6 +82,7 @@ def test_long_batches(
     run_property("long_batch", backend, case, _long_params(data, backend))
 
 
+@applies_to(HIDDEN_INPUT)
 @scaled(0.16)
 @given(data=st.data())
 def test_fused_long_batches(

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import LogprobDType, MaskMode, MaskSpec
+from tp_logprob.contract import LogprobDType, MaskSpec
+from tp_logprob.properties.applicability import EXPLICIT_MASK, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_outputs
@@ -62,6 +62,7 @@ def padding_ignored(
     )
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_padding_is_ignored(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -168,6 +169,7 @@ def inactive_rows(
         )
 
 
+@applies_to(LOGITS_INPUT, EXPLICIT_MASK)
 @given(data=st.data())
 def test_inactive_rows(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -175,8 +177,6 @@ def test_inactive_rows(
     """Inactive rows give exactly +0.0, their targets are never read, and the other rows
     are unaffected when one more row is made inactive."""
     backend = tp_logprob_backend
-    if not backend.capability.serves("mask_mode", MaskMode.EXPLICIT_ACTIVE_MASK):
-        pytest.skip(f"{backend.backend_id} serves no explicit active mask: no row can be inactive")
     case = draw_case(data, backend, tp_logprob_suite, mask_modes={"explicit_active_mask"})
     active = case.active
     flipped = None
@@ -237,6 +237,7 @@ def shift_equivariance(
     )
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_shift_equivariance(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -298,6 +299,7 @@ def vocabulary_permutation(
     )
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_vocabulary_permutation(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any

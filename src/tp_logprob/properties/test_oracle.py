@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.measuring import expect_exact, expect_reference
@@ -29,6 +30,7 @@ def oracle(
     expect_exact("oracle agreement: output outside the tolerance table", backend, case, stats)
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_matches_exact_oracle(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -58,6 +60,7 @@ def special_values(
     )
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_special_values_match_oracle(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -82,6 +85,7 @@ def reference(
     expect_reference("reference agreement", backend, case, stats)
 
 
+@applies_to(LOGITS_INPUT)
 @scaled(0.5)
 @given(data=st.data())
 def test_matches_reference_on_larger_shapes(

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.properties.applicability import SEVERAL_LAYOUTS, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     batch_rows,
@@ -302,6 +303,7 @@ def processed_tp_consistency(
         )
 
 
+@applies_to(SEVERAL_LAYOUTS)
 @scaled(0.5)
 @given(data=st.data())
 def test_processed_tp_consistency(
@@ -311,10 +313,6 @@ def test_processed_tp_consistency(
     else admissible and within tolerance at both layouts."""
     backend = tp_logprob_backend
     capability = backend.capability
-    worlds = capability.served_values("tp_world_size")
-    single = worlds is not None and len(worlds) == 1
-    if single and (worlds == {1} or not capability.serves("even_layout", False)):
-        pytest.skip(f"{backend.backend_id} serves one shard layout per vocabulary: nothing to vary")
     case = draw_processed_case(data, backend, tp_logprob_suite)
     layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
     run_property("processed_tp_consistency", backend, case, layout)

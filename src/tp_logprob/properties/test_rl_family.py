@@ -18,6 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import MaskSpec, ShardingSpec
+from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_outputs
@@ -52,6 +53,7 @@ def entropy_nan_free(
         expect_gradient("entropy NaN-freedom (gradient)", case, backend, stats)
 
 
+@applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_entropy_is_nan_free_where_exact_is_finite(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
@@ -102,6 +104,7 @@ def temperature_power_of_two(
     )
 
 
+@applies_to(LOGITS_INPUT)
 @scaled(0.5)
 @given(data=st.data())
 def test_power_of_two_temperature_is_exact_scaling(
@@ -171,6 +174,7 @@ def neg_inf_columns_ignored(
     )
 
 
+@applies_to(LOGITS_INPUT)
 @scaled(0.5)
 @given(data=st.data())
 def test_entropy_ignores_appended_neg_inf_columns(

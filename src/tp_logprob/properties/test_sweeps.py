@@ -32,6 +32,7 @@ from tp_logprob.contract import (
     ShardingSpec,
     even_shard_bounds,
 )
+from tp_logprob.properties.applicability import CROSS_TP_BITWISE, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.measuring import expect_bitwise, expect_close
@@ -116,12 +117,11 @@ def _case(contract: LogprobContract, seed: int = 0) -> LogprobCase:
     return LogprobCase(contract, logits.astype(np.float32), targets)
 
 
+@applies_to(LOGITS_INPUT, CROSS_TP_BITWISE)
 def test_cross_tp_bitwise_sweep(tp_logprob_backend: BackendUnderTest) -> None:
     """A cross_tp_bitwise claim: the same bits at TP 1, 2, 3, 4, 8, even and uneven."""
     backend = tp_logprob_backend
     scope = DeterminismScope.CROSS_TP_BITWISE
-    if not backend.capability.serves("determinism_scope", scope):
-        pytest.skip(f"{backend.backend_id} does not claim cross_tp_bitwise")
     first = _case(_contract(backend.capability, LAYOUTS["tp1"], scope))
     baseline = execute(backend, first)
     for name, bounds in _layouts().items():
@@ -136,6 +136,7 @@ def test_cross_tp_bitwise_sweep(tp_logprob_backend: BackendUnderTest) -> None:
         )
 
 
+@applies_to(LOGITS_INPUT)
 @pytest.mark.parametrize("layout", ["tp1", UNEVEN])
 def test_batch_invariance_sweep(tp_logprob_backend: BackendUnderTest, layout: str) -> None:
     """Each row alone, and in batches of 2, 5 and 64, gives the same bits."""
@@ -162,6 +163,7 @@ def test_batch_invariance_sweep(tp_logprob_backend: BackendUnderTest, layout: st
             )
 
 
+@applies_to(LOGITS_INPUT)
 def test_special_rows_with_lse(tp_logprob_backend: BackendUnderTest) -> None:
     """NaN, +inf and all -inf rows with the LSE exported, against the oracle, at TP 3 (or
     the real group's uneven layout)."""

@@ -28,11 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import LogprobInputKind
+from tp_logprob.properties.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import drawing_capability, interpreted
 from tp_logprob.properties.lm_head import fused_only
@@ -83,6 +82,7 @@ def wide_reference(
     expect_reference("wide sweep", backend, case, stats)
 
 
+@applies_to(LOGITS_INPUT)
 @scaled(0.4)
 @given(data=st.data())
 def test_wide_vocabularies(
@@ -92,8 +92,6 @@ def test_wide_vocabularies(
     block, padding across a block edge and shard bounds that cut blocks: within the
     tolerance table of the exact oracle."""
     backend = tp_logprob_backend
-    if not backend.capability.serves("input_kind", LogprobInputKind.LOGITS):
-        pytest.skip(f"{backend.backend_id} takes hidden states: the wide sweep is on logits")
     limit = wide_max_vocab(backend, tp_logprob_suite.wide_max_vocab)
     capability = drawing_capability(backend)
     case = data.draw(wide_cases(capability, max_vocab=limit), label="wide case")
@@ -140,6 +138,7 @@ def fused_wide_reference(
         )
 
 
+@applies_to(HIDDEN_INPUT)
 @scaled(0.2)
 @given(data=st.data())
 def test_fused_wide_vocabularies(
@@ -149,8 +148,6 @@ def test_fused_wide_vocabularies(
     padding rows, temperature and entropy; each row's maximum and target at the end of a
     shard's last, partial tile: within the float64 reference's bound."""
     backend = tp_logprob_backend
-    if not backend.capability.serves("input_kind", LogprobInputKind.HIDDEN):
-        pytest.skip(f"{backend.backend_id} takes logits: the fused wide sweep is on hidden states")
     small = interpreted(backend)
     strategy = wide_hidden_cases(
         drawing_capability(backend),
