@@ -45,6 +45,9 @@ from tp_logprob.errors import LogprobContractError
 from tp_logprob.support import SupportSpec, _int_array, kept_rows_csr
 
 __all__ = [
+    "prime_rl_support",
+    "sglang_support",
+    "vllm_support",
     "ENGINES",
     "EngineRollout",
     "prime_rl_rollout",
@@ -155,6 +158,25 @@ def prime_rl_rollout(
     support = _support(f"{where}.ids", rows, tokens, vocab_size, has_mask=has_mask)
     values = None if logprobs is None else _floats("logprobs", logprobs, tokens.size)
     return EngineRollout("prime_rl", tokens, support, has_mask, values)
+
+
+def sglang_support(response: Mapping[str, Any], *, vocab_size: int | None = None) -> SupportSpec:
+    """The replayed support of an SGLang response (:func:`sglang_rollout`'s checks)."""
+    return sglang_rollout(response, vocab_size=vocab_size).support
+
+
+def vllm_support(
+    response: Mapping[str, Any], *, choice: int = 0, vocab_size: int | None = None
+) -> SupportSpec:
+    """The replayed support of a vLLM response's ``sampling_mask`` (one choice)."""
+    return vllm_rollout(response, choice=choice, vocab_size=vocab_size).support
+
+
+def prime_rl_support(
+    ids: Any, counts: Any, token_ids: Any, *, vocab_size: int | None = None
+) -> SupportSpec:
+    """The replayed support of prime-rl's ``SamplingMask(ids, counts)`` (count 0: no ids)."""
+    return prime_rl_rollout(ids, counts, token_ids, vocab_size=vocab_size).support
 
 
 def read_rollouts(

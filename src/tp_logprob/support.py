@@ -247,32 +247,6 @@ class SupportSpec:
         return cls(kept_offsets=offsets, kept_ids=ids)
 
     @classmethod
-    def from_sglang(cls, response: Any, *, vocab_size: int | None = None) -> SupportSpec:
-        """The kept ids of an SGLang ``/generate`` response (``meta_info`` sampling-mask
-        fields; see :mod:`tp_logprob.engine_formats` for the format and its checks)."""
-        from tp_logprob.engine_formats import sglang_rollout
-
-        return sglang_rollout(response, vocab_size=vocab_size).support
-
-    @classmethod
-    def from_vllm(
-        cls, response: Any, *, choice: int = 0, vocab_size: int | None = None
-    ) -> SupportSpec:
-        """The kept ids of a vLLM ``/generate`` response's ``sampling_mask`` (one choice)."""
-        from tp_logprob.engine_formats import vllm_rollout
-
-        return vllm_rollout(response, choice=choice, vocab_size=vocab_size).support
-
-    @classmethod
-    def from_prime_rl(
-        cls, ids: Any, counts: Any, token_ids: Any, *, vocab_size: int | None = None
-    ) -> SupportSpec:
-        """prime-rl's ``SamplingMask(ids, counts)``; a row with count 0 keeps nothing."""
-        from tp_logprob.engine_formats import prime_rl_rollout
-
-        return prime_rl_rollout(ids, counts, token_ids, vocab_size=vocab_size).support
-
-    @classmethod
     def from_mask(cls, mask: Any) -> SupportSpec:
         """A replayed support from a bool ``[num_tokens, vocab]`` mask (True = kept)."""
         if type(mask).__module__.startswith("torch"):
