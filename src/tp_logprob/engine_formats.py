@@ -86,9 +86,8 @@ class EngineRollout:
 def sglang_rollout(response: Mapping[str, Any], *, vocab_size: int | None = None) -> EngineRollout:
     """An SGLang ``/generate`` response object (``output_ids`` and ``meta_info``)."""
     where = "sglang response"
-    meta = _mapping(
-        where, response.get("meta_info") if _is_mapping(response) else None, "meta_info"
-    )
+    response = _mapping(where, response, "a /generate response")
+    meta = _mapping(f"{where}.meta_info", response.get("meta_info"), "return_sampling_mask=True")
     tokens = _int_array(f"{where}.output_ids", _field(response, "output_ids", where))
     masks = _field(meta, "output_token_sampling_mask", f"{where}.meta_info")
     _truncation(meta.get("output_token_sampling_mask_truncated"), tokens.size, where)
