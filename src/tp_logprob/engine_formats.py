@@ -328,7 +328,10 @@ def _floats(name: str, value: Any, count: int) -> FloatArray:
         raise LogprobContractError(f"{name}={value!r}: expected one float per token")
     if len(value) != count:
         raise LogprobContractError(f"{name}: {len(value)} entries for {count} output tokens")
-    return np.array([_float(f"{name}[token {i}]", v) for i, v in enumerate(value)])
+    # None: no logprob at that position (a token without a mask has none).
+    return np.array(
+        [math.nan if v is None else _float(f"{name}[token {i}]", v) for i, v in enumerate(value)]
+    )
 
 
 def _float(name: str, value: Any) -> float:

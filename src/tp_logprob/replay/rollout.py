@@ -70,13 +70,15 @@ _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "
 
 @dataclass(frozen=True)
 class RolloutCheck:
-    """Per token: the three logprobs, their errors in fp32 ulps, the bound, the verdicts."""
+    """Per token: the three logprobs, their errors in fp32 ulps, the bound (absolute and in
+    ulps), the causes found for the trainer and the engine, and the verdict with its reason."""
 
     engine: str
     token_ids: npt.NDArray[np.int64]
     oracle: Floats
     trainer: Floats
     engine_logprob: Floats
+    bound: Floats
     bound_ulp: Floats
     trainer_ulp: Floats
     engine_ulp: Floats
@@ -318,7 +320,7 @@ def check_rollout(
         **{k: v for k, v in params.items() if v is not None},
     }
     return RolloutCheck(
-        rollout.engine, targets, oracle, trainer, engine, bound_ulp, trainer_ulp, engine_ulp,
+        rollout.engine, targets, oracle, trainer, engine, bound, bound_ulp, trainer_ulp, engine_ulp,
         trainer_cause, engine_cause, verdict, details, settings,
     )  # fmt: skip
 
