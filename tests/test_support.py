@@ -46,7 +46,7 @@ def _contract(num_tokens: int = 3, active: list[bool] | None = None, **changes: 
         ({"kept_offsets": [0, 2], "kept_ids": [3, 3]}, "kept_ids[row 0]=[3, 3]: ids must be"),
         ({"kept_offsets": [0, 1, 3], "kept_ids": [5, 4, 2]}, "kept_ids[row 1]=[4, 2]"),
         ({"kept_offsets": [0, 1], "kept_ids": [-1]}, "kept_ids[row 0]=-1: token ids"),
-        ({"kept_offsets": [0, 1], "kept_ids": [1.5]}, "kept_ids[0]=1.5: expected an int, got float"),
+        ({"kept_offsets": [0, 1], "kept_ids": [1.5]}, "kept_ids[0]=1.5: expected an int, got"),
         ({"kept_offsets": [0, 2], "kept_ids": [1, True]}, "kept_ids[1]=True: expected an int"),
         ({"kept_offsets": [0, 1.0], "kept_ids": [1]}, "kept_offsets[1]=1.0: expected an int"),
         ({"kept_offsets": [0, 1], "kept_ids": np.array([1.0])}, "expected a 1-D array of ints"),

@@ -8,7 +8,6 @@ a top-k mask missing a token, a perturbed value) and checks the verdict.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 

@@ -31,7 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.contract import (
+    DeterminismScope,
     LogprobContract,
+    LogprobDType,
+    LogprobRole,
     MaskSpec,
     ReductionSpec,
     ShardingSpec,
@@ -224,7 +227,7 @@ def check_rollout(
     contract, full = _trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
     trainer = _trainer_logprobs(shards, rollout, contract, backend, group)
     rv = contract.sharding.real_vocab_size
-    params = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+    params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
     has_params = any(v is not None for v in params.values())
     n = rollout.num_tokens
     oracle, support_lse = np.full(n, math.nan), np.full(n, math.nan)
@@ -413,11 +416,11 @@ def _trainer_contract(
     padded = int(sum(widths))
     rv = padded if real_vocab_size is None else real_vocab_size
     contract = LogprobContract(
-        role="infer",
-        dtype=dtype,
+        role=LogprobRole.INFER,
+        dtype=LogprobDType(dtype),
         mask=MaskSpec(rollout.num_tokens, active_mask=rollout.has_mask.tolist()),
         sharding=ShardingSpec(rank, world, bounds, rv, padded),
-        reduction=ReductionSpec("fixed_topology"),
+        reduction=ReductionSpec(DeterminismScope.FIXED_TOPOLOGY),
         temperature=temperature,
         support=rollout.support,
     )
