@@ -45,6 +45,7 @@ from tp_logprob.oracle import (
     admissible_support,
     classify_support,
     exact_processed_logprob,
+    exact_selected_logprob,
     exact_support,
     support_margins,
     tolerance,
@@ -230,7 +231,6 @@ def check_rollout(
     params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
     has_params = any(v is not None for v in params.values())
     n = rollout.num_tokens
-    oracle, support_lse = np.full(n, math.nan), np.full(n, math.nan)
     alternatives: dict[str, Floats] = {}
     problems: dict[int, str] = {}
     engine = (
@@ -245,51 +245,49 @@ def check_rollout(
     hypotheses = _hypotheses(engine_temperature, trainer_t, has_params)
     for name in hypotheses:
         alternatives[name] = np.full(n, math.nan)
-    for start in range(0, n, rows_per_block):
-        rows = slice(start, min(n, start + rows_per_block))
-        x = full[rows].to(torch.float32).numpy().astype(np.float64)
-        width = x.shape[1]
-        mask = _dense(rollout, rows, width)
-        act = active[rows]
-        sel, s_lse, _ = exact_processed_logprob(
-            x, targets[rows], mask, active_mask=act, real_vocab_size=rv,
-            temperature=engine_temperature,
-        )  # fmt: skip
-        oracle[rows], support_lse[rows] = sel, s_lse
-        for name, (temperature, kind) in hypotheses.items():
-            if kind == "mask":
-                alt_mask = mask
-            elif kind == "full":
-                alt_mask = np.zeros_like(mask)
-                alt_mask[:, :rv] = True
-            else:
-                alt_mask = exact_support(
-                    x, real_vocab_size=rv, temperature=temperature, **params
-                ).mask
-            alt, _, _ = exact_processed_logprob(
-                x, np.where(act, targets[rows], 0), alt_mask, active_mask=act,
-                real_vocab_size=rv, temperature=temperature,
-            )  # fmt: skip
-            alternatives[name][rows] = alt
-        if has_params:
-            c = classify_support(
-                x, margins=margins, real_vocab_size=rv, temperature=engine_temperature, **params
-            )
-            for offset in range(x.shape[0]):
-                if not act[offset]:
-                    continue
-                missing = np.flatnonzero(c.certainly_in[offset] & ~mask[offset])
-                extra = np.flatnonzero(c.certainly_out[offset] & mask[offset])
-                upper = admissible_support(
-                    _one_row(c, offset), mask[offset : offset + 1], active_mask=None
+    # Over a replayed mask the oracle needs the kept columns only: every other column counts
+    # as -inf, so the kept values, padded with -inf, give the same correctly rounded result.
+    kept, local = _kept_values(full, rollout)
+    oracle, support_lse = exact_selected_logprob(
+        kept, local, active_mask=active, temperature=engine_temperature
+    )
+    if has_params:
+        for start in range(0, n, rows_per_block):
+            rows = np.arange(start, min(n, start + rows_per_block))
+            x = full[rows].to(torch.float32).numpy().astype(np.float64)
+            mask = _dense(rollout, rows, x.shape[1])
+            problems.update(
+                _support_problems(
+                    x, mask, active[rows], rows, margins, rv, engine_temperature, params
                 )
-                if missing.size or extra.size or upper:
-                    problems[start + offset] = _support_detail(missing, extra, upper)
+            )
     with np.errstate(invalid="ignore", over="ignore"):
         scale = np.fmax(np.abs(oracle), np.abs(support_lse))
         ulp = fp32_ulp(scale)
         bound = tol.selected_bound(oracle, support_lse)
         bound_ulp = np.where(ulp > 0, bound / ulp, math.inf)
+        off = (np.abs(trainer - oracle) > bound) | (np.abs(engine - oracle) > bound)
+    # The hypotheses run on the tokens that need one only.
+    suspects = np.flatnonzero(active & off)
+    for start in range(0, suspects.size, rows_per_block):
+        rows = suspects[start : start + rows_per_block]
+        x = full[rows].to(torch.float32).numpy().astype(np.float64)
+        mask = _dense(rollout, rows, x.shape[1])
+        for name, (temperature, kind) in hypotheses.items():
+            if kind == "mask":
+                alt, _ = exact_selected_logprob(kept[rows], local[rows], temperature=temperature)
+                alternatives[name][rows] = alt
+                continue
+            if kind == "full":
+                alt_mask = np.zeros_like(mask)
+                alt_mask[:, :rv] = True
+            else:
+                found = exact_support(x, real_vocab_size=rv, temperature=temperature, **params)
+                alt_mask = found.mask
+            alt, _, _ = exact_processed_logprob(
+                x, targets[rows], alt_mask, real_vocab_size=rv, temperature=temperature
+            )
+            alternatives[name][rows] = alt
     trainer_cause, trainer_ulp, trainer_why = _explain(
         trainer, oracle, bound, ulp, alternatives, active
     )
@@ -450,13 +448,55 @@ def _trainer_logprobs(
     return result.selected_logp.double().numpy()  # type: ignore[no-any-return]
 
 
-def _dense(rollout: EngineRollout, rows: slice, width: int) -> npt.NDArray[np.bool_]:
+def _kept_values(full: Any, rollout: EngineRollout) -> tuple[Floats, npt.NDArray[np.int64]]:
+    """The logits of every row's kept ids, ``[N, max kept]`` float64 padded with -inf, and
+    the sampled token's place among them (0 for a row without a mask)."""
+    import torch
+
+    counts = rollout.support.kept_counts()
+    rows = np.repeat(np.arange(counts.size), counts)
+    places = np.arange(rows.size) - np.repeat(rollout.support.kept_offsets[:-1], counts)
+    ids = np.array(rollout.support.kept_ids)  # writable: torch refuses read-only arrays
+    values = full[torch.as_tensor(rows), torch.as_tensor(ids)].to(torch.float32).double().numpy()
+    kept = np.full((counts.size, max(int(counts.max(initial=0)), 1)), -math.inf)
+    kept[rows, places] = values
+    local = np.zeros(counts.size, dtype=np.int64)
+    sampled = ids == rollout.token_ids[rows]
+    local[rows[sampled]] = places[sampled]
+    return kept, local
+
+
+def _dense(
+    rollout: EngineRollout, rows: npt.NDArray[np.int64], width: int
+) -> npt.NDArray[np.bool_]:
+    """The engine's mask of ``rows`` as bool ``[len(rows), width]``."""
     offsets = rollout.support.kept_offsets
-    low, high = int(offsets[rows.start]), int(offsets[rows.stop])
-    counts = np.diff(offsets[rows.start : rows.stop + 1])
-    mask = np.zeros((counts.size, width), dtype=np.bool_)
-    mask[np.repeat(np.arange(counts.size), counts), rollout.support.kept_ids[low:high]] = True
+    mask = np.zeros((rows.size, width), dtype=np.bool_)
+    for index, row in enumerate(rows.tolist()):
+        mask[index, rollout.support.kept_ids[offsets[row] : offsets[row + 1]]] = True
     return mask
+
+
+def _support_problems(
+    x: Floats,
+    mask: npt.NDArray[np.bool_],
+    act: npt.NDArray[np.bool_],
+    rows: npt.NDArray[np.int64],
+    margins: Any,
+    rv: int,
+    temperature: float,
+    params: dict[str, Any],
+) -> dict[int, str]:
+    """Per active row whose mask is not an admissible support of ``params``: what differs."""
+    c = classify_support(x, margins=margins, real_vocab_size=rv, temperature=temperature, **params)
+    found = {}
+    for offset in np.flatnonzero(act).tolist():
+        missing = np.flatnonzero(c.certainly_in[offset] & ~mask[offset])
+        extra = np.flatnonzero(c.certainly_out[offset] & mask[offset])
+        upper = admissible_support(_one_row(c, offset), mask[offset : offset + 1])
+        if missing.size or extra.size or upper:
+            found[int(rows[offset])] = _support_detail(missing, extra, upper)
+    return found
 
 
 def _one_row(c: Any, row: int) -> Any:
