@@ -226,7 +226,9 @@ def check_rollout(
         )
     trainer_t = engine_temperature if trainer_temperature is None else trainer_temperature
     contract, full = _trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
-    trainer = _trainer_logprobs(shards, rollout, contract, backend, group)
+    trainer = _trainer_logprobs(
+        full if group is None else shards[0], rollout, contract, backend, group
+    )
     rv = contract.sharding.real_vocab_size
     params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
     has_params = any(v is not None for v in params.values())
@@ -426,8 +428,11 @@ def _trainer_contract(
 
 
 def _trainer_logprobs(
-    shards: list[Any], rollout: EngineRollout, contract: LogprobContract, backend: str, group: Any
+    logits: Any, rollout: EngineRollout, contract: LogprobContract, backend: str, group: Any
 ) -> Floats:
+    """The backend's processed logprobs: on every emulated rank of the full ``logits``, or on
+    this rank's shard of the real ``group``. A CPU backend on a long response is slow, so the
+    emulated ranks wait as long as it takes (10 minutes)."""
     import torch
 
     from tp_logprob.emulate import run_tp
@@ -439,12 +444,11 @@ def _trainer_logprobs(
         if group is None:
             world = contract.sharding.tp_world_size
             op = registry.get_logprob_op(contract, backend, preflighted=world > 1).op
-            full = shards[0] if world == 1 else torch.cat(shards, dim=1)
-            result = run_tp(op, full, targets, contract)[0]
+            result = run_tp(op, logits, targets, contract, timeout=600.0)[0]
         else:
             dispatch = registry.get_logprob_op(contract, backend, preflighted=True)
             preflight(contract, dispatch.capability.backend_id, group)
-            result = dispatch.op(shards[0], targets, contract, group=group)
+            result = dispatch.op(logits, targets, contract, group=group)
     return result.selected_logp.double().numpy()  # type: ignore[no-any-return]
 
 
