@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.errors",
             "tp_logprob._validation",
             "tp_logprob.support",
+            "tp_logprob.engine_formats",
             "tp_logprob.contract",
             "tp_logprob.capability",
             "tp_logprob.comm",

@@ -46,13 +46,34 @@ def _contract(num_tokens: int = 3, active: list[bool] | None = None, **changes: 
         ({"kept_offsets": [0, 2], "kept_ids": [3, 3]}, "kept_ids[row 0]=[3, 3]: ids must be"),
         ({"kept_offsets": [0, 1, 3], "kept_ids": [5, 4, 2]}, "kept_ids[row 1]=[4, 2]"),
         ({"kept_offsets": [0, 1], "kept_ids": [-1]}, "kept_ids[row 0]=-1: token ids"),
-        ({"kept_offsets": [0, 1], "kept_ids": [1.5]}, "expected a 1-D array of ints"),
+        ({"kept_offsets": [0, 1], "kept_ids": [1.5]}, "kept_ids[0]=1.5: expected an int, got"),
+        ({"kept_offsets": [0, 2], "kept_ids": [1, True]}, "kept_ids[1]=True: expected an int"),
+        ({"kept_offsets": [0, 1.0], "kept_ids": [1]}, "kept_offsets[1]=1.0: expected an int"),
+        ({"kept_offsets": [0, 1], "kept_ids": np.array([1.0])}, "expected a 1-D array of ints"),
+        ({"kept_offsets": [0, 1], "kept_ids": np.array([True])}, "expected a 1-D array of ints"),
         ({"kept_offsets": "01", "kept_ids": [1]}, "expected a 1-D sequence"),
     ],
 )
 def test_bad_support_specs_name_the_field(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(LogprobContractError) as raised:
         SupportSpec(**kwargs)  # type: ignore[arg-type]
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([[1.5], [0]], "rows[row 0][0]=1.5: expected an int, got float"),
+        ([[1.0], [0]], "rows[row 0][0]=1.0: expected an int, got float"),
+        ([[0], [2, True]], "rows[row 1][1]=True: expected an int, got bool"),
+        ([[0], [np.float32(3)]], "rows[row 1][0]=np.float32(3.0): expected an int"),
+        ([[0], "12"], "rows[row 1]='12': expected a 1-D sequence"),
+        ("01", "rows='01': expected one sequence of ids per row"),
+    ],
+)
+def test_kept_lists_refuse_ids_that_are_not_ints(rows: object, message: str) -> None:
+    with pytest.raises(LogprobContractError) as raised:
+        SupportSpec.from_kept_lists(rows)  # type: ignore[arg-type]
     assert message in str(raised.value)
 
 

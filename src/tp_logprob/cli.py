@@ -1,4 +1,4 @@
-"""The ``replay``, ``pin`` and ``report`` commands (wired into ``python -m tp_logprob``).
+"""The ``replay``, ``pin``, ``report`` and ``rollout-check`` commands (``python -m tp_logprob``).
 
 The top of the layers: it hands the suite's properties
 (:func:`~tp_logprob.properties.registry.suite_properties`) to the replay layer.
@@ -26,7 +26,7 @@ EXIT_BAD = 2
 
 
 def add_commands(commands: Any) -> None:
-    """Add ``replay``, ``pin`` and ``report`` to the CLI's subparsers."""
+    """Add ``replay``, ``pin``, ``report`` and ``rollout-check`` to the CLI's subparsers."""
     replay = commands.add_parser(
         "replay",
         help="rerun recorded failing examples (artifacts) on a backend",
@@ -61,6 +61,29 @@ def add_commands(commands: Any) -> None:
     report.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     report.add_argument("--plot", metavar="FILE.png", help="also draw a histogram (matplotlib)")
     report.set_defaults(handler=_report)
+    rollout = commands.add_parser(
+        "rollout-check",
+        help="explain every mismatch between a trainer's logits and an engine's response",
+        description="Read a saved SGLang, vLLM or prime-rl response (JSON) and the trainer's "
+        "logits (torch.save of a [N, V] tensor, or one file per TP rank in rank order) and "
+        "print, per token, the exact logprob over the engine's mask, the trainer's and the "
+        "engine's, with the cause of each mismatch. Exit 0 if every token agrees, 1 if not, "
+        "2 on bad input.",
+    )
+    rollout.add_argument("response", metavar="RESPONSE", help="the engine's HTTP JSON, saved")
+    rollout.add_argument("--logits", nargs="+", required=True, metavar="TRAINER.pt")
+    rollout.add_argument("--engine", default="auto", choices=("auto", "sglang", "vllm", "prime_rl"))
+    rollout.add_argument("--index", type=int, default=0, help="which response of a batch (0)")
+    rollout.add_argument("--engine-temperature", type=float, default=1.0, metavar="T")
+    rollout.add_argument("--temperature", type=float, default=None, help="the trainer's T")
+    rollout.add_argument("--top-k", type=int, default=None)
+    rollout.add_argument("--top-p", type=float, default=None)
+    rollout.add_argument("--min-p", type=float, default=None)
+    rollout.add_argument("--vocab", type=int, default=None, help="real vocabulary size")
+    rollout.add_argument("--backend", default="torch_native", help="the trainer's backend")
+    rollout.add_argument("--json", metavar="FILE", help="also write the check as JSON")
+    rollout.add_argument("--plot", metavar="FILE.png", help="also draw the log-ratio histogram")
+    rollout.set_defaults(handler=_rollout_check)
 
 
 def _backend_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -207,3 +230,45 @@ def _report(args: argparse.Namespace) -> int:
         if any(entry["out_of_tolerance"] for entry in report.summary()):
             status = 1
     return status
+
+
+def _rollout_check(args: argparse.Namespace) -> int:
+    import torch
+
+    from tp_logprob.engine_formats import read_rollouts
+    from tp_logprob.errors import LogprobContractError
+    from tp_logprob.replay.rollout import check_rollout, plot_rollout
+
+    try:
+        document = json.loads(Path(args.response).read_text(encoding="utf-8"))
+        shards = [torch.load(path, map_location="cpu", weights_only=True) for path in args.logits]
+        vocab = args.vocab if args.vocab is not None else sum(int(s.shape[-1]) for s in shards)
+        rollouts = read_rollouts(document, engine=args.engine, vocab_size=vocab)
+        if not 0 <= args.index < len(rollouts):
+            raise LogprobContractError(
+                f"--index={args.index}: the response holds {len(rollouts)} responses"
+            )
+        check = check_rollout(
+            shards if len(shards) > 1 else shards[0],
+            rollouts[args.index],
+            engine_temperature=args.engine_temperature,
+            trainer_temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            real_vocab_size=args.vocab,
+            backend=args.backend,
+        )
+    except (OSError, ValueError, RuntimeError) as error:
+        print(f"BAD   {error}", file=sys.stderr)
+        return EXIT_BAD
+    print(check.markdown())
+    if args.json:
+        Path(args.json).write_text(json.dumps(check.to_json(), indent=1, allow_nan=False) + "\n")
+    if args.plot:
+        try:
+            plot_rollout(check, args.plot)
+        except RuntimeError as error:
+            print(str(error), file=sys.stderr)
+            return EXIT_BAD
+    return 1 if check.failed() else 0

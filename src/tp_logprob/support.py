@@ -33,7 +33,7 @@ import numpy.typing as npt
 from tp_logprob._validation import check_int
 from tp_logprob.errors import LogprobContractError
 
-__all__ = ["SupportMode", "SupportSpec"]
+__all__ = ["SupportMode", "SupportSpec", "kept_rows_csr"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -69,12 +69,31 @@ def _check_fraction(name: str, value: object, *, low_open: bool) -> float | None
     return number
 
 
+def _bad_id(values: Sequence[Any]) -> int | None:
+    """The position of the first item that is not a real integer (a bool, a float, a string)."""
+    for position, item in enumerate(values):
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Integral):
+            return position
+    return None
+
+
 def _int_array(name: str, value: object) -> IntArray:
-    """A read-only 1-D int64 copy of ``value`` (a sequence, numpy or torch integer array)."""
+    """A read-only 1-D int64 copy of ``value`` (a sequence, numpy or torch integer array).
+
+    Every item must be an integer: a float (``1.5`` or ``1.0``) or a bool is refused with
+    its position, never rounded or read as 0/1.
+    """
     if type(value).__module__.startswith("torch"):
         value = value.detach().cpu().numpy()  # type: ignore[attr-defined]
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
         raise LogprobContractError(f"{name}={value!r}: expected a 1-D sequence or array of ints")
+    if not isinstance(value, np.ndarray):
+        position = _bad_id(value)
+        if position is not None:
+            item = value[position]
+            raise LogprobContractError(
+                f"{name}[{position}]={item!r}: expected an int, got {type(item).__name__}"
+            )
     array = np.asarray(value)
     if array.size == 0 and array.ndim == 1:
         array = array.astype(np.int64)
@@ -85,6 +104,25 @@ def _int_array(name: str, value: object) -> IntArray:
     result = np.array(array, dtype=np.int64, copy=True)
     result.flags.writeable = False
     return result
+
+
+def kept_rows_csr(name: str, rows: object, row_label: str = "row") -> tuple[IntArray, IntArray]:
+    """CSR ``(offsets, ids)`` of one sequence (or int array) of kept ids per row.
+
+    An id that is not an integer is refused with its row and position, a row that is
+    not a sequence with its row; nothing is dropped or rounded.
+    """
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
+        raise LogprobContractError(f"{name}={rows!r}: expected one sequence of ids per row")
+    lengths = np.zeros(len(rows), dtype=np.int64)
+    parts: list[IntArray] = []
+    for row, kept in enumerate(rows):
+        ids = _int_array(f"{name}[{row_label} {row}]", kept)
+        lengths[row] = ids.size
+        parts.append(ids)
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return offsets, flat.astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,13 +238,13 @@ class SupportSpec:
 
     @classmethod
     def from_kept_lists(cls, rows: Sequence[Sequence[int]]) -> SupportSpec:
-        """A replayed support from one list of kept global ids per row (each sorted, unique)."""
-        if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
-            raise LogprobContractError(f"rows={rows!r}: expected one sequence of ids per row")
-        lengths = [len(row) for row in rows]
-        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-        flat = [int(token) for row in rows for token in row]
-        return cls(kept_offsets=offsets, kept_ids=np.asarray(flat, dtype=np.int64))
+        """A replayed support from one list of kept global ids per row (each sorted, unique).
+
+        Every id must be an int: ``[[1.5], [0]]`` or ``[[True]]`` is refused with the row
+        and position, never rounded.
+        """
+        offsets, ids = kept_rows_csr("rows", rows)
+        return cls(kept_offsets=offsets, kept_ids=ids)
 
     @classmethod
     def from_mask(cls, mask: Any) -> SupportSpec:

@@ -1,0 +1,158 @@
+"""The rollout check: every mismatch gets the cause that reproduces it, computed per token.
+
+Each test builds an engine response whose logprobs are computed in float64 from
+the same logits under a known fault (another temperature, the full vocabulary,
+a top-k mask missing a token, a perturbed value) and checks the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tp_logprob.__main__ import main
+from tp_logprob.engine_formats import prime_rl_rollout, sglang_rollout
+from tp_logprob.replay.rollout import check_rollout
+
+N, V, K, T = 10, 48, 5, 0.7
+
+
+def _logits() -> torch.Tensor:
+    return torch.randn(N, V, generator=torch.Generator().manual_seed(7)) * 3
+
+
+def _response(
+    x: torch.Tensor, *, faults: dict[int, str] | None = None, k: int = K
+) -> dict[str, Any]:
+    """A top-k SGLang response at temperature T, exact logprobs, with ``faults`` per token."""
+    faults = faults or {}
+    z = x.double() / T
+    masks, tokens, logprobs = [], [], []
+    for t in range(N):
+        kept = torch.argsort(z[t], descending=True)[:k].tolist()
+        if faults.get(t) == "drop":
+            kept = kept[:-1]
+        token = kept[t % len(kept)]
+        value = float(z[t, token] - torch.logsumexp(z[t, kept], 0))
+        fault = faults.get(t)
+        if fault == "full":
+            value = float(torch.log_softmax(z[t], 0)[token])
+        elif fault == "T=1":
+            raw = x[t].double()
+            value = float(raw[token] - torch.logsumexp(raw[kept], 0))
+        elif fault == "wild":
+            value -= 0.5
+        masks.append(sorted(kept, key=lambda v: -float(z[t, v])))  # SGLang's weight order
+        tokens.append(token)
+        logprobs.append(value)
+    meta = {"output_token_sampling_mask": masks, "output_token_sampling_logprobs": logprobs}
+    return {"output_ids": tokens, "meta_info": meta}
+
+
+def test_an_honest_response_agrees_on_every_token() -> None:
+    x = _logits()
+    check = check_rollout(x, sglang_rollout(_response(x)), engine_temperature=T, top_k=K)
+    assert check.verdict == ["agree"] * N
+    assert not check.failed()
+    assert np.all(check.trainer_ulp <= check.bound_ulp)
+    assert np.all(check.engine_ulp <= check.bound_ulp)
+
+
+def test_each_fault_is_attributed_to_its_cause() -> None:
+    x = _logits()
+    faults = {1: "full", 3: "T=1", 5: "drop", 7: "nudge", 8: "wild"}
+    response = _response(x, faults=faults)
+    honest = check_rollout(x, sglang_rollout(_response(x)), engine_temperature=T)
+    # Four times the bound: a numerical error, far from every other hypothesis.
+    response["meta_info"]["output_token_sampling_logprobs"][7] -= 4 * honest.bound[7]
+    check = check_rollout(
+        [x[:, :17], x[:, 17:]], sglang_rollout(response), engine_temperature=T, top_k=K
+    )
+    assert check.verdict[1] == "engine_support" and "full vocabulary" in check.details[1]
+    assert check.verdict[3] == "temperature" and "1.0" in check.details[3]
+    assert check.verdict[5] == "support" and "drops token" in check.details[5]
+    assert check.verdict[7] == "numerics" and "ulp against a bound" in check.details[7]
+    assert check.verdict[8] == "unexplained"
+    others = [t for t in range(N) if t not in faults]
+    assert [check.verdict[t] for t in others] == ["agree"] * len(others)
+    assert check.counts() == {
+        "agree": 5, "support": 1, "temperature": 1, "engine_support": 1, "numerics": 1,
+        "unexplained": 1,
+    }  # fmt: skip
+    assert check.worst(1)[0]["token"] in (1, 3, 8)
+
+
+def test_a_trainer_at_another_temperature_is_named() -> None:
+    x = _logits()
+    check = check_rollout(
+        x, sglang_rollout(_response(x)), engine_temperature=T, trainer_temperature=1.0
+    )
+    assert set(check.trainer_cause) == {"temperature"}
+    assert check.verdict == ["temperature"] * N
+    assert all(detail.startswith("trainer: matches the oracle at 1.0") for detail in check.details)
+
+
+def test_the_mask_alone_is_not_judged_without_sampling_parameters() -> None:
+    x = _logits()
+    check = check_rollout(x, sglang_rollout(_response(x, faults={5: "drop"})), engine_temperature=T)
+    assert check.verdict[5] == "agree"
+
+
+def test_a_position_without_a_mask_is_reported_as_such() -> None:
+    x = _logits()[:3]
+    z = x.double()
+    rows = [torch.argsort(z[t], descending=True)[:4].tolist() for t in range(3)]
+    ids = [*rows[0], *rows[2]]
+    tokens = [rows[0][0], 0, rows[2][1]]
+    logprobs = [float(z[t, tokens[t]] - torch.logsumexp(z[t, rows[t]], 0)) for t in (0, 2)]
+    rollout = prime_rl_rollout(
+        ids, [4, 0, 4], tokens, logprobs=[logprobs[0], None, logprobs[1]], vocab_size=V
+    )
+    check = check_rollout(x, rollout)
+    assert check.verdict == ["agree", "no_mask", "agree"]
+
+
+def test_the_command_line_reads_a_saved_response_and_tp_shards(tmp_path: Path) -> None:
+    x = _logits()
+    response = tmp_path / "response.json"
+    response.write_text(json.dumps([_response(x, faults={2: "full"})]))
+    shards = []
+    for rank, (start, end) in enumerate(((0, 16), (16, 32), (32, V))):
+        path = tmp_path / f"rank{rank}.pt"
+        torch.save(x[:, start:end].clone(), path)
+        shards.append(str(path))
+    report, plot = tmp_path / "check.json", tmp_path / "check.png"
+    status = main(
+        ["rollout-check", str(response), "--logits", *shards, "--engine-temperature", str(T),
+         "--top-k", str(K), "--json", str(report), "--plot", str(plot)]
+    )  # fmt: skip
+    assert status == 1
+    document = json.loads(report.read_text())
+    assert document["verdicts"] == {"agree": N - 1, "engine_support": 1}
+    assert document["settings"]["tp"] == 3
+    assert document["per_token"][2]["verdict"] == "engine_support"
+    assert plot.stat().st_size > 0
+
+
+def test_the_command_line_refuses_bad_engine_data(tmp_path: Path, capsys: Any) -> None:
+    x = _logits()
+    bad = _response(x)
+    bad["meta_info"]["output_token_sampling_mask"][4] = [0.5]
+    response = tmp_path / "response.json"
+    response.write_text(json.dumps(bad))
+    torch.save(x, tmp_path / "x.pt")
+    status = main(["rollout-check", str(response), "--logits", str(tmp_path / "x.pt")])
+    assert status == 2
+    assert "mask[token 4][0]=0.5: expected an int, got float" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rows", [N - 1, N + 1])
+def test_logits_of_another_length_are_refused(rows: int) -> None:
+    x = torch.randn(rows, V)
+    with pytest.raises(ValueError, match=f"{rows} rows for {N} response tokens"):
+        check_rollout(x, sglang_rollout(_response(_logits())))
