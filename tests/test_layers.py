@@ -55,6 +55,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.peers._collect",
             "tp_logprob.peers._records",
             "tp_logprob.peers.processed_section",
+            "tp_logprob.peers.history",
+            "tp_logprob.peers._history_corpus",
             "tp_logprob.gpu_readiness",
         ),
     ),
