@@ -48,11 +48,11 @@ _OPEN = HistoricalBug("o", "Lib", "lib", "s", "r", "1.1", None, "m:honest", "yes
 
 def _results(failing: dict[str, list[str]], codes: dict[str, int], kept: Any = None) -> Any:
     def run(tests: list[str]) -> dict[str, Any]:
-        names = ["test_a", "test_b", "test_c"]
+        seconds = {"test_a": 1.0, "test_b": 2.0, "test_c": 0.5}  # test_c fails first
         properties = {
             name: {"outcome": "failed" if name in tests else "passed", "headline": "h",
-                   "seconds": 1.0, "example": "x"}
-            for name in names
+                   "seconds": at, "example": "x"}
+            for name, at in seconds.items()
         }  # fmt: skip
         return {"seconds": 1.0, "properties": properties}
 
@@ -76,6 +76,12 @@ def test_found_is_the_first_property_failing_on_the_buggy_release_only() -> None
         True,
     )
     assert seen["same_with_kept_database"] is True
+
+
+def test_the_property_that_found_it_is_the_first_to_fail() -> None:
+    results = _results({"1.0": ["test_b", "test_c"], "1.1": []}, {"1.0": 1, "1.1": 0})
+    seen = verdict(_BUG, results)
+    assert (seen["property"], seen["also"]) == ("test_c", ["test_b"])
 
 
 def test_a_failure_the_fixed_release_shares_is_not_found() -> None:

@@ -136,9 +136,10 @@ def run(release: str, out: Path, root: Path) -> Path:
 
 
 def _failed(results: dict[str, Any], bug: HistoricalBug, version: str, kind: str) -> list[str]:
-    """The properties that failed on ``version`` (in run order), with the ``kind`` database."""
+    """The properties that failed on ``version``, first to fail first, with the ``kind`` database."""
     run = results[f"{bug.distribution}=={version}"]["adapters"][bug.adapter][kind]
-    return [test for test, seen in run["properties"].items() if seen["outcome"] == "failed"]
+    failed = [(seen["seconds"], test) for test, seen in run["properties"].items()]
+    return [test for _, test in sorted(failed) if run["properties"][test]["outcome"] == "failed"]
 
 
 def verdict(bug: HistoricalBug, results: dict[str, Any]) -> dict[str, Any]:
@@ -168,6 +169,7 @@ def verdict(bug: HistoricalBug, results: dict[str, Any]) -> dict[str, Any]:
     return {
         "verdict": name,
         "property": first,
+        "also": found["fresh"][1:],
         "detail": buggy_run["properties"][first] if first else None,
         "same_with_kept_database": found["fresh"] == found["kept"],
         "reproducer": codes,
@@ -218,6 +220,8 @@ def _markdown(results: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str
             f"### `{bug.key}`",
             "",
             f"- property: `{seen['property']}`: {detail['headline']}",
+            "- also failing on the buggy release only: "
+            + (", ".join(f"`{test}`" for test in seen["also"]) or "none"),
             f"- shrunk example ({bug.distribution} {bug.buggy}): {detail['example'] or 'not kept'}",
             f"- reproducer: [`{bug.reproducer}`]({Path(bug.reproducer or '').name}) exits "
             + ", ".join(f"{code} on {v}" for v, code in seen["reproducer"].items()),
