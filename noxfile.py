@@ -196,4 +196,5 @@ def history_report(session: nox.Session) -> None:
     """Judge each historical entry from the releases' results; write docs/history.md."""
     session.install(*_constraints(), "numpy")
     session.install("--no-deps", "-e", ".")
-    session.run("python", "-m", "tp_logprob.peers.history", "report", *session.posargs)
+    args = session.posargs or ["report"]  # e.g. -- --out DIR report --markdown FILE
+    session.run("python", "-m", "tp_logprob.peers.history", *args)

@@ -105,3 +105,11 @@ def test_an_open_bug_is_found_only_with_its_reproducer_failing() -> None:
 def test_an_unavailable_entry_says_why() -> None:
     bug = HistoricalBug("u", "L", "l", "s", "r", "1", "2", "-", "no", unavailable="why")
     assert verdict(bug, {}) == {"verdict": "not runnable here", "reason": "why"}
+
+
+def test_a_release_without_results_is_not_run_and_fails_the_report(tmp_path: Path) -> None:
+    from tp_logprob.peers.history import report
+
+    assert verdict(_BUG, {})["verdict"] == "not run"
+    assert report([], tmp_path / "history.md") == 1
+    assert "not run: no results for liger-kernel==" in (tmp_path / "history.md").read_text()

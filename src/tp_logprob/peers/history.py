@@ -69,6 +69,8 @@ def _suite(adapter: str, scratch: Path, database: Path, name: str) -> dict[str, 
         entry = json.loads(line)
         test = entry["nodeid"].split("::")[-1].split("[")[0]
         clock += float(entry.get("duration", 0.0))
+        if properties.get(test, {}).get("outcome") == "failed":
+            continue  # a test's first failure is its verdict
         properties[test] = {
             "outcome": entry["outcome"],
             "headline": headline(entry["text"]) if entry["outcome"] == "failed" else "",
@@ -136,10 +138,10 @@ def run(release: str, out: Path, root: Path) -> Path:
 
 
 def _failed(results: dict[str, Any], bug: HistoricalBug, version: str, kind: str) -> list[str]:
-    """The properties that failed on ``version``, first to fail first, with the ``kind`` database."""
+    """The properties that failed on ``version``, earliest first, with the ``kind`` database."""
     run = results[f"{bug.distribution}=={version}"]["adapters"][bug.adapter][kind]
-    failed = [(seen["seconds"], test) for test, seen in run["properties"].items()]
-    return [test for _, test in sorted(failed) if run["properties"][test]["outcome"] == "failed"]
+    timed = [(seen["seconds"], test) for test, seen in run["properties"].items()]
+    return [test for _, test in sorted(timed) if run["properties"][test]["outcome"] == "failed"]
 
 
 def verdict(bug: HistoricalBug, results: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +150,8 @@ def verdict(bug: HistoricalBug, results: dict[str, Any]) -> dict[str, Any]:
         return {"verdict": "not runnable here", "reason": bug.unavailable}
     missing = [v for v in bug.versions if f"{bug.distribution}=={v}" not in results]
     if missing:
-        return {"verdict": "not runnable here", "reason": f"no results for {missing!r}"}
+        releases = ", ".join(f"{bug.distribution}=={v}" for v in missing)
+        return {"verdict": "not run", "reason": f"no results for {releases} (nox -s history)"}
     found: dict[str, list[str]] = {}
     for kind in DATABASES:
         failing = _failed(results, bug, bug.buggy, kind)
@@ -204,8 +207,8 @@ def _markdown(results: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str
         codes = seen.get("reproducer") or {}
         exits = " / ".join(str(codes.get(v, "-")) for v in bug.versions) if codes else "-"
         name = seen["verdict"]
-        if name == "not runnable here":
-            name = f"not runnable here: {seen['reason']}"
+        if name in ("not runnable here", "not run"):
+            name = f"{name}: {seen['reason']}"
         lines.append(
             f"| `{bug.key}` | {bug.library} | {bug.summary} | {bug.reference} | {bug.buggy} | "
             f"{bug.fixed or 'open'} | {bug.cpu} | {name} | {by} | {same} | {exits} |"
@@ -256,7 +259,7 @@ def report(paths: Sequence[Path], markdown: Path) -> int:
     markdown.write_text(_markdown(results, judged), encoding="utf-8")
     bad = [
         key for key, seen in judged.items()
-        if seen["verdict"] == "not found"
+        if seen["verdict"] in ("not found", "not run")
         or seen.get("same_with_kept_database") is False
         or seen.get("reproducer_flips") is False
     ]  # fmt: skip
