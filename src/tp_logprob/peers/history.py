@@ -226,7 +226,7 @@ def _markdown(results: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str
             "- also failing on the buggy release only: "
             + (", ".join(f"`{test}`" for test in seen["also"]) or "none"),
             f"- shrunk example ({bug.distribution} {bug.buggy}): {detail['example'] or 'not kept'}",
-            f"- reproducer: [`{bug.reproducer}`]({Path(bug.reproducer or '').name}) exits "
+            f"- reproducer: [`{bug.reproducer}`]({_from_docs(bug.reproducer)}) exits "
             + ", ".join(f"{code} on {v}" for v, code in seen["reproducer"].items()),
         ]
         if bug.fixed is not None:
@@ -247,6 +247,11 @@ def _markdown(results: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str
                 + ")"
             )
     return "\n".join(lines) + "\n"
+
+
+def _from_docs(path: str | None) -> str:
+    """``path`` (from the repository root) as a link from ``docs/history.md``."""
+    return str(Path(path or "").relative_to("docs"))
 
 
 def report(paths: Sequence[Path], markdown: Path) -> int:
