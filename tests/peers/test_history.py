@@ -113,3 +113,28 @@ def test_a_release_without_results_is_not_run_and_fails_the_report(tmp_path: Pat
     assert verdict(_BUG, {})["verdict"] == "not run"
     assert report([], tmp_path / "history.md") == 1
     assert "not run: no results for liger-kernel==" in (tmp_path / "history.md").read_text()
+
+
+def test_a_smoke_report_judges_only_its_entries(tmp_path: Path) -> None:
+    import json
+
+    from tp_logprob.peers.history import report
+
+    paths = []
+    for version, tests, code in (("0.5.8", ["test_a"], 1), ("0.5.9", [], 0)):
+        properties = {
+            name: {"outcome": "failed" if name in tests else "passed", "headline": "h",
+                   "seconds": 1.0, "example": None}
+            for name in ("test_a", "test_b")
+        }  # fmt: skip
+        run = {"seconds": 1.0, "properties": properties}
+        result = {
+            "release": f"liger-kernel=={version}",
+            "adapters": {"tp_logprob.peers.liger:honest": {"fresh": run, "kept": run}},
+            "reproducers": {"docs/history/repro_liger_ce_none_grad_output.py": code},
+        }
+        paths.append(tmp_path / f"{version}.json")
+        paths[-1].write_text(json.dumps(result))
+    markdown = tmp_path / "history.md"
+    assert report(paths, markdown, ["liger_ce_none_grad_output"]) == 0
+    assert report(paths, markdown) == 1  # the other Liger entries were not run

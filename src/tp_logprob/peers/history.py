@@ -15,6 +15,12 @@ fixed one; for an open bug, a property fails on the current release and the
 reproducer exits 1 there), **not found** (a gap in the suite), **not runnable
 here** (with the reason). ``report`` exits 1 when an entry is not found, when the
 fresh and the kept database disagree, or when a reproducer does not flip.
+
+A smoke run of one entry (its buggy and fixed release, then the report judging
+that entry alone)::
+
+    nox -s "history(release='liger-kernel==0.5.8')" "history(release='liger-kernel==0.5.9')" \
+        -- report --entry liger_ce_none_grad_output
 """
 
 from __future__ import annotations
@@ -254,8 +260,9 @@ def _from_docs(path: str | None) -> str:
     return str(Path(path or "").relative_to("docs"))
 
 
-def report(paths: Sequence[Path], markdown: Path) -> int:
-    """Judge every entry from the releases' JSON files; write ``markdown``; the exit status."""
+def report(paths: Sequence[Path], markdown: Path, entries: Sequence[str] = ()) -> int:
+    """Judge every entry from the releases' JSON files; write ``markdown``; the exit status
+    (of ``entries`` alone when given: a smoke run of some releases)."""
     results = {}
     for path in paths:
         result = json.loads(path.read_text(encoding="utf-8"))
@@ -264,9 +271,10 @@ def report(paths: Sequence[Path], markdown: Path) -> int:
     markdown.write_text(_markdown(results, judged), encoding="utf-8")
     bad = [
         key for key, seen in judged.items()
-        if seen["verdict"] in ("not found", "not run")
+        if (not entries or key in entries)
+        and (seen["verdict"] in ("not found", "not run")
         or seen.get("same_with_kept_database") is False
-        or seen.get("reproducer_flips") is False
+        or seen.get("reproducer_flips") is False)
     ]  # fmt: skip
     for key in bad:
         print(f"history: {key}: {judged[key]['verdict']}", flush=True)
@@ -283,12 +291,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--release", required=True, choices=releases())
     report_parser = commands.add_parser("report", help="judge the entries, write the report")
     report_parser.add_argument("--markdown", type=Path, default=Path("docs/history.md"))
+    report_parser.add_argument(
+        "--entry", action="append", default=[], choices=[bug.key for bug in CORPUS],
+        help="judge only this entry for the exit status (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "run":
         print(f"history: wrote {run(args.release, args.out, args.root)}", flush=True)
         return 0
     paths = sorted(args.out.glob("*.json"))
-    return report(paths, args.markdown)
+    return report(paths, args.markdown, args.entry)
 
 
 if __name__ == "__main__":
