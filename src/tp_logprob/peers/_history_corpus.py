@@ -87,13 +87,14 @@ CORPUS: tuple[HistoricalBug, ...] = (
         distribution="trl",
         summary="GRPOTrainer computed the policy's per-token logprobs from logits not divided "
         "by the sampling temperature",
-        reference="huggingface/trl PR #3029",
+        reference="huggingface/trl PR #3029 (releases not yet verified against TRL's history)",
         buggy="0.15.2",
         fixed="0.16.0",
         adapter="none yet (the trainer's own logprob method on a harness model)",
         cpu="yes: pure torch",
-        unavailable="neither release is on the package index reachable here (its oldest trl is "
-        "0.23.0), and no adapter for GRPOTrainer's logprob method exists yet",
+        unavailable="no adapter for GRPOTrainer's logprob method exists yet (both releases "
+        "install here: pip download trl==0.15.2 and trl==0.16.0 succeed; the trainer module "
+        "needs transformers, accelerate and datasets of that time beside them)",
     ),
     HistoricalBug(
         key="vllm_processed_logprobs_temperature",
