@@ -87,7 +87,8 @@ CORPUS: tuple[HistoricalBug, ...] = (
         distribution="trl",
         summary="GRPOTrainer computed the policy's per-token logprobs from logits not divided "
         "by the sampling temperature",
-        reference="huggingface/trl PR #3029 (releases not yet verified against TRL's history)",
+        reference="huggingface/trl PR #3029 (04f65973, first released in 0.16.0; 0.15.2's "
+        "_get_per_token_logps has no division)",
         buggy="0.15.2",
         fixed="0.16.0",
         adapter="none yet (the trainer's own logprob method on a harness model)",
