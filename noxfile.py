@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -25,15 +26,15 @@ VLLM_SAMPLER_IMPORTS = [
 """What importing vLLM's v1 sampler needs, at the bounds vLLM 0.33 declares."""
 
 
-def _history_releases() -> tuple[str, ...]:
-    """``DIST==VERSION`` of every release the historical corpus runs, read from its module."""
+def _history_corpus() -> Any:
+    """The historical corpus module, read from its file (it imports nothing of the package)."""
     path = ROOT / "src" / "tp_logprob" / "peers" / "_history_corpus.py"
     spec = importlib.util.spec_from_file_location("_history_corpus", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    return tuple(module.releases())
+    return module
 
 
 def _constraints() -> list[str]:
@@ -180,12 +181,16 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
-@nox.parametrize("release", _history_releases())
+@nox.parametrize("release", _history_corpus().releases())
 def history(session: nox.Session, release: str) -> None:
     """One release of the historical benchmark, in a virtualenv of its own; then the report."""
     _install(session, "torch,triton,test")
-    # Old peer releases pin other torch builds than the CPU one: the release alone.
+    # Old peer releases pin other torch builds than the CPU one: the release alone, then
+    # what its adapter imports, at versions of the release's time.
     session.install("--no-deps", release)
+    requires = _history_corpus().requirements(release)
+    if requires:
+        session.install(*_constraints(), *requires)
     _cpu_interpreter_env(session)  # Liger's Triton kernels on CPU tensors
     session.run("python", "-m", "tp_logprob.peers.history", "run", "--release", release)
     session.notify("history_report")

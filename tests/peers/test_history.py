@@ -138,3 +138,25 @@ def test_a_smoke_report_judges_only_its_entries(tmp_path: Path) -> None:
     markdown = tmp_path / "history.md"
     assert report(paths, markdown, ["liger_ce_none_grad_output"]) == 0
     assert report(paths, markdown) == 1  # the other Liger entries were not run
+
+
+@pytest.mark.parametrize("version", ["0.15.0", "0.15.2", "0.16.0", "0.16.1"])
+def test_trl_grpo_adapter_serves_the_four_argument_method(version: str) -> None:
+    from tp_logprob.peers.trl_grpo import check_release
+
+    check_release(version)
+
+
+@pytest.mark.parametrize("version", ["0.14.0", "0.17.0", "1.16.0", "main"])
+def test_trl_grpo_adapter_refuses_other_releases_by_version(version: str) -> None:
+    from tp_logprob.peers.trl_grpo import check_release
+
+    with pytest.raises(RuntimeError, match=r"serves 0\.15 and 0\.16"):
+        check_release(version)
+
+
+def test_requirements_follow_the_entries_of_a_release() -> None:
+    from tp_logprob.peers._history_corpus import requirements
+
+    assert "transformers==4.49.0" in requirements("trl==0.15.2")
+    assert requirements("liger-kernel==0.5.8") == ()

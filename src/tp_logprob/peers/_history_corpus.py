@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CORPUS", "HistoricalBug", "releases"]
+__all__ = ["CORPUS", "HistoricalBug", "releases", "requirements"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class HistoricalBug:
     cpu: str
     reproducer: str | None = None
     unavailable: str | None = None
+    requires: tuple[str, ...] = ()
+    """What the adapter imports beside the release (installed with the CPU constraints)."""
 
     @property
     def versions(self) -> tuple[str, ...]:
@@ -40,6 +42,8 @@ class HistoricalBug:
 
 _LIGER_CE = "tp_logprob.peers.liger:honest"
 _INTERPRETED = "yes: Triton under the interpreter (TRITON_INTERPRET=1)"
+# What importing trl 0.15/0.16's grpo_trainer needs, at releases of that time (Feb 2025).
+_TRL_2025_Q1 = ("transformers==4.49.0", "accelerate==1.4.0", "datasets==3.3.2", "rich")
 
 CORPUS: tuple[HistoricalBug, ...] = (
     HistoricalBug(
@@ -91,11 +95,10 @@ CORPUS: tuple[HistoricalBug, ...] = (
         "_get_per_token_logps has no division)",
         buggy="0.15.2",
         fixed="0.16.0",
-        adapter="none yet (the trainer's own logprob method on a harness model)",
-        cpu="yes: pure torch",
-        unavailable="no adapter for GRPOTrainer's logprob method exists yet (both releases "
-        "install here: pip download trl==0.15.2 and trl==0.16.0 succeed; the trainer module "
-        "needs transformers, accelerate and datasets of that time beside them)",
+        adapter="tp_logprob.peers.trl_grpo:honest",
+        cpu="yes: pure torch (the trainer's method on a harness model, no weights)",
+        reproducer="docs/history/repro_trl_grpo_temperature.py",
+        requires=_TRL_2025_Q1,
     ),
     HistoricalBug(
         key="vllm_processed_logprobs_temperature",
@@ -135,4 +138,14 @@ def releases() -> tuple[str, ...]:
     for bug in CORPUS:
         if bug.unavailable is None:
             found.update({f"{bug.distribution}=={version}": None for version in bug.versions})
+    return tuple(found)
+
+
+def requirements(release: str) -> tuple[str, ...]:
+    """What the entries of ``release`` (``distribution==version``) need installed beside it."""
+    distribution, _, version = release.partition("==")
+    found: dict[str, None] = {}
+    for bug in CORPUS:
+        if bug.distribution == distribution and version in bug.versions:
+            found.update(dict.fromkeys(bug.requires))
     return tuple(found)
