@@ -199,7 +199,11 @@ def _markdown(results: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str
         "buggy release and passes on the fixed one (for an open bug: a property fails on the "
         "current release, and the reproducer, exit 1, shows it is this bug); **not found**: a "
         "gap in the suite; **not runnable here**: the reason is given. The time is the "
-        "suite's test time until that property's verdict, its shrinking included.",
+        "suite's test time until that property's verdict, its shrinking included. The fresh "
+        "and the kept run must agree: the `ci` profile writes the example database but never "
+        "replays it, so what a `ci` run draws is its seed's alone (before, replayed examples "
+        "from earlier runs in the same working directory used up examples and moved the "
+        "draws; see `tp_logprob.properties.profiles`).",
         "",
         "| entry | library | bug | issue / PR | buggy | fixed | CPU | verdict | found by "
         "(seconds) | fresh = kept database | reproducer exit (buggy / fixed) |",
