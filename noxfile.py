@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -21,6 +24,17 @@ VLLM_SAMPLER_IMPORTS = [
     "requests>=2.33", "transformers>=5.16.1,<5.21", "uvloop", "xgrammar==0.2.8",
 ]  # fmt: skip
 """What importing vLLM's v1 sampler needs, at the bounds vLLM 0.33 declares."""
+
+
+def _history_corpus() -> Any:
+    """The historical corpus module, read from its file (it imports nothing of the package)."""
+    path = ROOT / "src" / "tp_logprob" / "peers" / "_history_corpus.py"
+    spec = importlib.util.spec_from_file_location("_history_corpus", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _constraints() -> list[str]:
@@ -164,3 +178,28 @@ def conformance(session: nox.Session) -> None:
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
     session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)
+
+
+@nox.session(default=False)
+@nox.parametrize("release", _history_corpus().releases())
+def history(session: nox.Session, release: str) -> None:
+    """One release of the historical benchmark, in a virtualenv of its own; then the report."""
+    _install(session, "torch,triton,test")
+    # Old peer releases pin other torch builds than the CPU one: the release alone, then
+    # what its adapter imports, at versions of the release's time.
+    session.install("--no-deps", release)
+    requires = _history_corpus().requirements(release)
+    if requires:
+        session.install(*_constraints(), *requires)
+    _cpu_interpreter_env(session)  # Liger's Triton kernels on CPU tensors
+    session.run("python", "-m", "tp_logprob.peers.history", "run", "--release", release)
+    session.notify("history_report")
+
+
+@nox.session(default=False)
+def history_report(session: nox.Session) -> None:
+    """Judge each historical entry from the releases' results; write docs/history.md."""
+    session.install(*_constraints(), "numpy")
+    session.install("--no-deps", "-e", ".")
+    args = session.posargs or ["report"]  # e.g. -- --out DIR report --markdown FILE
+    session.run("python", "-m", "tp_logprob.peers.history", *args)

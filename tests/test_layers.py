@@ -58,6 +58,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.peers._records",
             "tp_logprob.peers.processed_section",
             "tp_logprob.testing",
+            "tp_logprob.peers.history",
+            "tp_logprob.peers._history_corpus",
         ),
     ),
 )

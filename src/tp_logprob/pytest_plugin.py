@@ -344,7 +344,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     ``hypothesis.seed()`` and ``--hypothesis-seed`` would also switch the example
     database off; setting the attribute ``seed()`` sets keeps it on, so a failure
-    found once is still replayed first on the next run. The settings are set the way
+    found once is still saved (and, outside ``ci``, replayed first on the next run;
+    ``ci``'s draws are its seed's alone, see :mod:`tp_logprob.properties.profiles`).
+    The settings are set the way
     ``@settings`` sets them, on the test alone, so no other test sees the profile.
     """
     suite = config.stash[_SUITE]

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from hypothesis.database import (
     DirectoryBasedExampleDatabase,
     ExampleDatabase,
+    InMemoryExampleDatabase,
     MultiplexedDatabase,
     ReadOnlyDatabase,
+    choices_to_bytes,
 )
 
 from tp_logprob.properties.databases import REDIS_KEY_PREFIX, example_database
@@ -116,3 +118,34 @@ def test_redis_without_the_client_says_how_to_install(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(RuntimeError, match=r"tp-logprob\[redis\]"):
         example_database({"TP_LOGPROB_HYPOTHESIS_REDIS": "redis://127.0.0.1:1/0"})
+
+
+def _ci_draws(database: ExampleDatabase, profile: str = "ci") -> list[int]:
+    """What a property under ``profile`` draws at the ci seed, with ``database`` behind it."""
+    from tp_logprob.properties.profiles import CI_SEED, profile_name, register_profiles
+
+    register_profiles()
+    drawn: list[int] = []
+
+    @settings(settings.get_profile(profile_name(profile)), database=database, max_examples=10)
+    @given(st.integers(0, 2**30))
+    def record(value: int) -> None:
+        drawn.append(value)
+
+    record._hypothesis_internal_use_seed = CI_SEED  # type: ignore[attr-defined]
+    record()
+    return drawn
+
+
+class _Stocked(InMemoryExampleDatabase):
+    """A database another run has filled: five saved examples under every key."""
+
+    def fetch(self, key: bytes) -> Iterator[bytes]:
+        yield from (choices_to_bytes([value]) for value in range(5))
+
+
+def test_ci_draws_are_the_seeds_alone_whatever_the_database_holds() -> None:
+    fresh = _ci_draws(InMemoryExampleDatabase())
+    assert _ci_draws(_Stocked()) == fresh
+    # Control: with the database replayed first (dev), the same seed draws otherwise.
+    assert _ci_draws(_Stocked(), profile="dev")[:5] == [0, 1, 2, 3, 4]

@@ -1,7 +1,7 @@
 """A pytest plugin the conformance runner loads: one JSON line per finished property test.
 
 ``pytest -p tp_logprob.peers._collect`` with ``TP_LOGPROB_CONFORMANCE_RECORD=FILE``
-appends ``{"nodeid", "outcome", "text"}`` for every test's call phase (and any
+appends ``{"nodeid", "outcome", "text", "duration"}`` for every test's call phase (and any
 failing or skipping setup), where ``text`` is the failure report with the
 plugin's replay and artifact lines, or the reason of a skip. Under pytest-xdist
 only the controller writes, under ``torchrun`` only rank 0 (every rank reaches
@@ -29,6 +29,11 @@ def pytest_runtest_logreport(report: Any) -> None:
         text = f"{report.longreprtext}\n{sections}"
     elif report.skipped and isinstance(report.longrepr, tuple):  # (path, line, reason)
         text = str(report.longrepr[2]).removeprefix("Skipped: ")
-    record = {"nodeid": report.nodeid, "outcome": report.outcome, "text": text}
+    record = {
+        "nodeid": report.nodeid,
+        "outcome": report.outcome,
+        "text": text,
+        "duration": report.duration,
+    }
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")

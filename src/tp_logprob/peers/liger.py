@@ -6,6 +6,11 @@ loss is ``lse - x[target]``, computed by one Triton program per row (online
 softmax over blocks of ``min(32768, next_pow2(V))`` columns on CUDA) in fp32.
 Verified with liger-kernel 0.8.5 (``>=0.8,<0.9``); on CPU the kernel runs through
 the Triton interpreter (``TRITON_INTERPRET=1`` before triton is first imported).
+The adapter calls ``LigerCrossEntropyFunction.apply`` the way the installed
+release spells it (:func:`liger_arguments`), from 0.4.1 (the first release whose
+forward takes ``reduction`` and returns ``(loss, z_loss)``) on, so the historical
+benchmark (:mod:`tp_logprob.peers.history`) runs the suite on the release a user
+pinned.
 
 Capability, from Liger's docs and ``ops/cross_entropy.py``:
 
@@ -38,7 +43,9 @@ Variants ("what users assume", each the same op): ``assume_padding``,
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -64,10 +71,16 @@ __all__ = [
     "assume_inactive_tokens",
     "assume_padding",
     "honest",
+    "liger_arguments",
     "liger_logprob",
 ]
 
 VERIFIED_VERSIONS = "liger-kernel>=0.8,<0.9"
+
+OLDEST_RELEASE = (0, 4, 1)
+_WEIGHT_FROM = (0, 5, 3)  # ``weight`` (class weights) after ``target``
+_TOKEN_ACCURACY_FROM = (0, 6, 4)  # ``return_token_accuracy`` after ``return_z_loss``
+_PREDICTED_TOKENS_FROM = (0, 8, 0)  # then ``return_predicted_tokens``
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="liger_ce",
@@ -91,6 +104,7 @@ def liger_logprob(
     """``(selected_logp, lse)`` from Liger's per-token cross entropy."""
     check_op_inputs(local_logits, targets, contract, group)
     function = _liger_function(local_logits.device)
+    release = _release()
     ignore_index = contract.mask.ignore_index
     targets = targets.contiguous()
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
@@ -99,17 +113,7 @@ def liger_logprob(
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         loss = function.apply(
-            private_copy(local_logits),
-            targets,
-            None,
-            ignore_index,
-            0.0,
-            0.0,
-            "none",
-            None,
-            False,
-            False,
-            False,
+            private_copy(local_logits), targets, *liger_arguments(release, ignore_index)
         )[0]
         lse = None
         if contract.export_lse:
@@ -118,20 +122,35 @@ def liger_logprob(
                 row_max = logits.amax(dim=1) if logits.shape[1] else logits.new_empty(0)
                 argmax = logits.argmax(dim=1).to(targets.dtype)
                 shift = function.apply(
-                    private_copy(logits),
-                    argmax,
-                    None,
-                    ignore_index,
-                    0.0,
-                    0.0,
-                    "none",
-                    None,
-                    False,
-                    False,
-                    False,
+                    private_copy(logits), argmax, *liger_arguments(release, ignore_index)
                 )[0]
                 lse = lse_from_max(row_max, shift)
     return LogprobResult(selected_from_loss(loss), lse)
+
+
+def liger_arguments(release: tuple[int, ...], ignore_index: int) -> tuple[Any, ...]:
+    """``LigerCrossEntropyFunction.apply``'s arguments after ``(input, target)`` in ``release``.
+
+    No class weight, z-loss, smoothing or softcap, ``reduction="none"``; the
+    positional list grew over the releases (``weight`` in 0.5.3, token accuracy in
+    0.6.4, predicted tokens in 0.8.0), read from each release's ``forward``.
+    """
+    if release < OLDEST_RELEASE:
+        raise RuntimeError(
+            f"liger-kernel {'.'.join(map(str, release))}: the adapter serves releases from "
+            f"{'.'.join(map(str, OLDEST_RELEASE))} on (the first whose forward takes reduction)"
+        )
+    weight: tuple[Any, ...] = (None,) if release >= _WEIGHT_FROM else ()
+    flags = 1 + (release >= _TOKEN_ACCURACY_FROM) + (release >= _PREDICTED_TOKENS_FROM)
+    return (*weight, ignore_index, 0.0, 0.0, "none", None, *(False,) * flags)
+
+
+def _release() -> tuple[int, ...]:
+    """The installed liger-kernel's ``major.minor.patch`` (a suffix such as ``.dev1`` dropped)."""
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", metadata.version("liger-kernel"))
+    if found is None:
+        raise RuntimeError(f"liger-kernel {metadata.version('liger-kernel')!r}: not a release")
+    return tuple(int(number or 0) for number in found.groups())
 
 
 def _liger_function(device: torch.device) -> Any:

@@ -9,10 +9,18 @@ requested, and gives each property its settings (:func:`property_settings`)
 rather than loading a profile for the whole session, unless the project opts in.
 
 Hypothesis refuses ``derandomize=True`` together with a database, and its own ``ci``
-profile drops the database. Ours keeps the database (so a failure found once is
-replayed first next time) and derandomizes by pinning the seed instead: the plugin
+profile drops the database. Ours derandomizes by pinning the seed instead: the plugin
 seeds every property with :data:`CI_SEED` unless ``--hypothesis-seed`` is given (it
 sets the seed the way ``hypothesis.seed()`` does, minus switching the database off).
+
+Under ``ci`` the verdict is the seed's alone: the profile writes the database but
+never reads it (no ``Phase.reuse``). Replaying saved examples first would make the
+draws depend on what the database holds, which is whatever earlier runs left in
+the working directory (every backend's runs share a property's key): replayed
+examples count against ``max_examples``, their sampling advances the engine's
+seeded random, and the choices they made are ones the generator then avoids, so
+the same seed stops short of, or steers around, the example that fails. Under
+``dev`` and ``thorough`` a failure found once is still replayed first.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ __all__ = [
     "CI_SEED",
     "DEFAULT_PROFILE",
     "PROFILES",
+    "SEEDED_PHASES",
     "examples_fraction",
     "profile_name",
     "property_settings",
@@ -43,6 +52,8 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 # The explain phase reruns variants of a shrunk failure to annotate it; on a failing
 # backend it can cost minutes, so the fast profiles skip it (thorough keeps it).
 _FAST_PHASES = [phase for phase in Phase if phase is not Phase.explain]
+SEEDED_PHASES = [phase for phase in _FAST_PHASES if phase is not Phase.reuse]
+"""The ``ci`` profile's phases: no explain, and no replay of the database."""
 _FRACTION_ATTRIBUTE = "_tp_logprob_examples_fraction"
 
 Test = TypeVar("Test", bound=Callable[..., Any])
@@ -78,7 +89,7 @@ def register_profiles() -> None:
         max_examples=25,
         deadline=None,
         database=database,
-        phases=_FAST_PHASES,
+        phases=SEEDED_PHASES,
         report_multiple_bugs=False,
         print_blob=True,
         suppress_health_check=_SLOW_OK,

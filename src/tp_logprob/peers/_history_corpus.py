@@ -1,0 +1,151 @@
+"""The historical benchmark's corpus: released logprob bugs, each with a buggy and a fixed release.
+
+Each :class:`HistoricalBug` names the library, the bug in one sentence, the
+public issue and pull request, the release that shipped it and the release that
+fixed it (read from the library's own release history: its tags and the fix's
+commit), the adapter (``--tp-logprob-backend``) the suite runs on, whether it
+runs on CPU, and a standalone reproducer that exits 1 on the buggy release and 0
+on the fixed one. An open bug has no fixed release. An entry that cannot run
+here says why in ``unavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CORPUS", "HistoricalBug", "releases", "requirements"]
+
+
+@dataclass(frozen=True)
+class HistoricalBug:
+    """One released bug: where it shipped, where it was fixed, and how the suite runs on it."""
+
+    key: str
+    library: str
+    distribution: str
+    summary: str
+    reference: str
+    buggy: str
+    fixed: str | None
+    adapter: str
+    cpu: str
+    reproducer: str | None = None
+    unavailable: str | None = None
+    requires: tuple[str, ...] = ()
+    """What the adapter imports beside the release (installed with the CPU constraints)."""
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """The releases the benchmark installs for this entry: buggy, then fixed."""
+        return (self.buggy,) if self.fixed is None else (self.buggy, self.fixed)
+
+
+_LIGER_CE = "tp_logprob.peers.liger:honest"
+_INTERPRETED = "yes: Triton under the interpreter (TRITON_INTERPRET=1)"
+# What importing trl 0.15/0.16's grpo_trainer needs, at releases of that time (Feb 2025).
+_TRL_2025_Q1 = ("transformers==4.49.0", "accelerate==1.4.0", "datasets==3.3.2", "rich")
+
+CORPUS: tuple[HistoricalBug, ...] = (
+    HistoricalBug(
+        key="liger_ce_none_summed",
+        library="Liger-Kernel",
+        distribution="liger-kernel",
+        summary='LigerCrossEntropyFunction with reduction="none" returned the rows\' losses '
+        "summed into one scalar instead of one loss per row",
+        reference="linkedin/Liger-Kernel#421, fixed by PR #435 (d790b64c, first released in 0.5.0)",
+        buggy="0.4.2",
+        fixed="0.5.0",
+        adapter=_LIGER_CE,
+        cpu=_INTERPRETED,
+        reproducer="docs/history/repro_liger_ce_none_summed.py",
+    ),
+    HistoricalBug(
+        key="liger_ce_none_grad_output",
+        library="Liger-Kernel",
+        distribution="liger-kernel",
+        summary='with reduction="none" the backward scaled every row\'s gradient by '
+        "grad_output[0], the first row's upstream gradient",
+        reference="linkedin/Liger-Kernel#678, fixed by PR #680 (05b43a14, first released in 0.5.9)",
+        buggy="0.5.8",
+        fixed="0.5.9",
+        adapter=_LIGER_CE,
+        cpu=_INTERPRETED,
+        reproducer="docs/history/repro_liger_ce_none_grad_output.py",
+    ),
+    HistoricalBug(
+        key="liger_ce_leading_neg_inf_block",
+        library="Liger-Kernel",
+        distribution="liger-kernel",
+        summary="NaN when a row's first 32,768-column block is all -inf: the online softmax "
+        "starts from m = -inf and computes exp2(-inf - -inf)",
+        reference="open; found by this suite (docs/conformance.md, liger_ce)",
+        buggy="0.8.5",
+        fixed=None,
+        adapter=_LIGER_CE,
+        cpu=_INTERPRETED,
+        reproducer="docs/repro_liger_leading_neg_inf_block.py",
+    ),
+    HistoricalBug(
+        key="trl_grpo_logprob_temperature",
+        library="TRL",
+        distribution="trl",
+        summary="GRPOTrainer computed the policy's per-token logprobs from logits not divided "
+        "by the sampling temperature",
+        reference="huggingface/trl PR #3029 (04f65973, first released in 0.16.0; 0.15.2's "
+        "_get_per_token_logps has no division)",
+        buggy="0.15.2",
+        fixed="0.16.0",
+        adapter="tp_logprob.peers.trl_grpo:honest",
+        cpu="yes: pure torch (the trainer's method on a harness model, no weights)",
+        reproducer="docs/history/repro_trl_grpo_temperature.py",
+        requires=_TRL_2025_Q1,
+    ),
+    HistoricalBug(
+        key="vllm_processed_logprobs_temperature",
+        library="vLLM",
+        distribution="vllm",
+        summary='logprobs_mode="processed_logprobs" returned logprobs of logits not divided '
+        "by the temperature",
+        reference="reported around 0.10.0, fixed by 0.10.2 per huggingface/trl#4159 "
+        "(releases not yet verified against vLLM's history)",
+        buggy="0.10.0",
+        fixed="0.10.2",
+        adapter="none yet (tp_logprob.peers.vllm_sampler serves vllm 0.33's sampler)",
+        cpu="yes: pure torch sampler code, without vLLM's CUDA dependencies",
+        unavailable="no adapter for vLLM 0.10's sampler exists yet, and the releases are "
+        "unverified",
+    ),
+    HistoricalBug(
+        key="flash_attn_triton_ce_neg_inf",
+        library="flash-attn",
+        distribution="flash-attn",
+        summary="the Triton cross entropy is NaN when most of a row's logits are -inf",
+        reference="open; Dao-AILab/flash-attention#1930",
+        buggy="2.8.3",
+        fixed=None,
+        adapter="none yet",
+        cpu="unknown: flash-attn ships as a source distribution that builds its CUDA "
+        "extension on install",
+        unavailable="not attempted: whether its Triton module installs without the CUDA build "
+        "is unchecked, and no adapter exists yet",
+    ),
+)
+
+
+def releases() -> tuple[str, ...]:
+    """Every ``distribution==version`` a runnable entry needs, each once, in corpus order."""
+    found: dict[str, None] = {}
+    for bug in CORPUS:
+        if bug.unavailable is None:
+            found.update({f"{bug.distribution}=={version}": None for version in bug.versions})
+    return tuple(found)
+
+
+def requirements(release: str) -> tuple[str, ...]:
+    """What the entries of ``release`` (``distribution==version``) need installed beside it."""
+    distribution, _, version = release.partition("==")
+    found: dict[str, None] = {}
+    for bug in CORPUS:
+        if bug.distribution == distribution and version in bug.versions:
+            found.update(dict.fromkeys(bug.requires))
+    return tuple(found)

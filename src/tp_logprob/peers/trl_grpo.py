@@ -1,0 +1,138 @@
+"""TRL's GRPO trainer's own per-token logprob method as a backend (TP=1).
+
+``GRPOTrainer._get_per_token_logps(self, model, input_ids, attention_mask,
+logits_to_keep)`` runs the policy, drops the last position's logits, keeps the
+last ``logits_to_keep`` positions, (from 0.16.0) divides them by
+``self.temperature``, and returns ``selective_log_softmax(logits, input_ids)``.
+The adapter calls that method, the trainer's code, on a harness: a model whose
+forward returns the given logits (one sequence of ``N + 1`` positions, the last a
+dummy the method drops), the targets as the last ``N`` input ids, and a trainer
+stand-in that holds only what the method reads: ``temperature``, and
+``args.report_to = []`` for the profiling decorator 0.16.0 wraps it in. No weights
+are loaded.
+
+The method has this signature from trl 0.15.0 until 0.17.0, which added a
+``batch_size`` argument (read from each release's ``grpo_trainer.py``); other
+releases are refused by version (:func:`check_release`), not guessed at.
+
+Capability: TP=1, fp32, no padding, every token active (the method has no mask),
+train and infer, ``fixed_topology``, temperature (what the trainer samples with),
+no entropy. Glue: no call for ``N = 0`` (the method's ``input_ids[:, -0:]`` would
+keep the whole sequence); the LSE from a second call with each row's argmax as the
+target, ``lse = z_max - logprob`` (``lse = z_max`` where ``z_max`` is ``+-inf``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from importlib import metadata
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.peers._glue import lse_from_max
+
+__all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "trl_grpo_logprob"]
+
+SERVED_RELEASES = ((0, 15), (0, 17))
+"""``[first, end)`` (major, minor) of the trl releases whose method takes four arguments."""
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="trl_grpo_per_token_logps",
+    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+    dtypes=frozenset({LogprobDType.FP32}),
+    tp_world_sizes=frozenset({1}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+    supports_temperature=True,
+)
+
+_IMPORT_LOCK = threading.Lock()
+_METHOD: dict[str, Any] = {}
+
+
+def check_release(version: str) -> None:
+    """Raise unless trl ``version`` has the four-argument ``_get_per_token_logps``."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    release = (int(found.group(1)), int(found.group(2))) if found else None
+    first, end = SERVED_RELEASES
+    if release is None or not first <= release < end:
+        raise RuntimeError(
+            f"trl {version!r}: the adapter serves 0.15 and 0.16, whose "
+            "GRPOTrainer._get_per_token_logps takes (model, input_ids, attention_mask, "
+            "logits_to_keep); 0.17 added batch_size, and 0.14 has no such method"
+        )
+
+
+def _method() -> Any:
+    with _IMPORT_LOCK:
+        if not _METHOD:
+            check_release(metadata.version("trl"))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # transformers' import-time notices
+                from trl.trainer.grpo_trainer import GRPOTrainer
+            _METHOD["logps"] = GRPOTrainer._get_per_token_logps
+    return _METHOD["logps"]
+
+
+class _Harness:
+    """A policy whose forward returns the given logits for a ``[1, N + 1]`` sequence."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        dummy = logits.new_zeros((1, logits.shape[1]))  # the last position: dropped
+        self.logits = torch.cat([logits, dummy]).unsqueeze(0)
+
+    def __call__(self, **inputs: Any) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.logits)
+
+
+def _logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The trainer's method on one sequence whose completion is ``targets``."""
+    ids = torch.cat([targets.new_zeros(1), targets]).unsqueeze(0)
+    trainer = SimpleNamespace(temperature=temperature, args=SimpleNamespace(report_to=[]))
+    rows = len(targets)
+    return _method()(trainer, _Harness(logits), ids, torch.ones_like(ids), rows)[0]
+
+
+def trl_grpo_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse)`` from ``GRPOTrainer._get_per_token_logps``."""
+    check_op_inputs(local_logits, targets, contract, group)
+    rows = local_logits.shape[0]
+    if rows == 0:
+        empty = local_logits.new_empty(0, dtype=torch.float32)
+        return LogprobResult(empty, empty.clone() if contract.export_lse else None)
+    temperature = contract.temperature
+    selected = _logps(local_logits, targets.long(), temperature)
+    lse = None
+    if contract.export_lse:
+        with torch.no_grad():
+            logits = local_logits.detach()
+            z_max = (logits / temperature if temperature != 1.0 else logits).amax(dim=1)
+            top = _logps(logits, logits.argmax(dim=1), temperature)
+            lse = lse_from_max(z_max, -top.float())
+    return LogprobResult(selected.float(), lse)
+
+
+honest = (trl_grpo_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.trl_grpo:honest``."""
