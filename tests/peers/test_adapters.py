@@ -19,6 +19,13 @@ INF = float("inf")
 
 ADAPTERS = [
     pytest.param("liger", "honest", "liger_kernel", 1, id="liger"),
+    pytest.param(
+        "liger_vocab_parallel",
+        "honest",
+        "liger_kernel.transformers.vocab_parallel_cross_entropy",
+        1,
+        id="liger_vocab_parallel",
+    ),
     pytest.param("megatron", "honest", "megatron.core", 3, id="megatron"),
     pytest.param("megatron", "equal_shards", "megatron.core", 2, id="megatron_equal_shards"),
     pytest.param(
@@ -29,7 +36,7 @@ ADAPTERS = [
 
 
 def _op(module: str, attr: str, library: str) -> object:
-    if module == "liger" and os.environ.get("TRITON_INTERPRET") != "1":
+    if module.startswith("liger") and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Liger's Triton kernel runs on CPU only with TRITON_INTERPRET=1")
     pytest.importorskip(library)
     return getattr(importlib.import_module(f"tp_logprob.peers.{module}"), attr)[0]

@@ -6,6 +6,8 @@ documentation and source, and says which library versions it was verified with:
 
 - :mod:`.liger` - Liger-Kernel's Triton cross entropy (TP=1; on CPU under the
   Triton interpreter);
+- :mod:`.liger_vocab_parallel` - Liger-Kernel's ``LigerVocabParallelCrossEntropy``
+  (TP=1 on the emulated group, any TP with its own all-reduces on a real one);
 - :mod:`.megatron` - Megatron-Core's ``VocabParallelCrossEntropy`` pieces at any TP,
   with the contract's shard bounds or with Megatron's own equal-shard ranges;
 - :mod:`.torch_loss_parallel` - PyTorch's ``loss_parallel`` on a DTensor, the path

@@ -213,6 +213,40 @@ PEERS = (
         },
     ),
     Peer(
+        name="liger_vp_ce",
+        module="liger_vocab_parallel",
+        library="Liger-Kernel LigerVocabParallelCrossEntropy (Triton, interpreter on CPU)",
+        distribution="liger-kernel",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": Cell(note="n/a: TP=1 on the emulated group; rank * V_local on a real one"),
+            "16bit": Cell(note="claimed: each block loaded as fp32"),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "Liger skips a row only when its target equals ignore_index; any other "
+                    "target outside the rank's range is read as another rank's, so an inactive "
+                    "row gets the loss log(sum exp(x - M)) and a softmax gradient, unchecked",
+                ),
+            ),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": Cell(
+                "library",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "on a real group Liger's dist.all_reduce SUM of the per-rank fp32 sums is "
+                    "the transport's own (gloo here, NCCL on GPUs): a ring all-reduce adds a "
+                    "row's partials in an order set by the chunk the row falls in, which moves "
+                    "with N and the row's position, so the batch invariance that fixed_topology "
+                    "claims does not hold there",
+                ),
+            ),
+        },
+    ),
+    Peer(
         name="megatron_vp_ce",
         module="megatron",
         library="Megatron-Core VocabParallelCrossEntropy, contract's shard bounds",
@@ -529,7 +563,12 @@ UNAVAILABLE = (
         "only torchvision for Linux x86-64 is a CUDA build (no source distribution), whose "
         "_C.so needs libc10_cuda.so, absent from the CPU build of torch: "
         "'OSError: libc10_cuda.so: cannot open shared object file', and then "
-        "'RuntimeError: operator torchvision::nms does not exist' at import",
+        "'RuntimeError: operator torchvision::nms does not exist' at import. Every release with "
+        "the sampling mask capture (top_k_top_p_min_p_sampling_from_probs_torch's "
+        "return_filtered_probs, new in 0.5.20; 0.5.20 to 0.5.23 checked) reaches that import "
+        "through sglang.srt.configs (nano_nemotron_vl, in every release checked from 0.5.10 on); "
+        "the releases whose configs do not import it (0.4.10 and 0.5.1 checked) return only "
+        "the sampled ids and the unfiltered log(softmax), no support to compare",
         "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending "
         "and keeps exactly top_k positions (a tie at the k-th value cut by sort position); "
         "top-p uses the cumsum of the full distribution taken before the top-k cut (the joint "
