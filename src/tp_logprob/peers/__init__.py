@@ -14,6 +14,8 @@ documentation and source, and says which library versions it was verified with:
   TorchTitan uses;
 - :mod:`.trl` - TRL's ``selective_log_softmax``, the logprob helper of its GRPO
   and PPO trainers;
+- :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
+  helpers of its FSDP actor (TP=1, torch path);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
   processed logprob under a sampling support (top-k, top-p, min-p), TP=1.
 
