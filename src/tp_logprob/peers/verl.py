@@ -6,8 +6,10 @@ flash-attn importable (and ``VERL_DISABLE_FLASH_ATTN_CE`` unset) flash-attn's Tr
 ``cross_entropy_loss``, a CUDA kernel; otherwise ``logprobs_from_logits_v2``, the
 path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)`` row by row
 for fp32, ``log_softmax`` row by row for 16-bit inputs. ``entropy_from_logits`` is
-``logsumexp(logits) - sum(softmax(logits) * logits)``. Verified with verl 0.9.1
-(``>=0.9,<0.10``) on its torch path.
+``logsumexp(logits) - sum(softmax(logits) * logits)``. Verified with verl 0.9.1 on
+its torch path (the conformance run), and 0.5.0, 0.6.1, 0.7.1 and 0.8.0 with
+``tests/peers`` and the reproducers (``>=0.5,<0.10``; the helpers are the same since
+0.4.1, whose package import also needs ``pkg_resources``).
 
 verl imports ``ray`` at package import (``verl.protocol``); the conformance session
 installs verl ``--no-deps`` with only what ``verl.utils.torch_functional`` and the
@@ -62,7 +64,7 @@ __all__ = [
     "verl_logprob",
 ]
 
-VERIFIED_VERSIONS = "verl>=0.9,<0.10"
+VERIFIED_VERSIONS = "verl>=0.5,<0.10"
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="verl_logprobs_from_logits",
