@@ -25,6 +25,10 @@ VLLM_SAMPLER_IMPORTS = [
 ]  # fmt: skip
 """What importing vLLM's v1 sampler needs, at the bounds vLLM 0.33 declares."""
 
+VERL_IMPORTS = ["ray>=2.41", "tensordict>=0.8,!=0.9.0,<=0.10.0", "omegaconf"]
+"""What importing ``verl.utils.torch_functional`` needs beyond the peers extra: verl's
+package import pulls in ``ray`` (``verl.protocol``) and ``tensordict``, at verl 0.9's bounds."""
+
 
 def _history_corpus() -> Any:
     """The historical corpus module, read from its file (it imports nothing of the package)."""
@@ -175,6 +179,11 @@ def conformance(session: nox.Session) -> None:
     # what its sampler modules import (tp_logprob.peers.vllm_sampler), at vLLM's own bounds.
     session.install(*peers, "--no-deps", "vllm")
     session.install(*_constraints(), *peers, *VLLM_SAMPLER_IMPORTS)
+    # verl (tp_logprob.peers.verl) asks for transformers < 5.11 (below vLLM's bound) and for
+    # trainer packages its logprob helpers never import: install it without dependencies,
+    # then only what they import.
+    session.install(*peers, "--no-deps", "verl")
+    session.install(*_constraints(), *peers, *VERL_IMPORTS)
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
     session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)

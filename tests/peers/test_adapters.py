@@ -7,6 +7,7 @@ inputs, and gradients reaching the caller's logits.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 
@@ -19,17 +20,25 @@ INF = float("inf")
 
 ADAPTERS = [
     pytest.param("liger", "honest", "liger_kernel", 1, id="liger"),
+    pytest.param(
+        "liger_vocab_parallel",
+        "honest",
+        "liger_kernel.transformers.vocab_parallel_cross_entropy",
+        1,
+        id="liger_vocab_parallel",
+    ),
     pytest.param("megatron", "honest", "megatron.core", 3, id="megatron"),
     pytest.param("megatron", "equal_shards", "megatron.core", 2, id="megatron_equal_shards"),
     pytest.param(
         "torch_loss_parallel", "honest", "torch.distributed.tensor", 2, id="loss_parallel"
     ),
     pytest.param("trl", "honest", "trl", 1, id="trl"),
+    pytest.param("verl", "honest", "verl.utils.torch_functional", 1, id="verl"),
 ]
 
 
 def _op(module: str, attr: str, library: str) -> object:
-    if module == "liger" and os.environ.get("TRITON_INTERPRET") != "1":
+    if module.startswith("liger") and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Liger's Triton kernel runs on CPU only with TRITON_INTERPRET=1")
     pytest.importorskip(library)
     return getattr(importlib.import_module(f"tp_logprob.peers.{module}"), attr)[0]
@@ -61,7 +70,7 @@ def test_matches_torch_log_softmax_and_leaves_inputs_alone(
     expected_lse = torch.logsumexp(logits, dim=1)
     expected = torch.log_softmax(logits, dim=1).gather(1, targets[:, None])[:, 0]
     expected[3] = -INF  # torch's log_softmax: -inf - finite lse
-    if module == "trl":  # a peer bug, pinned: docs/repro_trl_logprob_pos_inf.py
+    if module in ("trl", "verl"):  # peer bugs, pinned: docs/repro_{trl,verl}_logprob_pos_inf.py
         expected[2] = -INF
     selected, lse = results[0].selected_logp, results[0].lse
     torch.testing.assert_close(lse, expected_lse, equal_nan=True)
@@ -80,3 +89,16 @@ def test_gradients_reach_the_callers_logits(module: str, attr: str, library: str
     reference = logits.detach().clone().requires_grad_()
     torch.log_softmax(reference, dim=1).gather(1, targets[:, None]).sum().backward()
     torch.testing.assert_close(logits.grad, reference.grad)
+
+
+def test_verls_entropy_is_its_own_and_nan_beside_a_neg_inf_logit() -> None:
+    """The entropy the verl adapter returns is verl's (a peer bug, pinned:
+    docs/repro_verl_entropy_neg_inf.py); finite rows match torch's entropy."""
+    op = _op("verl", "honest", "verl.utils.torch_functional")
+    logits = torch.linspace(-3.0, 4.0, 32).reshape(4, 8)
+    logits[3, 4] = -INF
+    contract = dataclasses.replace(_contract("infer", 1), export_entropy=True)
+    entropy = tpl.run_tp(op, logits, torch.tensor([1, 2, 3, 0]), contract)[0].entropy
+    probs = torch.softmax(logits[:3], dim=1)
+    torch.testing.assert_close(entropy[:3], -(probs * probs.log()).sum(dim=1))
+    assert torch.isnan(entropy[3])

@@ -16,7 +16,7 @@ from tp_logprob.peers.processed_section import processed_tests
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers", "vllm")
+LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray")
 CELLS = [(peer, key, cell) for peer in PEERS for key, cell in peer.cells.items()]
 
 
@@ -60,6 +60,8 @@ def test_backend_ids_are_unique() -> None:
         ("megatron", "assume_uneven_shards", "even_shards_only"),
         ("torch_loss_parallel", "assume_inactive_tokens", "mask_modes"),
         ("trl", "assume_16bit", "dtypes"),
+        ("verl", "assume_16bit", "dtypes"),
+        ("liger_vocab_parallel", "assume_padding", "supports_vocab_padding"),
     ],
 )
 def test_a_variant_differs_from_its_base_by_one_claim(module: str, attr: str, field: str) -> None:
@@ -68,7 +70,7 @@ def test_a_variant_differs_from_its_base_by_one_claim(module: str, attr: str, fi
         "equal_shards" if attr == "assume_uneven_shards" and module == "megatron" else "honest"
     )
     _, base = _pair(module, base_attr)
-    if module == "trl":
+    if module in ("trl", "verl"):  # their variants leave the entropy out
         base = dataclasses.replace(base, exports_entropy=False)
     changed = {
         name
@@ -84,7 +86,8 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "assert not any(m.startswith('tp_logprob.peers') for m in sys.modules)\n"
         "import tp_logprob.peers.liger, tp_logprob.peers.megatron, tp_logprob.peers.trl\n"
         "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
-        "import tp_logprob.peers.vllm_sampler\n"
+        "import tp_logprob.peers.vllm_sampler, tp_logprob.peers.liger_vocab_parallel\n"
+        "import tp_logprob.peers.verl\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
         "assert not loaded, loaded\n"
     )

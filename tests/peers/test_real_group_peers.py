@@ -2,8 +2,9 @@
 
 Three properties per adapter on two ranks (torchrun): PyTorch's loss_parallel
 through DTensor's collectives, Megatron-Core through its own
-``torch.distributed.all_reduce`` calls (counted), and Megatron's whole
-``vocab_parallel_cross_entropy`` on its own tensor-parallel group. Skipped where the
+``torch.distributed.all_reduce`` calls (counted), Megatron's whole
+``vocab_parallel_cross_entropy`` on its own tensor-parallel group, and Liger's
+``LigerVocabParallelCrossEntropy`` with its own all-reduces (counted). Skipped where the
 library is not installed (megatron-core comes with ``nox -s conformance``).
 """
 
@@ -30,14 +31,17 @@ PROPERTIES = "test_matches_exact_oracle or test_gradients_match_exact or test_ou
         ("tp_logprob.peers.torch_loss_parallel:honest", "torch.distributed.tensor", False),
         ("tp_logprob.peers.megatron:honest", "megatron.core", True),
         ("tp_logprob.peers.megatron:library", "megatron.core", True),
+        ("tp_logprob.peers.liger_vocab_parallel:library", "liger_kernel", True),
     ],
-    ids=["loss_parallel", "megatron", "megatron_library"],
+    ids=["loss_parallel", "megatron", "megatron_library", "liger_vocab_parallel"],
 )
 def test_the_adapter_passes_on_a_real_group_with_its_own_collectives(
     spec: str, library: str, own_all_reduce: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if importlib.util.find_spec(library.split(".")[0]) is None:
         pytest.skip(f"{library} is not installed")
+    if "liger" in spec:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # Liger's Triton kernels on CPU tensors
     shutil.copy(COUNTER, tmp_path)
     counts = tmp_path / "all_reduce"
     monkeypatch.setenv("ALL_REDUCE_COUNT_DIR", str(counts))

@@ -6,12 +6,16 @@ documentation and source, and says which library versions it was verified with:
 
 - :mod:`.liger` - Liger-Kernel's Triton cross entropy (TP=1; on CPU under the
   Triton interpreter);
+- :mod:`.liger_vocab_parallel` - Liger-Kernel's ``LigerVocabParallelCrossEntropy``
+  (TP=1 on the emulated group, any TP with its own all-reduces on a real one);
 - :mod:`.megatron` - Megatron-Core's ``VocabParallelCrossEntropy`` pieces at any TP,
   with the contract's shard bounds or with Megatron's own equal-shard ranges;
 - :mod:`.torch_loss_parallel` - PyTorch's ``loss_parallel`` on a DTensor, the path
   TorchTitan uses;
 - :mod:`.trl` - TRL's ``selective_log_softmax``, the logprob helper of its GRPO
   and PPO trainers;
+- :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
+  helpers of its FSDP actor (TP=1, torch path);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
   processed logprob under a sampling support (top-k, top-p, min-p), TP=1.
 

@@ -133,6 +133,39 @@ _TRL_POS_INF = (
     ),
 )
 
+_VERL_POS_INF = Explanation(
+    PEER_BUG,
+    "logprobs_from_logits' fp32 path (logprobs_from_logits_v2: gather - logsumexp) gives -inf "
+    "for a finite target beside a +inf logit, where the log_softmax it states as its identity "
+    "gives NaN, and so do its own 16-bit path and logprobs_from_logits_naive",
+    "docs/repro_verl_logprob_pos_inf.py",
+)
+_VERL_ENTROPY_NEG_INF = Explanation(
+    PEER_BUG,
+    "entropy_from_logits computes logsumexp(x) - sum(softmax(x) * x), which is 0 * -inf = NaN "
+    "wherever a logit is -inf (and so is its gradient); the entropy of such a row is finite",
+    "docs/repro_verl_entropy_neg_inf.py",
+)
+_VERL_ENTROPY_CANCELS = Explanation(
+    PEER_LIMITATION,
+    "entropy_from_logits subtracts two fp32 numbers the size of the logits, logsumexp(x) and "
+    "sum(softmax(x) * x), so its absolute error grows with |x| instead of staying shift "
+    "invariant: the row [1000.12573, 999.8679] gives 0.6849365 where the entropy is 0.6849073",
+)
+_VERL_HONEST = (
+    ("test_special_values_match_oracle", _VERL_POS_INF),
+    *(
+        (test, _VERL_ENTROPY_NEG_INF)
+        for test in (
+            "test_gradients_match_exact",
+            "test_matches_reference_on_larger_shapes",
+            "test_entropy_is_nan_free_where_exact_is_finite",
+            "test_entropy_ignores_appended_neg_inf_columns",
+            "test_wide_vocabularies",
+        )
+    ),
+)
+
 _FLCE_BATCH = Explanation(
     PEER_LIMITATION,
     "each chunk's logits come from one torch matmul whose row count follows N "
@@ -210,6 +243,40 @@ PEERS = (
             "batch": Cell("assume_batch_invariant", explanation=_FLCE_BATCH),
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="liger_vp_ce",
+        module="liger_vocab_parallel",
+        library="Liger-Kernel LigerVocabParallelCrossEntropy (Triton, interpreter on CPU)",
+        distribution="liger-kernel",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": Cell(note="n/a: TP=1 on the emulated group; rank * V_local on a real one"),
+            "16bit": Cell(note="claimed: each block loaded as fp32"),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "Liger skips a row only when its target equals ignore_index; any other "
+                    "target outside the rank's range is read as another rank's, so an inactive "
+                    "row gets the loss log(sum exp(x - M)) and a softmax gradient, unchecked",
+                ),
+            ),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": Cell(
+                "library",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "on a real group Liger's dist.all_reduce SUM of the per-rank fp32 sums is "
+                    "the transport's own (gloo here, NCCL on GPUs): a ring all-reduce adds a "
+                    "row's partials in an order set by the chunk the row falls in, which moves "
+                    "with N and the row's position, so the batch invariance that fixed_topology "
+                    "claims does not hold there",
+                ),
+            ),
         },
     ),
     Peer(
@@ -357,6 +424,37 @@ PEERS = (
                     PEER_LIMITATION,
                     "TRL has no ignore_index and applies row_mask after the gather, so an "
                     "inactive row's out-of-range target raises an index error",
+                ),
+            ),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="verl_logprobs_from_logits",
+        module="verl",
+        library="verl logprobs_from_logits (+ entropy_from_logits), torch path on CPU",
+        distribution="verl",
+        cells={
+            "honest": Cell("honest", explanation=_VERL_ENTROPY_CANCELS, by_property=_VERL_HONEST),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "for bf16/fp16 logits logprobs_from_logits_v2 takes log_softmax in the input "
+                    "dtype, so the logprob has 8/11 bits",
+                ),
+                by_property=(("test_special_values_match_oracle", _VERL_POS_INF),),
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "verl has no ignore_index: every label is gathered, so an inactive row's "
+                    "out-of-range target raises an index error",
                 ),
             ),
             "batch": _CLAIMED_BATCH,
@@ -529,7 +627,12 @@ UNAVAILABLE = (
         "only torchvision for Linux x86-64 is a CUDA build (no source distribution), whose "
         "_C.so needs libc10_cuda.so, absent from the CPU build of torch: "
         "'OSError: libc10_cuda.so: cannot open shared object file', and then "
-        "'RuntimeError: operator torchvision::nms does not exist' at import",
+        "'RuntimeError: operator torchvision::nms does not exist' at import. Every release with "
+        "the sampling mask capture (top_k_top_p_min_p_sampling_from_probs_torch's "
+        "return_filtered_probs, new in 0.5.20; 0.5.20 to 0.5.23 checked) reaches that import "
+        "through sglang.srt.configs (nano_nemotron_vl, in every release checked from 0.5.10 on); "
+        "the releases whose configs do not import it (0.4.10 and 0.5.1 checked) return only "
+        "the sampled ids and the unfiltered log(softmax), no support to compare",
         "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending "
         "and keeps exactly top_k positions (a tie at the k-th value cut by sort position); "
         "top-p uses the cumsum of the full distribution taken before the top-k cut (the joint "

@@ -185,6 +185,8 @@ def _run_real_group(
         f"--tp-logprob-backend={peer.spec(cell.attr)}",
     ]  # fmt: skip
     env = {**os.environ, RECORD_ENV: str(record), "OMP_NUM_THREADS": "1"}
+    if "TRITON_INTERPRET" not in env and not _has_gpu():
+        env["TRITON_INTERPRET"] = "1"  # Liger's Triton kernels on CPU tensors
     print(f"conformance: {name}: {shlex.join(command[2:])}", flush=True)
     started = time.monotonic()
     finished = subprocess.run(
@@ -288,7 +290,7 @@ def _detail(
             )
     if first.artifact is not None:
         relative = _keep_artifact(first.artifact, args)
-        env = "TRITON_INTERPRET=1 " if peer.module == "liger" else ""
+        env = "TRITON_INTERPRET=1 " if peer.module.startswith("liger") else ""
         spec = peer.spec(attr)
         lines.append(f"- replay: `{env}python -m tp_logprob replay {relative} --backend {spec}`")
     return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""verl's ``logprobs_from_logits`` and ``entropy_from_logits`` as a backend (TP=1).
+
+These are the helpers verl's FSDP actor computes per-token logprobs and entropies
+with (``verl.utils.torch_functional``). ``logprobs_from_logits`` has two paths: with
+flash-attn importable (and ``VERL_DISABLE_FLASH_ATTN_CE`` unset) flash-attn's Triton
+``cross_entropy_loss``, a CUDA kernel; otherwise ``logprobs_from_logits_v2``, the
+path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)`` row by row
+for fp32, ``log_softmax`` row by row for 16-bit inputs. ``entropy_from_logits`` is
+``logsumexp(logits) - sum(softmax(logits) * logits)``. Verified with verl 0.9.1 on
+its torch path (the conformance run), and 0.5.0, 0.6.1, 0.7.1 and 0.8.0 with
+``tests/peers`` and the reproducers (``>=0.5,<0.10``; the helpers are the same since
+0.4.1, whose package import also needs ``pkg_resources``).
+
+verl imports ``ray`` at package import (``verl.protocol``); the conformance session
+installs verl ``--no-deps`` with only what ``verl.utils.torch_functional`` and the
+package import need (``noxfile.py``, ``VERL_IMPORTS``).
+
+Capability, from verl's docstrings and source:
+
+- TP=1 (the whole vocabulary of a row); no vocabulary padding;
+- fp32 only: for bf16/fp16 the result is ``log_softmax`` in the input dtype;
+- no temperature: verl's actor divides the logits before the call;
+- entropy (``entropy_from_logits``);
+- mask mode ``all_active``: no ``ignore_index``, every target is gathered, so an
+  out-of-range target raises;
+- train and infer; ``fixed_topology`` (one row at a time).
+
+The "users assume" variants claim no entropy, so that what fails is the assumption.
+
+Glue: none for ``selected_logp``. verl returns no LSE; the adapter calls
+``logprobs_from_logits`` again with each row's argmax as the label: that logprob is
+``x_max - lse``, so ``lse = x_max - logprob``, with ``lse = x_max`` where ``x_max``
+is ``+-inf``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.peers._glue import claiming, lse_from_max
+
+__all__ = [
+    "CAPABILITY",
+    "VERIFIED_VERSIONS",
+    "assume_16bit",
+    "assume_inactive_tokens",
+    "assume_padding",
+    "honest",
+    "verl_logprob",
+]
+
+VERIFIED_VERSIONS = "verl>=0.5,<0.10"
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="verl_logprobs_from_logits",
+    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+    dtypes=frozenset({LogprobDType.FP32}),
+    tp_world_sizes=frozenset({1}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+    exports_entropy=True,
+)
+
+_IMPORT_LOCK = threading.Lock()
+_VERL: dict[str, Any] = {}
+
+
+def _verl() -> dict[str, Any]:
+    with _IMPORT_LOCK:
+        if not _VERL:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
+                from verl.utils import torch_functional
+            _VERL.update(
+                logprob=torch_functional.logprobs_from_logits,
+                entropy=torch_functional.entropy_from_logits,
+            )
+    return _VERL
+
+
+def verl_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse[, entropy])`` from verl's logprob and entropy helpers."""
+    check_op_inputs(local_logits, targets, contract, group)
+    verl = _verl()
+    selected = verl["logprob"](local_logits, targets.long())
+    entropy = verl["entropy"](local_logits) if contract.export_entropy else None
+    lse = None
+    if contract.export_lse:
+        with torch.no_grad():
+            logits = local_logits.detach()
+            top = verl["logprob"](logits, logits.argmax(dim=1))
+            lse = lse_from_max(logits.amax(dim=1), -top.float())
+    return LogprobResult(selected.float(), lse, None if entropy is None else entropy.float())
+
+
+honest = (verl_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.verl:honest``."""
+
+# The variants leave entropy out, so that their failures are their assumption's.
+_BASE = (verl_logprob, dataclasses.replace(CAPABILITY, exports_entropy=False))
+
+assume_padding = claiming(_BASE, "assume_padding", supports_vocab_padding=True)
+assume_16bit = claiming(_BASE, "assume_16bit", dtypes=frozenset(LogprobDType))
+assume_inactive_tokens = claiming(_BASE, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
