@@ -10,8 +10,9 @@ gradient. The all-reduces are ``torch.distributed`` calls on the ``tp_group`` it
 given, skipped when that is ``None`` or has one rank. Verified with liger-kernel
 0.8.5 (``>=0.8.1,<0.9``: the module is new in 0.8.1, and its two files,
 ``ops/`` and ``transformers/vocab_parallel_cross_entropy.py``, are byte-identical in
-0.8.1 to 0.8.5, compared in their wheels, and ``tests/peers`` pass on 0.8.1); on CPU the kernels run through the Triton
-interpreter (``TRITON_INTERPRET=1`` before triton is first imported).
+0.8.1 to 0.8.5, compared in their wheels, and ``tests/peers`` pass on 0.8.1); on CPU
+the kernels run through the Triton interpreter (``TRITON_INTERPRET=1`` before triton
+is first imported).
 
 Capability, from Liger's docstrings and ``ops/vocab_parallel_cross_entropy.py``:
 

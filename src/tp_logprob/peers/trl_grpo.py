@@ -107,7 +107,8 @@ def _logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> t
     ids = torch.cat([targets.new_zeros(1), targets]).unsqueeze(0)
     trainer = SimpleNamespace(temperature=temperature, args=SimpleNamespace(report_to=[]))
     rows = len(targets)
-    return _method()(trainer, _Harness(logits), ids, torch.ones_like(ids), rows)[0]
+    logps: torch.Tensor = _method()(trainer, _Harness(logits), ids, torch.ones_like(ids), rows)
+    return logps[0]
 
 
 def trl_grpo_logprob(

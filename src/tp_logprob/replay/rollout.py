@@ -145,7 +145,7 @@ class RolloutCheck:
         return any(v not in ("agree", "no_mask") for v in self.verdict)
 
     def to_json(self) -> dict[str, Any]:
-        return _strict(
+        document: dict[str, Any] = _strict(
             {
                 "engine": self.engine,
                 "tokens": int(self.token_ids.size),
@@ -156,6 +156,7 @@ class RolloutCheck:
                 "per_token": [self._row(t) for t in range(self.token_ids.size)],
             }
         )
+        return document
 
     def markdown(self, shown: int = 10) -> str:
         lines = [
