@@ -156,3 +156,15 @@ def test_logits_of_another_length_are_refused(rows: int) -> None:
     x = torch.randn(rows, V)
     with pytest.raises(ValueError, match=f"{rows} rows for {N} response tokens"):
         check_rollout(x, sglang_rollout(_response(_logits())))
+
+
+def test_the_worst_tokens_list_every_mismatch_before_the_agreeing_ones() -> None:
+    """A support mismatch whose logprob is within its bound still heads the summary."""
+    x = _logits()
+    check = check_rollout(
+        x, sglang_rollout(_response(x, faults={6: "drop"})), engine_temperature=T, top_k=K
+    )
+    assert check.verdict[6] == "support", check.markdown()
+    worst = check.worst(3)
+    assert worst[0]["token"] == 6 and worst[0]["verdict"] == "support"
+    assert all(row["verdict"] == "agree" for row in worst[1:])

@@ -106,12 +106,13 @@ class RolloutCheck:
         return found
 
     def worst(self, count: int = 10) -> list[dict[str, Any]]:
-        """The tokens whose larger error / bound is worst."""
+        """The mismatched tokens first, then those whose larger error / bound is worst."""
         with np.errstate(invalid="ignore", divide="ignore"):
             used = np.fmax(self.trainer_ulp, self.engine_ulp) / self.bound_ulp
         used = np.where(np.isnan(used), -1.0, used)
-        order = np.argsort(-used, kind="stable")[:count]
-        return [self._row(int(t)) for t in order if used[t] >= 0]
+        mismatch = np.array([v not in ("agree", "no_mask") for v in self.verdict], dtype=bool)
+        order = np.lexsort((-used, ~mismatch))[:count]
+        return [self._row(int(t)) for t in order if mismatch[t] or used[t] >= 0]
 
     def _row(self, t: int) -> dict[str, Any]:
         return {
