@@ -6,7 +6,9 @@ user's command, ``pytest --pyargs tp_logprob.properties --tp-logprob-profile=ci
 -n 0`` on each adapter, twice (a fresh example database, then the one the first
 run wrote), each from a scratch working directory of its own, then every
 reproducer of an entry that involves the release. Each release's results are one
-JSON file. ``report`` reads them all and writes ``docs/history.md``: per entry
+JSON file under ``docs/history/results/``, kept in the repository, so that the report
+is regenerated from every release while one is rerun. ``report`` reads them all and
+writes ``docs/history.md``: per entry
 the verdict, the property that found the bug, the seconds until it failed, the
 shrunk example, and the reproducer's exit status on each release.
 
@@ -288,7 +290,7 @@ def report(paths: Sequence[Path], markdown: Path, entries: Sequence[str] = ()) -
 def main(argv: Sequence[str] | None = None) -> int:
     """``run --release DIST==VERSION`` (in that release's env) or ``report``."""
     parser = argparse.ArgumentParser(prog="python -m tp_logprob.peers.history")
-    parser.add_argument("--out", type=Path, default=Path(".tp_logprob/history"))
+    parser.add_argument("--out", type=Path, default=Path("docs/history/results"))
     parser.add_argument("--root", type=Path, default=Path.cwd())
     commands = parser.add_subparsers(dest="command", required=True)
     run_parser = commands.add_parser("run", help="run the entries of one installed release")
