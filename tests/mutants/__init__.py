@@ -364,6 +364,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "never across ranks",
     ),
     Mutant(
+        "min_p_local_max",
+        "processed_bugs",
+        "min-p's bar from each rank's own max, not the row's max over every rank (top-k and "
+        "top-p across the ranks on its survivors)",
+    ),
+    Mutant(
         "replayed_local_ids",
         "processed_bugs",
         "the replayed mask's kept ids read as each rank's local column ids instead of global ids",

@@ -158,6 +158,31 @@ def _block_min_p_last(
     return _intersection(z, contract, group, parts)
 
 
+def _block_min_p_local_max(
+    local_logits: torch.Tensor,
+    z: torch.Tensor,
+    contract: LogprobContract,
+    group: Any,
+    replayed: ReplayedSupport | None,
+) -> SupportBlock:
+    native = support_block(z, contract, group, replayed)
+    rules = sampling_rules(contract)
+    if replayed is not None or rules.min_p is None:
+        return native
+    # BUG: min-p's bar from this rank's own max (exp(z - local max) >= min_p), not the
+    # row's max over every rank; top-k and top-p then run across the ranks on the survivors.
+    kept = torch.exp(z - _row_extreme(z, True).unsqueeze(1)) >= rules.min_p
+    if rules.top_k is not None or rules.top_p is not None:
+        rest = SupportSpec(top_k=rules.top_k, top_p=rules.top_p)
+        survivors = torch.where(kept, z, -_INF)
+        tau, _ = support_threshold(survivors, dataclasses.replace(contract, support=rest), group)
+        kept = kept & threshold_keep(survivors, tau)
+    undefined = torch.isnan(native[2])
+    if bool(undefined.any()):  # rows without a support: as native
+        return native
+    return _rebuilt(z, kept, undefined, group)
+
+
 def _block_untempered(
     local_logits: torch.Tensor,
     z: torch.Tensor,
@@ -252,6 +277,7 @@ mask_not_renormalised = _processed_mutant(
     "mask_not_renormalised", merge=_merge_without_renormalising
 )
 support_per_shard = _processed_mutant("support_per_shard", block=_block_per_shard)
+min_p_local_max = _processed_mutant("min_p_local_max", block=_block_min_p_local_max)
 replayed_local_ids = _processed_mutant(
     "replayed_local_ids", replayed_support=_LocalIdsReplayedSupport
 )

@@ -534,6 +534,10 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
     "support_per_shard": _raises(
         ReplicationError, Case(_supported(tpl.SupportSpec(top_k=2), _TP2), _RAMP, [7])
     ),
+    # min_p=0.1 keeps 5, 6, 7 (v >= 7 + log 0.1); from rank 0's own max 3, it keeps 1, 2, 3.
+    "min_p_local_max": _processed_differs(
+        Case(_supported(tpl.SupportSpec(min_p=0.1), _TP2), _RAMP, [7])
+    ),
     # Rank 1 (columns 4-7) must keep global id 6; read as a local id, 1 is global 5.
     "replayed_local_ids": _processed_differs(
         Case(_supported(tpl.SupportSpec.from_kept_lists([[1, 6]]), _TP2), _RAMP, [1])

@@ -123,3 +123,37 @@ def test_every_param_kind_and_replayed_row_kind_is_drawn() -> None:
 
     search()
     assert {"every_live", "single", "empty", "top_k", "top_p", "min_p"} <= seen
+
+
+@pytest.mark.parametrize(
+    "rules", [("top_k",), ("top_p",), ("min_p",), ("top_k", "min_p"), ("top_p", "top_k", "min_p")]
+)
+def test_rules_turn_exactly_those_rules_on(rules: tuple[str, ...]) -> None:
+    """``support_rules`` (``rules`` of ``supports``): every drawn support has those rules on
+    and no other, at the TP degrees asked for."""
+
+    @settings(database=None, max_examples=60, deadline=None)
+    @given(
+        cases(
+            support_modes={"sampling_params"},
+            tp_world_sizes=[2, 3],
+            support_rules=rules,
+            max_padded_vocab_size=24,
+        )
+    )
+    def check(case: Any) -> None:
+        support = case.contract.support
+        assert case.contract.sharding.tp_world_size in (2, 3)
+        on = {rule for rule in ("top_k", "top_p", "min_p") if getattr(support, rule) is not None}
+        assert on == set(rules)
+
+    check()
+
+
+@pytest.mark.parametrize("rules", [(), ("top_q",), ("top_k", "top_k"), "min_p_top_k"])
+@settings(database=None, max_examples=1, deadline=None)
+@given(data=st.data())
+def test_rules_refuse_what_is_not_a_rule_set(rules: Any, data: Any) -> None:
+    contract = data.draw(contracts(support_modes={"sampling_params"}))
+    with pytest.raises(InvalidArgument, match="rules="):
+        supports(contract, modes=("sampling_params",), rules=rules)

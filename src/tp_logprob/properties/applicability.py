@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, MaskMode
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.support import SupportMode
 
 __all__ = [
     "BATCH_INVARIANT",
@@ -27,7 +28,9 @@ __all__ = [
     "HIDDEN_INPUT",
     "LEAVES_INPUTS",
     "LOGITS_INPUT",
+    "RECOMPUTED_SUPPORT",
     "SEVERAL_LAYOUTS",
+    "SEVERAL_RANKS",
     "Requirement",
     "applies_to",
     "claims",
@@ -79,6 +82,7 @@ CROSS_TP_BITWISE = claims("determinism_scope", DeterminismScope.CROSS_TP_BITWISE
 BATCH_INVARIANT = claims("determinism_scope", DeterminismScope.FIXED_TOPOLOGY)
 """A scope with batch invariance (``fixed_topology`` or stronger), not run-to-run bits only."""
 EXPLICIT_MASK = claims("mask_mode", MaskMode.EXPLICIT_ACTIVE_MASK)
+RECOMPUTED_SUPPORT = claims("support_mode", SupportMode.SAMPLING_PARAMS)
 
 
 def _leaves_inputs(backend: BackendUnderTest, params: Mapping[str, Any]) -> str | None:
@@ -100,3 +104,15 @@ def _several_layouts(backend: BackendUnderTest, params: Mapping[str, Any]) -> st
 
 LEAVES_INPUTS: Requirement = _leaves_inputs
 SEVERAL_LAYOUTS: Requirement = _several_layouts
+
+
+def _several_ranks(backend: BackendUnderTest, params: Mapping[str, Any]) -> str | None:
+    """The backend serves a TP degree above 1: a rule computed on one rank's shard instead
+    of across the ranks has another rank to differ from."""
+    worlds = backend.capability.served_values("tp_world_size")
+    if worlds is None or any(world > 1 for world in worlds):
+        return None
+    return f"tp_world_sizes {sorted(worlds)} (no TP degree above 1)"
+
+
+SEVERAL_RANKS: Requirement = _several_ranks

@@ -76,11 +76,17 @@ def cases_for(backend: BackendUnderTest, **filters: Any) -> st.SearchStrategy[Lo
     """Cases from the contracts ``backend`` claims; skips the test if it claims none such."""
     special_values = filters.pop("special_values", False)
     logit_kinds = filters.pop("logit_kinds", None)
+    support_rules = filters.pop("support_rules", None)
     try:
         contract_strategy = contracts(capability=drawing_capability(backend), **filters)
     except InvalidArgument as error:
         pytest.skip(f"{backend.backend_id} claims no contract of this kind: {error}")
-    return cases(contract_strategy, special_values=special_values, logit_kinds=logit_kinds)
+    return cases(
+        contract_strategy,
+        special_values=special_values,
+        logit_kinds=logit_kinds,
+        support_rules=support_rules,
+    )
 
 
 def draw_case(data: Any, backend: BackendUnderTest, suite: Any, **filters: Any) -> LogprobCase:

@@ -16,6 +16,7 @@ on processed cases, which compare the support's outputs too.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,12 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.applicability import SEVERAL_LAYOUTS, applies_to
+from tp_logprob.properties.applicability import (
+    RECOMPUTED_SUPPORT,
+    SEVERAL_LAYOUTS,
+    SEVERAL_RANKS,
+    applies_to,
+)
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.draws import (
     batch_rows,
@@ -50,6 +56,7 @@ from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, format_value, violation
 from tp_logprob.properties.running import Outputs, execute, select_rows
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.strategies.supports import RULES
 from tp_logprob.support import SupportMode, SupportSpec
 
 _RECOMPUTED = (SupportMode.SAMPLING_PARAMS,)
@@ -79,6 +86,36 @@ def test_processed_matches_exact_oracle_on_its_support(
     values on it; NaN, +inf and all -inf rows (undefined supports) included."""
     backend = tp_logprob_backend
     case = draw_processed_case(data, backend, tp_logprob_suite, special_values=True)
+    run_property("processed_oracle", backend, case, stats=tp_logprob_suite.stats)
+
+
+RULE_SETS = tuple(
+    rules for size in range(1, len(RULES) + 1) for rules in itertools.combinations(RULES, size)
+)
+"""Every sampling rule alone and with the others: min-p, top-k, top-p, and their four unions."""
+
+
+@applies_to(RECOMPUTED_SUPPORT, SEVERAL_RANKS)
+@scaled(0.12)
+@pytest.mark.parametrize("rules", RULE_SETS, ids="+".join)
+@given(data=st.data())
+def test_every_sampling_rule_across_ranks(
+    tp_logprob_backend: BackendUnderTest,
+    tp_logprob_suite: Any,
+    data: Any,
+    rules: tuple[str, ...],
+) -> None:
+    """Each rule alone and combined, recomputed at TP > 1, judged as the processed oracle
+    property judges: a rule taken from one rank's shard instead of across the ranks (a
+    local max for min-p, a local top-k, a local nucleus) shows only there, and a draw of
+    every rule and layout at once reaches one rule at TP > 1 only now and then."""
+    backend = tp_logprob_backend
+    worlds = backend.capability.served_values("tp_world_size")
+    several = [world for world in range(2, 9) if worlds is None or world in worlds]
+    case = draw_processed_case(
+        data, backend, tp_logprob_suite, modes=_RECOMPUTED, tp_world_sizes=several,
+        support_rules=rules,
+    )  # fmt: skip
     run_property("processed_oracle", backend, case, stats=tp_logprob_suite.stats)
 
 

@@ -132,11 +132,13 @@ def _cases(
     contracts: st.SearchStrategy[LogprobContract],
     special_values: bool,
     logit_kinds: tuple[str, ...] | None,
+    support_rules: tuple[str, ...] | None,
 ) -> LogprobCase:
     contract = draw(contracts)
     logits = draw(logits_strategy(contract, special_values=special_values, kinds=logit_kinds))
     if contract.support is not None:  # aim the support at these logits' boundaries
-        support = draw(supports_strategy(contract, modes=(contract.support_mode,), logits=logits))
+        modes = (contract.support_mode,)
+        support = draw(supports_strategy(contract, modes=modes, logits=logits, rules=support_rules))
         contract = dataclasses.replace(contract, support=support)
     targets = draw(targets_strategy(contract, logits=logits))
     return LogprobCase(contract, logits, targets)
@@ -147,6 +149,7 @@ def cases(
     *,
     special_values: bool = False,
     logit_kinds: Any = None,
+    support_rules: Any = None,
     **contract_filters: Any,
 ) -> st.SearchStrategy[LogprobCase]:
     """Complete :class:`LogprobCase` values: a contract, adversarial logits, valid targets.
@@ -155,7 +158,8 @@ def cases(
     :func:`~tp_logprob.strategies.contracts` (not both). ``special_values`` and
     ``logit_kinds`` go to :func:`~tp_logprob.strategies.logits`. A contract drawn with a
     sampling support gets one aimed at the drawn logits
-    (:func:`~tp_logprob.strategies.supports`), and its targets follow it.
+    (:func:`~tp_logprob.strategies.supports`; ``support_rules`` turns exactly those
+    sampling rules on), and its targets follow it.
 
     Example::
 
@@ -172,4 +176,5 @@ def cases(
     elif not isinstance(contracts, st.SearchStrategy):
         raise InvalidArgument(f"contracts={contracts!r}: expected a strategy of contracts")
     kinds = None if logit_kinds is None else tuple(logit_kinds)
-    return _cases(contracts, bool(special_values), kinds)
+    rules = None if support_rules is None else tuple(support_rules)
+    return _cases(contracts, bool(special_values), kinds, rules)

@@ -237,7 +237,10 @@ def _small_integers(
 
 @st.composite
 def _hidden_cases(
-    draw: Any, contracts: st.SearchStrategy[LogprobContract], small_integers: bool
+    draw: Any,
+    contracts: st.SearchStrategy[LogprobContract],
+    small_integers: bool,
+    support_rules: tuple[str, ...] | None,
 ) -> HiddenCase:
     contract = draw(contracts)
     if contract.input_kind is not LogprobInputKind.HIDDEN:
@@ -260,7 +263,8 @@ def _hidden_cases(
     with np.errstate(over="ignore", invalid="ignore"):
         logits = exact_hidden_logits(hidden, weight, bias).astype(np.float32)
     if contract.support is not None:  # aim the support at these logits' boundaries
-        support = draw(supports_strategy(contract, modes=(contract.support_mode,), logits=logits))
+        modes = (contract.support_mode,)
+        support = draw(supports_strategy(contract, modes=modes, logits=logits, rules=support_rules))
         contract = dataclasses.replace(contract, support=support)
     chosen = draw(targets_strategy(contract, logits=logits))
     return HiddenCase(contract, logits, chosen, hidden=hidden, weight=weight, bias=bias)
@@ -270,6 +274,7 @@ def hidden_cases(
     contracts: st.SearchStrategy[LogprobContract] | None = None,
     *,
     small_integers: bool = False,
+    support_rules: Any = None,
     **contract_filters: Any,
 ) -> st.SearchStrategy[HiddenCase]:
     """:class:`HiddenCase` values: a fused LM-head contract and adversarial operands.
@@ -280,8 +285,9 @@ def hidden_cases(
     the operands are integers in [-8, 8] (bias in [-64, 64]), so a fp32 dot
     product is exact in any order and the kernel's ``x`` is the oracle's. A
     contract drawn with a sampling support (``support_modes=...``) gets one aimed at
-    the drawn logits (:func:`~tp_logprob.strategies.supports`), as in
-    :func:`~tp_logprob.strategies.cases`, and its targets follow it.
+    the drawn logits (:func:`~tp_logprob.strategies.supports`; ``support_rules`` turns
+    exactly those sampling rules on), as in :func:`~tp_logprob.strategies.cases`, and
+    its targets follow it.
 
     Example::
 
@@ -294,7 +300,8 @@ def hidden_cases(
         contract_filters.setdefault("input_kind", LogprobInputKind.HIDDEN)
         contract_filters.setdefault("temperature", hidden_temperatures())
         contracts = contracts_strategy(**contract_filters)
-    return _hidden_cases(contracts, bool(small_integers))
+    rules = None if support_rules is None else tuple(support_rules)
+    return _hidden_cases(contracts, bool(small_integers), rules)
 
 
 def hidden_temperatures() -> st.SearchStrategy[float]:

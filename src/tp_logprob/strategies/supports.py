@@ -30,10 +30,13 @@ from hypothesis.errors import InvalidArgument
 from tp_logprob.contract import LogprobContract
 from tp_logprob.support import SupportMode, SupportSpec
 
-__all__ = ["PARAM_KINDS", "REPLAYED_ROW_KINDS", "supports"]
+__all__ = ["PARAM_KINDS", "REPLAYED_ROW_KINDS", "RULES", "supports"]
 
 PARAM_KINDS = ("all_off", "top_k", "top_p", "min_p", "top_k_top_p", "min_p_top_p", "all_rules")
 """Which sampling rules a drawn support turns on (``all_off`` is ``top_p=1``)."""
+
+RULES = ("min_p", "top_k", "top_p")
+"""The sampling rules, in the order they apply (vLLM's: min-p, top-k, top-p)."""
 
 REPLAYED_ROW_KINDS = ("every_live", "single", "random_subset", "largest", "empty_inactive")
 """How a replayed mask's row is drawn: every live column, one token, a random
@@ -133,8 +136,16 @@ def _rule_value(
 
 @st.composite
 def _sampling_params(
-    draw: Any, contract: LogprobContract, z: npt.NDArray[Any] | None
+    draw: Any,
+    contract: LogprobContract,
+    z: npt.NDArray[Any] | None,
+    only: tuple[str, ...] | None = None,
 ) -> SupportSpec:
+    if only is not None:  # exactly these rules on, each at a value drawn as below
+        chosen: dict[str, Any] = {}
+        for rule in only:
+            chosen[rule] = _rule_value(draw, rule, z, contract.sharding.real_vocab_size, chosen)
+        return SupportSpec(**chosen)
     kind = draw(st.sampled_from(PARAM_KINDS), label="support rules")
     if kind == "all_off":
         off = draw(st.sampled_from(["top_p", "min_p", "top_k", "all three"]), label="rules off")
@@ -154,7 +165,7 @@ def _sampling_params(
         "all_rules": ("min_p", "top_k", "top_p"),
     }[kind]
     real = contract.sharding.real_vocab_size
-    chosen: dict[str, Any] = {}
+    chosen = {}
     for rule in rules:  # in vLLM's order: min-p, top-k, top-p
         chosen[rule] = _rule_value(draw, rule, z, real, chosen)
     return SupportSpec(**chosen)
@@ -194,12 +205,14 @@ def supports(
     *,
     modes: Iterable[SupportMode | str] = (SupportMode.SAMPLING_PARAMS, SupportMode.REPLAYED_MASK),
     logits: npt.NDArray[np.float32] | None = None,
+    rules: Iterable[str] | None = None,
 ) -> st.SearchStrategy[SupportSpec]:
     """A :class:`~tp_logprob.SupportSpec` for ``contract`` in one of ``modes``.
 
     ``sampling_params`` draws the rules of :data:`PARAM_KINDS`; with ``logits`` their
     values often sit at a boundary of one of the rows (a tie at the k-th value, a
-    mass on or one ulp around ``top_p``, ``min_p`` at a token's ``exp(z - M)``).
+    mass on or one ulp around ``top_p``, ``min_p`` at a token's ``exp(z - M)``);
+    ``rules`` (some of :data:`RULES`) turns exactly those rules on instead.
     ``replayed_mask`` draws kept ids per row (:data:`REPLAYED_ROW_KINDS`), never
     empty for an active row. The targets of a replayed contract must then lie in
     their rows' kept ids: :func:`~tp_logprob.strategies.targets` draws them so.
@@ -223,10 +236,22 @@ def supports(
     expected = (contract.num_tokens, contract.sharding.padded_vocab_size)
     if logits is not None and np.shape(logits) != expected:
         raise InvalidArgument(f"logits: shape {np.shape(logits)}, expected {expected}")
+    only = None if rules is None else _rules(rules)
     z = None if logits is None else _tempered(contract, logits)
     choices = []
     if SupportMode.SAMPLING_PARAMS in wanted:
-        choices.append(_sampling_params(contract, z))
+        choices.append(_sampling_params(contract, z, only))
     if SupportMode.REPLAYED_MASK in wanted:
         choices.append(_replayed(contract, z))
     return st.one_of(choices)
+
+
+def _rules(rules: Iterable[str]) -> tuple[str, ...]:
+    """``rules`` in the order they apply; at least one, each a name of :data:`RULES`."""
+    given = tuple(rules) if not isinstance(rules, str) else (rules,)
+    unknown = [rule for rule in given if rule not in RULES]
+    if unknown or not given or len(set(given)) != len(given):
+        raise InvalidArgument(
+            f"rules={rules!r}: name each of {', '.join(RULES)} at most once, at least one"
+        )
+    return tuple(rule for rule in RULES if rule in given)
