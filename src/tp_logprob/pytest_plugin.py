@@ -36,83 +36,31 @@ import os
 import random
 import shlex
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
 
 from tp_logprob.properties.profiles import (
     CI_SEED,
     DEFAULT_PROFILE,
     PROFILES,
-    profile_name,
     property_settings,
-    register_profiles,
 )
 from tp_logprob.properties.report import LABEL_WIDTH, NotClaimed, PropertyViolation, SuiteStats
+from tp_logprob.properties.suite import DEFAULT_ARTIFACTS_DIR, Suite
 
 PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"
 _STATS_OUTPUT = "tp_logprob_stats"
 _NOT_CLAIMED_OUTPUT = "tp_logprob_not_claimed"
 _SEED_INPUT = "tp_logprob_seed"
-DEFAULT_ARTIFACTS_DIR = ".tp_logprob/failures"
 DEFAULT_RANK_LOGS = ".tp_logprob/ranks"
 DEFAULT_GROUP_TIMEOUT_S = 60.0
 OPT_IN_INI = "tp_logprob_suite"
 
 
-@dataclass
-class _Suite:
-    """What one pytest session decided: backends, platform, profile, seed, stats."""
-
-    specs: list[str]
-    platform_option: str | None
-    profile: str
-    seed: int | str
-    stats: SuiteStats
-    artifacts: str = DEFAULT_ARTIFACTS_DIR
-    wide_max_vocab: int = 1 << 18
-    active: bool = False
-    everywhere: bool = False
-    launcher: list[str] = field(default_factory=list)
-    writes_artifacts: bool = True
-    not_claimed: NotClaimed = field(default_factory=NotClaimed)
-    _backends: list[Any] | None = None
-    _platform: str | None = None
-
-    @property
-    def platform(self) -> str:
-        if self._platform is None:
-            from tp_logprob.registry import detect_platform
-
-            self._platform = self.platform_option or detect_platform()
-        return self._platform
-
-    def backends(self) -> list[Any]:
-        if self._backends is None:
-            from tp_logprob.properties.backends import BackendSpecError, resolve_backends
-
-            try:
-                self._backends = resolve_backends(self.specs, self.platform)
-            except BackendSpecError as error:
-                raise pytest.UsageError(str(error)) from None
-        return self._backends
-
-    def activate(self) -> None:
-        """The suite was requested: register its profiles (once); with the project's
-        opt-in, also make the chosen profile the session's default."""
-        if self.active:
-            return
-        self.active = True
-        register_profiles()
-        if self.everywhere and self.profile in PROFILES:
-            settings.load_profile(profile_name(self.profile))  # else the user's own was loaded
-
-
-_SUITE = pytest.StashKey[_Suite]()
+_SUITE = pytest.StashKey[Suite]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -180,7 +128,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     profile = _chosen_profile(config)
-    suite = _Suite(
+    suite = Suite(
         specs=list(config.getoption("--tp-logprob-backend")),
         platform_option=config.getoption("--tp-logprob-platform"),
         profile=profile,
@@ -367,7 +315,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             test._hypothesis_internal_use_seed = suite.seed
 
 
-def _deselect_unclaimed(config: pytest.Config, suite: _Suite, items: list[pytest.Item]) -> None:
+def _deselect_unclaimed(config: pytest.Config, suite: Suite, items: list[pytest.Item]) -> None:
     """Deselect every property a backend does not claim (see
     :mod:`tp_logprob.properties.applicability`), counting why, per backend.
 
@@ -410,12 +358,12 @@ def suite_stats(config: pytest.Config) -> SuiteStats:
 
 
 @pytest.fixture(scope="session")
-def tp_logprob_suite(request: pytest.FixtureRequest) -> _Suite:
+def tp_logprob_suite(request: pytest.FixtureRequest) -> Suite:
     """The session's choices: every backend under test, the platform, and the stats."""
     return request.config.stash[_SUITE]
 
 
-def replay_command(item: pytest.Item, suite: _Suite, spec: str | None) -> str:
+def replay_command(item: pytest.Item, suite: Suite, spec: str | None) -> str:
     """The pytest command that reruns ``item`` the way it just ran (under torchrun, if it did)."""
     parts = [*suite.launcher, "pytest", f"{item.path}::{item.name}"]
     if spec is not None:
@@ -470,7 +418,7 @@ def pytest_runtest_makereport(
     return report
 
 
-def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | None) -> str:
+def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | None) -> str:
     """Write the failing examples tagged on ``error``; the report lines that name them.
 
     Only the exceptions of Hypothesis' final runs reach here, so each artifact is

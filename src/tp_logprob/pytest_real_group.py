@@ -30,6 +30,7 @@ from tp_logprob.properties.lockstep import (
 )
 from tp_logprob.properties.real_group import Launch, RealGroup, RealGroupError
 from tp_logprob.properties.running import use_real_group
+from tp_logprob.properties.suite import Suite
 
 __all__ = [
     "REORDERING_PLUGINS",
@@ -49,7 +50,7 @@ REORDERING_PLUGINS = {
 
 
 def start(
-    config: pytest.Config, suite: Any, is_property: Callable[[pytest.Item], bool]
+    config: pytest.Config, suite: Suite, is_property: Callable[[pytest.Item], bool]
 ) -> RealGroupPlugin:
     """Join the real process group for this session and register the plugin that runs on it
     (which runs the items ``is_property`` picks in lockstep)."""
@@ -120,7 +121,7 @@ def check_scheduling(config: pytest.Config) -> None:
             )
 
 
-def _choices(config: pytest.Config, suite: Any) -> str:
+def _choices(config: pytest.Config, suite: Suite) -> str:
     """What must be the same on every rank: the command line and what the suite chose."""
     text = repr(
         (
@@ -162,7 +163,7 @@ class RealGroupPlugin:
     def __init__(
         self,
         config: pytest.Config,
-        suite: Any,
+        suite: Suite,
         group: RealGroup,
         is_property: Callable[[pytest.Item], bool],
     ) -> None:
