@@ -35,17 +35,18 @@ from __future__ import annotations
 import os
 import random
 import shlex
+import weakref
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tp_logprob.properties.profiles import (
     CI_SEED,
     DEFAULT_PROFILE,
     PROFILES,
-    property_settings,
 )
 from tp_logprob.properties.report import LABEL_WIDTH, NotClaimed, PropertyViolation, SuiteStats
 from tp_logprob.properties.suite import DEFAULT_ARTIFACTS_DIR, Suite
@@ -290,12 +291,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Give the properties the suite's settings and seed (with the project's opt-in, under
     ci, every Hypothesis test gets the seed too); nothing unless the suite is requested.
 
-    ``hypothesis.seed()`` and ``--hypothesis-seed`` would also switch the example
-    database off; setting the attribute ``seed()`` sets keeps it on, so a failure
-    found once is still saved (and, outside ``ci``, replayed first on the next run;
-    ``ci``'s draws are its seed's alone, see :mod:`tp_logprob.properties.profiles`).
-    The settings are set the way
-    ``@settings`` sets them, on the test alone, so no other test sees the profile.
+    The settings are applied as ``@settings`` applies them, on the test alone, so no
+    other test sees the profile (:func:`_give_settings`). ``hypothesis.seed()`` and
+    ``--hypothesis-seed`` would also switch the example database off; setting the
+    attribute ``seed()`` sets keeps it on, so a failure found once is still saved (and,
+    outside ``ci``, replayed first on the next run; ``ci``'s draws are its seed's alone,
+    see :mod:`tp_logprob.properties.profiles`).
     """
     suite = config.stash[_SUITE]
     if not suite.active:
@@ -307,12 +308,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _deselect_unclaimed(config, suite, items)
     for item in items:
         test: Any = getattr(item, "obj", None)
-        if not hasattr(test, "_hypothesis_internal_use_seed"):
-            continue
+        if getattr(getattr(test, "hypothesis", None), "inner_test", None) is None:
+            continue  # not a Hypothesis test
         if is_property(item):
-            test._hypothesis_internal_use_settings = property_settings(suite.profile, test)
+            _give_settings(test, suite.settings_for(test))
         if is_property(item) or (suite.everywhere and suite.profile == "ci"):
             test._hypothesis_internal_use_seed = suite.seed
+
+
+_GIVEN: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+"""The settings (their repr) each property test was given in this process."""
+
+
+def _give_settings(test: Any, chosen: settings) -> None:
+    """Apply ``chosen`` to ``test`` as ``@settings`` does, once.
+
+    The items of one property (one per backend) share its function, and ``@settings``
+    refuses to decorate a test twice; a later session in the same process that
+    chooses the same settings finds them applied already.
+    """
+    given = _GIVEN.get(test)
+    if given == repr(chosen):
+        return
+    if given is not None:
+        raise pytest.UsageError(
+            f"{test.__qualname__} already runs under {given} in this process and cannot be "
+            f"given {chosen!r}: run the suite with other settings in a new process"
+        )
+    chosen(test)
+    _GIVEN[test] = repr(chosen)
 
 
 def _deselect_unclaimed(config: pytest.Config, suite: Suite, items: list[pytest.Item]) -> None:

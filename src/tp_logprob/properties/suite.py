@@ -15,11 +15,17 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import settings
 
-from tp_logprob.properties.profiles import PROFILES, profile_name, register_profiles
+from tp_logprob.properties.profiles import (
+    PROFILES,
+    profile_name,
+    property_settings,
+    register_profiles,
+)
 from tp_logprob.properties.report import NotClaimed, SuiteStats
 
 if TYPE_CHECKING:
     from tp_logprob.properties.backends import BackendUnderTest
+    from tp_logprob.properties.real_group import RealGroup
 
 __all__ = ["DEFAULT_ARTIFACTS_DIR", "Suite"]
 
@@ -42,6 +48,7 @@ class Suite:
     launcher: list[str] = field(default_factory=list)
     writes_artifacts: bool = True
     not_claimed: NotClaimed = field(default_factory=NotClaimed)
+    group: RealGroup | None = None
     _backends: list[BackendUnderTest] | None = None
     _platform: str | None = None
 
@@ -62,6 +69,16 @@ class Suite:
             except BackendSpecError as error:
                 raise pytest.UsageError(str(error)) from None
         return self._backends
+
+    def settings_for(self, test: object) -> settings:
+        """The settings property ``test`` runs under: the profile scaled by its mark and, on
+        a real process group, with nothing left to the clock or the process."""
+        chosen = property_settings(self.profile, test)
+        if self.group is None:
+            return chosen
+        from tp_logprob.properties.lockstep import lockstep_settings
+
+        return lockstep_settings(chosen)
 
     def activate(self) -> None:
         """The suite was requested: register its profiles (once); with the project's
