@@ -105,8 +105,7 @@ def _integer_rows(case: Any) -> list[int]:
     """The rows whose hidden values are small integers (their fp32 dot products are exact)."""
     hidden = case.hidden.astype(np.float64)
     integral = np.all((hidden == np.round(hidden)) & (np.abs(hidden) <= INTEGER_BOUND), axis=1)
-    rows: list[int] = np.flatnonzero(integral).tolist()
-    return rows
+    return [int(row) for row in np.flatnonzero(integral)]
 
 
 @suite_property("fused_wide_reference")
