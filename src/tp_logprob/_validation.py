@@ -1,4 +1,4 @@
-"""Argument checking shared by the contract and the registry.
+"""Argument checking shared by the contract, the support, the engine formats and the registry.
 
 Every check raises :class:`LogprobContractError` with a message that echoes the
 argument as ``name=value!r`` so a caller can find the bad field at a glance.
@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from tp_logprob.errors import LogprobContractError
 
@@ -121,3 +122,40 @@ def check_temperature(value: object) -> float:
             "which must be finite and > 0"
         )
     return temperature
+
+
+def _first_non_int(values: Sequence[Any]) -> int | None:
+    """The position of the first item that is not a real integer (a bool, a float, a string)."""
+    for position, item in enumerate(values):
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Integral):
+            return position
+    return None
+
+
+def check_int_array(name: str, value: object) -> npt.NDArray[np.int64]:
+    """A read-only 1-D int64 copy of ``value`` (a sequence, numpy or torch integer array).
+
+    Every item must be an integer: a float (``1.5`` or ``1.0``) or a bool is refused with
+    its position, never rounded or read as 0/1.
+    """
+    if type(value).__module__.startswith("torch"):
+        value = value.detach().cpu().numpy()  # type: ignore[attr-defined]
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise LogprobContractError(f"{name}={value!r}: expected a 1-D sequence or array of ints")
+    if not isinstance(value, np.ndarray):
+        position = _first_non_int(value)
+        if position is not None:
+            item = value[position]
+            raise LogprobContractError(
+                f"{name}[{position}]={item!r}: expected an int, got {type(item).__name__}"
+            )
+    array = np.asarray(value)
+    if array.size == 0 and array.ndim == 1:
+        array = array.astype(np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise LogprobContractError(
+            f"{name}: expected a 1-D array of ints, got shape {array.shape} dtype {array.dtype}"
+        )
+    result = np.array(array, dtype=np.int64, copy=True)
+    result.flags.writeable = False
+    return result

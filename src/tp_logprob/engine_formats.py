@@ -41,8 +41,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob._validation import check_int_array
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.support import SupportSpec, _int_array, kept_rows_csr
+from tp_logprob.support import SupportSpec, kept_rows_csr
 
 __all__ = [
     "prime_rl_support",
@@ -88,7 +89,7 @@ def sglang_rollout(response: Mapping[str, Any], *, vocab_size: int | None = None
     where = "sglang response"
     response = _mapping(where, response, "a /generate response")
     meta = _mapping(f"{where}.meta_info", response.get("meta_info"), "return_sampling_mask=True")
-    tokens = _int_array(f"{where}.output_ids", _field(response, "output_ids", where))
+    tokens = check_int_array(f"{where}.output_ids", _field(response, "output_ids", where))
     masks = _field(meta, "output_token_sampling_mask", f"{where}.meta_info")
     _truncation(meta.get("output_token_sampling_mask_truncated"), tokens.size, where)
     support = _support(f"{where}.meta_info.output_token_sampling_mask", masks, tokens, vocab_size)
@@ -109,7 +110,7 @@ def vllm_rollout(
             raise LogprobContractError(f"{where}.choices: no choice {choice!r}")
         item, where = choices[choice], f"{where}.choices[{choice}]"
     item = _mapping(where, item, "choice")
-    tokens = _int_array(f"{where}.token_ids", _field(item, "token_ids", where))
+    tokens = check_int_array(f"{where}.token_ids", _field(item, "token_ids", where))
     masks = _field(item, "sampling_mask", where)
     if masks is None:
         raise LogprobContractError(
@@ -135,9 +136,9 @@ def prime_rl_rollout(
 ) -> EngineRollout:
     """prime-rl's ``SamplingMask(ids, counts)`` and the sampled ``token_ids`` (count 0: no mask)."""
     where = "prime_rl sampling_mask"
-    flat = _int_array(f"{where}.ids", ids)
-    sizes = _int_array(f"{where}.counts", counts)
-    tokens = _int_array("token_ids", token_ids)
+    flat = check_int_array(f"{where}.ids", ids)
+    sizes = check_int_array(f"{where}.counts", counts)
+    tokens = check_int_array("token_ids", token_ids)
     if sizes.size != tokens.size:
         raise LogprobContractError(
             f"{where}.counts: {sizes.size} entries for {tokens.size} output tokens (one per token)"

@@ -35,8 +35,8 @@ from __future__ import annotations
 import os
 import random
 import shlex
+import weakref
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,72 +47,21 @@ from tp_logprob.properties.profiles import (
     CI_SEED,
     DEFAULT_PROFILE,
     PROFILES,
-    profile_name,
-    property_settings,
-    register_profiles,
 )
 from tp_logprob.properties.report import LABEL_WIDTH, NotClaimed, PropertyViolation, SuiteStats
+from tp_logprob.properties.suite import DEFAULT_ARTIFACTS_DIR, Suite
 
 PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"
 _STATS_OUTPUT = "tp_logprob_stats"
 _NOT_CLAIMED_OUTPUT = "tp_logprob_not_claimed"
 _SEED_INPUT = "tp_logprob_seed"
-DEFAULT_ARTIFACTS_DIR = ".tp_logprob/failures"
 DEFAULT_RANK_LOGS = ".tp_logprob/ranks"
 DEFAULT_GROUP_TIMEOUT_S = 60.0
 OPT_IN_INI = "tp_logprob_suite"
 
 
-@dataclass
-class _Suite:
-    """What one pytest session decided: backends, platform, profile, seed, stats."""
-
-    specs: list[str]
-    platform_option: str | None
-    profile: str
-    seed: int | str
-    stats: SuiteStats
-    artifacts: str = DEFAULT_ARTIFACTS_DIR
-    wide_max_vocab: int = 1 << 18
-    active: bool = False
-    everywhere: bool = False
-    launcher: list[str] = field(default_factory=list)
-    writes_artifacts: bool = True
-    not_claimed: NotClaimed = field(default_factory=NotClaimed)
-    _backends: list[Any] | None = None
-    _platform: str | None = None
-
-    @property
-    def platform(self) -> str:
-        if self._platform is None:
-            from tp_logprob.registry import detect_platform
-
-            self._platform = self.platform_option or detect_platform()
-        return self._platform
-
-    def backends(self) -> list[Any]:
-        if self._backends is None:
-            from tp_logprob.properties.backends import BackendSpecError, resolve_backends
-
-            try:
-                self._backends = resolve_backends(self.specs, self.platform)
-            except BackendSpecError as error:
-                raise pytest.UsageError(str(error)) from None
-        return self._backends
-
-    def activate(self) -> None:
-        """The suite was requested: register its profiles (once); with the project's
-        opt-in, also make the chosen profile the session's default."""
-        if self.active:
-            return
-        self.active = True
-        register_profiles()
-        if self.everywhere and self.profile in PROFILES:
-            settings.load_profile(profile_name(self.profile))  # else the user's own was loaded
-
-
-_SUITE = pytest.StashKey[_Suite]()
+_SUITE = pytest.StashKey[Suite]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -180,7 +129,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     profile = _chosen_profile(config)
-    suite = _Suite(
+    suite = Suite(
         specs=list(config.getoption("--tp-logprob-backend")),
         platform_option=config.getoption("--tp-logprob-platform"),
         profile=profile,
@@ -342,12 +291,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Give the properties the suite's settings and seed (with the project's opt-in, under
     ci, every Hypothesis test gets the seed too); nothing unless the suite is requested.
 
-    ``hypothesis.seed()`` and ``--hypothesis-seed`` would also switch the example
-    database off; setting the attribute ``seed()`` sets keeps it on, so a failure
-    found once is still saved (and, outside ``ci``, replayed first on the next run;
-    ``ci``'s draws are its seed's alone, see :mod:`tp_logprob.properties.profiles`).
-    The settings are set the way
-    ``@settings`` sets them, on the test alone, so no other test sees the profile.
+    The settings are applied as ``@settings`` applies them, on the test alone, so no
+    other test sees the profile (:func:`_give_settings`). ``hypothesis.seed()`` and
+    ``--hypothesis-seed`` would also switch the example database off; setting the
+    attribute ``seed()`` sets keeps it on, so a failure found once is still saved (and,
+    outside ``ci``, replayed first on the next run; ``ci``'s draws are its seed's alone,
+    see :mod:`tp_logprob.properties.profiles`).
     """
     suite = config.stash[_SUITE]
     if not suite.active:
@@ -359,15 +308,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _deselect_unclaimed(config, suite, items)
     for item in items:
         test: Any = getattr(item, "obj", None)
-        if not hasattr(test, "_hypothesis_internal_use_seed"):
-            continue
+        if getattr(getattr(test, "hypothesis", None), "inner_test", None) is None:
+            continue  # not a Hypothesis test
         if is_property(item):
-            test._hypothesis_internal_use_settings = property_settings(suite.profile, test)
+            _give_settings(test, suite.settings_for(test))
         if is_property(item) or (suite.everywhere and suite.profile == "ci"):
             test._hypothesis_internal_use_seed = suite.seed
 
 
-def _deselect_unclaimed(config: pytest.Config, suite: _Suite, items: list[pytest.Item]) -> None:
+_GIVEN: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+"""The settings (their repr) each property test was given in this process."""
+
+
+def _give_settings(test: Any, chosen: settings) -> None:
+    """Apply ``chosen`` to ``test`` as ``@settings`` does, once.
+
+    The items of one property (one per backend) share its function, and ``@settings``
+    refuses to decorate a test twice; a later session in the same process that
+    chooses the same settings finds them applied already.
+    """
+    given = _GIVEN.get(test)
+    if given == repr(chosen):
+        return
+    if given is not None:
+        raise pytest.UsageError(
+            f"{test.__qualname__} already runs under {given} in this process and cannot be "
+            f"given {chosen!r}: run the suite with other settings in a new process"
+        )
+    chosen(test)
+    _GIVEN[test] = repr(chosen)
+
+
+def _deselect_unclaimed(config: pytest.Config, suite: Suite, items: list[pytest.Item]) -> None:
     """Deselect every property a backend does not claim (see
     :mod:`tp_logprob.properties.applicability`), counting why, per backend.
 
@@ -410,12 +382,12 @@ def suite_stats(config: pytest.Config) -> SuiteStats:
 
 
 @pytest.fixture(scope="session")
-def tp_logprob_suite(request: pytest.FixtureRequest) -> _Suite:
+def tp_logprob_suite(request: pytest.FixtureRequest) -> Suite:
     """The session's choices: every backend under test, the platform, and the stats."""
     return request.config.stash[_SUITE]
 
 
-def replay_command(item: pytest.Item, suite: _Suite, spec: str | None) -> str:
+def replay_command(item: pytest.Item, suite: Suite, spec: str | None) -> str:
     """The pytest command that reruns ``item`` the way it just ran (under torchrun, if it did)."""
     parts = [*suite.launcher, "pytest", f"{item.path}::{item.name}"]
     if spec is not None:
@@ -470,7 +442,7 @@ def pytest_runtest_makereport(
     return report
 
 
-def _write_artifacts(item: pytest.Item, suite: _Suite, error: BaseException | None) -> str:
+def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | None) -> str:
     """Write the failing examples tagged on ``error``; the report lines that name them.
 
     Only the exceptions of Hypothesis' final runs reach here, so each artifact is

@@ -25,11 +25,11 @@ import pytest
 
 from tp_logprob.properties.lockstep import (
     RealGroupAbort,
-    lockstep_settings,
     suspend_shrink_time_limit,
 )
 from tp_logprob.properties.real_group import Launch, RealGroup, RealGroupError
 from tp_logprob.properties.running import use_real_group
+from tp_logprob.properties.suite import Suite
 
 __all__ = [
     "REORDERING_PLUGINS",
@@ -49,7 +49,7 @@ REORDERING_PLUGINS = {
 
 
 def start(
-    config: pytest.Config, suite: Any, is_property: Callable[[pytest.Item], bool]
+    config: pytest.Config, suite: Suite, is_property: Callable[[pytest.Item], bool]
 ) -> RealGroupPlugin:
     """Join the real process group for this session and register the plugin that runs on it
     (which runs the items ``is_property`` picks in lockstep)."""
@@ -80,6 +80,7 @@ def start(
             "backends): every rank must run the same suite"
         )
     suite.seed = agreed[0][0]  # every rank draws from rank 0's seed
+    suite.group = group  # its properties run under lockstep settings
     plugin = RealGroupPlugin(config, suite, group, is_property)
     config.pluginmanager.register(plugin, "tp_logprob_real_group")
     return plugin
@@ -120,7 +121,7 @@ def check_scheduling(config: pytest.Config) -> None:
             )
 
 
-def _choices(config: pytest.Config, suite: Any) -> str:
+def _choices(config: pytest.Config, suite: Suite) -> str:
     """What must be the same on every rank: the command line and what the suite chose."""
     text = repr(
         (
@@ -162,7 +163,7 @@ class RealGroupPlugin:
     def __init__(
         self,
         config: pytest.Config,
-        suite: Any,
+        suite: Suite,
         group: RealGroup,
         is_property: Callable[[pytest.Item], bool],
     ) -> None:
@@ -190,7 +191,8 @@ class RealGroupPlugin:
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        """Every property test runs in lockstep, under settings that leave nothing to chance."""
+        """Every property test runs in lockstep (under the settings
+        :meth:`~tp_logprob.properties.suite.Suite.settings_for` gives on a real group)."""
         lockstep = self.group.lockstep
         for item in items:
             if not self.is_property(item):
@@ -200,9 +202,6 @@ class RealGroupPlugin:
             if inner is None:
                 item.obj = lockstep.wrap(test)  # type: ignore[attr-defined]
                 continue
-            test._hypothesis_internal_use_settings = lockstep_settings(
-                test._hypothesis_internal_use_settings
-            )
             if not getattr(inner, "_tp_logprob_lockstep", False):
                 wrapped = lockstep.wrap(inner)
                 wrapped._tp_logprob_lockstep = True  # type: ignore[attr-defined]

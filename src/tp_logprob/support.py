@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tp_logprob._validation import check_int
+from tp_logprob._validation import check_int, check_int_array
 from tp_logprob.errors import LogprobContractError
 
 __all__ = ["SupportMode", "SupportSpec", "kept_rows_csr"]
@@ -69,43 +69,6 @@ def _check_fraction(name: str, value: object, *, low_open: bool) -> float | None
     return number
 
 
-def _bad_id(values: Sequence[Any]) -> int | None:
-    """The position of the first item that is not a real integer (a bool, a float, a string)."""
-    for position, item in enumerate(values):
-        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Integral):
-            return position
-    return None
-
-
-def _int_array(name: str, value: object) -> IntArray:
-    """A read-only 1-D int64 copy of ``value`` (a sequence, numpy or torch integer array).
-
-    Every item must be an integer: a float (``1.5`` or ``1.0``) or a bool is refused with
-    its position, never rounded or read as 0/1.
-    """
-    if type(value).__module__.startswith("torch"):
-        value = value.detach().cpu().numpy()  # type: ignore[attr-defined]
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
-        raise LogprobContractError(f"{name}={value!r}: expected a 1-D sequence or array of ints")
-    if not isinstance(value, np.ndarray):
-        position = _bad_id(value)
-        if position is not None:
-            item = value[position]
-            raise LogprobContractError(
-                f"{name}[{position}]={item!r}: expected an int, got {type(item).__name__}"
-            )
-    array = np.asarray(value)
-    if array.size == 0 and array.ndim == 1:
-        array = array.astype(np.int64)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise LogprobContractError(
-            f"{name}: expected a 1-D array of ints, got shape {array.shape} dtype {array.dtype}"
-        )
-    result = np.array(array, dtype=np.int64, copy=True)
-    result.flags.writeable = False
-    return result
-
-
 def kept_rows_csr(name: str, rows: object, row_label: str = "row") -> tuple[IntArray, IntArray]:
     """CSR ``(offsets, ids)`` of one sequence (or int array) of kept ids per row.
 
@@ -117,7 +80,7 @@ def kept_rows_csr(name: str, rows: object, row_label: str = "row") -> tuple[IntA
     lengths = np.zeros(len(rows), dtype=np.int64)
     parts: list[IntArray] = []
     for row, kept in enumerate(rows):
-        ids = _int_array(f"{name}[{row_label} {row}]", kept)
+        ids = check_int_array(f"{name}[{row_label} {row}]", kept)
         lengths[row] = ids.size
         parts.append(ids)
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
@@ -185,8 +148,8 @@ class SupportSpec:
         object.__setattr__(self, "_digest", self._compute_digest())
 
     def _checked_csr(self) -> tuple[IntArray, IntArray]:
-        offsets = _int_array("support.kept_offsets", self.kept_offsets)
-        ids = _int_array("support.kept_ids", self.kept_ids)
+        offsets = check_int_array("support.kept_offsets", self.kept_offsets)
+        ids = check_int_array("support.kept_ids", self.kept_ids)
         if offsets.size == 0 or offsets[0] != 0:
             raise LogprobContractError(
                 f"support.kept_offsets={offsets.tolist()!r}: must start at 0 (one more "

@@ -55,7 +55,7 @@ from tp_logprob.oracle._mpfloat import (
 _EXP_GUARD = 4
 # A gradient element with d below this is below 2**-1144 in magnitude (times the
 # row's log n <= 50): it rounds to +0.0 (d + P / S < 0, so the element is > 0).
-_ENTROPY_UNDERFLOW_D = -800.0
+ENTROPY_UNDERFLOW_D = -800.0
 
 
 class RowEntropy(RowLSE):
@@ -142,7 +142,7 @@ def certified_entropy_grad(row: RowEntropy, first_bits: int, scale: float = 1.0)
     out = np.zeros(len(row.counts))
     if row.exact:
         return out
-    cutoff = underflow_cutoff(_ENTROPY_UNDERFLOW_D, scale)
+    cutoff = underflow_cutoff(ENTROPY_UNDERFLOW_D, scale)
     pending = set(np.flatnonzero(row.approx_d >= cutoff).tolist())
     for bits in precisions(first_bits):
         if not pending:

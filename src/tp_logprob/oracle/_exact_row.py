@@ -72,7 +72,7 @@ MAX_BITS = 1 << 16
 # exp(d) for d below this (in float64) is under 2**-1095: it rounds to 0 even
 # after division by S >= 1, and (1 - it) / T rounds as 1 / T does (1 / T is
 # a power of two or at least 2**-78 relative away from a rounding boundary).
-_UNDERFLOW_D = -760.0
+UNDERFLOW_D = -760.0
 
 
 def start_bits(num_values: int) -> int:
@@ -283,7 +283,7 @@ def certified_probabilities(
     ``scale`` is the fp32 temperature (the chain rule's ``1 / T``), taken exactly.
     """
     neg_q = np.full(len(row.counts), -0.0)
-    cutoff = underflow_cutoff(_UNDERFLOW_D, scale)
+    cutoff = underflow_cutoff(UNDERFLOW_D, scale)
     pending = set(np.flatnonzero(row.approx_d >= cutoff).tolist())
     target_grad: float | None = None
     if target_index is not None and row.approx_d[target_index] < cutoff:

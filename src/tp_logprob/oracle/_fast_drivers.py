@@ -25,8 +25,8 @@ from numpy.typing import NDArray
 from tp_logprob.oracle import _fast_grads as grads
 from tp_logprob.oracle import _fast_rows as rows
 from tp_logprob.oracle._eft import U, gamma, tree_error_factor, tree_sum
-from tp_logprob.oracle._exact_entropy import _ENTROPY_UNDERFLOW_D
-from tp_logprob.oracle._exact_row import _UNDERFLOW_D, underflow_cutoff
+from tp_logprob.oracle._exact_entropy import ENTROPY_UNDERFLOW_D
+from tp_logprob.oracle._exact_row import UNDERFLOW_D, underflow_cutoff
 from tp_logprob.oracle._fast_stats import record
 from tp_logprob.oracle._inputs import BoolArray, FloatArray, IntArray
 
@@ -202,7 +202,7 @@ def logprob_grad(
     done = np.zeros(n, bool)
     m, attempt = _finite_max(live)
     attempt = attempt[active[attempt]]
-    cutoff = underflow_cutoff(_UNDERFLOW_D, scale)
+    cutoff = underflow_cutoff(UNDERFLOW_D, scale)
     for block in _blocks(live, attempt, source):
         r = block.rows
         terms = rows.build_terms(block.values, m[r], block.counts)
@@ -273,7 +273,7 @@ def entropy_grad(
     done = np.zeros(n, bool)
     m, attempt = _finite_max(live)
     attempt = attempt[active[attempt]]
-    cutoff = underflow_cutoff(_ENTROPY_UNDERFLOW_D, scale)
+    cutoff = underflow_cutoff(ENTROPY_UNDERFLOW_D, scale)
     for block in _blocks(live, attempt, source):
         r = block.rows
         terms, _, r_h, r_l, rel, rho = _entropy_terms(block, m)

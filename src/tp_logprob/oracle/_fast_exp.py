@@ -152,7 +152,7 @@ def exp_error_terms() -> dict[str, float]:
     inner = rep(t.k120, 120) + 2 * U / 120 + r * (rep(t.k720, 720) + U / 720)
     dq = rep(t.k6, 6) + U * q_max + r * (rep(t.k24, 24) + 2 * U * 0.0417 + r * inner)
     c_max = r**3 * q_max * (1 + 4 * U) + rl * (1 + 2 * r) + U * r**2 + 2.0**-63
-    yl_max = 2.0**-52 + 2 * U * r * 1.001 + 2 * c_max * (1 + U) + 2.0**-53 * (1 + 1.01 * r)
+    yl_max = 2.0**-52 + 2 * U * r * 1.001 + 2 * c_max * (1 + U) + U * (1 + 1.01 * r)
     inner_c = r**2 * 2.0**-26 + 2.0**-64
     r_err = U * _K_MAX * abs(t.c3) + U * 2.0**-63 + U * rl + _K_MAX * 2.0**-127
     return {

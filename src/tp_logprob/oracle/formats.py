@@ -1,7 +1,7 @@
 """The floating-point formats the package speaks of, each described once.
 
 Every per-format constant (unit roundoff, machine epsilon, the largest finite
-value, the smallest subnormal, the ulp at a value) is derived here from the
+value, the smallest normal and subnormal, the ulp at a value) is derived here from the
 three numbers IEEE 754 fixes for a binary format; the oracle, the strategies and
 the suite's bounds read them from this one table instead of writing ``2**-24``.
 
@@ -45,6 +45,11 @@ class BinaryFormat:
     def max(self) -> float:
         """The largest finite value, ``(2 - 2^(1-p)) 2^emax``."""
         return (2.0 - self.epsilon) * 2.0**self.emax
+
+    @property
+    def smallest_normal(self) -> float:
+        """The smallest positive normal value, ``2^emin``."""
+        return 2.0**self.emin
 
     @property
     def smallest_subnormal(self) -> float:

@@ -31,7 +31,7 @@ from tp_logprob.oracle import _fast_drivers as fast
 from tp_logprob.oracle._fast_stats import enabled as fast_path_enabled
 from tp_logprob.oracle._inputs import FloatArray, as_exact_array
 from tp_logprob.oracle.exact import exact_entropy_grad, exact_logprob_grad
-from tp_logprob.oracle.formats import U32, U64
+from tp_logprob.oracle.formats import FORMATS, U32, U64
 
 __all__ = [
     "dot_product_error_bound",
@@ -41,7 +41,7 @@ __all__ = [
     "reference_hidden_logits",
 ]
 
-_FP32_SUBNORMAL = 2.0**-149
+_FP32_SUBNORMAL = FORMATS["fp32"].smallest_subnormal
 
 
 def _operands(

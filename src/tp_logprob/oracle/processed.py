@@ -34,7 +34,12 @@ from tp_logprob.oracle._inputs import (
     as_real_vocab_size,
     as_support_mask,
 )
-from tp_logprob.oracle.exact import _entropy, _entropy_grad, _logprob_grad, _selected_logprob
+from tp_logprob.oracle.exact import (
+    exact_entropy,
+    exact_entropy_grad,
+    exact_logprob_grad,
+    exact_selected_logprob,
+)
 
 __all__ = [
     "exact_processed_entropy",
@@ -90,14 +95,14 @@ def exact_processed_logprob(
     masked = support_masked_logits(logits, support_mask, real_vocab_size=real_vocab_size)
     n = masked.shape[0]
     undefined = ~_defined(defined, n)
-    selected, support_lse = _selected_logprob(
+    selected, support_lse = exact_selected_logprob(
         masked,
         targets,
         active_mask=active_mask,
         real_vocab_size=real_vocab_size,
         temperature=temperature,
     )
-    _, lse = _selected_logprob(
+    _, lse = exact_selected_logprob(
         logits,
         np.zeros(n, dtype=np.int64),
         active_mask=np.zeros(n, dtype=np.bool_),
@@ -126,7 +131,7 @@ def exact_processed_entropy(
     """
     masked = support_masked_logits(logits, support_mask, real_vocab_size=real_vocab_size)
     undefined = ~_defined(defined, masked.shape[0])
-    out = _entropy(
+    out = exact_entropy(
         masked, active_mask=active_mask, real_vocab_size=real_vocab_size, temperature=temperature
     )
     out[undefined & as_active_mask(active_mask, masked.shape[0])] = math.nan
@@ -154,7 +159,7 @@ def exact_processed_logprob_grad(
     """
     masked = support_masked_logits(logits, support_mask, real_vocab_size=real_vocab_size)
     _defined(defined, masked.shape[0])
-    grad = _logprob_grad(
+    grad = exact_logprob_grad(
         masked,
         targets,
         active_mask=active_mask,
@@ -182,7 +187,7 @@ def exact_processed_entropy_grad(
     """
     masked = support_masked_logits(logits, support_mask, real_vocab_size=real_vocab_size)
     _defined(defined, masked.shape[0])
-    grad = _entropy_grad(
+    grad = exact_entropy_grad(
         masked, active_mask=active_mask, real_vocab_size=real_vocab_size, temperature=temperature
     )
     return _held_fixed(grad, support_mask, active_mask, real_vocab_size, defined)

@@ -48,9 +48,9 @@ from tp_logprob.oracle._inputs import (
     checked_targets,
     row_dimensions,
 )
+from tp_logprob.oracle.formats import FORMATS, U64
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
-_U64 = 2.0**-53
 # Values per chunk of rows: keeps the float64 working copy cache-sized.
 _CHUNK_VALUES = 1 << 20
 
@@ -172,12 +172,12 @@ def reference_error_bounds(
 def reference_model(num_values: int, num_shards: int) -> ErrorModel:
     """The float64 rounding model of the references (module docstring)."""
     return ErrorModel(
-        unit=_U64,
-        exp_rel=2.0 * _U64,
-        arg_rel=_U64,
-        log_rel=2.0 * _U64,
+        unit=U64,
+        exp_rel=2.0 * U64,
+        arg_rel=U64,
+        log_rel=2.0 * U64,
         log_abs=0.0,
-        tiny=2.0**-1022,
+        tiny=FORMATS["fp64"].smallest_normal,
         num_values=num_values,
         num_shards=num_shards,
         rescales=1,

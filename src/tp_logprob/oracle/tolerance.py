@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike, NDArray
 from tp_logprob.oracle._entropy_error import entropy_error, ratio_upper
 from tp_logprob.oracle._error_model import ErrorModel as ErrorModel  # public here, as before
 from tp_logprob.oracle._inputs import format_name
-from tp_logprob.oracle.formats import U32, U64
+from tp_logprob.oracle.formats import FORMATS, U32, U64
 
 _FP32_OVERFLOW = float(np.finfo(np.float32).max) * (1.0 + 2.0**-25)
 
@@ -246,7 +246,7 @@ def tolerance(
         # k ulp, plus one rounding when log is computed as log2(S) * ln 2.
         log_rel=2.0 * log_ulp * U32 + U32,
         log_abs=float(log_abs),
-        tiny=2.0**-126,
+        tiny=FORMATS["fp32"].smallest_normal,
         num_values=n,
         num_shards=shards,
         max_shard_values=widest,

@@ -190,11 +190,11 @@ class AllocationTracker:
             self._live_bytes -= nbytes
 
 
-class _Watcher(TorchDispatchMode):
+class _Watcher(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """One thread's dispatch mode; it reports new output storages to a shared tracker."""
 
     def __init__(self, tracker: AllocationTracker) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.tracker = tracker
 
     def __torch_dispatch__(

@@ -22,6 +22,7 @@ from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.running import real_group
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import (
     HiddenCase,
     LogprobCase,
@@ -89,7 +90,7 @@ def cases_for(backend: BackendUnderTest, **filters: Any) -> st.SearchStrategy[Lo
     )
 
 
-def draw_case(data: Any, backend: BackendUnderTest, suite: Any, **filters: Any) -> LogprobCase:
+def draw_case(data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any) -> LogprobCase:
     """Draw one case for ``backend`` (labelled ``case``) and count the example."""
     case: LogprobCase = data.draw(cases_for(backend, **filters), label="case")
     suite.stats.example(backend.backend_id)
@@ -97,7 +98,7 @@ def draw_case(data: Any, backend: BackendUnderTest, suite: Any, **filters: Any) 
 
 
 def draw_hidden_case(
-    data: Any, backend: BackendUnderTest, suite: Any, **filters: Any
+    data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any
 ) -> HiddenCase:
     """A fused case from the contracts ``backend`` claims; skips backends that take logits."""
     try:
@@ -120,7 +121,7 @@ def support_modes_served(backend: BackendUnderTest) -> list[SupportMode]:
 def draw_processed_case(
     data: Any,
     backend: BackendUnderTest,
-    suite: Any,
+    suite: Suite,
     *,
     modes: Any = SAMPLING_SUPPORTS,
     **filters: Any,

@@ -91,7 +91,10 @@ def expect_fused_gradients(
     rows = contract.num_tokens
     w = upstream_weights(rows)
     v = entropy_weights(rows) * contract.export_entropy
-    to_torch = lambda a: torch.from_numpy(a).to(device=hidden.device, dtype=torch.float32)  # noqa: E731
+
+    def to_torch(a: npt.NDArray[np.float64]) -> torch.Tensor:
+        return torch.from_numpy(a).to(device=hidden.device, dtype=torch.float32)
+
     total = sum(
         (to_torch(w) * r.selected_logp).sum()
         + (0.0 if r.entropy is None else (to_torch(v) * r.entropy).sum())

@@ -26,6 +26,7 @@ from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
 from tp_logprob.properties.running import execute, real_group, run_logits
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.support import SupportMode
 
@@ -281,7 +282,7 @@ def bad_inputs(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_rejects_bad_inputs(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Each bad input raises LogprobContractError, returns nothing and leaves the logits alone."""
     backend = tp_logprob_backend
@@ -293,7 +294,7 @@ def test_rejects_bad_inputs(
 
 @given(data=st.data())
 def test_rejects_targets_outside_replayed_support(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """An active target outside its row's replayed kept ids: LogprobContractError on the
     rank that gets it, before any collective (an engine never samples outside its mask)."""
@@ -392,7 +393,7 @@ def _same_bits(before: Any, now: Any) -> Any:
 @applies_to(LOGITS_INPUT, LEAVES_INPUTS)
 @given(data=st.data())
 def test_inputs_are_left_untouched(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """local_logits and targets keep their bits and version through forward and backward."""
     backend = tp_logprob_backend

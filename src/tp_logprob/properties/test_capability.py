@@ -38,6 +38,7 @@ from tp_logprob.properties.processed import expect_processed_exact, expect_proce
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import real_group
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 from tp_logprob.support import SupportMode, SupportSpec
 
@@ -220,7 +221,7 @@ def claimed_contract(
 
 
 def test_serves_every_claimed_contract_kind(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite
 ) -> None:
     """Each claimed combination runs, agrees with the exact oracle, and (train) backprops."""
     backend = tp_logprob_backend

@@ -24,10 +24,11 @@ from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import execute
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
 
 
-def _others(backend: BackendUnderTest, suite: Any) -> list[Any]:
+def _others(backend: BackendUnderTest, suite: Suite) -> list[Any]:
     chosen = {other.backend_id: other for other in suite.backends()}
     for builtin in resolve_backends([], backend.platform):
         chosen.setdefault(builtin.backend_id, builtin)
@@ -86,7 +87,7 @@ def backends_agree(
 @scaled(0.4)
 @given(data=st.data())
 def test_backends_agree(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Within both tolerances of every other backend that serves the same contract."""
     backend = tp_logprob_backend

@@ -38,6 +38,7 @@ from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import execute, select_rows, sub_batch
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
 
 
@@ -57,7 +58,7 @@ def replicated(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_outputs_replicated_across_ranks(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Every rank returns the same bits, NaN payloads and signed zeros included."""
     backend = tp_logprob_backend
@@ -87,7 +88,7 @@ def run_to_run(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_run_to_run_bitwise(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Running the same case twice gives the same bits."""
     backend = tp_logprob_backend
@@ -121,7 +122,7 @@ def batch_invariance(
 @applies_to(LOGITS_INPUT, BATCH_INVARIANT)
 @given(data=st.data())
 def test_batch_invariance(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """A row's bits do not depend on the other rows, their order, or N."""
     backend = tp_logprob_backend
@@ -173,7 +174,7 @@ def row_positions(
 @scaled(0.4)
 @given(data=st.data())
 def test_row_positions(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """One row at odd and even positions, inside and at the end of tiles: its own bits."""
     backend = tp_logprob_backend
@@ -250,7 +251,7 @@ def tp_consistency(
 @scaled(0.6)
 @given(data=st.data())
 def test_tp_consistency(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Another TP degree and shard layout: bitwise for cross_tp_bitwise, else within tolerance."""
     backend = tp_logprob_backend

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tp_logprob.errors import LogprobDispatchError
 from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.report import violation
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import contracts
 
 
@@ -33,7 +34,7 @@ def _check_refusal(
 
 @given(data=st.data())
 def test_dispatch_is_sound(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """By id and by ``auto``: a capable backend, or a LogprobDispatchError listing each reason."""
     backend = tp_logprob_backend

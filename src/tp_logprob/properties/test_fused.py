@@ -53,6 +53,7 @@ from tp_logprob.properties.running import (
     select_rows,
     sub_batch,
 )
+from tp_logprob.properties.suite import Suite
 from tp_logprob.registry import registry
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
@@ -62,7 +63,7 @@ Floats = npt.NDArray[np.float64]
 @applies_to(HIDDEN_INPUT)
 @given(data=st.data())
 def test_fused_matches_exact_oracle(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """selected_logp, lse and entropy within the tolerance table plus the dot-product room
     of the exact values on ``fp32(hidden @ W.T + b)``."""
@@ -133,7 +134,7 @@ def _entropy_room(case: LogprobCase) -> Floats:
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_exact_dot_products_match_logits_path(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Small-integer operands (exact fp32 dot products): as accurate as the logits path,
     and within tolerance of torch_native run on the same logits."""
@@ -180,7 +181,7 @@ def fused_padding_rows(
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_padding_rows_never_read(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Other garbage (NaN, +-inf, 2^100) in the weight's and bias's padding rows: same bits."""
     backend = tp_logprob_backend
@@ -206,7 +207,7 @@ def fused_gradients(
 @applies_to(HIDDEN_INPUT)
 @given(data=st.data())
 def test_fused_gradients(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """d hidden (rank partials summed), d weight and d bias of w * selected + v * entropy
     within their bounds; exactly 0 on inactive rows and padding rows."""
@@ -219,7 +220,7 @@ def test_fused_gradients(
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_run_to_run_and_batch_invariance(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits
     (unless the backend claims run_to_run determinism only)."""
@@ -236,7 +237,7 @@ def test_fused_run_to_run_and_batch_invariance(
 @scaled(0.2)
 @given(data=st.data())
 def test_fused_row_positions(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """One hidden row at odd and even positions, inside and at the end of row chunks and
     tiles: every copy has the bits of the row run alone."""
@@ -249,7 +250,7 @@ def test_fused_row_positions(
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_tp_consistency(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Another TP degree and shard layout of the same weight: bitwise for cross_tp_bitwise,
     else within tolerance (with the dot-product room of both runs)."""
@@ -313,7 +314,7 @@ def fused_memory(
         if train:
             total = sum(result.selected_logp.float().sum() for result in results)
             if isinstance(total, torch.Tensor) and total.requires_grad:
-                total.backward()
+                torch.autograd.backward(total)
     largest = seen.largest_2d(torch.float32, widths)
     if largest is not None and largest.shape[0] >= MEMORY_ROWS:
         raise violation(
@@ -353,7 +354,7 @@ def fused_memory(
 @scaled(0.12)
 @given(data=st.data())
 def test_fused_never_materializes_the_logits(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """384 rows, forward and (train) backward: no fp32 tensor the op allocates is a
     shard's width with every row, i.e. the ``[N, local_vocab]`` logits never exist."""

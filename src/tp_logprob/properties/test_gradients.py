@@ -15,6 +15,7 @@ from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
 
 
@@ -34,7 +35,7 @@ def gradients(
 @scaled(0.6)
 @given(data=st.data())
 def test_gradients_match_exact(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Within bound of the exact gradient; exactly 0 on padding and inactive rows; rows sum to 0."""
     backend = tp_logprob_backend

@@ -34,6 +34,7 @@ from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import expanded_batch
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import HiddenCase, LogprobCase
 
 
@@ -72,7 +73,7 @@ def _long_params(data: Any, backend: BackendUnderTest) -> dict[str, Any]:
 @scaled(0.16)
 @given(data=st.data())
 def test_long_batches(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """65 to 700 rows (100 and 32 columns under the Triton interpreter), never a multiple
     of 64: every row against the exact oracle, and the gradient for train."""
@@ -86,7 +87,7 @@ def test_long_batches(
 @scaled(0.16)
 @given(data=st.data())
 def test_fused_long_batches(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """A fused LM head on 65 to 700 hidden rows: every row against the exact oracle (with
     the dot-product room), and d hidden, d weight and d bias for train."""

@@ -38,6 +38,7 @@ from tp_logprob.properties.params import (
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
 from tp_logprob.properties.running import Outputs, execute, select_rows, sub_batch
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase, logits, round_to_dtype
 
 
@@ -65,7 +66,7 @@ def padding_ignored(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_padding_is_ignored(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Garbage (NaN, +-inf, huge values) in the padding columns changes no bit of the output."""
     backend = tp_logprob_backend
@@ -172,7 +173,7 @@ def inactive_rows(
 @applies_to(LOGITS_INPUT, EXPLICIT_MASK)
 @given(data=st.data())
 def test_inactive_rows(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Inactive rows give exactly +0.0, their targets are never read, and the other rows
     are unaffected when one more row is made inactive."""
@@ -240,7 +241,7 @@ def shift_equivariance(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_shift_equivariance(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """x + c (exact in the dtype): lse moves by c, selected_logp stays, within tolerance."""
     backend = tp_logprob_backend
@@ -302,7 +303,7 @@ def vocabulary_permutation(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_vocabulary_permutation(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Permuting the live columns (and the targets with them) changes nothing beyond tolerance."""
     backend = tp_logprob_backend

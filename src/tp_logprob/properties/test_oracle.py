@@ -15,6 +15,7 @@ from tp_logprob.properties.measuring import expect_exact, expect_reference
 from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import SPECIAL_KINDS, LogprobCase
 
 
@@ -33,7 +34,7 @@ def oracle(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_matches_exact_oracle(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """selected_logp and lse within the tolerance table of the correctly rounded values."""
     backend = tp_logprob_backend
@@ -63,7 +64,7 @@ def special_values(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_special_values_match_oracle(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """NaN, +inf and all -inf rows give exactly the oracle's NaN/inf pattern."""
     backend = tp_logprob_backend
@@ -89,7 +90,7 @@ def reference(
 @scaled(0.5)
 @given(data=st.data())
 def test_matches_reference_on_larger_shapes(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Within tolerance of the float64 reference (plus its own bound) on wider vocabularies."""
     backend = tp_logprob_backend

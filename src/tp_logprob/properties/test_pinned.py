@@ -29,6 +29,7 @@ from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.measuring import expect_exact
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import DTYPE_MAX, LogprobCase
 
 _INF = float("inf")
@@ -154,7 +155,7 @@ def _claims_pinned_contract(backend: BackendUnderTest, params: Mapping[str, Any]
 @applies_to(LOGITS_INPUT, _claims_pinned_contract)
 @pytest.mark.parametrize("name", list(PINNED))
 def test_pinned_case(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, name: str
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, name: str
 ) -> None:
     """The exact oracle's values (and gradient, for train) on a case worth keeping."""
     backend = tp_logprob_backend

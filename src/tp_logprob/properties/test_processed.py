@@ -55,6 +55,7 @@ from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, format_value, violation
 from tp_logprob.properties.running import Outputs, execute, select_rows
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.strategies.supports import RULES
 from tp_logprob.support import SupportMode, SupportSpec
@@ -80,7 +81,7 @@ def processed_oracle(
 
 @given(data=st.data())
 def test_processed_matches_exact_oracle_on_its_support(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """An admissible support, and every output within the tolerance table of the exact
     values on it; NaN, +inf and all -inf rows (undefined supports) included."""
@@ -180,7 +181,7 @@ def processed_replayed_bits(
 @scaled(0.4)
 @given(data=st.data())
 def test_replayed_own_support_gives_the_same_bits(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Sampling parameters, then the support they gave replayed as a mask: the same bits."""
     backend = tp_logprob_backend
@@ -268,7 +269,7 @@ def processed_rules_off(
 @scaled(0.4)
 @given(data=st.data())
 def test_rules_off_is_the_raw_logprob(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """top_k >= live, top_p = 1, min_p = 0: bitwise the op without a support."""
     backend = tp_logprob_backend
@@ -344,7 +345,7 @@ def processed_tp_consistency(
 @scaled(0.5)
 @given(data=st.data())
 def test_processed_tp_consistency(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Another TP degree and shard layout: bitwise (the support too) for cross_tp_bitwise,
     else admissible and within tolerance at both layouts."""
@@ -374,7 +375,7 @@ def processed_gradients(
 @scaled(0.5)
 @given(data=st.data())
 def test_processed_gradients(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Zero outside the support, within bound of the exact gradient on it; rows sum to their
     exact sums (0, or -w / T where the target lies outside the support)."""
@@ -386,7 +387,7 @@ def test_processed_gradients(
 @scaled(0.3)
 @given(data=st.data())
 def test_processed_run_to_run_and_batch_invariance(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits (unless
     the backend claims run_to_run only): support_lse, support_size and the threshold too."""

@@ -35,6 +35,7 @@ from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import execute
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 
 
@@ -56,7 +57,7 @@ def entropy_nan_free(
 @applies_to(LOGITS_INPUT)
 @given(data=st.data())
 def test_entropy_is_nan_free_where_exact_is_finite(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Rows with -inf logits and garbage padding: entropy (and, for train, its gradient)
     finite and within tolerance wherever the exact value is finite."""
@@ -108,7 +109,7 @@ def temperature_power_of_two(
 @scaled(0.5)
 @given(data=st.data())
 def test_power_of_two_temperature_is_exact_scaling(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """T = 2^k gives bitwise the outputs of T = 1 on logits scaled by 2^-k (when exact)."""
     backend = tp_logprob_backend
@@ -178,7 +179,7 @@ def neg_inf_columns_ignored(
 @scaled(0.5)
 @given(data=st.data())
 def test_entropy_ignores_appended_neg_inf_columns(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Appending -inf columns to the real vocabulary changes no output beyond tolerance."""
     backend = tp_logprob_backend

@@ -41,6 +41,7 @@ from tp_logprob.properties.profiles import scaled
 from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import sub_batch
+from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase, wide_cases, wide_hidden_cases
 from tp_logprob.strategies.wide_hidden import INTEGER_BOUND
 
@@ -86,7 +87,7 @@ def wide_reference(
 @scaled(0.4)
 @given(data=st.data())
 def test_wide_vocabularies(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Up to 2^18 columns, -inf blocks, constant blocks, a lone finite column, an extreme
     block, padding across a block edge and shard bounds that cut blocks: within the
@@ -104,7 +105,7 @@ def _integer_rows(case: Any) -> list[int]:
     """The rows whose hidden values are small integers (their fp32 dot products are exact)."""
     hidden = case.hidden.astype(np.float64)
     integral = np.all((hidden == np.round(hidden)) & (np.abs(hidden) <= INTEGER_BOUND), axis=1)
-    return np.flatnonzero(integral).tolist()
+    return [int(row) for row in np.flatnonzero(integral)]
 
 
 @suite_property("fused_wide_reference")
@@ -142,7 +143,7 @@ def fused_wide_reference(
 @scaled(0.2)
 @given(data=st.data())
 def test_fused_wide_vocabularies(
-    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Any, data: Any
+    tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Fused shards of 2^10 to 2^14 columns, hidden sizes up to 256, uneven TP, bias, garbage
     padding rows, temperature and entropy; each row's maximum and target at the end of a

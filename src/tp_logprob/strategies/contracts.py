@@ -34,6 +34,7 @@ from tp_logprob.contract import (
     even_shard_bounds,
 )
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.oracle.formats import FORMATS
 from tp_logprob.strategies.supports import supports
 
 __all__ = [
@@ -293,8 +294,8 @@ def _hidden_fields(
     }
 
 
-_FP32_TINIEST_NORMAL = 2.0**-126
-_FP32_LARGEST = float(np.finfo(np.float32).max)
+_FP32_TINIEST_NORMAL = FORMATS["fp32"].smallest_normal
+_FP32_LARGEST = FORMATS["fp32"].max
 
 
 def temperatures() -> st.SearchStrategy[float]:
