@@ -102,7 +102,7 @@ RULE_SETS = tuple(
 @given(data=st.data())
 def test_every_sampling_rule_across_ranks(
     tp_logprob_backend: BackendUnderTest,
-    tp_logprob_suite: Any,
+    tp_logprob_suite: Suite,
     data: Any,
     rules: tuple[str, ...],
 ) -> None:
