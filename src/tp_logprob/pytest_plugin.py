@@ -302,7 +302,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not suite.active:
         return
     if any(is_property(item) for item in items):
-        from tp_logprob.properties.registry import suite_properties
+        from tp_logprob.properties.catalogue import suite_properties
 
         suite_properties()  # every property module, imported before a test runs
     _deselect_unclaimed(config, suite, items)
@@ -448,7 +448,7 @@ def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | Non
     Only the exceptions of Hypothesis' final runs reach here, so each artifact is
     a minimal (shrunk) example, not an intermediate failure.
     """
-    from tp_logprob.properties.registry import failure_record, suite_properties
+    from tp_logprob.properties.catalogue import failure_record, suite_properties
     from tp_logprob.replay.artifacts import write_artifact
 
     lines = ""

@@ -9,7 +9,7 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract, MaskSpec, ReductionSpec, ShardingSpec
 from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
-from tp_logprob.properties.registry import suite_properties
+from tp_logprob.properties.catalogue import suite_properties
 from tp_logprob.replay.artifacts import write_artifact
 from tp_logprob.strategies import LogprobCase
 

@@ -19,7 +19,7 @@ import torch
 import tp_logprob as tpl
 from tp_logprob.peers._catalog import PROCESSED_PEERS
 from tp_logprob.properties.backends import resolve_backends
-from tp_logprob.properties.registry import run_property
+from tp_logprob.properties.catalogue import run_property
 from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.support import SupportSpec

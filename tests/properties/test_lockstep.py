@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tp_logprob.properties import registry
+from tp_logprob.properties import catalogue
+from tp_logprob.properties.catalogue import (
+    FAILURE_ATTRIBUTE,
+    PropertyRegistry,
+    SuiteProperty,
+    run_property,
+)
 from tp_logprob.properties.lockstep import (
     Lockstep,
     LockstepFailure,
     RealGroupAbort,
     lockstep_settings,
     suspend_shrink_time_limit,
-)
-from tp_logprob.properties.registry import (
-    FAILURE_ATTRIBUTE,
-    PropertyRegistry,
-    SuiteProperty,
-    run_property,
 )
 from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.properties.verdicts import Phase, Report, Status
@@ -88,7 +88,7 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     properties = PropertyRegistry()
     properties.add(SuiteProperty("probe", body))
-    monkeypatch.setattr(registry, "suite_properties", lambda: properties)
+    monkeypatch.setattr(catalogue, "suite_properties", lambda: properties)
     return failing
 
 

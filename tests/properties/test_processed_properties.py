@@ -16,7 +16,7 @@ import tp_logprob as tpl
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.registry import run_property
+from tp_logprob.properties.catalogue import run_property
 from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.registry import KernelRegistry
 from tp_logprob.strategies import LogprobCase

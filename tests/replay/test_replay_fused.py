@@ -27,7 +27,7 @@ from tp_logprob.contract import (
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_logits
-from tp_logprob.properties.registry import suite_properties
+from tp_logprob.properties.catalogue import suite_properties
 from tp_logprob.replay.artifacts import (
     SCHEMA_VERSION,
     ArtifactError,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.artifacts import backend, padding_case
-from tp_logprob.properties.registry import suite_properties
+from tp_logprob.properties.catalogue import suite_properties
 from tp_logprob.replay.artifacts import (
     SCHEMA_VERSION,
     ArtifactError,

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers.artifacts import write_padding_artifact
 from tp_logprob.__main__ import main
-from tp_logprob.properties.registry import suite_properties
+from tp_logprob.properties.catalogue import suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact
 
 SUITE = suite_properties()

@@ -92,7 +92,7 @@ def _suite(adapter: str, scratch: Path, database: Path, name: str) -> dict[str, 
 def _example(text: str) -> str | None:
     """The shrunk failing example in one line, from the artifact the plugin wrote."""
     from tp_logprob.peers._records import Record
-    from tp_logprob.properties.registry import suite_properties
+    from tp_logprob.properties.catalogue import suite_properties
     from tp_logprob.replay.artifacts import ArtifactError, load_artifact
 
     artifact = Record("", "", "failed", text).artifact

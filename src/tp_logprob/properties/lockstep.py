@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import HypothesisException
 
 from tp_logprob.comm import CollectiveError
-from tp_logprob.properties.registry import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
+from tp_logprob.properties.catalogue import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
 from tp_logprob.properties.report import LABEL_WIDTH, PropertyViolation
 from tp_logprob.properties.verdicts import Phase, Report, Settlement, Status, settle
 
@@ -68,7 +68,7 @@ class RealGroupAbort(BaseException):
 
     A BaseException, so that neither a property nor Hypothesis takes it for a failing
     example; the plugin stops the session. Like a failure, it carries the property
-    run in progress (:data:`~tp_logprob.properties.registry.FAILURE_ATTRIBUTE`), if
+    run in progress (:data:`~tp_logprob.properties.catalogue.FAILURE_ATTRIBUTE`), if
     any, so that its case is written as an artifact.
     """
 
@@ -332,7 +332,7 @@ def _status_of(error: BaseException | None, runs: Sequence[PropertyRun]) -> dict
     """The report fields that say how an example ended on this rank.
 
     ``run_index`` names the property run that raised (the last one), when the
-    exception came out of :func:`~tp_logprob.properties.registry.run_property`.
+    exception came out of :func:`~tp_logprob.properties.catalogue.run_property`.
     """
     if error is None:
         return {}

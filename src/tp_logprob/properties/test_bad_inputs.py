@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.properties.applicability import LEAVES_INPUTS, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import draw_case, draw_processed_case
 from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
 from tp_logprob.properties.running import execute, real_group, run_logits
 from tp_logprob.properties.suite import Suite

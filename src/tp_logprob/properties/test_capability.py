@@ -30,12 +30,12 @@ from tp_logprob.contract import (
 )
 from tp_logprob.oracle import exact_hidden_logits
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import drawing_capability
 from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.lm_head import expect_fused_gradients
 from tp_logprob.properties.measuring import expect_exact
 from tp_logprob.properties.processed import expect_processed_exact, expect_processed_gradient
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import real_group
 from tp_logprob.properties.suite import Suite

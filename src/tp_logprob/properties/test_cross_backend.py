@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
 from tp_logprob.properties.measuring import allowed_error, entropy_error, expect_close
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import execute
 from tp_logprob.properties.suite import Suite

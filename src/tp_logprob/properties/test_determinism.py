@@ -19,6 +19,7 @@ from tp_logprob.properties.applicability import (
     applies_to,
 )
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import (
     batch_rows,
     draw_case,
@@ -35,7 +36,6 @@ from tp_logprob.properties.measuring import (
 )
 from tp_logprob.properties.params import ArraySpec, PropertyInputError, any_length
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import execute, select_rows, sub_batch
 from tp_logprob.properties.suite import Suite

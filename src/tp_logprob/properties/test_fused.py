@@ -27,6 +27,7 @@ from tp_logprob.properties.applicability import (
     applies_to,
 )
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import (
     batch_rows,
     claims_batch_invariance,
@@ -44,7 +45,6 @@ from tp_logprob.properties.measuring import (
 )
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
 from tp_logprob.properties.running import (
     execute,

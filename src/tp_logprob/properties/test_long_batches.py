@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tp_logprob.properties.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import (
     draw_case,
     draw_hidden_case,
@@ -31,7 +32,6 @@ from tp_logprob.properties.lm_head import expect_fused_gradients
 from tp_logprob.properties.measuring import expect_exact
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import expanded_batch
 from tp_logprob.properties.suite import Suite

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tp_logprob.contract import LogprobDType, MaskSpec
 from tp_logprob.properties.applicability import EXPLICIT_MASK, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import draw_case
 from tp_logprob.properties.expected import exact_outputs
 from tp_logprob.properties.measuring import (
@@ -35,7 +36,6 @@ from tp_logprob.properties.params import (
     padding_columns,
     per_row,
 )
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, violation
 from tp_logprob.properties.running import Outputs, execute, select_rows, sub_batch
 from tp_logprob.properties.suite import Suite

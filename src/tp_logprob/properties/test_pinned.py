@@ -25,9 +25,9 @@ from tp_logprob.contract import (
 )
 from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.gradients import expect_gradient
 from tp_logprob.properties.measuring import expect_exact
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import DTYPE_MAX, LogprobCase

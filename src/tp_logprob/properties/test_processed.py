@@ -34,6 +34,7 @@ from tp_logprob.properties.applicability import (
     applies_to,
 )
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import (
     batch_rows,
     claims_batch_invariance,
@@ -52,7 +53,6 @@ from tp_logprob.properties.processed import (
     judge_support,
 )
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats, format_value, violation
 from tp_logprob.properties.running import Outputs, execute, select_rows
 from tp_logprob.properties.suite import Suite

@@ -33,12 +33,12 @@ from hypothesis import strategies as st
 
 from tp_logprob.properties.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import drawing_capability, interpreted
 from tp_logprob.properties.lm_head import fused_only
 from tp_logprob.properties.measuring import expect_exact, expect_reference
 from tp_logprob.properties.params import PropertyInputError
 from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.registry import run_property, suite_property
 from tp_logprob.properties.report import SuiteStats
 from tp_logprob.properties.running import sub_batch
 from tp_logprob.properties.suite import Suite

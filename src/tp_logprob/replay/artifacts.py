@@ -38,8 +38,8 @@ import numpy as np
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.properties.catalogue import SuiteProperty
 from tp_logprob.properties.params import PropertySpec
-from tp_logprob.properties.registry import SuiteProperty
 from tp_logprob.replay.hidden import (
     HIDDEN_ARRAYS,
     load_hidden_case,
@@ -173,7 +173,7 @@ def write_artifact(
     seed: int | str | None = None,
     test: str | None = None,
 ) -> Path:
-    """Write one failing example of property ``prop`` (one of ``properties``: the registry, or
+    """Write one failing example of property ``prop`` (one of ``properties``: the catalogue, or
     the names a caller may record); return the ``.json`` path (the existing one if already
     written)."""
     if prop not in properties:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tp_logprob.properties.registry import SuiteProperty
+from tp_logprob.properties.catalogue import SuiteProperty
 from tp_logprob.replay.artifacts import (
     FailureArtifact,
     artifact_paths,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.registry import SuiteProperty
+from tp_logprob.properties.catalogue import SuiteProperty
 from tp_logprob.replay.artifacts import artifact_paths, load_artifact
 from tp_logprob.replay.drift import RowErrors, measure, worst_rows
 from tp_logprob.strategies import LogprobCase

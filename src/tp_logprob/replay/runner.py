@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from tp_logprob.properties.backends import BackendSpecError, BackendUnderTest, resolve_backends
+from tp_logprob.properties.catalogue import SuiteProperty
 from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.registry import SuiteProperty
 from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.replay.artifacts import (
     ArtifactError,

@@ -12,7 +12,7 @@ property's test module, declared with :func:`suite_property`::
 
 and the test calls :func:`run_property`, which tags a failure with a
 :class:`FailureRecord` for the plugin to write as an artifact. :func:`suite_properties`
-returns the registry with every module of the suite imported: what the replay
+returns the catalogue with every module of the suite imported: what the replay
 layer and the command line are handed.
 """
 
