@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.torchrun import environment, spec, suite_args, torchrun
+from tp_logprob.properties.profiles import CI_SEED
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -33,7 +34,10 @@ def test_a_correct_backend_passes_on_every_rank_in_lockstep(world: int, tmp_path
     group itself runs alongside: on the group, or skipped for want of the emulated group."""
     backends = ["torch_native"] + (["default_group"] if world == 2 else [])
     choices = [spec(name) if name == "default_group" else name for name in backends]
-    session = torchrun(world, tmp_path, *(f"--tp-logprob-backend={c}" for c in choices))
+    # A fixed seed, as CI's: a random draw that finds something is a finding for a session
+    # of its own (its artifact replays it), not a test that passes or fails by chance.
+    backends_args = (f"--tp-logprob-backend={c}" for c in choices)
+    session = torchrun(world, tmp_path, *backends_args, f"--hypothesis-seed={CI_SEED}")
     assert session.returncode == 0, session.output[-4000:]
     for name in backends:
         row = re.search(rf"^{name}\s+(\d+) passed, 0 failed, (\d+) skipped", session.output, re.M)

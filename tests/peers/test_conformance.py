@@ -311,7 +311,7 @@ def test_a_peer_subsection_shows_each_property_and_links_each_failure() -> None:
     text = processed.peer_subsection(peer, results, runs, "pytest x", 3.0)
     assert text == processed.peer_subsection(peer, results, runs, "pytest x", 3.0)
     assert text.startswith(f"### `{peer.name}`\n")
-    assert "`pytest x`: 3 passed, 2 failed, 1 skipped in 3 s." in text
+    assert "`pytest x`: 4 passed, 2 failed, 1 skipped in 3 s." in text
     explaining = peer.findings_for(ORACLE)
     assert explaining
     for finding in explaining:
