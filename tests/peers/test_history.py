@@ -268,3 +268,20 @@ def test_vllm_010_top_k_support_from_the_fixed_release() -> None:
     else:  # min-p, top-k and top-p come after the logprobs: every column is kept
         assert result.support_size.tolist() == [4]
         assert math.isfinite(result.selected_logp.item())
+
+
+def test_vllm_010_support_of_a_row_without_finite_logits_is_undefined() -> None:
+    import torch
+
+    from tp_logprob.peers.vllm_sampler_010 import honest
+    from tp_logprob.support import SupportSpec
+
+    _installed_vllm_010()
+    op, _ = honest
+    x = torch.tensor([[-INF, -INF, -INF], [0.0, 1.0, -INF]])
+    contract = _vllm_contract(2, 3, support=SupportSpec(top_p=1.0))
+    result = op(x, torch.tensor([0, 1]), contract)
+    assert result.support_size.tolist() == [0, 2]
+    assert math.isnan(result.support_lse[0]) and math.isnan(result.support_threshold[0])
+    torch.testing.assert_close(result.support_lse[1], x[1].logsumexp(dim=0))
+    assert result.support_threshold[1].item() == 0.0

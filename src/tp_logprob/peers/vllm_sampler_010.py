@@ -41,10 +41,13 @@ no entropy; ``run_to_run``.
 Glue: the sampler writes into its input, so it gets a private copy, and its
 random draw runs under a forked RNG. ``lse`` is ``z_max - log_softmax(z)[argmax]``
 with vLLM's ``apply_temperature`` and ``compute_logprobs``; with a support,
-``support_size`` counts the finite processed logprobs, ``support_threshold`` is
-the smallest tempered logit among them, and ``support_lse`` is ``z - logprob`` at
-the most probable kept column (the normaliser of the distribution vLLM returns,
-read as one over ``z``).
+vLLM's processed logits are read back as ``z`` where its logprob is not ``-inf``
+(``-inf`` where it dropped the column); ``support_size`` counts their finite
+values, ``support_threshold`` is the smallest of them, and ``support_lse`` is
+``z - logprob`` at their largest (the normaliser of the distribution vLLM
+returns, read as one over ``z``). A row whose support is undefined (no finite
+processed logit, or a NaN or ``+inf`` in ``z``; docs/semantics.md) gets NaN,
+``0`` and NaN there.
 """
 
 from __future__ import annotations
@@ -247,16 +250,19 @@ def vllm_processed_logprob(
             lse = _lse(z, sampler.compute_logprobs(z), z.argmax(dim=1, keepdim=True))
         if contract.support is None:
             return LogprobResult(selected, lse)
-        kept = torch.isfinite(logprobs)
-        support_lse = _lse(z, logprobs, logprobs.argmax(dim=1, keepdim=True))
+        # vLLM's processed logits: z where it kept the column, -inf where it dropped it.
+        processed = torch.where(logprobs == -float("inf"), -float("inf"), z)
+        kept = torch.isfinite(processed)
+        defined = kept.any(dim=1) & ~(z.isnan() | z.isposinf()).any(dim=1)
+        support_lse = _lse(processed, logprobs, processed.argmax(dim=1, keepdim=True))
         threshold = torch.where(kept, z, torch.full_like(z, float("inf"))).amin(dim=1)
-        threshold = torch.where(kept.any(dim=1), threshold, float("nan"))
+    nan = float("nan")
     return LogprobResult(
         selected,
         lse,
-        support_lse=support_lse,
-        support_size=kept.sum(dim=1, dtype=torch.int64),
-        support_threshold=threshold,
+        support_lse=torch.where(defined, support_lse, nan),
+        support_size=torch.where(defined, kept.sum(dim=1, dtype=torch.int64), 0),
+        support_threshold=torch.where(defined, threshold, nan),
     )
 
 
