@@ -133,11 +133,21 @@ CORPUS: tuple[HistoricalBug, ...] = (
         reference="open; Dao-AILab/flash-attention#1930",
         buggy="2.8.3",
         fixed=None,
-        adapter="none yet",
-        cpu="unknown: flash-attn ships as a source distribution that builds its CUDA "
-        "extension on install",
-        unavailable="not attempted: whether its Triton module installs without the CUDA build "
-        "is unchecked, and no adapter exists yet",
+        adapter="none",
+        cpu="no: the kernel's launcher selects a CUDA device, which the CPU build of torch "
+        "refuses for a CPU tensor",
+        unavailable="flash_attn/ops/triton/cross_entropy.py imports only torch and triton, but "
+        "its package does not import without the CUDA build. The sdist's setup.py imports torch "
+        "(so pip needs --no-build-isolation) and, unless FLASH_ATTENTION_FORCE_BUILD=TRUE, "
+        "guesses a prebuilt wheel's URL from torch.version.cuda, None on the CPU build "
+        "(InvalidVersion); with that and FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE it installs without "
+        "the extension, and `import flash_attn.ops.triton.cross_entropy` then runs "
+        "flash_attn/__init__.py, whose flash_attn_interface does `import flash_attn_2_cuda` "
+        "(ModuleNotFoundError). Loaded from its file the module imports, but "
+        "CrossEntropyLoss.forward launches the kernel inside "
+        "`torch.cuda.device(logits.device.index)`, and for a CPU tensor (index None) the CPU "
+        "build of torch raises TypeError in torch.cuda._exchange_device ('<' not supported "
+        "between 'NoneType' and 'int'): it runs on CUDA tensors only",
     ),
 )
 
