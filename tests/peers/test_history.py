@@ -1,7 +1,8 @@
-"""The historical benchmark: its corpus, the Liger adapter's per-release calls, the verdicts."""
+"""The historical benchmark: its corpus, the per-release adapters' calls, the verdicts."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from tp_logprob.peers.history import verdict
 from tp_logprob.peers.liger import liger_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
+INF = math.inf
 
 
 @pytest.mark.parametrize(
@@ -160,3 +162,126 @@ def test_requirements_follow_the_entries_of_a_release() -> None:
 
     assert "transformers==4.49.0" in requirements("trl==0.15.2")
     assert requirements("liger-kernel==0.5.8") == ()
+
+
+def test_every_runnable_entry_names_an_adapter_that_resolves() -> None:
+    import importlib
+
+    from tp_logprob.capability import LogprobBackendCapability
+
+    for bug in CORPUS:
+        if bug.unavailable is None:
+            module, _, attr = bug.adapter.partition(":")
+            op, capability = getattr(importlib.import_module(module), attr)
+            assert callable(op) and isinstance(capability, LogprobBackendCapability), bug.key
+
+
+def test_the_vllm_entry_installs_the_same_sampler_imports_for_both_releases() -> None:
+    from tp_logprob.peers._history_corpus import requirements
+
+    (bug,) = [bug for bug in CORPUS if bug.key == "vllm_processed_logprobs_temperature"]
+    assert bug.versions == ("0.10.0", "0.10.2")
+    assert requirements("vllm==0.10.0") == requirements("vllm==0.10.2") == bug.requires
+    assert all("==" in requirement for requirement in bug.requires)  # that time's releases
+    assert "transformers==4.56.1" in bug.requires
+
+
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [("0.10.0", (0, 10, 0)), ("0.10.1", (0, 10, 1)), ("0.10.1.1", (0, 10, 1, 1)),
+     ("0.10.2", (0, 10, 2))],
+)  # fmt: skip
+def test_vllm_010_adapter_serves_the_010_releases(version: str, release: tuple[int, ...]) -> None:
+    from tp_logprob.peers.vllm_sampler_010 import check_release
+
+    assert check_release(version) == release
+
+
+@pytest.mark.parametrize("version", ["0.9.2", "0.11.0", "0.33.0", "main"])
+def test_vllm_010_adapter_refuses_other_releases_by_version(version: str) -> None:
+    from tp_logprob.peers.vllm_sampler_010 import check_release
+
+    with pytest.raises(RuntimeError, match=r"serves 0\.10 \(0\.10\.0 to 0\.10\.2\)"):
+        check_release(version)
+
+
+def _installed_vllm_010() -> tuple[int, ...]:
+    """The installed vllm 0.10 release; skips where vllm is absent or another release."""
+    from importlib import metadata
+
+    from tp_logprob.peers.vllm_sampler_010 import check_release
+
+    pytest.importorskip("vllm", reason="vllm 0.10 is installed by nox -s history only")
+    try:
+        return check_release(metadata.version("vllm"))
+    except RuntimeError as error:
+        pytest.skip(str(error))
+
+
+def _vllm_contract(rows: int, vocab: int, **extra: Any) -> Any:
+    import tp_logprob as tpl
+
+    sharding = tpl.ShardingSpec(0, 1, ((0, vocab),), vocab, vocab)
+    mask, reduction = tpl.MaskSpec(rows), tpl.ReductionSpec("run_to_run")
+    return tpl.LogprobContract("infer", "fp32", mask, sharding, reduction, **extra)
+
+
+def test_vllm_010_processed_logprob_is_each_releases_own() -> None:
+    import torch
+
+    from tp_logprob.peers.vllm_sampler_010 import honest
+
+    release = _installed_vllm_010()
+    op, capability = honest
+    x = torch.tensor([[1.0, 0.0, -1.0, 2.0], [0.5, 0.5, 0.0, -3.0]])
+    before, targets = x.clone(), torch.tensor([0, 3])
+    for temperature in (1.0, 0.5):
+        contract = _vllm_contract(2, 4, temperature=temperature)
+        assert capability.supports(contract)
+        result = op(x, targets, contract)
+        z = x / temperature
+        torch.testing.assert_close(result.lse, z.logsumexp(dim=1))
+        # Before 0.10.2 the "processed" logprob is that of the undivided logits.
+        fixed = release >= (0, 10, 2)
+        expected = (z if fixed else x).log_softmax(dim=1).gather(1, targets[:, None])[:, 0]
+        torch.testing.assert_close(result.selected_logp, expected)
+        assert result.support_size is None
+    assert torch.equal(x, before)
+
+
+def test_vllm_010_top_k_support_from_the_fixed_release() -> None:
+    import torch
+
+    from tp_logprob.peers.vllm_sampler_010 import honest
+    from tp_logprob.support import SupportSpec
+
+    release = _installed_vllm_010()
+    op, _ = honest
+    x = torch.tensor([[1.0, 0.0, -1.0, 2.0]])
+    contract = _vllm_contract(1, 4, temperature=0.5, support=SupportSpec(top_k=2))
+    result = op(x, torch.tensor([1]), contract)
+    if release >= (0, 10, 2):
+        assert (result.support_size.tolist(), result.selected_logp.tolist()) == ([2], [-INF])
+        kept = (x[:, [0, 3]] / 0.5).logsumexp(dim=1)
+        torch.testing.assert_close(result.support_lse, kept)
+        assert result.support_threshold.tolist() == [2.0]
+    else:  # min-p, top-k and top-p come after the logprobs: every column is kept
+        assert result.support_size.tolist() == [4]
+        assert math.isfinite(result.selected_logp.item())
+
+
+def test_vllm_010_support_of_a_row_without_finite_logits_is_undefined() -> None:
+    import torch
+
+    from tp_logprob.peers.vllm_sampler_010 import honest
+    from tp_logprob.support import SupportSpec
+
+    _installed_vllm_010()
+    op, _ = honest
+    x = torch.tensor([[-INF, -INF, -INF], [0.0, 1.0, -INF]])
+    contract = _vllm_contract(2, 3, support=SupportSpec(top_p=1.0))
+    result = op(x, torch.tensor([0, 1]), contract)
+    assert result.support_size.tolist() == [0, 2]
+    assert math.isnan(result.support_lse[0]) and math.isnan(result.support_threshold[0])
+    torch.testing.assert_close(result.support_lse[1], x[1].logsumexp(dim=0))
+    assert result.support_threshold[1].item() == 0.0

@@ -17,7 +17,10 @@ documentation and source, and says which library versions it was verified with:
 - :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
   helpers of its FSDP actor (TP=1, torch path);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
-  processed logprob under a sampling support (top-k, top-p, min-p), TP=1.
+  processed logprob under a sampling support (top-k, top-p, min-p), TP=1;
+- :mod:`.vllm_sampler_010` - vLLM 0.10's v1 sampler in ``processed_logprobs``
+  mode, the API of each 0.10 release chosen by its version (the historical
+  benchmark's vLLM entry).
 
 The cross-entropy modules also offer "what users assume" variants: the same op claiming a
 contract feature the library does not serve (padding, uneven shards, 16-bit

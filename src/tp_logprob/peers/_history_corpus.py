@@ -44,6 +44,13 @@ _LIGER_CE = "tp_logprob.peers.liger:honest"
 _INTERPRETED = "yes: Triton under the interpreter (TRITON_INTERPRET=1)"
 # What importing trl 0.15/0.16's grpo_trainer needs, at releases of that time (Feb 2025).
 _TRL_2025_Q1 = ("transformers==4.49.0", "accelerate==1.4.0", "datasets==3.3.2", "rich")
+# What importing vllm 0.10.0 to 0.10.2's v1 sampler needs, at releases of their time
+# (July to September 2025).
+_VLLM_010_SAMPLER = (
+    "transformers==4.56.1", "pydantic==2.11.7", "regex==2025.7.34", "cachetools==6.1.0",
+    "cbor2==5.6.5", "cloudpickle==3.1.1", "pyzmq==27.0.2", "msgspec==0.19.0", "blake3==1.0.5",
+    "pybase64==1.4.2", "psutil==7.0.0", "setproctitle==1.3.6",
+)  # fmt: skip
 
 CORPUS: tuple[HistoricalBug, ...] = (
     HistoricalBug(
@@ -104,16 +111,19 @@ CORPUS: tuple[HistoricalBug, ...] = (
         key="vllm_processed_logprobs_temperature",
         library="vLLM",
         distribution="vllm",
-        summary='logprobs_mode="processed_logprobs" returned logprobs of logits not divided '
-        "by the temperature",
-        reference="reported around 0.10.0, fixed by 0.10.2 per huggingface/trl#4159 "
-        "(releases not yet verified against vLLM's history)",
+        summary='logprobs_mode="processed_logprobs" returned log_softmax of the logits before '
+        "the temperature division, min-p, top-k and top-p",
+        reference="vllm-project/vllm PR #22387 (TopKTopPSampler returns the processed logprobs), "
+        "first released in 0.10.2; 0.10.0, 0.10.1 and 0.10.1.1 ship the same sampler.py, "
+        "whose Sampler.forward takes them before self.sample (reported by prime-rl PR #697, "
+        "huggingface/trl#4159)",
         buggy="0.10.0",
         fixed="0.10.2",
-        adapter="none yet (tp_logprob.peers.vllm_sampler serves vllm 0.33's sampler)",
-        cpu="yes: pure torch sampler code, without vLLM's CUDA dependencies",
-        unavailable="no adapter for vLLM 0.10's sampler exists yet, and the releases are "
-        "unverified",
+        adapter="tp_logprob.peers.vllm_sampler_010:honest",
+        cpu="yes: vLLM's sampler code on the CPU build of torch (installed --no-deps, "
+        "no CUDA extension)",
+        reproducer="docs/history/repro_vllm_processed_logprobs_temperature.py",
+        requires=_VLLM_010_SAMPLER,
     ),
     HistoricalBug(
         key="flash_attn_triton_ce_neg_inf",
@@ -123,11 +133,21 @@ CORPUS: tuple[HistoricalBug, ...] = (
         reference="open; Dao-AILab/flash-attention#1930",
         buggy="2.8.3",
         fixed=None,
-        adapter="none yet",
-        cpu="unknown: flash-attn ships as a source distribution that builds its CUDA "
-        "extension on install",
-        unavailable="not attempted: whether its Triton module installs without the CUDA build "
-        "is unchecked, and no adapter exists yet",
+        adapter="none",
+        cpu="no: the kernel's launcher selects a CUDA device, which the CPU build of torch "
+        "refuses for a CPU tensor",
+        unavailable="flash_attn/ops/triton/cross_entropy.py imports only torch and triton, but "
+        "its package does not import without the CUDA build. The sdist's setup.py imports torch "
+        "(so pip needs --no-build-isolation) and, unless FLASH_ATTENTION_FORCE_BUILD=TRUE, "
+        "guesses a prebuilt wheel's URL from torch.version.cuda, None on the CPU build "
+        "(InvalidVersion); with that and FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE it installs without "
+        "the extension, and `import flash_attn.ops.triton.cross_entropy` then runs "
+        "flash_attn/__init__.py, whose flash_attn_interface does `import flash_attn_2_cuda` "
+        "(ModuleNotFoundError). Loaded from its file the module imports, but "
+        "CrossEntropyLoss.forward launches the kernel inside "
+        "`torch.cuda.device(logits.device.index)`, and for a CPU tensor (index None) the CPU "
+        "build of torch raises TypeError in torch.cuda._exchange_device ('<' not supported "
+        "between 'NoneType' and 'int'): it runs on CUDA tensors only",
     ),
 )
 

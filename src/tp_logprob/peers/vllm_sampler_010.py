@@ -1,0 +1,275 @@
+"""vLLM 0.10's v1 sampler in ``processed_logprobs`` mode as a logprob backend (TP=1).
+
+Runs the installed ``vllm.v1.sample.sampler.Sampler`` with
+``logprobs_mode="processed_logprobs"`` on one request per row, the request's
+``SamplingParams`` built from the contract's temperature and support as vLLM's
+input batch builds its ``SamplingMetadata`` (the rules of
+:mod:`tp_logprob.peers.vllm_sampler`: ``SamplingParams`` raises a temperature
+below ``0.01`` to ``0.01``; top-k off unless ``0 < top_k < V``; top-p off at
+``1.0``; min-p through vLLM's ``MinPLogitsProcessor``). The sampler is asked
+for ``V`` logprobs per row (``max_num_logprobs=V``), so the top-``V`` it gathers
+is every column, scattered back into vocabulary order: the processed logprob
+of every token, as vLLM returns it to a request.
+
+vLLM documents processed logprobs as those "after applying all processors,
+including temperature and top_k/top_p". Where the sampler computes them differs
+by release, read from each wheel's ``vllm/v1/sample/sampler.py``:
+
+- 0.10.0, 0.10.1 and 0.10.1.1: ``Sampler.forward`` computes
+  ``compute_logprobs(logits)`` after the penalties and before ``self.sample``,
+  which divides by the temperature and applies min-p, top-k and top-p: the
+  "processed" logprobs are those of the undivided, unmasked logits;
+- 0.10.2: ``TopKTopPSampler(logprobs_mode)`` returns ``log_softmax`` of the
+  logits after temperature, min-p, top-k and top-p, and ``Sampler.forward``
+  returns those.
+
+The APIs the adapter calls differ by release too, and are chosen by the installed
+version (:func:`check_release`), not guessed at: in 0.10.0 the logits processors
+live in ``vllm.v1.sample.logits_processor`` (one module: ``MinPLogitsProcessor(
+max_num_reqs, pin_memory, device)``, ``LogitsProcessorManager``, three-field added
+requests); from 0.10.1 in a package (``MinPLogitsProcessor(vllm_config, device,
+is_pin_memory)``, ``LogitsProcessors``, four-field added requests); the logprobs
+mode is a string before 0.10.2 and ``vllm.config.LogprobsMode`` from 0.10.2.
+
+Capability, from vLLM's source: TP=1 (the sampler sees a whole row), no
+vocabulary padding; fp32, bf16 and fp16 (the sampler converts the logits to fp32
+first); infer only; every token active; temperature (vLLM's division by
+``fp32(T)``, with the floor of ``0.01``); support modes ``full`` (no top-k,
+top-p or min-p: the logprob over the whole vocabulary) and ``sampling_params``;
+no entropy; ``run_to_run``.
+
+Glue: the sampler writes into its input, so it gets a private copy, and its
+random draw runs under a forked RNG. ``lse`` is ``z_max - log_softmax(z)[argmax]``
+with vLLM's ``apply_temperature`` and ``compute_logprobs``; with a support,
+vLLM's processed logits are read back as ``z`` where its logprob is not ``-inf``
+(``-inf`` where it dropped the column); ``support_size`` counts their finite
+values, ``support_threshold`` is the smallest of them, and ``support_lse`` is
+``z - logprob`` at their largest (the normaliser of the distribution vLLM
+returns, read as one over ``z``). A row whose support is undefined (no finite
+processed logit, or a NaN or ``+inf`` in ``z``; docs/semantics.md) gets NaN,
+``0`` and NaN there.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from importlib import metadata
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.peers._glue import lse_from_max, private_copy
+from tp_logprob.support import SupportMode
+
+__all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "vllm_processed_logprob"]
+
+SERVED_RELEASES = ((0, 10), (0, 11))
+"""``[first, end)`` (major, minor) of the vllm releases whose sampler the adapter drives."""
+
+_PROCESSORS_PACKAGE = (0, 10, 1)
+"""From here ``vllm.v1.sample.logits_processor`` is a package with the newer API."""
+_LOGPROBS_MODE_ENUM = (0, 10, 2)
+"""From here ``logprobs_mode`` is a ``vllm.config.LogprobsMode``, not a string."""
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="vllm_sampler_010",
+    roles=frozenset({LogprobRole.INFER}),
+    dtypes=frozenset(LogprobDType),
+    tp_world_sizes=frozenset({1}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
+    supports_temperature=True,
+    support_modes=frozenset({SupportMode.FULL, SupportMode.SAMPLING_PARAMS}),
+)
+
+_IMPORT_LOCK = threading.Lock()
+_VLLM: dict[str, Any] = {}
+
+
+def check_release(version: str) -> tuple[int, ...]:
+    """The release of vllm ``version`` as numbers; raise unless it is a 0.10 release."""
+    found = re.match(r"\d+(\.\d+)*", version)
+    release = tuple(int(part) for part in found.group(0).split(".")) if found else ()
+    first, end = SERVED_RELEASES
+    if not first <= release[:2] < end:
+        raise RuntimeError(
+            f"vllm {version!r}: the adapter serves 0.10 (0.10.0 to 0.10.2), whose "
+            "Sampler takes logprobs_mode and SamplingMetadata.logitsprocs; "
+            "tp_logprob.peers.vllm_sampler serves 0.33"
+        )
+    return release
+
+
+def _vllm() -> dict[str, Any]:
+    with _IMPORT_LOCK:
+        if not _VLLM:
+            release = check_release(metadata.version("vllm"))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
+                from vllm import SamplingParams
+                from vllm.v1.sample.metadata import SamplingMetadata
+                from vllm.v1.sample.sampler import Sampler
+
+                if release < _PROCESSORS_PACKAGE:
+                    from vllm.v1.sample.logits_processor import (
+                        BatchUpdate,
+                        LogitsProcessorManager,
+                        MinPLogitsProcessor,
+                    )
+
+                    processors = LogitsProcessorManager
+                else:
+                    from vllm.v1.sample.logits_processor import LogitsProcessors
+                    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+                    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+                    processors = LogitsProcessors
+                mode: Any = "processed_logprobs"
+                if release >= _LOGPROBS_MODE_ENUM:
+                    from vllm.config import LogprobsMode
+
+                    mode = LogprobsMode.PROCESSED_LOGPROBS
+            _VLLM.update(
+                release=release,
+                SamplingParams=SamplingParams,
+                SamplingMetadata=SamplingMetadata,
+                Sampler=Sampler,
+                BatchUpdate=BatchUpdate,
+                MinPLogitsProcessor=MinPLogitsProcessor,
+                processors=processors,
+                mode=mode,
+            )
+    return _VLLM
+
+
+def sampling_params(contract: LogprobContract) -> Any:
+    """The vLLM ``SamplingParams`` of one row: the contract's temperature and rules."""
+    support = contract.support
+    if support is not None and support.mode is not SupportMode.SAMPLING_PARAMS:
+        raise ValueError(f"support={support!r}: the vLLM sampler takes sampling parameters")
+    top_k = None if support is None else support.top_k
+    top_p = None if support is None else support.top_p
+    min_p = None if support is None else support.min_p
+    return _vllm()["SamplingParams"](
+        temperature=contract.temperature,
+        top_k=0 if top_k is None else top_k,
+        top_p=1.0 if top_p is None else top_p,
+        min_p=0.0 if min_p is None else min_p,
+    )
+
+
+def _logits_processors(params: Any, rows: int) -> Any:
+    """vLLM's min-p processor holding ``params`` for ``rows`` requests, as the release wants."""
+    vllm = _vllm()
+    cpu = torch.device("cpu")
+    added: list[tuple[Any, ...]]
+    if vllm["release"] < _PROCESSORS_PACKAGE:
+        min_p = vllm["MinPLogitsProcessor"](max_num_reqs=rows, pin_memory=False, device=cpu)
+        added = [(row, params, []) for row in range(rows)]
+    else:
+        config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=rows))
+        min_p = vllm["MinPLogitsProcessor"](config, cpu, False)
+        added = [(row, params, [], []) for row in range(rows)]
+    min_p.update_state(vllm["BatchUpdate"](batch_size=rows, removed=[], added=added, moved=[]))
+    if vllm["release"] < _PROCESSORS_PACKAGE:
+        return vllm["processors"](argmax_invariant=[min_p])
+    return vllm["processors"]([min_p])
+
+
+def _metadata(params: Any, rows: int, width: int) -> Any:
+    """``SamplingMetadata`` of ``rows`` requests with ``params``, asking for all ``width``
+    logprobs."""
+    top_k = params.top_k if 0 < params.top_k < width else width
+    return _vllm()["SamplingMetadata"](
+        temperature=torch.full((rows,), params.temperature),
+        all_greedy=False,
+        all_random=True,
+        top_p=torch.full((rows,), params.top_p) if params.top_p < 1 else None,
+        top_k=torch.full((rows,), top_k, dtype=torch.int32) if top_k < width else None,
+        generators={},
+        max_num_logprobs=width,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(rows),
+        presence_penalties=torch.zeros(rows),
+        repetition_penalties=torch.ones(rows),
+        output_token_ids=[],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=_logits_processors(params, rows),
+    )
+
+
+def processed_logprobs(logits: torch.Tensor, contract: LogprobContract) -> torch.Tensor:
+    """The processed logprob of every column of ``logits`` (a private copy), from vLLM."""
+    vllm = _vllm()
+    rows, width = logits.shape
+    sampler = vllm["Sampler"](logprobs_mode=vllm["mode"])
+    with torch.random.fork_rng(devices=[]):
+        output = sampler(private_copy(logits), _metadata(sampling_params(contract), rows, width))
+    gathered = output.logprobs_tensors  # column 0: the sampled token; then the top V
+    columns = gathered.logprob_token_ids[:, 1:].long()
+    return torch.empty((rows, width)).scatter_(1, columns, gathered.logprobs[:, 1:])
+
+
+def vllm_processed_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``(selected_logp, lse)``, and the support outputs with a support, from vLLM's sampler."""
+    check_op_inputs(local_logits, targets, contract, group)
+    vllm = _vllm()
+    with torch.no_grad():
+        logprobs = processed_logprobs(local_logits.detach(), contract)
+        selected = logprobs.gather(1, targets.long()[:, None])[:, 0]
+        sampler = vllm["Sampler"](logprobs_mode=vllm["mode"])
+        z = sampler.apply_temperature(
+            local_logits.detach().float().clone(),
+            torch.full((len(targets),), contract.temperature),
+        )
+        lse = None
+        if contract.export_lse:
+            lse = _lse(z, sampler.compute_logprobs(z), z.argmax(dim=1, keepdim=True))
+        if contract.support is None:
+            return LogprobResult(selected, lse)
+        # vLLM's processed logits: z where it kept the column, -inf where it dropped it.
+        processed = torch.where(logprobs == -float("inf"), -float("inf"), z)
+        kept = torch.isfinite(processed)
+        defined = kept.any(dim=1) & ~(z.isnan() | z.isposinf()).any(dim=1)
+        support_lse = _lse(processed, logprobs, processed.argmax(dim=1, keepdim=True))
+        threshold = torch.where(kept, z, torch.full_like(z, float("inf"))).amin(dim=1)
+    nan = float("nan")
+    return LogprobResult(
+        selected,
+        lse,
+        support_lse=torch.where(defined, support_lse, nan),
+        support_size=torch.where(defined, kept.sum(dim=1, dtype=torch.int64), 0),
+        support_threshold=torch.where(defined, threshold, nan),
+    )
+
+
+def _lse(z: torch.Tensor, logprobs: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """``z - logprob`` at column ``top`` of each row: the log normaliser behind ``logprobs``."""
+    return lse_from_max(z.gather(1, top)[:, 0], -logprobs.gather(1, top)[:, 0])
+
+
+honest = (vllm_processed_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.vllm_sampler_010:honest``."""
