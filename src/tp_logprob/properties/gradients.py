@@ -87,8 +87,15 @@ def gradient_bound(
     with np.errstate(invalid="ignore", over="ignore"):
         distance = np.where(np.isfinite(z), np.abs(z - lse[:, None]), 0.0)
         relative = np.expm1(lse_error)[:, None] + U32 * (distance + 8.0)
-        # p == 0 stays 0 (p_hat underflows too) even where the LSE bound is huge.
-        spread = np.where(probability == 0.0, 0.0, np.abs(probability) * relative * 1.01)
+        # p == 0 stays 0 (p_hat underflows too) even where the LSE bound is huge. An fp32
+        # p_hat below the normal range errs by a few subnormal ulps, absolutely (0 for a p
+        # under 2^-150): the relative bound misses it, and dividing by a small T scales it up
+        # (at T = 1e-20, a p of 1e-53 is 0 in fp32 and its gradient 1e-33 is 0 too).
+        spread = np.where(
+            probability == 0.0,
+            0.0,
+            np.abs(probability) * relative * 1.01 + _SUBNORMAL_EXP_ERROR,
+        )
         # A zero weight zeroes its term even where the term's bound is inf (0 * inf is NaN).
         bound = np.where(w == 0.0, 0.0, w * (spread + np.where(is_target, U32, 0.0)))
         if entropy_grad is not None:
