@@ -16,7 +16,7 @@ from tp_logprob.peers.processed_section import processed_tests
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray")
+LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray", "sglang")
 CELLS = [(peer, key, cell) for peer in PEERS for key, cell in peer.cells.items()]
 
 
@@ -87,7 +87,7 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "import tp_logprob.peers.liger, tp_logprob.peers.megatron, tp_logprob.peers.trl\n"
         "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
         "import tp_logprob.peers.vllm_sampler, tp_logprob.peers.liger_vocab_parallel\n"
-        "import tp_logprob.peers.verl\n"
+        "import tp_logprob.peers.verl, tp_logprob.peers.sglang_sampler\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
         "assert not loaded, loaded\n"
     )

@@ -18,6 +18,9 @@ documentation and source, and says which library versions it was verified with:
   helpers of its FSDP actor (TP=1, torch path);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
   processed logprob under a sampling support (top-k, top-p, min-p), TP=1.
+- :mod:`.sglang_sampler` - SGLang's torch-native sampler and sampling mask, the same
+  beside vLLM's (its functions compiled from the installed files: the sampler module
+  needs a GPU build to import), TP=1.
 
 The cross-entropy modules also offer "what users assume" variants: the same op claiming a
 contract feature the library does not serve (padding, uneven shards, 16-bit
@@ -31,7 +34,7 @@ Verify one adapter with::
     pytest --pyargs tp_logprob.properties --tp-logprob-backend=tp_logprob.peers.liger:honest
 
 The libraries are optional (``pip install "tp-logprob[peers]"``; vLLM, whose wheel
-pins a CUDA build of torch, as ``noxfile.py``'s ``conformance`` session installs
-it) and ``import tp_logprob`` never imports this package; each adapter imports
+and SGLang, whose wheels pin a CUDA build of torch, as ``noxfile.py``'s ``conformance``
+session installs them) and ``import tp_logprob`` never imports this package; each adapter imports
 its library on first call.
 """

@@ -525,6 +525,9 @@ class Unavailable:
 
 _VLLM_TOP_P = "apply_top_k_top_p_pytorch sorts ascending and drops the positions whose fp32 cumsum "
 _ORACLE = ("test_processed_matches_exact_oracle_on_its_support",)
+_SGLANG_SORT = (
+    "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending and "
+)
 
 PROCESSED_PEERS = (
     ProcessedPeer(
@@ -615,33 +618,91 @@ PROCESSED_PEERS = (
         "over the survivors); the maximum is always kept; the processed logprob of a dropped "
         "target is -inf",
     ),
+    ProcessedPeer(
+        name="sglang_sampler",
+        module="sglang_sampler",
+        library="SGLang Sampler, pytorch backend with the sampling mask "
+        "(top_k_top_p_min_p_sampling_from_probs_torch)",
+        distribution="sglang",
+        findings=(
+            Finding(
+                "top-k, ties at the k-th value",
+                Explanation(
+                    PEER_LIMITATION,
+                    _SGLANG_SORT + "keeps exactly top_k positions: of tokens tied at the k-th "
+                    "value it keeps those the sort put first, where the exact rule keeps the "
+                    "whole tie",
+                    "docs/repro_sglang_top_k_ties.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "top-p, ties at the boundary",
+                Explanation(
+                    PEER_LIMITATION,
+                    _SGLANG_SORT + "drops a position whose mass before it is > top_p, a mass "
+                    "that counts the tied tokens sorted first: of tokens tied at the boundary it "
+                    "keeps the first ones, where the exact rule keeps the whole tie",
+                    "docs/repro_sglang_top_p_ties.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "top-p on the full distribution",
+                Explanation(
+                    PEER_LIMITATION,
+                    "the top-p cumsum is taken over the full sorted distribution before the "
+                    "top-k cut (the joint rule), and min-p comes last, so top-p is not "
+                    "renormalised over the top-k or min-p survivors as in the exact order: it "
+                    "keeps tokens the exact rules drop",
+                    "docs/repro_sglang_top_p_joint.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "tokens of zero fp32 probability",
+                Explanation(
+                    PEER_LIMITATION,
+                    "the sampling mask is the tokens of positive filtered fp32 probability: a "
+                    "kept token whose probability underflows (z more than ~104 below the "
+                    "maximum), or a kept -inf logit, leaves the support, with processed logprob "
+                    "-inf where the exact one is finite",
+                    "docs/repro_sglang_zero_probability.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "a row with NaN or +inf tempered logits",
+                Explanation(
+                    PEER_LIMITATION,
+                    "a NaN logit, or a finite one that overflows when divided by T, makes that "
+                    "row's probabilities NaN, and torch.multinomial raises RuntimeError for the "
+                    "whole batch; the exact rules leave only that row undefined",
+                    "docs/repro_sglang_nonfinite_raises.py",
+                ),
+                (*_ORACLE, "test_processed_run_to_run_and_batch_invariance"),
+            ),
+            Finding(
+                "temperature below 1e-6",
+                Explanation(
+                    PEER_LIMITATION,
+                    "SamplingParams turns any temperature in [0, 1e-6) into greedy decoding "
+                    "(temperature 1, top_k 1): the support is the first index of the maximum, "
+                    "whatever rules the request asked for",
+                    "docs/repro_sglang_temperature_greedy.py",
+                ),
+                _ORACLE,
+            ),
+        ),
+        agrees="min-p keeps p >= min_p * max p, as the exact rule (after top-k and top-p, "
+        "against the largest probability, which they always keep); top-k alone and top-p "
+        "alone agree away from ties; the processed logprob is log(w / sum of kept w) on "
+        "SGLang's fp32 probabilities, -inf for a dropped target",
+    ),
 )
 """Every processed-logprob peer, in report order."""
 
 UNAVAILABLE = (
-    Unavailable(
-        "SGLang sampler (top_k_top_p_min_p_sampling_from_probs_torch, sampling mask capture)",
-        "sglang",
-        "sglang 0.5.23 installs with --no-deps, but importing sglang.srt.layers.sampler "
-        "reaches sglang.srt.multimodal.internvl_utils, which imports torchvision; PyPI's "
-        "only torchvision for Linux x86-64 is a CUDA build (no source distribution), whose "
-        "_C.so needs libc10_cuda.so, absent from the CPU build of torch: "
-        "'OSError: libc10_cuda.so: cannot open shared object file', and then "
-        "'RuntimeError: operator torchvision::nms does not exist' at import. Every release with "
-        "the sampling mask capture (top_k_top_p_min_p_sampling_from_probs_torch's "
-        "return_filtered_probs, new in 0.5.20; 0.5.20 to 0.5.23 checked) reaches that import "
-        "through sglang.srt.configs (nano_nemotron_vl, in every release checked from 0.5.10 on); "
-        "the releases whose configs do not import it (0.4.10 and 0.5.1 checked) return only "
-        "the sampled ids and the unfiltered log(softmax), no support to compare",
-        "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending "
-        "and keeps exactly top_k positions (a tie at the k-th value cut by sort position); "
-        "top-p uses the cumsum of the full distribution taken before the top-k cut (the joint "
-        "rule, not renormalised over the top-k survivors) and keeps a position while the mass "
-        "before it is <= top_p; min-p comes after both, against the largest probability; the "
-        "processed logprob of the sampling mask output is log(w_y / sum of w > 0) on those fp32 "
-        "probabilities, so a kept token whose probability underflows leaves the support, and "
-        "the logprob SGLang returns by default is log(softmax(x / T)) over the full vocabulary",
-    ),
     Unavailable(
         "NeMo-RL trainer-side top-k/top-p (nemo_rl.algorithms.logits_sampling_utils)",
         "nemo-rl",
