@@ -10,9 +10,7 @@ installed.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ import torch
 import tp_logprob as tpl
 from tp_logprob.oracle import exact_support
 from tp_logprob.peers._catalog import PROCESSED_PEERS
+from tp_logprob.peers._installed import installed_file
 from tp_logprob.properties.backends import resolve_backends
 from tp_logprob.properties.registry import run_property
 from tp_logprob.properties.report import PropertyViolation
@@ -52,18 +51,17 @@ def _run(logits: list[list[float]], support: SupportSpec, targets: list[int], **
 
 
 def test_the_functions_run_are_the_installed_files() -> None:
-    spec = importlib.util.find_spec("sglang")
-    assert spec is not None and spec.submodule_search_locations
-    package = Path(next(iter(spec.submodule_search_locations)))
     definitions = sglang_sampler.installed_definitions()
     for relative, names in sglang_sampler._DEFINITIONS.items():
-        lines = (package / relative).read_text().splitlines()
+        path = installed_file("sglang", relative)
+        lines = path.read_text().splitlines()
         for name in names:
             code = getattr(definitions[name], "__code__", None)
             if code is not None:  # a function: compiled from that file, at its own line
-                assert code.co_filename == str(package / relative), name
+                assert code.co_filename == str(path), name
+                indent = "    " * name.count(".")
                 assert lines[code.co_firstlineno - 1].startswith(
-                    f"{'    ' if '.' in name else ''}def {name.rpartition('.')[2]}("
+                    f"{indent}def {name.rpartition('.')[2]}("
                 ), name
 
 

@@ -20,13 +20,14 @@ capture is new in 0.5.20, and earlier releases were not run).
 ``sglang.srt.layers.sampler`` itself does not import without a GPU build: its import
 reaches ``sglang.srt.configs``, whose multimodal configs import torchvision, and PyPI's
 only torchvision for Linux x86-64 is a CUDA build that does not load beside the CPU
-build of torch. The adapter therefore compiles the four definitions it runs
-(``_SamplingMaskCapture``, ``top_k_top_p_min_p_sampling_from_probs_torch``,
-``Sampler._build_sampling_mask_output``, and ``SamplingMaskStatus`` and
-``SamplingMaskOutput`` of ``sglang.srt.layers.logits_processor``) from the installed
-files, unchanged, in a namespace of the names they use (torch, ``torch.distributed``,
-typing); everything else (sampling params, softmax, ``TOP_K_ALL``) is imported from
-the installed package. sglang is installed ``--no-deps`` with only the packages those
+build of torch. The adapter therefore compiles the definitions it runs (the sampler's
+``_SamplingMaskCapture``, ``top_k_top_p_min_p_sampling_from_probs_torch``,
+``sampling_from_probs_torch`` and ``Sampler``'s two sampling mask builders, and
+``SamplingMaskStatus`` and ``SamplingMaskOutput`` of ``logits_processor.py``) from the
+installed files, unchanged (:mod:`tp_logprob.peers._installed`), in a namespace of the
+names they use (torch, ``torch.distributed``, typing, SGLang's ``envs``); everything
+else (sampling params, softmax, ``TOP_K_ALL``) is imported from the installed package.
+sglang is installed ``--no-deps`` with only the packages those
 imports need (``noxfile.py``, ``SGLANG_IMPORTS``).
 
 Capability, from SGLang's source:
@@ -49,14 +50,11 @@ of positive weight, ``support_size`` the count of such tokens.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import importlib.util
 import threading
 import typing
 import warnings
 from enum import IntEnum
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -72,6 +70,7 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.peers import _installed
 from tp_logprob.peers._glue import lse_from_max, private_copy
 from tp_logprob.support import SupportMode
 
@@ -129,11 +128,7 @@ def installed_definitions() -> dict[str, Any]:
     """The definitions of :data:`_DEFINITIONS`, compiled from the installed files unchanged."""
     from sglang.srt.environ import envs
 
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("No module named 'sglang'")
-    package = Path(next(iter(spec.submodule_search_locations)))
-    namespace: dict[str, Any] = {
+    namespace = {
         "__name__": "tp_logprob.peers.sglang_sampler._installed",
         "torch": torch,
         "dist": torch.distributed,
@@ -142,34 +137,7 @@ def installed_definitions() -> dict[str, Any]:
         "envs": envs,
         **{name: getattr(typing, name) for name in ("NamedTuple", "Optional", "List", "Tuple")},
     }
-    found: dict[str, Any] = {}
-    for relative, names in _DEFINITIONS.items():
-        path = package / relative
-        tree = ast.parse(path.read_text(), str(path))
-        nodes = _definitions(tree, names, path)
-        code = compile(ast.Module(nodes, type_ignores=[]), str(path), "exec", dont_inherit=True)
-        exec(code, namespace)  # the installed definitions, as the file states them
-        for name in names:
-            found[name] = namespace[name.rpartition(".")[2]]
-    return found
-
-
-def _definitions(tree: ast.Module, names: tuple[str, ...], path: Path) -> list[ast.stmt]:
-    """The top-level (``name``) or method (``Class.name``) definitions ``names`` of ``tree``."""
-    nodes: list[ast.stmt] = []
-    for name in names:
-        scope: list[ast.stmt] = tree.body
-        for part in name.split("."):
-            found = [
-                node
-                for node in scope
-                if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name == part
-            ]
-            if not found:
-                raise ImportError(f"{path}: no definition {name!r} (the adapter runs it)")
-            scope = found[0].body
-        nodes.append(found[0])
-    return nodes
+    return _installed.installed_definitions("sglang", _DEFINITIONS, namespace)
 
 
 def sampling_params(contract: LogprobContract) -> Any:
