@@ -195,6 +195,9 @@ def conformance(session: nox.Session) -> None:
     # then only what the modules tp_logprob.peers.sglang_sampler imports need.
     session.install(*peers, "--no-deps", "sglang")
     session.install(*_constraints(), *peers, *SGLANG_IMPORTS)
+    # OpenRLHF (tp_logprob.peers.openrlhf) pins DeepSpeed, flash-attn and ray; the adapter
+    # compiles its logprob helper from the installed file, which needs only torch.
+    session.install(*peers, "--no-deps", "openrlhf")
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
     session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)

@@ -16,7 +16,10 @@ from tp_logprob.peers.processed_section import processed_tests
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray", "sglang")
+LIBRARIES = (
+    *("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray", "sglang"),
+    *("openrlhf", "deepspeed", "flash_attn"),
+)
 CELLS = [(peer, key, cell) for peer in PEERS for key, cell in peer.cells.items()]
 
 
@@ -61,6 +64,8 @@ def test_backend_ids_are_unique() -> None:
         ("torch_loss_parallel", "assume_inactive_tokens", "mask_modes"),
         ("trl", "assume_16bit", "dtypes"),
         ("verl", "assume_16bit", "dtypes"),
+        ("openrlhf", "assume_16bit", "dtypes"),
+        ("openrlhf", "assume_inactive_tokens", "mask_modes"),
         ("liger_vocab_parallel", "assume_padding", "supports_vocab_padding"),
     ],
 )
@@ -88,6 +93,7 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
         "import tp_logprob.peers.vllm_sampler, tp_logprob.peers.liger_vocab_parallel\n"
         "import tp_logprob.peers.verl, tp_logprob.peers.sglang_sampler\n"
+        "import tp_logprob.peers.openrlhf\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
         "assert not loaded, loaded\n"
     )

@@ -16,6 +16,9 @@ documentation and source, and says which library versions it was verified with:
   and PPO trainers;
 - :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
   helpers of its FSDP actor (TP=1, torch path);
+- :mod:`.openrlhf` - OpenRLHF's ``log_probs_from_logits``, the helper of its actor,
+  with its temperature (TP=1, torch path; compiled from the installed file, whose
+  package needs flash-attn to import);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
   processed logprob under a sampling support (top-k, top-p, min-p), TP=1.
 - :mod:`.sglang_sampler` - SGLang's torch-native sampler and sampling mask, the same

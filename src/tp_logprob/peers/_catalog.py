@@ -166,6 +166,15 @@ _VERL_HONEST = (
     ),
 )
 
+_OPENRLHF_POS_INF = Explanation(
+    PEER_BUG,
+    "log_probs_from_logits' fp32 path (gather - logsumexp) gives -inf for a finite target beside "
+    "a +inf logit (or one that x / T overflows to +inf), where the log_softmax it states as its "
+    "identity gives NaN, and so does its own 16-bit path; its gradient there is finite where "
+    "the exact one is NaN",
+    "docs/repro_openrlhf_logprob_pos_inf.py",
+)
+
 _FLCE_BATCH = Explanation(
     PEER_LIMITATION,
     "each chunk's logits come from one torch matmul whose row count follows N "
@@ -455,6 +464,45 @@ PEERS = (
                     PEER_LIMITATION,
                     "verl has no ignore_index: every label is gathered, so an inactive row's "
                     "out-of-range target raises an index error",
+                ),
+            ),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="openrlhf_log_probs_from_logits",
+        module="openrlhf",
+        library="OpenRLHF log_probs_from_logits (with its temperature), torch path on CPU",
+        distribution="openrlhf",
+        cells={
+            "honest": Cell("honest", explanation=_OPENRLHF_POS_INF),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "for bf16/fp16 logits log_probs_from_logits divides by T and takes "
+                    "log_softmax in the input dtype, so the logprob has 8/11 bits",
+                ),
+                by_property=(("test_matches_exact_oracle", _OPENRLHF_POS_INF),),
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "OpenRLHF has no ignore_index: every label is gathered, so an inactive "
+                    "row's out-of-range target raises an index error",
+                ),
+                by_property=tuple(
+                    (test, _OPENRLHF_POS_INF)
+                    for test in (
+                        "test_long_batches",
+                        "test_matches_exact_oracle",
+                        "test_special_values_match_oracle",
+                    )
                 ),
             ),
             "batch": _CLAIMED_BATCH,
