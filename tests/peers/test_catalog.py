@@ -18,7 +18,7 @@ from tp_logprob.support import SupportMode
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARIES = (
     *("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray", "sglang"),
-    *("openrlhf", "deepspeed", "flash_attn"),
+    *("openrlhf", "deepspeed", "flash_attn", "cut_cross_entropy"),
 )
 CELLS = [(peer, key, cell) for peer in PEERS for key, cell in peer.cells.items()]
 
@@ -59,6 +59,8 @@ def test_backend_ids_are_unique() -> None:
         ("liger", "assume_padding", "supports_vocab_padding"),
         ("liger_fused", "assume_padding", "supports_vocab_padding"),
         ("liger_fused", "assume_16bit", "dtypes"),
+        ("cce", "assume_16bit", "dtypes"),
+        ("cce", "assume_batch_invariant", "determinism_scopes"),
         ("megatron", "assume_cross_tp_bitwise", "determinism_scopes"),
         ("megatron", "assume_uneven_shards", "even_shards_only"),
         ("torch_loss_parallel", "assume_inactive_tokens", "mask_modes"),
@@ -103,7 +105,7 @@ def test_the_adapters_import_no_library_until_called() -> None:
 def test_the_fused_adapters_import_no_library_until_called() -> None:
     libraries = (*LIBRARIES, "triton")
     code = (
-        "import sys, tp_logprob.peers.liger_fused\n"
+        "import sys, tp_logprob.peers.liger_fused, tp_logprob.peers.cce\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {libraries!r})\n"
         "assert not loaded, loaded\n"
     )

@@ -6,6 +6,8 @@ documentation and source, and says which library versions it was verified with:
 
 - :mod:`.liger` - Liger-Kernel's Triton cross entropy (TP=1; on CPU under the
   Triton interpreter);
+- :mod:`.cce` - Apple's Cut Cross-Entropy ``linear_cross_entropy``, hidden states in,
+  its ``torch_compile`` implementation (TP=1);
 - :mod:`.liger_vocab_parallel` - Liger-Kernel's ``LigerVocabParallelCrossEntropy``
   (TP=1 on the emulated group, any TP with its own all-reduces on a real one);
 - :mod:`.megatron` - Megatron-Core's ``VocabParallelCrossEntropy`` pieces at any TP,

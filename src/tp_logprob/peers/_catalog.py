@@ -182,6 +182,22 @@ _FLCE_BATCH = Explanation(
     "a row depend on its shape (CPU BLAS kernels; cuBLAS heuristics on GPU)",
 )
 _CLAIMED_BATCH = Cell(note="claimed: fixed_topology")
+_CCE_DISPATCH_MODE = Explanation(
+    PEER_LIMITATION,
+    "Cut Cross-Entropy's torch path is torch.compile(fullgraph=True): under the suite's "
+    "allocation watcher (a TorchDispatchMode, as FlopCounterMode is) Dynamo compiles no frame "
+    "and fullgraph turns that into a RuntimeError, and the skip stays on the code object, so "
+    "every later call in the process raises too (the tests that run after the watcher's)",
+    "docs/repro_cce_dispatch_mode.py",
+)
+_CCE_WATCHED = tuple(
+    (test, _CCE_DISPATCH_MODE)
+    for test in (
+        "test_fused_never_materializes_the_logits",
+        "test_fused_long_batches",
+        "test_fused_wide_vocabularies",
+    )
+)
 
 PEERS = (
     Peer(
@@ -250,6 +266,48 @@ PEERS = (
                 "(X_ptr + y), and the suite's (up to 2^40) crash the interpreter's process"
             ),
             "batch": Cell("assume_batch_invariant", explanation=_FLCE_BATCH),
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="cce_linear_cross_entropy",
+        module="cce",
+        library="Apple Cut Cross-Entropy linear_cross_entropy, hidden in (impl='torch_compile')",
+        distribution="cut-cross-entropy",
+        cells={
+            "honest": Cell("honest", by_property=_CCE_WATCHED),
+            "padding": Cell("assume_padding", explanation=_PADDING, by_property=_CCE_WATCHED),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "the logits are the matmul's output in the input dtype (e @ c.T in "
+                    "bf16/fp16) before .float(), so they carry 8/11 bits before the fp32 "
+                    "softmax, and the gradients are formed in that dtype too",
+                ),
+                by_property=_CCE_WATCHED,
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "Cut Cross-Entropy drops a row only when its target equals ignore_index; an "
+                    "inactive row's other target is read (a nonzero loss and gradient), or, out "
+                    "of range, trips the compiled kernel's index check (RuntimeError)",
+                ),
+                by_property=_CCE_WATCHED,
+            ),
+            "batch": Cell(
+                "assume_batch_invariant",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "the logits come from one matmul over the kept rows, whose row count "
+                    "follows the batch, and a matmul's bits for a row depend on its shape",
+                ),
+                by_property=_CCE_WATCHED,
+            ),
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,
         },
