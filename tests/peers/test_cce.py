@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import tp_logprob as tpl
 from tp_logprob.oracle import (
@@ -174,3 +175,15 @@ def test_a_call_under_a_dispatch_mode_breaks_the_later_calls() -> None:
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "after the mode: torch.compile with fullgraph=True found no compiled" in run.stdout
+
+
+def test_the_adapter_runs_the_library_again_after_a_call_under_a_dispatch_mode() -> None:
+    """The call under the mode raises (the library's limitation); the next one computes."""
+    op = _op()
+    hidden, weight, targets = _case(seed=7)
+    with FlopCounterMode(display=False), pytest.raises(RuntimeError, match="compiled frames"):
+        op(hidden, targets, _contract(), weight=weight)
+    result = op(hidden, targets, _contract(), weight=weight)
+    logp = torch.log_softmax(hidden.double() @ weight.double().T, dim=1)
+    expected = logp.gather(1, targets[:, None])[:, 0]
+    torch.testing.assert_close(result.selected_logp.double(), expected, rtol=1e-5, atol=1e-5)

@@ -24,15 +24,20 @@ Capability, from ``linear_cross_entropy.py``, ``torch_compile.py`` and ``utils.p
   row depend on its shape, so a row's result may depend on the batch.
 
 Not in the capability: ``torch.compile(fullgraph=True)`` compiles no frame under an
-active ``TorchDispatchMode`` (an allocation or FLOP counter), raises, and every later
-call in the process raises too (``docs/repro_cce_dispatch_mode.py``).
+active ``TorchDispatchMode`` (an allocation or FLOP counter) and raises, and the skip
+stays on the code object, so every later call in the process raises too
+(``docs/repro_cce_dispatch_mode.py``).
 
 Glue (see :mod:`tp_logprob.peers._glue`): the call runs under torch's ``"highest"``
 fp32 matmul precision (no TF32), which the matmul follows, and with Dynamo's
 ``recompile_limit`` raised from 8 to 256 (``torch._dynamo.config.patch``, for the call
 only): every new specialisation (a size of 0 or 1, a dtype, grad mode) is a recompile,
 the suite's cases hold dozens, and under ``fullgraph=True`` the ninth one raises
-instead of falling back to eager. ``selected_logp = 0.0 - loss``. Cut Cross-Entropy
+instead of falling back to eager. Where the library raises Dynamo's "found no compiled
+frames" error (under a dispatch mode), the adapter passes it on after
+``torch._dynamo.reset()``, so that the skip does not outlive the call that met it and
+later calls (other tests, other variants in the process) run the library again.
+``selected_logp = 0.0 - loss``. Cut Cross-Entropy
 returns no LSE: a second call with each row's argmax ``a`` as the target gives
 ``lse - x[a]``, and ``lse = x[a] + that``, with ``a`` and ``x[a] = hidden . W[a]``
 from float64 products of the adapter's own, rounded once to fp32 (nearly exact; the
@@ -102,6 +107,9 @@ _PRODUCT_ELEMENTS = 1 << 22
 _RECOMPILE_LIMIT = 256
 """Dynamo's recompiles per code object during the call (its default is 8; see Glue)."""
 
+_SKIPPED_FRAME = "found no compiled frames"
+"""What Dynamo's error says when ``fullgraph=True`` meets a frame it did not compile."""
+
 _IMPORT_LOCK = threading.Lock()
 _CCE: dict[str, Any] = {}
 
@@ -117,10 +125,15 @@ def _linear_cross_entropy() -> Any:
 
 def _loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore: int) -> Any:
     function = _linear_cross_entropy()
-    with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
-        return function(
-            hidden, weight, targets, ignore_index=ignore, reduction="none", impl="torch_compile"
-        )
+    try:
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+            return function(
+                hidden, weight, targets, ignore_index=ignore, reduction="none", impl="torch_compile"
+            )
+    except RuntimeError as error:
+        if _SKIPPED_FRAME in str(error):
+            torch._dynamo.reset()  # the skip would outlive this call: see Glue
+        raise
 
 
 def cce_logprob(

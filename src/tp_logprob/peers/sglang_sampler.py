@@ -6,9 +6,13 @@ Runs, on one request per row, what SGLang's ``Sampler.forward`` does on its
 ``1e-6`` becomes greedy, ``top_k = 1`` at ``T = 1``; ``top_k = -1`` is
 ``TOP_K_ALL``), ``logits.div_(temperatures)`` with one fp32 temperature per row,
 SGLang's sampler softmax (``sglang.kernels.ops.sampling.softmax``: ``torch.softmax``
-on CPU), then ``top_k_top_p_min_p_sampling_from_probs_torch`` with
-``return_filtered_probs=True`` and ``Sampler._build_sampling_mask_output``, whose
-``support_logprobs`` are ``log(w / sum of w > 0)`` over every token id. The rules,
+on CPU), and the branch ``Sampler.forward`` takes for such a batch: greedy when
+``top_k <= 1`` (``_build_greedy_sampling_mask_output``: the first index of the
+maximum), plain sampling when no rule is active (``sampling_from_probs_torch``; the
+support is every token of positive probability), else
+``top_k_top_p_min_p_sampling_from_probs_torch`` with ``return_filtered_probs=True``;
+then ``Sampler._build_sampling_mask_output``, whose ``support_logprobs`` are
+``log(w / sum of w > 0)`` over every token id. The rules,
 from that function: the fp32 probabilities sorted descending; top-k keeps the first
 ``top_k`` positions (a tie at the k-th value cut by sort position); top-p drops a
 position whose mass before it, in the cumsum of the *full* distribution taken before
@@ -27,8 +31,8 @@ build of torch. The adapter therefore compiles the definitions it runs (the samp
 installed files, unchanged (:mod:`tp_logprob.peers._installed`), in a namespace of the
 names they use (torch, ``torch.distributed``, typing, SGLang's ``envs``); everything
 else (sampling params, softmax, ``TOP_K_ALL``) is imported from the installed package.
-sglang is installed ``--no-deps`` with only the packages those
-imports need (``noxfile.py``, ``SGLANG_IMPORTS``).
+sglang is installed ``--no-deps`` with only the packages those imports need
+(``noxfile.py``, ``SGLANG_IMPORTS``).
 
 Capability, from SGLang's source:
 
@@ -40,12 +44,12 @@ Capability, from SGLang's source:
 - support mode ``sampling_params`` only; ``run_to_run``.
 
 Glue: the sampler writes into its input, so it gets a private copy, and its random
-draw (``torch.multinomial``) runs under a forked RNG so the caller's stream is
-untouched. ``selected_logp`` is the ``support_logprobs`` entry of the target (``-inf``
-where its weight is 0); ``lse`` is ``torch.logsumexp`` of the tempered logits (SGLang
-returns no normaliser); ``support_lse`` is ``z - logprob`` at the largest kept ``z``, the
-normaliser of the distribution SGLang returns; ``support_threshold`` the smallest tempered logit
-of positive weight, ``support_size`` the count of such tokens.
+draw runs under a forked RNG so the caller's stream is untouched. ``selected_logp`` is
+the ``support_logprobs`` entry of the target (``-inf`` where its weight is 0); ``lse``
+is ``torch.logsumexp`` of the tempered logits (SGLang returns no normaliser);
+``support_lse`` is ``z - logprob`` at the largest kept ``z``, the normaliser of the
+distribution SGLang returns; ``support_threshold`` the smallest tempered logit of
+positive weight, ``support_size`` the count of such tokens.
 """
 
 from __future__ import annotations
