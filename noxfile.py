@@ -29,6 +29,13 @@ VERL_IMPORTS = ["ray>=2.41", "tensordict>=0.8,!=0.9.0,<=0.10.0", "omegaconf"]
 """What importing ``verl.utils.torch_functional`` needs beyond the peers extra: verl's
 package import pulls in ``ray`` (``verl.protocol``) and ``tensordict``, at verl 0.9's bounds."""
 
+SGLANG_IMPORTS = [
+    "aiohttp", "apache-tvm-ffi==0.1.11", "ipython", "msgspec", "orjson", "psutil", "pybase64",
+    "pydantic", "pyzmq>=25.1.2", "requests", "starlette", "tqdm", "transformers",
+]  # fmt: skip
+"""What importing SGLang's sampling params, sampler softmax and ``sampling_mask`` needs
+(``tp_logprob.peers.sglang_sampler``); its sampler module itself needs a GPU build."""
+
 
 def _history_corpus() -> Any:
     """The historical corpus module, read from its file (it imports nothing of the package)."""
@@ -184,6 +191,13 @@ def conformance(session: nox.Session) -> None:
     # then only what they import.
     session.install(*peers, "--no-deps", "verl")
     session.install(*_constraints(), *peers, *VERL_IMPORTS)
+    # SGLang's wheel pins a CUDA build of torch and its GPU kernels: without dependencies,
+    # then only what the modules tp_logprob.peers.sglang_sampler imports need.
+    session.install(*peers, "--no-deps", "sglang")
+    session.install(*_constraints(), *peers, *SGLANG_IMPORTS)
+    # OpenRLHF (tp_logprob.peers.openrlhf) pins DeepSpeed, flash-attn and ray; the adapter
+    # compiles its logprob helper from the installed file, which needs only torch.
+    session.install(*peers, "--no-deps", "openrlhf")
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
     session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)

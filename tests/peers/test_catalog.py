@@ -16,7 +16,10 @@ from tp_logprob.peers.processed_section import processed_tests
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARIES = ("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray")
+LIBRARIES = (
+    *("liger_kernel", "megatron", "trl", "transformers", "vllm", "verl", "ray", "sglang"),
+    *("openrlhf", "deepspeed", "flash_attn", "cut_cross_entropy"),
+)
 CELLS = [(peer, key, cell) for peer in PEERS for key, cell in peer.cells.items()]
 
 
@@ -56,11 +59,15 @@ def test_backend_ids_are_unique() -> None:
         ("liger", "assume_padding", "supports_vocab_padding"),
         ("liger_fused", "assume_padding", "supports_vocab_padding"),
         ("liger_fused", "assume_16bit", "dtypes"),
+        ("cce", "assume_16bit", "dtypes"),
+        ("cce", "assume_batch_invariant", "determinism_scopes"),
         ("megatron", "assume_cross_tp_bitwise", "determinism_scopes"),
         ("megatron", "assume_uneven_shards", "even_shards_only"),
         ("torch_loss_parallel", "assume_inactive_tokens", "mask_modes"),
         ("trl", "assume_16bit", "dtypes"),
         ("verl", "assume_16bit", "dtypes"),
+        ("openrlhf", "assume_16bit", "dtypes"),
+        ("openrlhf", "assume_inactive_tokens", "mask_modes"),
         ("liger_vocab_parallel", "assume_padding", "supports_vocab_padding"),
     ],
 )
@@ -87,7 +94,8 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "import tp_logprob.peers.liger, tp_logprob.peers.megatron, tp_logprob.peers.trl\n"
         "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
         "import tp_logprob.peers.vllm_sampler, tp_logprob.peers.liger_vocab_parallel\n"
-        "import tp_logprob.peers.verl\n"
+        "import tp_logprob.peers.verl, tp_logprob.peers.sglang_sampler\n"
+        "import tp_logprob.peers.openrlhf\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
         "assert not loaded, loaded\n"
     )
@@ -97,7 +105,7 @@ def test_the_adapters_import_no_library_until_called() -> None:
 def test_the_fused_adapters_import_no_library_until_called() -> None:
     libraries = (*LIBRARIES, "triton")
     code = (
-        "import sys, tp_logprob.peers.liger_fused\n"
+        "import sys, tp_logprob.peers.liger_fused, tp_logprob.peers.cce\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {libraries!r})\n"
         "assert not loaded, loaded\n"
     )

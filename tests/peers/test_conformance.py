@@ -139,7 +139,7 @@ def test_processed_section_reports_each_finding_and_its_reproducer(
     outcome: str,
     status: int,
 ) -> None:
-    (peer,) = PROCESSED_PEERS
+    peer = PROCESSED_PEERS[0]  # the vLLM sampler
 
     def reproduce(peer: Any, finding: Any, root: Path) -> processed.Reproduction:
         return processed.Reproduction(finding, outcome)
@@ -164,7 +164,7 @@ def test_processed_section_reports_each_finding_and_its_reproducer(
 
 
 def test_a_reproducer_is_run_and_read_by_its_exit_status(tmp_path: Path) -> None:
-    (peer,) = PROCESSED_PEERS
+    peer = PROCESSED_PEERS[0]  # the vLLM sampler
     finding = peer.findings[0]
     script = tmp_path / str(finding.explanation.reproducer)
     script.parent.mkdir(parents=True)
@@ -304,7 +304,7 @@ def _fake_processed(failing: dict[str, str]) -> Any:
 
 
 def test_a_peer_subsection_shows_each_property_and_links_each_failure() -> None:
-    (peer,) = PROCESSED_PEERS
+    peer = PROCESSED_PEERS[0]  # the vLLM sampler
     results = _processed_results({ORACLE: "processed oracle: out", GRADIENTS: "ValueError: T"})
     results[2] = PropertyResult(results[2].test, "skipped", "one | layout")
     runs = [processed.Reproduction(finding, "differs") for finding in peer.findings]
@@ -353,7 +353,7 @@ The old subsection.
 def test_one_processed_peer_replaces_its_subsection_and_keeps_the_matrix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: dict[str, str], status: int
 ) -> None:
-    (peer,) = PROCESSED_PEERS
+    peer = PROCESSED_PEERS[0]  # the vLLM sampler
 
     def no_matrix(*_: Any) -> None:
         raise AssertionError("a matrix peer ran")
@@ -381,7 +381,7 @@ def test_one_processed_peer_replaces_its_subsection_and_keeps_the_matrix(
 
 
 def test_merge_keeps_the_subsections_of_peers_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    (peer,) = PROCESSED_PEERS
+    peer = PROCESSED_PEERS[0]  # the vLLM sampler
     other = dataclasses.replace(peer, name="other_sampler")
     monkeypatch.setattr(processed, "PROCESSED_PEERS", (other, peer))
     existing = OLD_REPORT.replace(

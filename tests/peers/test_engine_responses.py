@@ -5,9 +5,9 @@ gives the processed logits; the mask is their finite columns (the rule of vLLM's
 ``_compact_sampling_mask_kernel``), the logprob ``Sampler.compute_logprobs`` of them
 (``processed_logprobs`` mode), and the response is vLLM's own ``/generate`` protocol
 model, dumped to JSON. SGLang: its ``SamplingMaskChunk.to_lists`` turns packed
-masks (in its sampler's weight order) into the ``meta_info`` lists; SGLang's sampler
-module itself does not import without a GPU build, so the supports there are the
-exact rules'. Each part is skipped where its engine is not installed.
+masks (in its sampler's weight order) into the ``meta_info`` lists; the supports
+there are the exact rules' (SGLang's own rules are ``peers/sglang_sampler.py``'s, pinned in
+``test_sglang_sampler.py``). Each part is skipped where its engine is not installed.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ documentation and source, and says which library versions it was verified with:
 
 - :mod:`.liger` - Liger-Kernel's Triton cross entropy (TP=1; on CPU under the
   Triton interpreter);
+- :mod:`.cce` - Apple's Cut Cross-Entropy ``linear_cross_entropy``, hidden states in,
+  its ``torch_compile`` implementation (TP=1);
 - :mod:`.liger_vocab_parallel` - Liger-Kernel's ``LigerVocabParallelCrossEntropy``
   (TP=1 on the emulated group, any TP with its own all-reduces on a real one);
 - :mod:`.megatron` - Megatron-Core's ``VocabParallelCrossEntropy`` pieces at any TP,
@@ -16,11 +18,17 @@ documentation and source, and says which library versions it was verified with:
   and PPO trainers;
 - :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
   helpers of its FSDP actor (TP=1, torch path);
+- :mod:`.openrlhf` - OpenRLHF's ``log_probs_from_logits``, the helper of its actor,
+  with its temperature (TP=1, torch path; compiled from the installed file, whose
+  package needs flash-attn to import);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
   processed logprob under a sampling support (top-k, top-p, min-p), TP=1;
 - :mod:`.vllm_sampler_010` - vLLM 0.10's v1 sampler in ``processed_logprobs``
   mode, the API of each 0.10 release chosen by its version (the historical
-  benchmark's vLLM entry).
+  benchmark's vLLM entry);
+- :mod:`.sglang_sampler` - SGLang's torch-native sampler and sampling mask, the same
+  beside vLLM's (its functions compiled from the installed files: the sampler module
+  needs a GPU build to import), TP=1.
 
 The cross-entropy modules also offer "what users assume" variants: the same op claiming a
 contract feature the library does not serve (padding, uneven shards, 16-bit
@@ -34,7 +42,7 @@ Verify one adapter with::
     pytest --pyargs tp_logprob.properties --tp-logprob-backend=tp_logprob.peers.liger:honest
 
 The libraries are optional (``pip install "tp-logprob[peers]"``; vLLM, whose wheel
-pins a CUDA build of torch, as ``noxfile.py``'s ``conformance`` session installs
-it) and ``import tp_logprob`` never imports this package; each adapter imports
+and SGLang, whose wheels pin a CUDA build of torch, as ``noxfile.py``'s ``conformance``
+session installs them) and ``import tp_logprob`` never imports this package; each adapter imports
 its library on first call.
 """

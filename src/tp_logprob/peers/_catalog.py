@@ -166,6 +166,15 @@ _VERL_HONEST = (
     ),
 )
 
+_OPENRLHF_POS_INF = Explanation(
+    PEER_BUG,
+    "log_probs_from_logits' fp32 path (gather - logsumexp) gives -inf for a finite target beside "
+    "a +inf logit (or one that x / T overflows to +inf), where the log_softmax it states as its "
+    "identity gives NaN, and so does its own 16-bit path; its gradient there is finite where "
+    "the exact one is NaN",
+    "docs/repro_openrlhf_logprob_pos_inf.py",
+)
+
 _FLCE_BATCH = Explanation(
     PEER_LIMITATION,
     "each chunk's logits come from one torch matmul whose row count follows N "
@@ -173,6 +182,16 @@ _FLCE_BATCH = Explanation(
     "a row depend on its shape (CPU BLAS kernels; cuBLAS heuristics on GPU)",
 )
 _CLAIMED_BATCH = Cell(note="claimed: fixed_topology")
+_CCE_DISPATCH_MODE = Explanation(
+    PEER_LIMITATION,
+    "Cut Cross-Entropy's torch path is torch.compile(fullgraph=True): under the suite's "
+    "allocation watcher (a TorchDispatchMode, as FlopCounterMode is) Dynamo compiles no frame "
+    "and fullgraph turns that into a RuntimeError; the skip stays on the code object, so in a "
+    "program every later call raises too (the adapter resets Dynamo after such an error, so "
+    "that the other tests still run the library)",
+    "docs/repro_cce_dispatch_mode.py",
+)
+_CCE_WATCHED = (("test_fused_never_materializes_the_logits", _CCE_DISPATCH_MODE),)
 
 PEERS = (
     Peer(
@@ -241,6 +260,48 @@ PEERS = (
                 "(X_ptr + y), and the suite's (up to 2^40) crash the interpreter's process"
             ),
             "batch": Cell("assume_batch_invariant", explanation=_FLCE_BATCH),
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="cce_linear_cross_entropy",
+        module="cce",
+        library="Apple Cut Cross-Entropy linear_cross_entropy, hidden in (impl='torch_compile')",
+        distribution="cut-cross-entropy",
+        cells={
+            "honest": Cell("honest", by_property=_CCE_WATCHED),
+            "padding": Cell("assume_padding", explanation=_PADDING, by_property=_CCE_WATCHED),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "the logits are the matmul's output in the input dtype (e @ c.T in "
+                    "bf16/fp16) before .float(), so they carry 8/11 bits before the fp32 "
+                    "softmax, and the gradients are formed in that dtype too",
+                ),
+                by_property=_CCE_WATCHED,
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "Cut Cross-Entropy drops a row only when its target equals ignore_index; an "
+                    "inactive row's other target is read (a nonzero loss and gradient), or, out "
+                    "of range, trips the compiled kernel's index check (RuntimeError)",
+                ),
+                by_property=_CCE_WATCHED,
+            ),
+            "batch": Cell(
+                "assume_batch_invariant",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "the logits come from one matmul over the kept rows, whose row count "
+                    "follows the batch, and a matmul's bits for a row depend on its shape",
+                ),
+                by_property=_CCE_WATCHED,
+            ),
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,
         },
@@ -462,6 +523,45 @@ PEERS = (
             "real_group": _ONE_RANK,
         },
     ),
+    Peer(
+        name="openrlhf_log_probs_from_logits",
+        module="openrlhf",
+        library="OpenRLHF log_probs_from_logits (with its temperature), torch path on CPU",
+        distribution="openrlhf",
+        cells={
+            "honest": Cell("honest", explanation=_OPENRLHF_POS_INF),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "for bf16/fp16 logits log_probs_from_logits divides by T and takes "
+                    "log_softmax in the input dtype, so the logprob has 8/11 bits",
+                ),
+                by_property=(("test_matches_exact_oracle", _OPENRLHF_POS_INF),),
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "OpenRLHF has no ignore_index: every label is gathered, so an inactive "
+                    "row's out-of-range target raises an index error",
+                ),
+                by_property=tuple(
+                    (test, _OPENRLHF_POS_INF)
+                    for test in (
+                        "test_long_batches",
+                        "test_matches_exact_oracle",
+                        "test_special_values_match_oracle",
+                    )
+                ),
+            ),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
 )
 """Every peer, in matrix order."""
 
@@ -525,6 +625,9 @@ class Unavailable:
 
 _VLLM_TOP_P = "apply_top_k_top_p_pytorch sorts ascending and drops the positions whose fp32 cumsum "
 _ORACLE = ("test_processed_matches_exact_oracle_on_its_support",)
+_SGLANG_SORT = (
+    "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending and "
+)
 
 PROCESSED_PEERS = (
     ProcessedPeer(
@@ -615,33 +718,91 @@ PROCESSED_PEERS = (
         "over the survivors); the maximum is always kept; the processed logprob of a dropped "
         "target is -inf",
     ),
+    ProcessedPeer(
+        name="sglang_sampler",
+        module="sglang_sampler",
+        library="SGLang Sampler, pytorch backend with the sampling mask "
+        "(top_k_top_p_min_p_sampling_from_probs_torch)",
+        distribution="sglang",
+        findings=(
+            Finding(
+                "top-k, ties at the k-th value",
+                Explanation(
+                    PEER_LIMITATION,
+                    _SGLANG_SORT + "keeps exactly top_k positions: of tokens tied at the k-th "
+                    "value it keeps those the sort put first, where the exact rule keeps the "
+                    "whole tie",
+                    "docs/repro_sglang_top_k_ties.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "top-p, ties at the boundary",
+                Explanation(
+                    PEER_LIMITATION,
+                    _SGLANG_SORT + "drops a position whose mass before it is > top_p, a mass "
+                    "that counts the tied tokens sorted first: of tokens tied at the boundary it "
+                    "keeps the first ones, where the exact rule keeps the whole tie",
+                    "docs/repro_sglang_top_p_ties.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "top-p on the full distribution",
+                Explanation(
+                    PEER_LIMITATION,
+                    "the top-p cumsum is taken over the full sorted distribution before the "
+                    "top-k cut (the joint rule), and min-p comes last, so top-p is not "
+                    "renormalised over the top-k or min-p survivors as in the exact order: it "
+                    "keeps tokens the exact rules drop",
+                    "docs/repro_sglang_top_p_joint.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "tokens of zero fp32 probability",
+                Explanation(
+                    PEER_LIMITATION,
+                    "the sampling mask is the tokens of positive filtered fp32 probability: a "
+                    "kept token whose probability underflows (z more than ~104 below the "
+                    "maximum), or a kept -inf logit, leaves the support, with processed logprob "
+                    "-inf where the exact one is finite",
+                    "docs/repro_sglang_zero_probability.py",
+                ),
+                _ORACLE,
+            ),
+            Finding(
+                "a row with NaN or +inf tempered logits",
+                Explanation(
+                    PEER_LIMITATION,
+                    "a NaN logit, or a finite one that overflows when divided by T, makes that "
+                    "row's probabilities NaN, and torch.multinomial raises RuntimeError for the "
+                    "whole batch; the exact rules leave only that row undefined",
+                    "docs/repro_sglang_nonfinite_raises.py",
+                ),
+                (*_ORACLE, "test_processed_run_to_run_and_batch_invariance"),
+            ),
+            Finding(
+                "temperature below 1e-6",
+                Explanation(
+                    PEER_LIMITATION,
+                    "SamplingParams turns any temperature in [0, 1e-6) into greedy decoding "
+                    "(temperature 1, top_k 1): the support is the first index of the maximum, "
+                    "whatever rules the request asked for",
+                    "docs/repro_sglang_temperature_greedy.py",
+                ),
+                _ORACLE,
+            ),
+        ),
+        agrees="min-p keeps p >= min_p * max p, as the exact rule (after top-k and top-p, "
+        "against the largest probability, which they always keep); top-k alone and top-p "
+        "alone agree away from ties; the processed logprob is log(w / sum of kept w) on "
+        "SGLang's fp32 probabilities, -inf for a dropped target",
+    ),
 )
 """Every processed-logprob peer, in report order."""
 
 UNAVAILABLE = (
-    Unavailable(
-        "SGLang sampler (top_k_top_p_min_p_sampling_from_probs_torch, sampling mask capture)",
-        "sglang",
-        "sglang 0.5.23 installs with --no-deps, but importing sglang.srt.layers.sampler "
-        "reaches sglang.srt.multimodal.internvl_utils, which imports torchvision; PyPI's "
-        "only torchvision for Linux x86-64 is a CUDA build (no source distribution), whose "
-        "_C.so needs libc10_cuda.so, absent from the CPU build of torch: "
-        "'OSError: libc10_cuda.so: cannot open shared object file', and then "
-        "'RuntimeError: operator torchvision::nms does not exist' at import. Every release with "
-        "the sampling mask capture (top_k_top_p_min_p_sampling_from_probs_torch's "
-        "return_filtered_probs, new in 0.5.20; 0.5.20 to 0.5.23 checked) reaches that import "
-        "through sglang.srt.configs (nano_nemotron_vl, in every release checked from 0.5.10 on); "
-        "the releases whose configs do not import it (0.4.10 and 0.5.1 checked) return only "
-        "the sampled ids and the unfiltered log(softmax), no support to compare",
-        "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending "
-        "and keeps exactly top_k positions (a tie at the k-th value cut by sort position); "
-        "top-p uses the cumsum of the full distribution taken before the top-k cut (the joint "
-        "rule, not renormalised over the top-k survivors) and keeps a position while the mass "
-        "before it is <= top_p; min-p comes after both, against the largest probability; the "
-        "processed logprob of the sampling mask output is log(w_y / sum of w > 0) on those fp32 "
-        "probabilities, so a kept token whose probability underflows leaves the support, and "
-        "the logprob SGLang returns by default is log(softmax(x / T)) over the full vocabulary",
-    ),
     Unavailable(
         "NeMo-RL trainer-side top-k/top-p (nemo_rl.algorithms.logits_sampling_utils)",
         "nemo-rl",

@@ -1,0 +1,223 @@
+"""Apple's Cut Cross-Entropy as a hidden-input tp-logprob backend (TP=1), its torch path.
+
+Wraps ``cut_cross_entropy.linear_cross_entropy(e, c, targets, reduction="none",
+impl="torch_compile")``, the implementation that runs without a GPU (``impl="cce"``,
+the default off macOS, is a Triton kernel). It drops the rows whose target equals
+``ignore_index``, computes ``e @ c.T`` for the rest with one matmul *in the input
+dtype*, and takes ``F.cross_entropy(logits.float(), targets, reduction="none")``,
+all under ``torch.compile(fullgraph=True, dynamic=True)``; the ignored rows get a
+loss of 0 (``handle_reduction_none``). Verified with cut-cross-entropy 25.1.1
+(``>=25.1,<25.2``).
+
+Capability, from ``linear_cross_entropy.py``, ``torch_compile.py`` and ``utils.py``:
+
+- TP=1 only: the softmax is over every row of the classifier it is given;
+- no vocabulary padding, for the same reason;
+- mask mode ``ignore_index`` only: a row is skipped when its target equals
+  ``ignore_index``; any other target is passed to ``F.cross_entropy``;
+- fp32 only: the logits are the matmul's output in the input dtype, so bf16/fp16
+  logits carry 8/11 bits before the fp32 softmax;
+- no bias (``c`` is the classifier alone), no temperature (``softcap`` is a tanh
+  cap, another function), no entropy;
+- train and infer;
+- ``run_to_run``: the matmul has one row per kept token, and a matmul's bits for a
+  row depend on its shape, so a row's result may depend on the batch.
+
+Not in the capability: ``torch.compile(fullgraph=True)`` compiles no frame under an
+active ``TorchDispatchMode`` (an allocation or FLOP counter) and raises, and the skip
+stays on the code object, so every later call in the process raises too
+(``docs/repro_cce_dispatch_mode.py``).
+
+Glue (see :mod:`tp_logprob.peers._glue`): the call runs under torch's ``"highest"``
+fp32 matmul precision (no TF32), which the matmul follows, and with Dynamo's
+``recompile_limit`` raised from 8 to 256 (``torch._dynamo.config.patch``, for the call
+only): every new specialisation (a size of 0 or 1, a dtype, grad mode) is a recompile,
+the suite's cases hold dozens, and under ``fullgraph=True`` the ninth one raises
+instead of falling back to eager. Where the library raises Dynamo's "found no compiled
+frames" error (under a dispatch mode), the adapter passes it on after
+``torch._dynamo.reset()``, so that the skip does not outlive the call that met it and
+later calls (other tests, other variants in the process) run the library again.
+``selected_logp = 0.0 - loss``. Cut Cross-Entropy
+returns no LSE: a second call with each row's argmax ``a`` as the target gives
+``lse - x[a]``, and ``lse = x[a] + that``, with ``a`` and ``x[a] = hidden . W[a]``
+from float64 products of the adapter's own, rounded once to fp32 (nearly exact; the
+library's logits are not exposed), and ``lse = x[a]`` where ``x[a]`` is ``+-inf``.
+So the LSE's distance to the exact one may reach twice
+the dot-product error bound, as for ``liger_flce``. ``export_lse=False`` skips it.
+
+Variants ("what users assume", each the same op): ``assume_padding``,
+``assume_16bit``, ``assume_inactive_tokens``, ``assume_batch_invariant``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobContract,
+    LogprobDType,
+    LogprobInputKind,
+    LogprobResult,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
+from tp_logprob.kernels.rowwise import full_fp32_matmul
+from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
+from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
+
+__all__ = [
+    "CAPABILITY",
+    "VERIFIED_VERSIONS",
+    "assume_16bit",
+    "assume_batch_invariant",
+    "assume_inactive_tokens",
+    "assume_padding",
+    "cce_logprob",
+    "honest",
+]
+
+VERIFIED_VERSIONS = "cut-cross-entropy>=25.1,<25.2"
+
+CAPABILITY = LogprobBackendCapability(
+    backend_id="cce_linear_cross_entropy",
+    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+    dtypes=frozenset({LogprobDType.FP32}),
+    tp_world_sizes=frozenset({1}),
+    cp_world_sizes=frozenset({1}),
+    supports_vocab_padding=False,
+    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
+    exports_vocab_lse=True,
+    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
+    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+)
+
+_NEVER_IGNORED = -1
+"""``ignore_index`` for the LSE call, whose targets are argmaxes (``>= 0``)."""
+
+_PRODUCT_ELEMENTS = 1 << 22
+"""Float64 logits per chunk of the adapter's argmax: rows x vocabulary stay below this."""
+
+_RECOMPILE_LIMIT = 256
+"""Dynamo's recompiles per code object during the call (its default is 8; see Glue)."""
+
+_SKIPPED_FRAME = "found no compiled frames"
+"""What Dynamo's error says when ``fullgraph=True`` meets a frame it did not compile."""
+
+_IMPORT_LOCK = threading.Lock()
+_CCE: dict[str, Any] = {}
+
+
+def _linear_cross_entropy() -> Any:
+    with _IMPORT_LOCK:
+        if not _CCE:
+            from cut_cross_entropy import linear_cross_entropy
+
+            _CCE["function"] = linear_cross_entropy
+    return _CCE["function"]
+
+
+def _loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore: int) -> Any:
+    function = _linear_cross_entropy()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+            return function(
+                hidden, weight, targets, ignore_index=ignore, reduction="none", impl="torch_compile"
+            )
+    except RuntimeError as error:
+        if _SKIPPED_FRAME in str(error):
+            torch._dynamo.reset()  # the skip would outlive this call: see Glue
+        raise
+
+
+def cce_logprob(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+    *,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> LogprobResult:
+    """``(selected_logp, lse)`` from Cut Cross-Entropy's torch path."""
+    _check_inputs(hidden, targets, contract, group, weight, bias)
+    targets = targets.long().contiguous()
+    with full_fp32_matmul():
+        loss = _loss(hidden, weight, targets, contract.mask.ignore_index)
+        lse = None
+        if contract.export_lse:
+            with torch.no_grad():
+                top, x_top = _argmax_logits(hidden.detach(), weight.detach())
+                shift = _loss(hidden.detach(), weight.detach(), top, _NEVER_IGNORED)
+                lse = lse_from_max(x_top, shift)
+    return LogprobResult(selected_from_loss(loss), lse)
+
+
+def _argmax_logits(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax of ``hidden @ weight.T`` and that logit, in float64 rounded to fp32."""
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    top = torch.zeros(rows, dtype=torch.int64, device=hidden.device)
+    value = torch.full((rows,), -torch.inf, dtype=torch.float32, device=hidden.device)
+    if vocab == 0:
+        return top, value
+    step = max(1, _PRODUCT_ELEMENTS // vocab)
+    columns = weight.to(torch.float64).T
+    for begin in range(0, rows, step):
+        logits = hidden[begin : begin + step].to(torch.float64) @ columns
+        best = logits.nan_to_num(nan=torch.inf).argmax(dim=1)  # a NaN row: its NaN column
+        top[begin : begin + step] = best
+        value[begin : begin + step] = logits.gather(1, best[:, None])[:, 0].float()
+    return top, value
+
+
+def _check_inputs(
+    hidden: Any, targets: Any, contract: Any, group: Any, weight: Any, bias: Any
+) -> None:
+    """The fused op's argument checks, then the ones it shares with the logits ops."""
+    contract = check_contract(contract)
+    if contract.input_kind is not LogprobInputKind.HIDDEN:
+        raise LogprobContractError(
+            f"input_kind={contract.input_kind.value!r}: cce_linear_cross_entropy takes hidden "
+            "states (input_kind='hidden')"
+        )
+    if contract.has_bias or bias is not None:
+        raise LogprobContractError(
+            f"has_bias={contract.has_bias!r}: Cut Cross-Entropy's classifier has no bias"
+        )
+    dtype = TORCH_DTYPES[contract.dtype]
+    local = contract.sharding.local_vocab_size
+    for name, value, shape in (
+        ("hidden", hidden, (contract.num_tokens, contract.hidden_size)),
+        ("weight", weight, (local, contract.hidden_size)),
+    ):
+        if not isinstance(value, torch.Tensor):
+            raise LogprobContractError(
+                f"{name}: expected a torch.Tensor, got {type(value).__name__}"
+            )
+        if tuple(value.shape) != shape or value.dtype != dtype:
+            raise LogprobContractError(
+                f"{name}: shape {tuple(value.shape)} and dtype {value.dtype}; the contract "
+                f"needs {shape} and {dtype}"
+            )
+    if weight.device != hidden.device:
+        raise LogprobContractError(f"weight.device={weight.device} != {hidden.device}")
+    check_hidden_op_targets(targets, contract, group, hidden.device)
+
+
+honest = (cce_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.cce:honest``."""
+
+assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
+assume_16bit = claiming(honest, "assume_16bit", dtypes=frozenset(LogprobDType))
+assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
+assume_batch_invariant = claiming(
+    honest,
+    "assume_batch_invariant",
+    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+)

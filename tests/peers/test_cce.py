@@ -1,0 +1,189 @@
+"""The Cut Cross-Entropy adapter against the exact oracle on tiny cases.
+
+The adapter takes hidden states and classifier rows (``input_kind="hidden"``) and runs
+the library's ``torch_compile`` implementation; the cases that call it are skipped where
+cut-cross-entropy is absent, and only the checks that run before any library call
+remain. The property suite judges the adapter thoroughly; these tests pin values, the
+LSE glue, special rows, ignored rows, untouched inputs and gradients.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import tp_logprob as tpl
+from tp_logprob.oracle import (
+    dot_product_error_bound,
+    exact_hidden_logits,
+    exact_selected_logprob,
+    fused_extra_bounds,
+    tolerance,
+)
+from tp_logprob.oracle.tolerance import within_tolerance
+from tp_logprob.peers import cce
+
+VOCAB, SIZE, TOKENS = 19, 16, 6
+
+
+def _op() -> Any:
+    pytest.importorskip("cut_cross_entropy", reason="cut-cross-entropy is not installed here")
+    return cce.honest[0]
+
+
+def _contract(role: str = "infer", **fields: Any) -> tpl.LogprobContract:
+    sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
+    return tpl.LogprobContract(
+        role, fields.pop("dtype", "fp32"), fields.pop("mask", tpl.MaskSpec(TOKENS)), sharding,
+        tpl.ReductionSpec("run_to_run"), input_kind="hidden", hidden_size=SIZE, **fields,
+    )  # fmt: skip
+
+
+def _case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hidden (row 1 all zero: a row of ties; row 4 big: a peaked row), weight, targets."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(TOKENS, SIZE, generator=gen)
+    hidden[1] = 0.0
+    hidden[4] *= 40.0
+    weight = torch.randn(VOCAB, SIZE, generator=gen) * 0.5
+    targets = torch.randint(0, VOCAB, (TOKENS,), generator=gen)
+    targets[4] = int((hidden[4] @ weight.T).argmin())  # a target ~100 nats below the max
+    return hidden, weight, targets
+
+
+def _assert_within(got: torch.Tensor, want: np.ndarray, bound: np.ndarray, what: str) -> None:
+    values = got.detach().double().numpy()
+    bad = np.nonzero(~within_tolerance(values, want, bound))[0]
+    assert bad.size == 0, f"{what}: rows {bad.tolist()}: got {values[bad]!r}, want {want[bad]!r}"
+
+
+def test_matches_the_exact_oracle_and_leaves_inputs_alone() -> None:
+    op = _op()
+    hidden, weight, targets = _case(seed=11)
+    before = [t.clone() for t in (hidden, weight, targets)]
+    result = tpl.run_tp_hidden(op, hidden, weight, targets, _contract())[0]
+    h, w = hidden.double().numpy(), weight.double().numpy()
+    x = exact_hidden_logits(h, w)
+    selected, lse = exact_selected_logprob(x.astype(np.float32).astype(np.float64), targets.numpy())
+    lse_extra, selected_extra, _ = fused_extra_bounds(
+        x, dot_product_error_bound(h, w, None), targets.numpy()
+    )
+    tol, row_max = tolerance("fp32", VOCAB, rescales=2), x.astype(np.float32).max(axis=1)
+    # The LSE carries the fused extra twice: the library's lse - x[a] plus a nearly exact x[a].
+    _assert_within(result.lse, lse, tol.lse_bound(lse, row_max=row_max) + 2 * lse_extra, "lse")
+    bound = tol.selected_bound(selected, lse, row_max=row_max) + selected_extra
+    _assert_within(result.selected_logp, selected, bound, "selected_logp")
+    assert selected[4] < -50.0  # the far-below target is in the case
+    for now, then in zip((hidden, weight, targets), before, strict=True):
+        assert torch.equal(now, then)
+
+
+def test_special_rows() -> None:
+    """NaN in a hidden row gives NaN; a +inf logit gives lse +inf, selected NaN."""
+    op = _op()
+    hidden, weight, targets = _case(seed=5)
+    hidden[2, 3] = float("nan")
+    hidden[3] = 0.0
+    hidden[3, 0] = float("inf")
+    weight[:, 0] = weight[:, 0].abs() + 0.5
+    weight[7, 0] = -1.0  # row 3: +inf logits, and -inf in column 7
+    result = tpl.run_tp_hidden(op, hidden, weight, targets, _contract())[0]
+    x = exact_hidden_logits(hidden.double().numpy(), weight.double().numpy())
+    want_selected, want_lse = exact_selected_logprob(x.astype(np.float32), targets.numpy())
+    outputs = (("lse", result.lse, want_lse), ("selected", result.selected_logp, want_selected))
+    for name, got, want in outputs:
+        for row in (2, 3):
+            assert np.isnan(float(got[row])) == np.isnan(want[row]), (name, row)
+            if not np.isnan(want[row]):
+                assert float(got[row]) == want[row], (name, row)
+
+
+def test_an_inactive_row_is_zero_only_when_its_target_is_ignore_index() -> None:
+    """What assume_inactive_tokens claims: CCE drops the rows whose target is ignore_index
+    (a loss of +0.0) and reads every other target, an inactive row's too."""
+    op = _op()
+    hidden, weight, targets = _case(seed=2)
+    targets[3], targets[5] = -100, 7
+    active = [True] * TOKENS
+    active[3] = active[5] = False
+    contract = _contract(mask=tpl.MaskSpec(TOKENS, active_mask=active, ignore_index=-100))
+    selected = tpl.run_tp_hidden(op, hidden, weight, targets, contract)[0].selected_logp
+    assert selected[3].item() == 0.0 and not torch.signbit(selected[3])
+    expected = torch.log_softmax(hidden[5].double() @ weight.double().T, dim=0)[7]
+    assert selected[5].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_gradients_match_float64_autograd() -> None:
+    op = _op()
+    hidden, weight, targets = _case(seed=3)
+    hidden[4] /= 40.0  # keep every softmax weight visible in fp32
+    params = [t.clone().requires_grad_() for t in (hidden, weight)]
+    result = tpl.run_tp_hidden(op, params[0], params[1], targets, _contract("train"))[0]
+    upstream = torch.linspace(-1.0, 2.0, TOKENS)
+    (result.selected_logp * upstream).sum().backward()
+    reference = [t.detach().double().requires_grad_() for t in (hidden, weight)]
+    logp = torch.log_softmax(reference[0] @ reference[1].T, dim=1).gather(1, targets[:, None])
+    (logp[:, 0] * upstream.double()).sum().backward()
+    for name, got, want in zip(("hidden", "weight"), params, reference, strict=True):
+        assert got.grad is not None and want.grad is not None
+        torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"dtype": "bf16"}, "dtype 'bf16'"),
+        ({"has_bias": True}, "bias"),
+        ({"temperature": 0.5}, "temperature=0.5"),
+        ({"export_entropy": True}, "export_entropy"),
+    ],
+    ids=["bf16", "bias", "temperature", "entropy"],
+)
+def test_the_capability_rejects_what_the_library_cannot_serve(
+    fields: dict[str, Any], reason: str
+) -> None:
+    reasons = cce.CAPABILITY.incompatibilities(_contract(**fields))
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+    assert cce.CAPABILITY.supports(_contract("train"))
+
+
+def test_checks_its_arguments_before_calling_the_library() -> None:
+    hidden, weight, targets = _case(seed=1)
+    with pytest.raises(tpl.LogprobContractError, match="no bias"):
+        cce.cce_logprob(hidden, targets, _contract(), weight=weight, bias=torch.zeros(VOCAB))
+    with pytest.raises(tpl.LogprobContractError, match="weight: shape"):
+        cce.cce_logprob(hidden, targets, _contract(), weight=weight[:, :3])
+    with pytest.raises(tpl.LogprobContractError, match="input_kind='logits'"):
+        sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
+        logits_contract = tpl.LogprobContract(
+            "infer", "fp32", tpl.MaskSpec(TOKENS), sharding, tpl.ReductionSpec("run_to_run")
+        )
+        cce.cce_logprob(hidden, targets, logits_contract, weight=weight)
+
+
+def test_a_call_under_a_dispatch_mode_breaks_the_later_calls() -> None:
+    """docs/repro_cce_dispatch_mode.py, in a process of its own (the break is process-wide)."""
+    pytest.importorskip("cut_cross_entropy", reason="cut-cross-entropy is not installed here")
+    script = Path(__file__).resolve().parents[2] / "docs" / "repro_cce_dispatch_mode.py"
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "after the mode: torch.compile with fullgraph=True found no compiled" in run.stdout
+
+
+def test_the_adapter_runs_the_library_again_after_a_call_under_a_dispatch_mode() -> None:
+    """The call under the mode raises (the library's limitation); the next one computes."""
+    op = _op()
+    hidden, weight, targets = _case(seed=7)
+    with FlopCounterMode(display=False), pytest.raises(RuntimeError, match="compiled frames"):
+        op(hidden, targets, _contract(), weight=weight)
+    result = op(hidden, targets, _contract(), weight=weight)
+    logp = torch.log_softmax(hidden.double() @ weight.double().T, dim=1)
+    expected = logp.gather(1, targets[:, None])[:, 0]
+    torch.testing.assert_close(result.selected_logp.double(), expected, rtol=1e-5, atol=1e-5)
