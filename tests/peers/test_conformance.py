@@ -236,6 +236,45 @@ def test_the_collector_records_outcomes_and_the_reasons_of_skips(tmp_path: Path)
     assert len(records) == 4
 
 
+def test_the_collector_records_what_a_backend_does_not_claim(tmp_path: Path) -> None:
+    """A property deselected because the backend lacks what it needs is ``not claimed``, with
+    the capability field: neither ``not run`` nor unexplained in the processed section."""
+    (tmp_path / "tp1.py").write_text(
+        "import dataclasses\n"
+        "from tp_logprob.kernels.builtin import TORCH_NATIVE\n"
+        "from tp_logprob.kernels.native import torch_native_logprob\n"
+        "capability = dataclasses.replace(\n"
+        "    TORCH_NATIVE, backend_id='tp1_native', tp_world_sizes=frozenset({1})\n"
+        ")\n"
+        "tp1_native = (torch_native_logprob, capability)\n"
+    )
+    record = tmp_path / "records.jsonl"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    command += ["-p", "tp_logprob.peers._collect", "--pyargs", processed.PROCESSED_MODULE]
+    command += [f"--tp-logprob-backend={tmp_path / 'tp1.py'}:tp1_native"]
+    command += ["--tp-logprob-profile=ci", "-k", "every_sampling_rule or rules_off"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env[conformance.RECORD_ENV] = str(record)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    records = _records.read_records(record)
+    outcomes = {(r.test, r.outcome, r.text) for r in records}
+    every_rule, layouts = "test_every_sampling_rule_across_ranks", "test_processed_tp_consistency"
+    assert outcomes == {
+        (RULES_OFF, "passed", ""),
+        (every_rule, "not claimed", "tp_world_sizes [1] (no TP degree above 1)"),
+        (layouts, "not claimed", "tp_world_sizes [1] (one shard layout per vocabulary)"),
+    }
+    assert sum(r.test == every_rule for r in records) == 7  # one per rule set
+    assert _records.outcomes(record)["tp1_native"].passed == 1
+    assert not _records.outcomes(record)["tp1_native"].failures
+    results = processed.results_from(records, "tp1_native", processed.processed_tests())
+    by_test = {result.test: result for result in results}
+    assert by_test[every_rule].outcome == by_test[layouts].outcome == "not claimed"
+    (peer, *_) = PROCESSED_PEERS
+    assert not {every_rule, layouts} & set(processed.unexplained(peer, results))
+
+
 ORACLE = "test_processed_matches_exact_oracle_on_its_support"
 RULES_OFF = "test_rules_off_is_the_raw_logprob"
 GRADIENTS = "test_processed_gradients"

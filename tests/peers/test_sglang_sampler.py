@@ -21,7 +21,7 @@ from tp_logprob.oracle import exact_support
 from tp_logprob.peers._catalog import PROCESSED_PEERS
 from tp_logprob.peers._installed import installed_file
 from tp_logprob.properties.backends import resolve_backends
-from tp_logprob.properties.registry import run_property
+from tp_logprob.properties.catalogue import run_property
 from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.support import SupportSpec

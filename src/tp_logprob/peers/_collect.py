@@ -3,9 +3,12 @@
 ``pytest -p tp_logprob.peers._collect`` with ``TP_LOGPROB_CONFORMANCE_RECORD=FILE``
 appends ``{"nodeid", "outcome", "text", "duration"}`` for every test's call phase (and any
 failing or skipping setup), where ``text`` is the failure report with the
-plugin's replay and artifact lines, or the reason of a skip. Under pytest-xdist
-only the controller writes, under ``torchrun`` only rank 0 (every rank reaches
-the same outcomes).
+plugin's replay and artifact lines, or the reason of a skip; and, outcome ``not
+claimed``, every property the suite deselected because the backend does not claim
+what it needs, with the capability field as the text. Under pytest-xdist only the
+controller writes test reports (only the first worker the deselections: every worker
+deselects the same), under ``torchrun`` only rank 0 (every rank reaches the same
+outcomes).
 """
 
 from __future__ import annotations
@@ -15,6 +18,29 @@ import os
 from typing import Any
 
 RECORD_ENV = "TP_LOGPROB_CONFORMANCE_RECORD"
+
+
+def _write(path: str, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def pytest_deselected(items: Any) -> None:
+    path = os.environ.get(RECORD_ENV)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    if not path or worker != "gw0" or os.environ.get("RANK", "0") != "0":
+        return
+    from tp_logprob.properties.applicability import unclaimed
+
+    for item in items:
+        params = dict(getattr(getattr(item, "callspec", None), "params", {}))
+        backend = params.pop("tp_logprob_backend", None)
+        reason = None if backend is None else unclaimed(getattr(item, "obj", None), backend, params)
+        if reason is None:  # deselected by -k or -m, not for want of a claim
+            continue
+        _write(
+            path, {"nodeid": item.nodeid, "outcome": "not claimed", "text": reason, "duration": 0.0}
+        )
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -35,5 +61,4 @@ def pytest_runtest_logreport(report: Any) -> None:
         "text": text,
         "duration": report.duration,
     }
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
+    _write(path, record)

@@ -58,7 +58,8 @@ def processed_tests() -> list[str]:
 
 @dataclass(frozen=True)
 class PropertyResult:
-    """One processed test on one peer: ``passed``, ``failed``, ``skipped`` or ``not run``.
+    """One processed test on one peer: ``passed``, ``failed``, ``skipped``, ``not claimed``
+    (deselected: the peer's capability lacks what it needs) or ``not run``.
 
     ``summary`` is a failure's headline or a skip's reason; ``lines`` are the first
     failing example's labelled lines (``contract``, ``observed``, ``expected``, ...);
@@ -170,6 +171,8 @@ def _result(result: PropertyResult) -> str:
         return "**fail**"
     if result.outcome == "skipped":
         return _cell(f"skipped: {result.summary}")
+    if result.outcome == "not claimed":
+        return _cell(f"not claimed: {result.summary}")
     return "**not run**"
 
 
@@ -182,7 +185,7 @@ def peer_subsection(
 ) -> str:
     """``peer``'s subsection: capability, results, first failing examples, findings."""
     modes, serves = _capability_summary(peer)
-    counts = {outcome: 0 for outcome in ("passed", "failed", "skipped", "not run")}
+    counts = {outcome: 0 for outcome in ("passed", "failed", "skipped", "not claimed", "not run")}
     for result in results:
         counts[result.outcome] += 1
     tally = ", ".join(f"{count} {outcome}" for outcome, count in counts.items() if count)
