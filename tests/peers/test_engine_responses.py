@@ -69,7 +69,7 @@ def _vllm_response(x: torch.Tensor, params: dict[str, Any], temperature: float, 
     choice = GenerateTokensChoice(
         index=0,
         token_ids=draws.tolist(),
-        sampling_mask=[torch.flatnonzero(row).tolist() for row in kept],
+        sampling_mask=[np.flatnonzero(row.numpy()).tolist() for row in kept],
         logprobs=GenerateLogProbs(content=content),
     )
     document = json.loads(json.dumps({"choices": [choice.model_dump(mode="json")]}))
