@@ -53,8 +53,8 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers import _installed
 from tp_logprob.peers._glue import claiming, lse_from_max, private_copy
+from tp_logprob.peers._installed import installed_definitions as compile_installed
 
 __all__ = [
     "CAPABILITY",
@@ -95,7 +95,7 @@ def installed_definitions() -> dict[str, Any]:
         "torch": torch,
         "F": torch.nn.functional,
     }
-    return _installed.installed_definitions("openrlhf", DEFINITIONS, namespace)
+    return compile_installed("openrlhf", DEFINITIONS, namespace)
 
 
 def _log_probs_from_logits() -> Any:

@@ -74,8 +74,8 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers import _installed
 from tp_logprob.peers._glue import lse_from_max, private_copy
+from tp_logprob.peers._installed import installed_definitions as compile_installed
 from tp_logprob.support import SupportMode
 
 __all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "honest", "sglang_processed_logprob"]
@@ -141,7 +141,7 @@ def installed_definitions() -> dict[str, Any]:
         "envs": envs,
         **{name: getattr(typing, name) for name in ("NamedTuple", "Optional", "List", "Tuple")},
     }
-    return _installed.installed_definitions("sglang", _DEFINITIONS, namespace)
+    return compile_installed("sglang", _DEFINITIONS, namespace)
 
 
 def sampling_params(contract: LogprobContract) -> Any:
