@@ -44,6 +44,8 @@ _LIGER_CE = "tp_logprob.peers.liger:honest"
 _INTERPRETED = "yes: Triton under the interpreter (TRITON_INTERPRET=1)"
 # What importing trl 0.15/0.16's grpo_trainer needs, at releases of that time (Feb 2025).
 _TRL_2025_Q1 = ("transformers==4.49.0", "accelerate==1.4.0", "datasets==3.3.2", "rich")
+# What importing trl 1.16's trainer utilities needs, at the versions the conformance run has.
+_TRL_1_16 = ("transformers==5.20.2", "accelerate==1.16.0", "datasets==5.2.0", "rich")
 # What importing vllm 0.10.0 to 0.10.2's v1 sampler needs, at releases of their time
 # (July to September 2025).
 _VLLM_010_SAMPLER = (
@@ -91,6 +93,20 @@ CORPUS: tuple[HistoricalBug, ...] = (
         adapter=_LIGER_CE,
         cpu=_INTERPRETED,
         reproducer="docs/repro_liger_leading_neg_inf_block.py",
+    ),
+    HistoricalBug(
+        key="trl_entropy_neg_inf",
+        library="TRL",
+        distribution="trl",
+        summary="entropy_from_logits (and selective_log_softmax_and_entropy off CUDA) is NaN for "
+        "a row with a -inf logit: it sums exp(logp) * logp, and 0 * -inf is NaN",
+        reference="open; found by this suite (docs/conformance.md, trl_selective_log_softmax)",
+        buggy="1.16.0",
+        fixed=None,
+        adapter="tp_logprob.peers.trl:honest",
+        cpu="yes: pure torch",
+        reproducer="docs/repro_trl_entropy_neg_inf.py",
+        requires=_TRL_1_16,
     ),
     HistoricalBug(
         key="trl_grpo_logprob_temperature",
