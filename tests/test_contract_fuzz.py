@@ -177,18 +177,34 @@ def test_fingerprint_is_the_same_on_every_rank(contract: tpl.LogprobContract) ->
     assert len(fingerprints) == 1
 
 
-capabilities = st.builds(
-    tpl.LogprobBackendCapability,
-    backend_id=st.sampled_from(["a", "b", "c", "d"]),
-    roles=st.frozensets(st.sampled_from(tpl.LogprobRole), min_size=1),
-    dtypes=st.frozensets(st.sampled_from(tpl.LogprobDType), min_size=1),
-    tp_world_sizes=st.none() | st.frozensets(st.integers(1, 4), min_size=1),
-    supports_vocab_padding=st.booleans(),
-    mask_modes=st.frozensets(st.sampled_from(tpl.MaskMode)),
-    exports_vocab_lse=st.booleans(),
-    determinism_scopes=st.frozensets(st.sampled_from(tpl.DeterminismScope), min_size=1),
-    implementation_kind=st.sampled_from(tpl.ImplementationKind),
+def _bitwise_platforms(scopes: frozenset[tpl.DeterminismScope]) -> st.SearchStrategy[Any]:
+    """Registered on ``cpu``, a cross-platform claim must include it."""
+    if tpl.DeterminismScope.CROSS_PLATFORM_BITWISE not in scopes:
+        return st.just(frozenset())
+    return st.frozensets(st.sampled_from(["cuda", "rocm"])).map(lambda p: p | {"cpu"})
+
+
+capabilities = st.frozensets(st.sampled_from(tpl.DeterminismScope), min_size=1).flatmap(
+    lambda scopes: _bitwise_platforms(scopes).flatmap(
+        lambda platforms: _capabilities(scopes, platforms)
+    )
 )
+
+
+def _capabilities(scopes: frozenset[Any], platforms: frozenset[str]) -> Any:
+    return st.builds(
+        tpl.LogprobBackendCapability,
+        backend_id=st.sampled_from(["a", "b", "c", "d"]),
+        roles=st.frozensets(st.sampled_from(tpl.LogprobRole), min_size=1),
+        dtypes=st.frozensets(st.sampled_from(tpl.LogprobDType), min_size=1),
+        tp_world_sizes=st.none() | st.frozensets(st.integers(1, 4), min_size=1),
+        supports_vocab_padding=st.booleans(),
+        mask_modes=st.frozensets(st.sampled_from(tpl.MaskMode)),
+        exports_vocab_lse=st.booleans(),
+        determinism_scopes=st.just(scopes),
+        bitwise_platforms=st.just(platforms),
+        implementation_kind=st.sampled_from(tpl.ImplementationKind),
+    )
 
 
 @given(

@@ -62,6 +62,26 @@ INVALID_CAPABILITY = [
     pytest.param({"implementation_kind": "fast"}, "implementation_kind='fast'", id="kind"),
     pytest.param({"backend_id": "   "}, "backend_id='   ': must not be blank", id="blank-id"),
     pytest.param({"backend_id": 7}, "backend_id=7: expected a str", id="int-id"),
+    pytest.param(
+        {"determinism_scopes": {"cross_platform_bitwise"}},
+        "bitwise_platforms=frozenset(): a cross_platform_bitwise backend names",
+        id="platform-scope-without-platforms",
+    ),
+    pytest.param(
+        {"bitwise_platforms": {"cpu"}},
+        "bitwise_platforms=['cpu']: only a backend claiming",
+        id="platforms-without-scope",
+    ),
+    pytest.param(
+        {"determinism_scopes": {"cross_platform_bitwise"}, "bitwise_platforms": {"tpu"}},
+        "bitwise_platforms={'tpu'}: 'tpu' not one of",
+        id="unknown-platform",
+    ),
+    pytest.param(
+        {"determinism_scopes": {"cross_platform_bitwise"}, "bitwise_platforms": "cpu"},
+        "bitwise_platforms='cpu': expected a set of platforms",
+        id="platforms-str",
+    ),
 ]
 
 
@@ -125,6 +145,22 @@ def test_cross_tp_bitwise_serves_fixed_topology_but_not_back() -> None:
     bitwise = make_contract(reduction=tpl.ReductionSpec("cross_tp_bitwise"))
     assert strong.supports(fixed) and strong.supports(bitwise)
     assert weak.supports(fixed) and not weak.supports(bitwise)
+
+
+def test_cross_platform_bitwise_is_the_strongest_scope_and_needs_its_platforms() -> None:
+    portable = capability(
+        determinism_scopes={"cross_platform_bitwise"}, bitwise_platforms={"cpu", "cuda"}
+    )
+    for scope in tpl.DeterminismScope:
+        assert portable.supports(make_contract(reduction=tpl.ReductionSpec(scope))), scope
+    across = make_contract(reduction=tpl.ReductionSpec("cross_platform_bitwise"))
+    assert not capability(determinism_scopes={"cross_tp_bitwise"}).supports(across)
+    assert portable.to_dict()["bitwise_platforms"] == ["cpu", "cuda"]
+    registry = tpl.KernelRegistry()
+    registry.register_logprob_backend("cuda", op_named("portable"), portable)
+    with pytest.raises(tpl.LogprobContractError, match=r"platform='rocm': 'mine' claims"):
+        registry.register_logprob_backend("rocm", op_named("portable"), portable)
+    assert registry.backends("rocm") == ()
 
 
 def test_run_to_run_is_the_weakest_scope() -> None:

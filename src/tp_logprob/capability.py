@@ -35,9 +35,13 @@ __all__ = [
     "CapabilityRule",
     "ImplementationKind",
     "MASK_NEEDS",
+    "PLATFORMS",
     "LogprobBackendCapability",
     "mask_modes_served",
 ]
+
+PLATFORMS = ("cuda", "rocm", "cpu")
+"""Where a backend can be registered: NVIDIA GPUs, AMD GPUs, the CPU."""
 
 MASK_NEEDS = (MaskMode.EXPLICIT_ACTIVE_MASK, MaskMode.IGNORE_INDEX)
 """The mask modes a contract can need (:attr:`~tp_logprob.MaskSpec.mode`)."""
@@ -303,7 +307,11 @@ class LogprobBackendCapability:
     ``support_modes`` says over which supports the op normalises (see
     :class:`~tp_logprob.SupportMode`): ``full`` (no support, the default),
     ``sampling_params`` (recomputed from top-k / top-p / min-p) and
-    ``replayed_mask`` (the engine's kept ids).
+    ``replayed_mask`` (the engine's kept ids). ``bitwise_platforms`` names the
+    platforms (of :data:`PLATFORMS`) on which a backend claiming
+    ``cross_platform_bitwise`` gives the same bits as on every other one of them: it is
+    required with that scope, refused without it, and the registry refuses the claim on a
+    platform outside it.
 
     Each of these rules is written once, in :data:`CAPABILITY_RULES`:
     :meth:`incompatibilities` runs them, and :meth:`served_values` / :meth:`serves`
@@ -329,6 +337,7 @@ class LogprobBackendCapability:
     input_kinds: frozenset[LogprobInputKind] = frozenset({LogprobInputKind.LOGITS})
     supports_bias: bool = False
     support_modes: frozenset[SupportMode] = frozenset({SupportMode.FULL})
+    bitwise_platforms: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -361,6 +370,9 @@ class LogprobBackendCapability:
                 "support_modes", self.support_modes, SupportMode, non_empty=True
             ),
         }
+        checked["bitwise_platforms"] = _check_bitwise_platforms(
+            self.bitwise_platforms, checked["determinism_scopes"]
+        )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -418,6 +430,7 @@ class LogprobBackendCapability:
             "input_kinds": _names(self.input_kinds),
             "supports_bias": self.supports_bias,
             "support_modes": _names(self.support_modes),
+            "bitwise_platforms": sorted(self.bitwise_platforms),
         }
 
 
@@ -432,3 +445,32 @@ def _rule(dimension: object) -> CapabilityRule:
             f"dimension={dimension!r}: expected one of {', '.join(CONTRACT_DIMENSIONS)}"
         )
     return rule
+
+
+def _check_bitwise_platforms(
+    platforms: object, scopes: frozenset[DeterminismScope]
+) -> frozenset[str]:
+    """``bitwise_platforms`` as a frozenset of :data:`PLATFORMS`, given exactly when
+    ``cross_platform_bitwise`` is claimed."""
+    if isinstance(platforms, (str, bytes)) or not isinstance(platforms, Iterable):
+        raise LogprobContractError(
+            f"bitwise_platforms={platforms!r}: expected a set of platforms from {PLATFORMS}"
+        )
+    values = frozenset(platforms)
+    unknown = sorted(repr(p) for p in values if not isinstance(p, str) or p not in PLATFORMS)
+    if unknown:
+        raise LogprobContractError(
+            f"bitwise_platforms={platforms!r}: {', '.join(unknown)} not one of {PLATFORMS}"
+        )
+    claimed = DeterminismScope.CROSS_PLATFORM_BITWISE in scopes
+    if claimed and not values:
+        raise LogprobContractError(
+            "bitwise_platforms=frozenset(): a cross_platform_bitwise backend names the "
+            f"platforms whose bits it matches, from {PLATFORMS}"
+        )
+    if values and not claimed:
+        raise LogprobContractError(
+            f"bitwise_platforms={sorted(values)!r}: only a backend claiming "
+            "determinism_scopes with cross_platform_bitwise names bitwise platforms"
+        )
+    return values

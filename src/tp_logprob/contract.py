@@ -95,6 +95,10 @@ class DeterminismScope(str, Enum):
     ``fixed_topology``: additionally batch invariant: a row's bits do not depend on
     the other rows, their order, N, or the row's position, for one shard layout.
     ``cross_tp_bitwise``: additionally across every TP degree and shard layout.
+    ``cross_platform_bitwise``: additionally across platforms: the same bits on every
+    platform in the capability's ``bitwise_platforms`` (CPU, NVIDIA, AMD), which needs
+    an op built from IEEE-exact operations alone (no vendor ``exp``/``log``, no
+    contraction a compiler chose, no flushed subnormals).
 
     ``run_to_run`` is what an all-reduce SUM of per-rank partials (``loss_parallel``)
     or an N-dependent chunking of the rows (Liger's fused linear cross entropy) offers.
@@ -103,6 +107,7 @@ class DeterminismScope(str, Enum):
     RUN_TO_RUN = "run_to_run"
     FIXED_TOPOLOGY = "fixed_topology"
     CROSS_TP_BITWISE = "cross_tp_bitwise"
+    CROSS_PLATFORM_BITWISE = "cross_platform_bitwise"
 
     def satisfies(self, requested: DeterminismScope) -> bool:
         """Whether a backend offering ``self`` meets a request for ``requested``."""
@@ -113,6 +118,7 @@ _SCOPE_STRENGTH = {
     DeterminismScope.RUN_TO_RUN: 0,
     DeterminismScope.FIXED_TOPOLOGY: 1,
     DeterminismScope.CROSS_TP_BITWISE: 2,
+    DeterminismScope.CROSS_PLATFORM_BITWISE: 3,
 }
 
 

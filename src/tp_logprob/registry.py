@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tp_logprob._validation import check_bool, check_instance
-from tp_logprob.capability import ImplementationKind, LogprobBackendCapability
-from tp_logprob.contract import LogprobContract
+from tp_logprob.capability import PLATFORMS, ImplementationKind, LogprobBackendCapability
+from tp_logprob.contract import DeterminismScope, LogprobContract
 from tp_logprob.errors import LogprobContractError, LogprobDispatchError
 
 __all__ = [
@@ -27,8 +27,6 @@ __all__ = [
     "detect_platform",
     "registry",
 ]
-
-PLATFORMS = ("cuda", "rocm", "cpu")
 
 LogprobOp = Callable[..., Any]
 """``op(local_logits, targets, contract, group=None) -> LogprobResult``."""
@@ -133,6 +131,14 @@ class KernelRegistry:
             raise LogprobContractError(f"factory={factory!r}: expected a callable")
         check_instance("capability", capability, LogprobBackendCapability)
         replace = check_bool("replace", replace)
+        claims_platforms = DeterminismScope.CROSS_PLATFORM_BITWISE in capability.determinism_scopes
+        if claims_platforms and platform not in capability.bitwise_platforms:
+            raise LogprobContractError(
+                f"platform={platform!r}: {capability.backend_id!r} claims "
+                "cross_platform_bitwise for bitwise_platforms="
+                f"{sorted(capability.bitwise_platforms)!r} only; register a capability "
+                "without that scope here"
+            )
         with self._lock:
             entries = self._entries[platform]
             if capability.backend_id in entries and not replace:

@@ -64,6 +64,11 @@ def _random_capabilities(count: int, seed: int = 0) -> list[LogprobBackendCapabi
         pool = list(values)
         return frozenset(rng.sample(pool, rng.randint(1, len(pool))))
 
+    def platforms_for(scopes: frozenset[Any]) -> frozenset[str]:
+        claimed = DeterminismScope.CROSS_PLATFORM_BITWISE in scopes
+        return some(["cpu", "cuda", "rocm"]) if claimed else frozenset()
+
+    scope_sets = [some(DeterminismScope) for _ in range(count)]
     return [
         LogprobBackendCapability(
             backend_id=f"random_{index}",
@@ -74,7 +79,8 @@ def _random_capabilities(count: int, seed: int = 0) -> list[LogprobBackendCapabi
             supports_vocab_padding=rng.random() < 0.5,
             mask_modes=some(MaskMode),
             exports_vocab_lse=rng.random() < 0.5,
-            determinism_scopes=some(DeterminismScope),
+            determinism_scopes=scope_sets[index],
+            bitwise_platforms=platforms_for(scope_sets[index]),
             supports_temperature=rng.random() < 0.5,
             exports_entropy=rng.random() < 0.5,
             even_shards_only=rng.random() < 0.3,
@@ -135,24 +141,37 @@ def test_every_drawn_contract_is_served(
     check()
 
 
-_capabilities = st.builds(
-    LogprobBackendCapability,
-    backend_id=st.just("drawn"),
-    roles=st.frozensets(st.sampled_from(["train", "infer"]), min_size=1),
-    dtypes=st.frozensets(st.sampled_from(["bf16", "fp16", "fp32"]), min_size=1),
-    tp_world_sizes=st.none() | st.frozensets(st.integers(1, 8), min_size=1),
-    cp_world_sizes=st.none() | st.just(frozenset({1})) | st.just(frozenset({1, 4})),
-    supports_vocab_padding=st.booleans(),
-    mask_modes=st.frozensets(st.sampled_from(list(MaskMode)), min_size=1),
-    exports_vocab_lse=st.booleans(),
-    determinism_scopes=st.frozensets(st.sampled_from(list(DeterminismScope)), min_size=1),
-    supports_temperature=st.booleans(),
-    exports_entropy=st.booleans(),
-    even_shards_only=st.booleans(),
-    input_kinds=st.sampled_from([frozenset({"logits"}), frozenset({"hidden"})]),
-    supports_bias=st.booleans(),
-    support_modes=st.frozensets(st.sampled_from(list(SupportMode)), min_size=1),
+_scope_sets = st.frozensets(st.sampled_from(list(DeterminismScope)), min_size=1)
+_capabilities = _scope_sets.flatmap(
+    lambda scopes: _capabilities_claiming(
+        scopes,
+        st.frozensets(st.sampled_from(["cpu", "cuda", "rocm"]), min_size=1)
+        if DeterminismScope.CROSS_PLATFORM_BITWISE in scopes
+        else st.just(frozenset()),
+    )
 )
+
+
+def _capabilities_claiming(scopes: frozenset[Any], platforms: Any) -> Any:
+    return st.builds(
+        LogprobBackendCapability,
+        backend_id=st.just("drawn"),
+        roles=st.frozensets(st.sampled_from(["train", "infer"]), min_size=1),
+        dtypes=st.frozensets(st.sampled_from(["bf16", "fp16", "fp32"]), min_size=1),
+        tp_world_sizes=st.none() | st.frozensets(st.integers(1, 8), min_size=1),
+        cp_world_sizes=st.none() | st.just(frozenset({1})) | st.just(frozenset({1, 4})),
+        supports_vocab_padding=st.booleans(),
+        mask_modes=st.frozensets(st.sampled_from(list(MaskMode)), min_size=1),
+        exports_vocab_lse=st.booleans(),
+        determinism_scopes=st.just(scopes),
+        bitwise_platforms=platforms,
+        supports_temperature=st.booleans(),
+        exports_entropy=st.booleans(),
+        even_shards_only=st.booleans(),
+        input_kinds=st.sampled_from([frozenset({"logits"}), frozenset({"hidden"})]),
+        supports_bias=st.booleans(),
+        support_modes=st.frozensets(st.sampled_from(list(SupportMode)), min_size=1),
+    )
 
 
 @settings(database=None, max_examples=200, deadline=None)

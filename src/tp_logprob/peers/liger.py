@@ -171,5 +171,7 @@ assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
 assume_16bit = claiming(honest, "assume_16bit", dtypes=frozenset(LogprobDType))
 assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
 assume_cross_tp_bitwise = claiming(
-    honest, "assume_cross_tp_bitwise", determinism_scopes=frozenset(DeterminismScope)
+    honest,
+    "assume_cross_tp_bitwise",
+    determinism_scopes=frozenset({DeterminismScope.CROSS_TP_BITWISE}),
 )

@@ -304,7 +304,9 @@ library = (
 
 assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
 assume_cross_tp_bitwise = claiming(
-    honest, "assume_cross_tp_bitwise", determinism_scopes=frozenset(DeterminismScope)
+    honest,
+    "assume_cross_tp_bitwise",
+    determinism_scopes=frozenset({DeterminismScope.CROSS_TP_BITWISE}),
 )
 assume_inactive_tokens = claiming(
     (megatron_loss_mask_logprob, CAPABILITY),

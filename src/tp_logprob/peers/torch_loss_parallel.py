@@ -216,5 +216,7 @@ assume_batch_invariant = claiming(
 )
 assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
 assume_cross_tp_bitwise = claiming(
-    honest, "assume_cross_tp_bitwise", determinism_scopes=frozenset(DeterminismScope)
+    honest,
+    "assume_cross_tp_bitwise",
+    determinism_scopes=frozenset({DeterminismScope.CROSS_TP_BITWISE}),
 )
