@@ -168,3 +168,24 @@ def test_the_worst_tokens_list_every_mismatch_before_the_agreeing_ones() -> None
     worst = check.worst(3)
     assert worst[0]["token"] == 6 and worst[0]["verdict"] == "support"
     assert all(row["verdict"] == "agree" for row in worst[1:])
+
+
+def test_the_trainer_in_blocks_of_rows_gives_the_bits_of_one_call(monkeypatch: Any) -> None:
+    """Blocks of three rows: four calls per rank, a row without a mask among them."""
+    import tp_logprob.replay.rollout as rollout_module
+
+    x = _logits()
+    response = _response(x, faults={4: "wild"})
+    masks = [sorted(kept) for kept in response["meta_info"]["output_token_sampling_mask"]]
+    logprobs = response["meta_info"]["output_token_sampling_logprobs"]
+    masks[5], logprobs[5] = [], None
+    rollout = prime_rl_rollout(
+        [i for kept in masks for i in kept], [len(kept) for kept in masks],
+        response["output_ids"], logprobs=logprobs, vocab_size=V,
+    )  # fmt: skip
+    whole = check_rollout([x[:, :20], x[:, 20:]], rollout, engine_temperature=T)
+    monkeypatch.setattr(rollout_module, "TRAINER_BLOCK_VALUES", 3 * V)
+    blocks = check_rollout([x[:, :20], x[:, 20:]], rollout, engine_temperature=T)
+    assert whole.trainer.tobytes() == blocks.trainer.tobytes()
+    assert blocks.verdict == whole.verdict
+    assert whole.verdict[4] == "unexplained" and whole.verdict[5] == "no_mask"

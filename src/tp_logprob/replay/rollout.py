@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,7 @@ from tp_logprob.oracle import (
     tolerance,
 )
 from tp_logprob.properties.measuring import fp32_ulp
+from tp_logprob.support import SupportSpec
 
 __all__ = ["CAUSES", "RolloutCheck", "check_rollout", "plot_rollout"]
 
@@ -67,6 +68,7 @@ CAUSES = (
 
 UNEXPLAINED_FACTOR = 64.0
 BLOCK_VALUES = 1 << 23  # float64 values per block: 64 MiB
+TRAINER_BLOCK_VALUES = 1 << 21  # logits per block of the trainer backend: 8 MiB of fp32
 
 Floats = npt.NDArray[np.float64]
 _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
@@ -424,6 +426,7 @@ def _trainer_contract(
         sharding=ShardingSpec(rank, world, bounds, rv, padded),
         reduction=ReductionSpec(DeterminismScope.FIXED_TOPOLOGY),
         temperature=temperature,
+        export_lse=False,  # the check reads selected_logp only: no full-vocabulary partial
         support=rollout.support,
     )
     return contract, full.detach()
@@ -433,7 +436,8 @@ def _trainer_logprobs(
     logits: Any, rollout: EngineRollout, contract: LogprobContract, backend: str, group: Any
 ) -> Floats:
     """The backend's processed logprobs: on every emulated rank of the full ``logits``, or on
-    this rank's shard of the real ``group``. A CPU backend on a long response is slow, so the
+    this rank's shard of the real ``group``; each rank calls the backend on one block of rows
+    after another (:func:`_blocked`). A CPU backend on a long response is slow, so the
     emulated ranks wait as long as it takes (10 minutes)."""
     import torch
 
@@ -442,16 +446,68 @@ def _trainer_logprobs(
     from tp_logprob.registry import registry
 
     targets = torch.as_tensor(np.where(rollout.has_mask, rollout.token_ids, 0), dtype=torch.int64)
+    world = contract.sharding.tp_world_size
+    dispatch = registry.get_logprob_op(
+        contract, backend, preflighted=group is not None or world > 1
+    )
+    op = _blocked(dispatch.op, rollout, contract)
     with torch.no_grad():
         if group is None:
-            world = contract.sharding.tp_world_size
-            op = registry.get_logprob_op(contract, backend, preflighted=world > 1).op
             result = run_tp(op, logits, targets, contract, timeout=600.0)[0]
         else:
-            dispatch = registry.get_logprob_op(contract, backend, preflighted=True)
             preflight(contract, dispatch.capability.backend_id, group)
-            result = dispatch.op(logits, targets, contract, group=group)
+            result = op(logits, targets, contract, group=group)
     return result.selected_logp.double().numpy()  # type: ignore[no-any-return]
+
+
+def _blocked(op: Any, rollout: EngineRollout, contract: LogprobContract) -> Any:
+    """``op`` on the whole response as a run of calls on blocks of rows, each with its block's
+    contract (its rows' active mask and kept ids); the result holds ``selected_logp``.
+
+    A backend's row never depends on the other rows (its reductions run along the row), so
+    the blocks' outputs are the bits of one call on every row. A block of a few MiB keeps a
+    CPU backend's temporaries in cache: several times faster than one call on the whole
+    response, whose every temporary is the size of the logits. The ranks start once; each
+    block is one call and its collectives."""
+    from tp_logprob.contract import LogprobResult
+
+    n = rollout.num_tokens
+    step = max(1, TRAINER_BLOCK_VALUES // max(contract.sharding.padded_vocab_size, 1))
+    blocks = [
+        (
+            begin,
+            min(n, begin + step),
+            _block_contract(contract, rollout, begin, min(n, begin + step)),
+        )
+        for begin in range(0, max(n, 1), step)
+    ]
+
+    def call(logits: Any, targets: Any, rank_contract: LogprobContract, group: Any) -> Any:
+        import torch
+
+        rank = rank_contract.sharding.tp_rank
+        found = [
+            op(logits[begin:end], targets[begin:end], block.with_rank(rank), group=group)
+            for begin, end, block in blocks
+        ]
+        return LogprobResult(torch.cat([r.selected_logp for r in found]), None)
+
+    return call
+
+
+def _block_contract(
+    contract: LogprobContract, rollout: EngineRollout, begin: int, end: int
+) -> LogprobContract:
+    """``contract`` on rows ``begin:end`` of the response: their active mask and kept ids."""
+    if (begin, end) == (0, rollout.num_tokens):
+        return contract
+    offsets = rollout.support.kept_offsets
+    low, high = int(offsets[begin]), int(offsets[end])
+    support = SupportSpec(
+        kept_offsets=offsets[begin : end + 1] - low, kept_ids=rollout.support.kept_ids[low:high]
+    )
+    mask = MaskSpec(end - begin, active_mask=rollout.has_mask[begin:end].tolist())
+    return replace(contract, mask=mask, support=support)
 
 
 def _kept_values(full: Any, rollout: EngineRollout) -> tuple[Floats, npt.NDArray[np.int64]]:
