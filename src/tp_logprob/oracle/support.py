@@ -39,15 +39,15 @@ from tp_logprob.oracle._inputs import (
     as_real_vocab_size,
     as_sampling_params,
 )
-from tp_logprob.oracle._support_rows import sort_rows
-from tp_logprob.oracle._support_rules import Rules, decide, float_values
+from tp_logprob.oracle._support_rows import sorted_rows, top_values
+from tp_logprob.oracle._support_rules import Rules, counts, float_values, top_p_prefixes
 from tp_logprob.oracle.support_tolerance import SupportMargins
 from tp_logprob.oracle.temperature import checked_temperature, scaled_live
 
 __all__ = ["ExactSupport", "exact_support", "replayed_support_mask"]
 
-# Values per block of rows: the sorted copies and their masses stay cache-sized.
-_BLOCK_VALUES = 1 << 16
+# Values per block of rows: a block's temporaries stay cache-sized.
+_BLOCK_VALUES = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,13 @@ def analyse(
     real_vocab_size: int | None,
     temperature: float,
     margins: SupportMargins | None,
+    *,
+    whole_rows: bool = False,
 ) -> Analysis:
-    """Check the arguments and run the rules (and the margins' tests) on every defined row."""
+    """Check the arguments and run the rules (and the margins' tests) on every defined row.
+
+    ``whole_rows`` sorts every row whole instead of its top only: the same decisions, the
+    reference the top is tested against."""
     t32 = checked_temperature(temperature)
     rules = Rules(*as_sampling_params(top_k, top_p, min_p))
     x = as_float64(logits, "logits", 2)
@@ -138,11 +143,19 @@ def analyse(
     for start in range(0, rows.size, per_block):
         chunk = rows[start : start + per_block]
         values = z[chunk]
-        block = sort_rows(chunk, values, values.max(axis=1))
-        prefixes = decide(block, rules, margins, fast)
-        threshold[chunk] = float_values(block.values, prefixes.kept - 1)
-        sure[chunk] = float_values(block.values, prefixes.sure_in - 1)
-        out[chunk] = float_values(block.values, prefixes.maybe_in)
+        m = values.max(axis=1)
+        found = counts(values, m, rules, margins, fast)
+        # The sorted top: every prefix end, and the value just past the widest prefix.
+        need = np.minimum(found.maybe_in + 1, rv)
+        if whole_rows:
+            need = np.full(chunk.size, rv)
+        top = top_values(values, need)
+        if rules.top_p is not None:
+            block = sorted_rows(chunk, top, m, rv)
+            found = top_p_prefixes(block, rules.top_p, margins, fast, found)
+        threshold[chunk] = float_values(top, found.kept - 1)
+        sure[chunk] = float_values(top, found.sure_in - 1)
+        out[chunk] = float_values(top, found.maybe_in)
     return Analysis(z, width, defined, threshold, sure, out)
 
 
