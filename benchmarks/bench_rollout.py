@@ -7,8 +7,8 @@ fp32 ``log_softmax`` over that mask (as an engine computes it), every fourth tok
 nudged by a few ulps and one token given the full vocabulary's logprob, so that
 the hypotheses run too. The check runs ``--repeat`` times; the median wall time is
 printed, with and without the sampling parameters (with them, each row's support
-is also classified exactly, a sort per row). The logits take 2.5 GB at the default
-shape; the check holds one 64 MiB float64 block besides.
+is also classified exactly). The logits take 2.5 GB at the default shape; the check
+holds one 16 MiB float64 block besides.
 
     python benchmarks/bench_rollout.py --repeat 3
 """

@@ -67,7 +67,7 @@ CAUSES = (
 """Every per-token verdict, in the order the overall verdict prefers them."""
 
 UNEXPLAINED_FACTOR = 64.0
-BLOCK_VALUES = 1 << 23  # float64 values per block: 64 MiB
+BLOCK_VALUES = 1 << 21  # float64 values per block: 16 MiB, a few rows at a 152k vocabulary
 TRAINER_BLOCK_VALUES = 1 << 21  # logits per block of the trainer backend: 8 MiB of fp32
 
 Floats = npt.NDArray[np.float64]
@@ -549,10 +549,24 @@ def _support_problems(
     temperature: float,
     params: dict[str, Any],
 ) -> dict[int, str]:
-    """Per active row whose mask is not an admissible support of ``params``: what differs."""
+    """Per active row whose mask is not an admissible support of ``params``: what differs.
+
+    The rows are screened at once for what :func:`admissible_support` refuses (columns
+    kept where the support is undefined or on padding, certain columns missing or added,
+    a kept set that is not an upper set of ``z``); the few it flags are explained."""
     c = classify_support(x, margins=margins, real_vocab_size=rv, temperature=temperature, **params)
+    live = ~np.isnan(c.z)
+    with np.errstate(invalid="ignore"):
+        lowest_kept = np.where(mask & live, c.z, math.inf).min(axis=1)
+        highest_dropped = np.where(~mask & live, c.z, -math.inf).max(axis=1)
+    flagged = (
+        (c.certainly_in & ~mask).any(axis=1)
+        | (c.certainly_out & mask).any(axis=1)
+        | (highest_dropped >= lowest_kept)
+        | ((mask & ~live).any(axis=1) | (~c.defined & mask.any(axis=1)))
+    )
     found = {}
-    for offset in np.flatnonzero(act).tolist():
+    for offset in np.flatnonzero(act & flagged).tolist():
         missing = np.flatnonzero(c.certainly_in[offset] & ~mask[offset])
         extra = np.flatnonzero(c.certainly_out[offset] & mask[offset])
         upper = admissible_support(_one_row(c, offset), mask[offset : offset + 1])
