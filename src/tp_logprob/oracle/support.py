@@ -35,14 +35,14 @@ from tp_logprob.oracle._inputs import (
     BoolArray,
     FloatArray,
     IntArray,
-    as_float64,
+    as_exact_array,
     as_real_vocab_size,
     as_sampling_params,
 )
 from tp_logprob.oracle._support_rows import sorted_rows, top_values
 from tp_logprob.oracle._support_rules import Rules, counts, float_values, top_p_prefixes
 from tp_logprob.oracle.support_tolerance import SupportMargins
-from tp_logprob.oracle.temperature import checked_temperature, scaled_live
+from tp_logprob.oracle.temperature import checked_temperature, divided
 
 __all__ = ["ExactSupport", "exact_support", "replayed_support_mask"]
 
@@ -129,21 +129,20 @@ def analyse(
     reference the top is tested against."""
     t32 = checked_temperature(temperature)
     rules = Rules(*as_sampling_params(top_k, top_p, min_p))
-    x = as_float64(logits, "logits", 2)
+    x = as_exact_array(logits, "logits", 2)
     n, width = x.shape
     rv = as_real_vocab_size(real_vocab_size, width)
-    z = np.ascontiguousarray(scaled_live(x, rv, t32, "logits")[:, :rv])
-    with np.errstate(invalid="ignore"):
-        defined = ~np.isnan(z).any(axis=1) & ~(z == math.inf).any(axis=1)
-        defined &= (z > -math.inf).any(axis=1)
+    z = divided(x[:, :rv], t32, "logits")
+    # A row's maximum is NaN with a NaN, +inf with a +inf, -inf with no finite value.
+    top = z.max(axis=1) if rv else np.full(n, -math.inf)
+    defined = np.isfinite(top)
     threshold, sure, out = np.full(n, math.nan), np.full(n, math.nan), np.full(n, math.nan)
     rows = np.flatnonzero(defined)
     per_block = max(1, _BLOCK_VALUES // max(rv, 1))
     fast = fast_path_enabled()
     for start in range(0, rows.size, per_block):
         chunk = rows[start : start + per_block]
-        values = z[chunk]
-        m = values.max(axis=1)
+        values, m = z[chunk], top[chunk]
         found = counts(values, m, rules, margins, fast)
         # The sorted top: every prefix end, and the value just past the widest prefix.
         need = np.minimum(found.maybe_in + 1, rv)

@@ -259,13 +259,10 @@ def check_rollout(
     )
     if has_params:
         for start in range(0, n, rows_per_block):
-            rows = np.arange(start, min(n, start + rows_per_block))
-            x = full[rows].to(torch.float32).numpy().astype(np.float64)
-            mask = _dense(rollout, rows, x.shape[1])
+            end = min(n, start + rows_per_block)
+            x = full[start:end].to(torch.float32).numpy()
             problems.update(
-                _support_problems(
-                    x, mask, active[rows], rows, margins, rv, engine_temperature, params
-                )
+                _support_problems(x, rollout, start, margins, rv, engine_temperature, params)
             )
     with np.errstate(invalid="ignore", over="ignore"):
         scale = np.fmax(np.abs(oracle), np.abs(support_lse))
@@ -540,38 +537,49 @@ def _dense(
 
 
 def _support_problems(
-    x: Floats,
-    mask: npt.NDArray[np.bool_],
-    act: npt.NDArray[np.bool_],
-    rows: npt.NDArray[np.int64],
+    x: npt.NDArray[np.float32],
+    rollout: EngineRollout,
+    begin: int,
     margins: Any,
     rv: int,
     temperature: float,
     params: dict[str, Any],
 ) -> dict[int, str]:
-    """Per active row whose mask is not an admissible support of ``params``: what differs.
+    """Per active row of rows ``begin:begin + len(x)`` whose mask is not an admissible
+    support of ``params``: what differs.
 
-    The rows are screened at once for what :func:`admissible_support` refuses (columns
-    kept where the support is undefined or on padding, certain columns missing or added,
-    a kept set that is not an upper set of ``z``); the few it flags are explained."""
+    The rows are screened at once, from their kept ids, for what :func:`admissible_support`
+    refuses: a kept column where the support is undefined, on padding or certainly out; a
+    certainly-in column not kept (more certainly-in columns than kept ones among them); a
+    kept set that is not an upper set of ``z`` (more live columns at or above its least
+    value than it keeps). The few rows it flags are explained."""
     c = classify_support(x, margins=margins, real_vocab_size=rv, temperature=temperature, **params)
-    live = ~np.isnan(c.z)
+    count = x.shape[0]
+    offsets = rollout.support.kept_offsets
+    sizes = np.diff(offsets[begin : begin + count + 1])
+    row = np.repeat(np.arange(count), sizes)
+    ids = np.asarray(rollout.support.kept_ids[offsets[begin] : offsets[begin + count]])
+    values = c.z[row, ids]
+    live = ~np.isnan(values)
+    lowest = np.full(count, math.inf)
+    np.minimum.at(lowest, row[live], values[live])
     with np.errstate(invalid="ignore"):
-        lowest_kept = np.where(mask & live, c.z, math.inf).min(axis=1)
-        highest_dropped = np.where(~mask & live, c.z, -math.inf).max(axis=1)
+        reached = (c.z >= lowest[:, None]).sum(axis=1)
     flagged = (
-        (c.certainly_in & ~mask).any(axis=1)
-        | (c.certainly_out & mask).any(axis=1)
-        | (highest_dropped >= lowest_kept)
-        | ((mask & ~live).any(axis=1) | (~c.defined & mask.any(axis=1)))
+        (~c.defined & (sizes > 0))
+        | (np.bincount(row, ~live, minlength=count) > 0)
+        | (np.bincount(row, c.certainly_out[row, ids], minlength=count) > 0)
+        | (c.certainly_in.sum(axis=1) > np.bincount(row, c.certainly_in[row, ids], minlength=count))
+        | (reached > np.bincount(row, live, minlength=count))
     )
     found = {}
-    for offset in np.flatnonzero(act & flagged).tolist():
-        missing = np.flatnonzero(c.certainly_in[offset] & ~mask[offset])
-        extra = np.flatnonzero(c.certainly_out[offset] & mask[offset])
-        upper = admissible_support(_one_row(c, offset), mask[offset : offset + 1])
+    for offset in np.flatnonzero(rollout.has_mask[begin : begin + count] & flagged).tolist():
+        mask = _dense(rollout, np.array([begin + offset]), c.z.shape[1])
+        missing = np.flatnonzero(c.certainly_in[offset] & ~mask[0])
+        extra = np.flatnonzero(c.certainly_out[offset] & mask[0])
+        upper = admissible_support(_one_row(c, offset), mask)
         if missing.size or extra.size or upper:
-            found[int(rows[offset])] = _support_detail(missing, extra, upper)
+            found[begin + offset] = _support_detail(missing, extra, upper)
     return found
 
 
