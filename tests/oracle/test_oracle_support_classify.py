@@ -124,6 +124,27 @@ def test_the_sorted_top_decides_as_the_whole_sorted_row(
 
 
 @SETTINGS
+@given(case=wide_cases())
+def test_blocks_of_rows_decide_as_one_block(
+    case: tuple[np.ndarray, dict[str, Any], SupportMargins],
+) -> None:
+    """Rows are decided a block at a time; blocks of one row give the bits of one block."""
+    import tp_logprob.oracle.support as support_module
+
+    x, rules, margins = case
+    args = (x, rules["top_k"], rules["top_p"], rules["min_p"], None, 0.7, margins)
+    whole = analyse(*args)
+    saved = support_module._BLOCK_VALUES
+    support_module._BLOCK_VALUES = 1
+    try:
+        rows = analyse(*args)
+    finally:
+        support_module._BLOCK_VALUES = saved
+    for name in ("defined", "threshold", "sure_threshold", "out_threshold"):
+        assert getattr(rows, name).tobytes() == getattr(whole, name).tobytes(), name
+
+
+@SETTINGS
 @given(
     z=hnp.arrays(
         np.float64,

@@ -134,15 +134,15 @@ def analyse(
     rv = as_real_vocab_size(real_vocab_size, width)
     z = divided(x[:, :rv], t32, "logits")
     # A row's maximum is NaN with a NaN, +inf with a +inf, -inf with no finite value.
-    top = z.max(axis=1) if rv else np.full(n, -math.inf)
-    defined = np.isfinite(top)
+    row_max = z.max(axis=1) if rv else np.full(n, -math.inf)
+    defined = np.isfinite(row_max)
     threshold, sure, out = np.full(n, math.nan), np.full(n, math.nan), np.full(n, math.nan)
     rows = np.flatnonzero(defined)
     per_block = max(1, _BLOCK_VALUES // max(rv, 1))
     fast = fast_path_enabled()
     for start in range(0, rows.size, per_block):
         chunk = rows[start : start + per_block]
-        values, m = z[chunk], top[chunk]
+        values, m = z[chunk], row_max[chunk]
         found = counts(values, m, rules, margins, fast)
         # The sorted top: every prefix end, and the value just past the widest prefix.
         need = np.minimum(found.maybe_in + 1, rv)
