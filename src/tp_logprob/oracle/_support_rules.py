@@ -79,9 +79,9 @@ class Prefixes:
 
 def counts(
     z: FloatArray, m: FloatArray, rules: Rules, margins: SupportMargins | None, fast: bool
-) -> Prefixes:
+) -> tuple[Prefixes, FloatArray | None]:
     """``(n2, n2_in, n2_max)`` of a block of rows ``z`` (``[R, W]``, unsorted) with maxima ``m``:
-    min-p, then top-k."""
+    min-p, then top-k; and the sorted top that top-k read (its ``k + 1`` largest), if any."""
     count, width = z.shape
     full = np.full(count, width, dtype=np.int64)
     n1 = n1_in = n1_max = full
@@ -91,11 +91,17 @@ def counts(
         n1_in = n1_max = n1
         if margins is not None and not margins.min_p_exact:
             n1_in, n1_max = _min_p_certain(z, dh, dl, rules.min_p, margins, n1)
-    n_k = full
+    n_k, top = full, None
     if rules.top_k is not None and rules.top_k < width:
-        kth = top_values(z, np.full(count, rules.top_k))[:, -1]
-        n_k = (z >= kth[:, None]).sum(axis=1)
-    return Prefixes(np.minimum(n1, n_k), np.minimum(n1_in, n_k), np.minimum(n1_max, n_k))
+        k = rules.top_k
+        top = top_values(z, np.full(count, k + 1))
+        kth = top[:, k - 1]
+        # Below the k-th value at k + 1: exactly k values reach it; else count the tie.
+        n_k = np.full(count, k, dtype=np.int64)
+        tied = np.flatnonzero(top[:, k] == kth)
+        n_k[tied] = (z[tied] >= kth[tied, None]).sum(axis=1)
+    prefixes = Prefixes(np.minimum(n1, n_k), np.minimum(n1_in, n_k), np.minimum(n1_max, n_k))
+    return prefixes, top
 
 
 def top_p_prefixes(

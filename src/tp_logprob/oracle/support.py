@@ -47,7 +47,7 @@ from tp_logprob.oracle.temperature import checked_temperature, divided
 __all__ = ["ExactSupport", "exact_support", "replayed_support_mask"]
 
 # Values per block of rows: a block's temporaries stay cache-sized.
-_BLOCK_VALUES = 1 << 18
+_BLOCK_VALUES = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -142,13 +142,16 @@ def analyse(
     fast = fast_path_enabled()
     for start in range(0, rows.size, per_block):
         chunk = rows[start : start + per_block]
-        values, m = z[chunk], row_max[chunk]
-        found = counts(values, m, rules, margins, fast)
+        first, last = int(chunk[0]), int(chunk[-1]) + 1
+        values = z[first:last] if last - first == chunk.size else z[chunk]  # a view if it can
+        m = row_max[chunk]
+        found, top = counts(values, m, rules, margins, fast)
         # The sorted top: every prefix end, and the value just past the widest prefix.
         need = np.minimum(found.maybe_in + 1, rv)
         if whole_rows:
             need = np.full(chunk.size, rv)
-        top = top_values(values, need)
+        if top is None or top.shape[1] < need.max():
+            top = top_values(values, need)
         if rules.top_p is not None:
             block = sorted_rows(chunk, top, m, rv)
             found = top_p_prefixes(block, rules.top_p, margins, fast, found)

@@ -89,8 +89,10 @@ def classify_support(
         maybe = found.z > found.out_threshold[:, None]
         maybe |= np.isnan(found.out_threshold)[:, None] & found.defined[:, None]
     certainly_out[:, :live] = ~maybe
-    z = np.full((n, width), np.nan)
-    z[:, :live] = found.z
+    z = found.z
+    if live < width:
+        z = np.full((n, width), np.nan)
+        z[:, :live] = found.z
     return SupportClassification(certainly_in, certainly_out, found.defined, found.exact(), z)
 
 

@@ -70,7 +70,7 @@ def divided(x: NDArray[Any], t32: float, name: str) -> FloatArray:
     if t32 == 1.0:
         return np.array(x, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        x32 = x.astype(np.float32)
+        x32 = x if x.dtype == np.float32 else x.astype(np.float32)
         inexact = (x32.astype(np.float64) != x) & ~np.isnan(x) if x.dtype == np.float64 else None
     if inexact is not None and inexact.any():
         where = np.unravel_index(int(np.flatnonzero(inexact)[0]), x.shape)
