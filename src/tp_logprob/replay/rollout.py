@@ -229,9 +229,9 @@ def check_rollout(
             f"logits: dtype {shards[0].dtype}, expected one of fp32/bf16/fp16"
         )
     trainer_t = engine_temperature if trainer_temperature is None else trainer_temperature
-    contract, full = _trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
+    contract, columns = _trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
     trainer = _trainer_logprobs(
-        full if group is None else shards[0], rollout, contract, backend, group
+        columns if group is None else shards[0], rollout, contract, backend, group
     )
     rv = contract.sharding.real_vocab_size
     params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
@@ -245,7 +245,7 @@ def check_rollout(
     tp = contract.sharding.tp_world_size
     tol = tolerance(dtype, rv, num_shards=tp)
     margins = support_margins(dtype, rv, num_shards=tp)
-    rows_per_block = max(1, BLOCK_VALUES // max(full.shape[1], 1))
+    rows_per_block = max(1, BLOCK_VALUES // max(contract.sharding.padded_vocab_size, 1))
     targets = rollout.token_ids
     active = rollout.has_mask
     hypotheses = _hypotheses(engine_temperature, trainer_t, has_params)
@@ -253,14 +253,14 @@ def check_rollout(
         alternatives[name] = np.full(n, math.nan)
     # Over a replayed mask the oracle needs the kept columns only: every other column counts
     # as -inf, so the kept values, padded with -inf, give the same correctly rounded result.
-    kept, local = _kept_values(full, rollout)
+    kept, local = _kept_values(columns, rollout)
     oracle, support_lse = exact_selected_logprob(
         kept, local, active_mask=active, temperature=engine_temperature
     )
     if has_params:
         for start in range(0, n, rows_per_block):
             end = min(n, start + rows_per_block)
-            x = full[start:end].to(torch.float32).numpy()
+            x = _rows(columns, slice(start, end)).to(torch.float32).numpy()
             problems.update(
                 _support_problems(x, rollout, start, margins, rv, engine_temperature, params)
             )
@@ -274,7 +274,7 @@ def check_rollout(
     suspects = np.flatnonzero(active & off)
     for start in range(0, suspects.size, rows_per_block):
         rows = suspects[start : start + rows_per_block]
-        x = full[rows].to(torch.float32).numpy().astype(np.float64)
+        x = _rows(columns, torch.as_tensor(rows)).to(torch.float32).numpy().astype(np.float64)
         mask = _dense(rollout, rows, x.shape[1])
         for name, (temperature, kind) in hypotheses.items():
             if kind == "mask":
@@ -395,13 +395,15 @@ def _trainer_contract(
     temperature: float,
     real_vocab_size: int | None,
     group: Any,
-) -> tuple[LogprobContract, Any]:
+) -> tuple[LogprobContract, list[Any]]:
+    """The trainer's contract, and its logits as every rank's shard in rank order (on a real
+    group, gathered from the ranks)."""
     import torch
 
     if group is None:
         widths = [int(s.shape[1]) for s in shards]
         rank, world = 0, len(shards)
-        full = shards[0] if world == 1 else torch.cat([s.detach() for s in shards], dim=1)
+        columns = [s.detach() for s in shards]
     else:
         import torch.distributed as dist
 
@@ -411,7 +413,7 @@ def _trainer_contract(
         widths = [int(c.item()) for c in counts]
         gathered = [torch.empty(shards[0].shape[0], w, dtype=shards[0].dtype) for w in widths]
         dist.all_gather(gathered, shards[0].detach().contiguous(), group=group)
-        full = torch.cat(gathered, dim=1)
+        columns = gathered
     ends = np.cumsum(widths).tolist()
     bounds = tuple(zip([0, *ends[:-1]], ends, strict=True))
     padded = int(sum(widths))
@@ -426,16 +428,16 @@ def _trainer_contract(
         export_lse=False,  # the check reads selected_logp only: no full-vocabulary partial
         support=rollout.support,
     )
-    return contract, full.detach()
+    return contract, columns
 
 
 def _trainer_logprobs(
     logits: Any, rollout: EngineRollout, contract: LogprobContract, backend: str, group: Any
 ) -> Floats:
-    """The backend's processed logprobs: on every emulated rank of the full ``logits``, or on
-    this rank's shard of the real ``group``; each rank calls the backend on one block of rows
-    after another (:func:`_blocked`). A CPU backend on a long response is slow, so the
-    emulated ranks wait as long as it takes (10 minutes)."""
+    """The backend's processed logprobs: on every emulated rank of ``logits`` (the shards in
+    rank order), or on this rank's shard of the real ``group``; each rank calls the backend
+    on one block of rows after another (:func:`_blocked`). A CPU backend on a long response
+    is slow, so the emulated ranks wait as long as it takes (10 minutes)."""
     import torch
 
     from tp_logprob.emulate import run_tp
@@ -507,16 +509,34 @@ def _block_contract(
     return replace(contract, mask=mask, support=support)
 
 
-def _kept_values(full: Any, rollout: EngineRollout) -> tuple[Floats, npt.NDArray[np.int64]]:
+def _rows(columns: list[Any], index: Any) -> Any:
+    """Rows ``index`` of the logits given as shards in rank order, as one ``[rows, V]`` tensor."""
+    import torch
+
+    if len(columns) == 1:
+        return columns[0][index]
+    return torch.cat([part[index] for part in columns], dim=1)
+
+
+def _kept_values(
+    columns: list[Any], rollout: EngineRollout
+) -> tuple[Floats, npt.NDArray[np.int64]]:
     """The logits of every row's kept ids, ``[N, max kept]`` float64 padded with -inf, and
-    the sampled token's place among them (0 for a row without a mask)."""
+    the sampled token's place among them (0 for a row without a mask). Each id is read
+    from the shard that holds it."""
     import torch
 
     counts = rollout.support.kept_counts()
     rows = np.repeat(np.arange(counts.size), counts)
     places = np.arange(rows.size) - np.repeat(rollout.support.kept_offsets[:-1], counts)
     ids = np.array(rollout.support.kept_ids)  # writable: torch refuses read-only arrays
-    values = full[torch.as_tensor(rows), torch.as_tensor(ids)].to(torch.float32).double().numpy()
+    values = np.empty(ids.size)
+    start = 0
+    for part in columns:
+        inside = (ids >= start) & (ids < start + part.shape[1])
+        picked = part[torch.as_tensor(rows[inside]), torch.as_tensor(ids[inside] - start)]
+        values[inside] = picked.to(torch.float32).double().numpy()
+        start += part.shape[1]
     kept = np.full((counts.size, max(int(counts.max(initial=0)), 1)), -math.inf)
     kept[rows, places] = values
     local = np.zeros(counts.size, dtype=np.int64)
