@@ -128,18 +128,22 @@ def test_the_sorted_top_decides_as_the_whole_sorted_row(
 def test_blocks_of_rows_decide_as_one_block(
     case: tuple[np.ndarray, dict[str, Any], SupportMargins],
 ) -> None:
-    """Rows are decided a block at a time; blocks of one row give the bits of one block."""
+    """Rows are decided a block at a time, and their masses computed a piece at a time;
+    blocks of one row and pieces of three terms give the bits of one block and piece."""
+    import tp_logprob.oracle._support_rows as rows_module
     import tp_logprob.oracle.support as support_module
 
     x, rules, margins = case
     args = (x, rules["top_k"], rules["top_p"], rules["min_p"], None, 0.7, margins)
     whole = analyse(*args)
-    saved = support_module._BLOCK_VALUES
-    support_module._BLOCK_VALUES = 1
+    saved = support_module._BLOCK_VALUES, support_module._MASS_BLOCK_VALUES, rows_module._EXP_PIECE
+    support_module._BLOCK_VALUES = support_module._MASS_BLOCK_VALUES = 1
+    rows_module._EXP_PIECE = 3
     try:
         rows = analyse(*args)
     finally:
-        support_module._BLOCK_VALUES = saved
+        support_module._BLOCK_VALUES, support_module._MASS_BLOCK_VALUES = saved[:2]
+        rows_module._EXP_PIECE = saved[2]
     for name in ("defined", "threshold", "sure_threshold", "out_threshold"):
         assert getattr(rows, name).tobytes() == getattr(whole, name).tobytes(), name
 

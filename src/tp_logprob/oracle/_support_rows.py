@@ -47,6 +47,8 @@ from tp_logprob.oracle._fast_exp import D_MIN, exp_rel, exp_terms
 from tp_logprob.oracle._fast_rows import SCALE, SHIFT, TAIL
 from tp_logprob.oracle._inputs import BoolArray, FloatArray, IntArray
 
+_EXP_PIECE = 1 << 14
+
 
 @dataclass
 class SortedRows:
@@ -100,9 +102,13 @@ def head_terms(dh: FloatArray, dl: FloatArray) -> tuple[BoolArray, FloatArray]:
     term (``2^SHIFT`` at the maximum, 0 elsewhere outside the head)."""
     head = (dh >= D_MIN) & (dh < 0.0)
     yh = np.zeros(dh.shape)
-    if head.any():
-        low = dl[head]
-        yh[head] = exp_terms(dh[head], low if low.any() else None, SHIFT)[0]
+    where = np.flatnonzero(head)
+    flat_dh, flat_dl, flat_yh = dh.reshape(-1), dl.reshape(-1), yh.reshape(-1)
+    # In cache-sized pieces: each term is its own (exp_terms works elementwise).
+    for start in range(0, where.size, _EXP_PIECE):
+        piece = where[start : start + _EXP_PIECE]
+        low = flat_dl[piece]
+        flat_yh[piece] = exp_terms(flat_dh[piece], low if low.any() else None, SHIFT)[0]
     yh[dh == 0.0] = SCALE
     return head, yh
 

@@ -46,8 +46,11 @@ from tp_logprob.oracle.temperature import checked_temperature, divided
 
 __all__ = ["ExactSupport", "exact_support", "replayed_support_mask"]
 
-# Values per block of rows: a block's temporaries stay cache-sized.
+# Values per block of rows: top-k alone reads a few passes over a block and then its
+# sorted tops, so its blocks are large; min-p and a top-p over whole rows compute masses
+# on every value, whose temporaries stay cache-sized in small blocks.
 _BLOCK_VALUES = 1 << 21
+_MASS_BLOCK_VALUES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ def analyse(
     defined = np.isfinite(row_max)
     threshold, sure, out = np.full(n, math.nan), np.full(n, math.nan), np.full(n, math.nan)
     rows = np.flatnonzero(defined)
-    per_block = max(1, _BLOCK_VALUES // max(rv, 1))
+    masses = rules.min_p is not None or (rules.top_p is not None and rules.top_k is None)
+    per_block = max(1, (_MASS_BLOCK_VALUES if masses else _BLOCK_VALUES) // max(rv, 1))
     fast = fast_path_enabled()
     for start in range(0, rows.size, per_block):
         chunk = rows[start : start + per_block]
