@@ -244,3 +244,17 @@ def test_a_mask_that_splits_the_borderline_is_not_an_upper_set() -> None:
     check = check_rollout(x, rollout, top_p=top_p)
     assert check.verdict[0] == "agree"
     assert check.verdict[1] == "support" and "not an upper set" in check.details[1]
+
+
+def test_the_masks_are_judged_under_the_callers_oracle_settings() -> None:
+    """The masks are judged in a thread of their own, with the caller's slow_path_only."""
+    from tp_logprob.oracle import fast_path_stats
+    from tp_logprob.oracle.fast_path import slow_path_only
+
+    x = _logits()
+    rollout = sglang_rollout(_response(x))
+    fast_path_stats(reset=True)
+    with slow_path_only():
+        check_rollout(x, rollout, engine_temperature=T, top_p=0.9)
+    counts = fast_path_stats(reset=True)["support_top_p"]
+    assert counts.hits == 0 and counts.fallbacks >= N

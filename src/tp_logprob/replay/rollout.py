@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -230,15 +232,11 @@ def check_rollout(
         )
     trainer_t = engine_temperature if trainer_temperature is None else trainer_temperature
     contract, columns = _trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
-    trainer = _trainer_logprobs(
-        columns if group is None else shards[0], rollout, contract, backend, group
-    )
     rv = contract.sharding.real_vocab_size
     params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
     has_params = any(v is not None for v in params.values())
     n = rollout.num_tokens
     alternatives: dict[str, Floats] = {}
-    problems: dict[int, str] = {}
     engine = (
         np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.astype(np.float64)
     )
@@ -251,19 +249,28 @@ def check_rollout(
     hypotheses = _hypotheses(engine_temperature, trainer_t, has_params)
     for name in hypotheses:
         alternatives[name] = np.full(n, math.nan)
-    # Over a replayed mask the oracle needs the kept columns only: every other column counts
-    # as -inf, so the kept values, padded with -inf, give the same correctly rounded result.
-    kept, local = _kept_values(columns, rollout)
-    oracle, support_lse = exact_selected_logprob(
-        kept, local, active_mask=active, temperature=engine_temperature
-    )
-    if has_params:
-        for start in range(0, n, rows_per_block):
-            end = min(n, start + rows_per_block)
-            x = _rows(columns, slice(start, end)).to(torch.float32).numpy()
-            problems.update(
-                _support_problems(x, rollout, start, margins, rv, engine_temperature, params)
-            )
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The masks are judged (numpy, one thread) while the backend runs (its ranks' threads).
+        screening = None
+        if has_params:
+            context = copy_context()  # the caller's oracle settings (slow_path_only)
+            screening = pool.submit(
+                lambda: context.run(
+                    _screen_masks, columns, rollout, margins, rv, engine_temperature, params,
+                    rows_per_block,
+                )
+            )  # fmt: skip
+        trainer = _trainer_logprobs(
+            columns if group is None else shards[0], rollout, contract, backend, group
+        )
+        # Over a replayed mask the oracle needs the kept columns only: every other column
+        # counts as -inf, so the kept values, padded with -inf, give the same correctly
+        # rounded result.
+        kept, local = _kept_values(columns, rollout)
+        oracle, support_lse = exact_selected_logprob(
+            kept, local, active_mask=active, temperature=engine_temperature
+        )
+        problems = {} if screening is None else screening.result()
     with np.errstate(invalid="ignore", over="ignore"):
         scale = np.fmax(np.abs(oracle), np.abs(support_lse))
         ulp = fp32_ulp(scale)
@@ -554,6 +561,26 @@ def _dense(
     for index, row in enumerate(rows.tolist()):
         mask[index, rollout.support.kept_ids[offsets[row] : offsets[row + 1]]] = True
     return mask
+
+
+def _screen_masks(
+    columns: list[Any],
+    rollout: EngineRollout,
+    margins: Any,
+    rv: int,
+    temperature: float,
+    params: dict[str, Any],
+    rows_per_block: int,
+) -> dict[int, str]:
+    """:func:`_support_problems` of every block of rows."""
+    import torch
+
+    problems: dict[int, str] = {}
+    for start in range(0, rollout.num_tokens, rows_per_block):
+        end = min(rollout.num_tokens, start + rows_per_block)
+        x = _rows(columns, slice(start, end)).to(torch.float32).numpy()
+        problems.update(_support_problems(x, rollout, start, margins, rv, temperature, params))
+    return problems
 
 
 def _support_problems(
