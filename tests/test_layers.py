@@ -3,7 +3,7 @@
 Bottom to top: the runtime core (contract, capability, registry, communication,
 emulation, kernels and the peer adapters), the oracle beside it, the strategies,
 the property suite, replay, and the tools on top (the command line, the pytest
-plugin, the conformance runner, and ``tp_logprob.testing``, the asserts other
+plugin and ``tp_logprob.testing``, the asserts other
 projects' tests call, which judge and record as the suite does). A module may import
 its own layer or a lower one, never a higher one; the kernels never import the
 oracle, and the oracle imports nothing of the package but itself (nor torch,
@@ -53,13 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.hardware",
             "tp_logprob.pytest_plugin",
             "tp_logprob.pytest_real_group",
-            "tp_logprob.peers.conformance",
-            "tp_logprob.peers._collect",
-            "tp_logprob.peers._records",
-            "tp_logprob.peers.processed_section",
             "tp_logprob.testing",
-            "tp_logprob.peers.history",
-            "tp_logprob.peers._history_corpus",
         ),
     ),
 )
@@ -217,12 +211,26 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_the_package_never_imports_the_tools() -> None:
-    """``tools/`` sits beside the package, outside its wheel: nothing installed may need it."""
+    """``tools/`` sits beside the package, outside its wheel: nothing installed may need it,
+    neither the GPU-readiness gate nor the conformance and history generators."""
     known = modules()
     found = [
         f"{name} imports {imported} (line {line})"
         for name, path in known.items()
         for imported, line in imports(name, path, known)
         if imported == "tools" or imported.startswith("tools.")
+    ]
+    assert not found, found
+
+
+def test_the_peer_adapters_are_backends_not_suite() -> None:
+    """An adapter is a backend beside the kernels: it imports neither the suite nor replay,
+    so ``--tp-logprob-backend=tp_logprob.peers.X:Y`` loads no more than a kernel would."""
+    found = [
+        f"{name} imports {other}"
+        for name, targets in graph().items()
+        if name.startswith("tp_logprob.peers")
+        for other in targets
+        if other.startswith(("tp_logprob.properties", "tp_logprob.replay"))
     ]
     assert not found, found

@@ -15,10 +15,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from tools.conformance.catalog import PROCESSED_PEERS
 
 import tp_logprob as tpl
 from tp_logprob.oracle import exact_support
-from tp_logprob.peers._catalog import PROCESSED_PEERS
 from tp_logprob.peers._installed import installed_file
 from tp_logprob.properties.backends import resolve_backends
 from tp_logprob.properties.catalogue import run_property
