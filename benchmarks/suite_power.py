@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT))  # tests.mutants, from a checkout
 
 from tests.mutants import CONTROLS, MUTANTS  # noqa: E402
 
-from tp_logprob.properties.profiles import CI_SEED  # noqa: E402
+from tp_logprob.suite.profiles import CI_SEED  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "docs" / "suite-power.md"
 PROPERTIES = ROOT / "src" / "tp_logprob" / "properties"

@@ -43,6 +43,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("oracle", ("tp_logprob.oracle",)),
     ("strategies", ("tp_logprob.strategies",)),
+    ("engine", ("tp_logprob.suite",)),
+    ("judging", ("tp_logprob.judging",)),
+    ("real group", ("tp_logprob.real_group",)),
     ("properties", ("tp_logprob.properties",)),
     ("replay", ("tp_logprob.replay",)),
     (
@@ -52,7 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.cli",
             "tp_logprob.hardware",
             "tp_logprob.pytest_plugin",
-            "tp_logprob.pytest_real_group",
+            "tp_logprob.real_group.plugin",
             "tp_logprob.testing",
         ),
     ),

@@ -27,7 +27,7 @@ from tp_logprob.oracle import (
     exact_hidden_logits,
     tolerance,
 )
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 SIZE = 16
 LAYOUTS = {

@@ -23,7 +23,7 @@ from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.lm_head import logits_chunk
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 SIZE = 16
 LAYOUTS = {

@@ -39,7 +39,7 @@ from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_grads, exact_hidden_logits, tolerance
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 pytest.importorskip("triton", reason="triton_fused needs triton (on CPU, its interpreter)")
 from tp_logprob.kernels.builtin import register_fused_backends

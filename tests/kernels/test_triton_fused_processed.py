@@ -29,7 +29,7 @@ from tests.helpers.native_cases import assert_same_bits, bits
 from tests.helpers.processed_cases import PROCESSED_OUTPUTS, kept_targets, processed_report
 from tests.helpers.support_cases import live_z32, reference_support
 from tp_logprob.kernels import lm_head
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 pytest.importorskip(
     "triton", reason="the Triton fused backends need triton (on CPU, its interpreter)"

@@ -11,7 +11,7 @@ import tp_logprob as tpl
 from tp_logprob.kernels import lm_head
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
-from tp_logprob.properties.allocations import AllocationTracker, track_allocations
+from tp_logprob.suite.allocations import AllocationTracker, track_allocations
 
 F32, F64 = 4, 8
 

@@ -18,23 +18,23 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tp_logprob.properties import catalogue
-from tp_logprob.properties.catalogue import (
-    FAILURE_ATTRIBUTE,
-    PropertyRegistry,
-    SuiteProperty,
-    run_property,
-)
-from tp_logprob.properties.lockstep import (
+from tp_logprob.real_group.lockstep import (
     Lockstep,
     LockstepFailure,
     RealGroupAbort,
     lockstep_settings,
     suspend_shrink_time_limit,
 )
-from tp_logprob.properties.report import PropertyViolation
-from tp_logprob.properties.verdicts import Phase, Report, Status
+from tp_logprob.real_group.verdicts import Phase, Report, Status
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite import catalogue
+from tp_logprob.suite.catalogue import (
+    FAILURE_ATTRIBUTE,
+    PropertyRegistry,
+    SuiteProperty,
+    run_property,
+)
+from tp_logprob.suite.report import PropertyViolation
 
 from ..helpers.native_cases import make_contract
 

@@ -41,7 +41,7 @@ def pytest_deselected(items: Any) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     if not path or worker != "gw0" or os.environ.get("RANK", "0") != "0":
         return
-    from tp_logprob.properties.applicability import unclaimed
+    from tp_logprob.suite.applicability import unclaimed
 
     for item in items:
         params = dict(getattr(getattr(item, "callspec", None), "params", {}))

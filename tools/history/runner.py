@@ -92,8 +92,8 @@ def _suite(adapter: str, scratch: Path, database: Path, name: str) -> dict[str, 
 def _example(text: str) -> str | None:
     """The shrunk failing example in one line, from the artifact the plugin wrote."""
     from tools.conformance.records import Record
-    from tp_logprob.properties.catalogue import suite_properties
     from tp_logprob.replay.artifacts import ArtifactError, load_artifact
+    from tp_logprob.suite.catalogue import suite_properties
 
     artifact = Record("", "", "failed", text).artifact
     if artifact is None:
@@ -205,7 +205,7 @@ def _markdown(results: dict[str, Any], judged: dict[str, dict[str, Any]]) -> str
         "and the kept run must agree: the `ci` profile writes the example database but never "
         "replays it, so what a `ci` run draws is its seed's alone (before, replayed examples "
         "from earlier runs in the same working directory used up examples and moved the "
-        "draws; see `tp_logprob.properties.profiles`).",
+        "draws; see `tp_logprob.suite.profiles`).",
         "",
         "| entry | library | bug | issue / PR | buggy | fixed | CPU | verdict | found by "
         "(seconds) | fresh = kept database | reproducer exit (buggy / fixed) |",

@@ -12,34 +12,34 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, ShardingSpec
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.applicability import (
-    BATCH_INVARIANT,
-    LOGITS_INPUT,
-    SEVERAL_LAYOUTS,
-    applies_to,
-)
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import (
-    batch_rows,
-    draw_case,
-    draw_positions,
-    relayouts,
-)
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
-from tp_logprob.properties.measuring import (
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
+from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_error,
     expect_bitwise,
     expect_close,
     input_error,
 )
-from tp_logprob.properties.params import ArraySpec, PropertyInputError, any_length
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.running import execute, select_rows, sub_batch
-from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.applicability import (
+    BATCH_INVARIANT,
+    LOGITS_INPUT,
+    SEVERAL_LAYOUTS,
+    applies_to,
+)
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import (
+    batch_rows,
+    draw_case,
+    draw_positions,
+    relayouts,
+)
+from tp_logprob.suite.params import ArraySpec, PropertyInputError, any_length
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.report import SuiteStats
+from tp_logprob.suite.running import execute, select_rows, sub_batch
+from tp_logprob.suite.session import Suite
 
 
 @suite_property("replicated")

@@ -7,7 +7,7 @@ shards at TP 1-8. The oracle, determinism and TP-consistency checks are the
 logits path's, with room for the backend's own fp32 dot products
 (``docs/tolerances.md``, "Fused LM head"); the rest are the fused path's own.
 Backends that take only logits are not collected for this module, nor hidden-only
-backends for the logits-path modules (:mod:`tp_logprob.properties.applicability`).
+backends for the logits-path modules (:mod:`tp_logprob.suite.applicability`).
 """
 
 from __future__ import annotations
@@ -20,42 +20,42 @@ import numpy.typing as npt
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties.applicability import (
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
+from tp_logprob.judging.lm_head import expect_fused_gradients, fused_only, logits_contract
+from tp_logprob.judging.measuring import (
+    allowed_error,
+    entropy_error,
+    expect_bitwise,
+    expect_close,
+)
+from tp_logprob.registry import registry
+from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.applicability import (
     BATCH_INVARIANT,
     HIDDEN_INPUT,
     SEVERAL_LAYOUTS,
     applies_to,
 )
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import (
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import (
     batch_rows,
     claims_batch_invariance,
     draw_hidden_case,
     draw_positions,
     relayouts,
 )
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
-from tp_logprob.properties.lm_head import expect_fused_gradients, fused_only, logits_contract
-from tp_logprob.properties.measuring import (
-    allowed_error,
-    entropy_error,
-    expect_bitwise,
-    expect_close,
-)
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import (
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.report import SuiteStats, violation
+from tp_logprob.suite.running import (
     execute,
     outputs_of,
     run_hidden,
     select_rows,
     sub_batch,
 )
-from tp_logprob.properties.suite import Suite
-from tp_logprob.registry import registry
-from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.session import Suite
 
 Floats = npt.NDArray[np.float64]
 
@@ -281,14 +281,14 @@ def fused_memory(
     that claims batch invariance must also give each of those rows the bits it has in
     the case's own batch: a free check on a batch that crosses every chunk and tile.
 
-    Seen through :func:`~tp_logprob.properties.allocations.track_allocations`: outputs of
+    Seen through :func:`~tp_logprob.suite.allocations.track_allocations`: outputs of
     aten ops, not memory inside a kernel (a BLAS workspace). Widths up to 8 (per-row
     partials hold 3-4 fp32 fields) and the hidden size (``d hidden`` is ``[N, H]`` fp32)
     are not watched; the property draws vocabularies wide enough to have other widths.
     """
     import torch
 
-    from tp_logprob.properties.allocations import track_allocations
+    from tp_logprob.suite.allocations import track_allocations
 
     case = fused_only(case)
     big = fused_only(sub_batch(case, np.arange(MEMORY_ROWS) % case.contract.num_tokens))

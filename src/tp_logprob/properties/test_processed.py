@@ -7,7 +7,7 @@ value, masses on and one ulp around ``top_p``, ``min_p`` at a token's
 subsets), drawn from the support modes the backend claims; a backend that claims
 none skips this module, with the reason. Each output is judged on the support the
 backend used, once that support is shown admissible
-(:mod:`tp_logprob.properties.processed`); a fused LM-head backend is judged on
+(:mod:`tp_logprob.judging.processed`); a fused LM-head backend is judged on
 its hidden-state cases (exact products with a recomputed support). Batch
 invariance and run-to-run bits reuse their properties of ``test_determinism.py``
 on processed cases, which compare the support's outputs too.
@@ -27,15 +27,24 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.applicability import (
+from tp_logprob.judging.measuring import expect_bitwise
+from tp_logprob.judging.processed import (
+    backend_support,
+    expect_processed_exact,
+    expect_processed_gradient,
+    judge_support,
+)
+from tp_logprob.strategies import LogprobCase
+from tp_logprob.strategies.supports import RULES
+from tp_logprob.suite.applicability import (
     RECOMPUTED_SUPPORT,
     SEVERAL_LAYOUTS,
     SEVERAL_RANKS,
     applies_to,
 )
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import (
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import (
     batch_rows,
     claims_batch_invariance,
     draw_case,
@@ -45,20 +54,11 @@ from tp_logprob.properties.draws import (
     relayouts,
     support_modes_served,
 )
-from tp_logprob.properties.measuring import expect_bitwise
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.processed import (
-    backend_support,
-    expect_processed_exact,
-    expect_processed_gradient,
-    judge_support,
-)
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import Outputs, execute, select_rows
-from tp_logprob.properties.suite import Suite
-from tp_logprob.strategies import LogprobCase
-from tp_logprob.strategies.supports import RULES
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.report import SuiteStats, format_value, violation
+from tp_logprob.suite.running import Outputs, execute, select_rows
+from tp_logprob.suite.session import Suite
 from tp_logprob.support import SupportMode, SupportSpec
 
 _RECOMPUTED = (SupportMode.SAMPLING_PARAMS,)

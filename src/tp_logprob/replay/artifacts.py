@@ -37,9 +37,6 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import SuiteProperty
-from tp_logprob.properties.params import PropertySpec
 from tp_logprob.replay.hidden import (
     HIDDEN_ARRAYS,
     load_hidden_case,
@@ -49,6 +46,9 @@ from tp_logprob.replay.hidden import (
 from tp_logprob.replay.schema import ArtifactError, check_document
 from tp_logprob.replay.support import SUPPORT_ARRAYS, kept_arrays, support_arrays, support_names
 from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import SuiteProperty
+from tp_logprob.suite.params import PropertySpec
 
 __all__ = [
     "ARTIFACT_FORMAT",
