@@ -37,13 +37,15 @@ from tp_logprob.suite.applicability import (
     applies_to,
 )
 from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.case_kinds import (
+    check_across_layouts,
+    check_run_to_run_and_batch_invariance,
+)
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import (
-    batch_rows,
     claims_batch_invariance,
     draw_hidden_case,
     draw_positions,
-    relayouts,
 )
 from tp_logprob.suite.params import PropertyInputError
 from tp_logprob.suite.profiles import scaled
@@ -224,13 +226,7 @@ def test_fused_run_to_run_and_batch_invariance(
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits
     (unless the backend claims run_to_run determinism only)."""
-    backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite)
-    run_property("run_to_run", backend, case)
-    if not claims_batch_invariance(backend):
-        return
-    rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
-    run_property("batch_invariance", backend, case, {"rows": rows})
+    check_run_to_run_and_batch_invariance(data, tp_logprob_backend, tp_logprob_suite, "hidden")
 
 
 @applies_to(HIDDEN_INPUT, BATCH_INVARIANT)
@@ -254,11 +250,7 @@ def test_fused_tp_consistency(
 ) -> None:
     """Another TP degree and shard layout of the same weight: bitwise for cross_tp_bitwise,
     else within tolerance (with the dot-product room of both runs)."""
-    backend = tp_logprob_backend
-    capability = backend.capability
-    case = draw_hidden_case(data, backend, tp_logprob_suite)
-    layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
-    run_property("tp_consistency", backend, case, layout)
+    check_across_layouts(data, tp_logprob_backend, tp_logprob_suite, "hidden", "tp_consistency")
 
 
 MEMORY_ROWS = 384
