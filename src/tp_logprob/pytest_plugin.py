@@ -48,8 +48,9 @@ from tp_logprob.suite.profiles import (
     DEFAULT_PROFILE,
     PROFILES,
 )
-from tp_logprob.suite.report import LABEL_WIDTH, NotClaimed, PropertyViolation, SuiteStats
 from tp_logprob.suite.session import DEFAULT_ARTIFACTS_DIR, Suite
+from tp_logprob.suite.summary import NotClaimed, SuiteStats
+from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 
 PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"

@@ -21,7 +21,7 @@ import tp_logprob as tpl
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import resolve_backends
 from tp_logprob.suite.catalogue import run_property
-from tp_logprob.suite.report import PropertyViolation
+from tp_logprob.suite.violation import PropertyViolation
 from tp_logprob.support import SupportSpec
 
 INF = math.inf

@@ -23,7 +23,7 @@ from tp_logprob.peers._installed import installed_file
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import resolve_backends
 from tp_logprob.suite.catalogue import run_property
-from tp_logprob.suite.report import PropertyViolation
+from tp_logprob.suite.violation import PropertyViolation
 from tp_logprob.support import SupportSpec
 
 pytest.importorskip("sglang.srt.sampling.sampling_params", reason="SGLang is not installed here")

@@ -30,7 +30,7 @@ from tp_logprob.suite.applicability import (
     unclaimed,
 )
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.report import NotClaimed, SuiteStats
+from tp_logprob.suite.summary import NotClaimed, SuiteStats
 
 ROOT = Path(__file__).resolve().parents[2]
 

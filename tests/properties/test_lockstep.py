@@ -34,7 +34,7 @@ from tp_logprob.suite.catalogue import (
     SuiteProperty,
     run_property,
 )
-from tp_logprob.suite.report import PropertyViolation
+from tp_logprob.suite.violation import PropertyViolation
 
 from ..helpers.native_cases import make_contract
 

@@ -27,8 +27,9 @@ from tp_logprob.oracle.formats import U32
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.report import SuiteStats, format_value, violation
 from tp_logprob.suite.running import Outputs, execute, gathered_grad
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 
 __all__ = [
     "Backward",

@@ -2,7 +2,7 @@
 
 :func:`expect_close` compares outputs with expected values under the tolerance
 table (``docs/tolerances.md``), row by row, and raises a
-:class:`~tp_logprob.suite.report.PropertyViolation` naming the worst row;
+:class:`~tp_logprob.suite.violation.PropertyViolation` naming the worst row;
 :func:`expect_bitwise` demands identical fp32 bits. The bounds come from
 :func:`suite_tolerance` at the case's exact values (:func:`allowed_error`,
 :func:`entropy_error`), widened by :func:`input_error` for a fused LM head's own
@@ -30,8 +30,9 @@ from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.report import SuiteStats, format_value, violation
 from tp_logprob.suite.running import Floats, Outputs, execute
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 
 __all__ = [
     "MIN_ONLINE_BLOCK",

@@ -36,8 +36,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.contract import LogprobContract
+from tp_logprob.judging.fused import expect_fused_gradients
 from tp_logprob.judging.gradients import Backward, backward, gradient_bound, judge_gradient
-from tp_logprob.judging.lm_head import expect_fused_gradients
 from tp_logprob.judging.measuring import (
     MIN_ONLINE_BLOCK,
     Compared,
@@ -63,8 +63,9 @@ from tp_logprob.oracle import (
 )
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.report import SuiteStats, format_value, violation
 from tp_logprob.suite.running import Outputs, execute
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [

@@ -25,9 +25,10 @@ from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case, draw_processed_case
 from tp_logprob.suite.params import PropertyInputError
-from tp_logprob.suite.report import SuiteStats, violation
 from tp_logprob.suite.running import execute, run_logits
 from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import violation
 from tp_logprob.support import SupportMode
 
 BAD_INPUT_KINDS = (

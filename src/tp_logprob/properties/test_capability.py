@@ -28,8 +28,8 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
+from tp_logprob.judging.fused import expect_fused_gradients
 from tp_logprob.judging.gradients import expect_gradient
-from tp_logprob.judging.lm_head import expect_fused_gradients
 from tp_logprob.judging.measuring import expect_exact
 from tp_logprob.judging.processed import expect_processed_exact, expect_processed_gradient
 from tp_logprob.oracle import exact_hidden_logits
@@ -37,8 +37,8 @@ from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import drawing_capability
-from tp_logprob.suite.report import SuiteStats
 from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 from tp_logprob.support import SupportMode, SupportSpec
 
 _PADDED, _PADDED_REAL, _ROWS = 24, 21, 5

@@ -23,9 +23,9 @@ from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.profiles import scaled
-from tp_logprob.suite.report import SuiteStats
 from tp_logprob.suite.running import execute
 from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 
 def _others(backend: BackendUnderTest, suite: Suite) -> list[Any]:

@@ -38,9 +38,9 @@ from tp_logprob.suite.draws import (
 )
 from tp_logprob.suite.params import ArraySpec, PropertyInputError, any_length
 from tp_logprob.suite.profiles import scaled
-from tp_logprob.suite.report import SuiteStats
 from tp_logprob.suite.running import execute, select_rows, sub_batch
 from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 
 @suite_property("replicated")

@@ -37,9 +37,10 @@ from tp_logprob.suite.params import (
     padding_columns,
     per_row,
 )
-from tp_logprob.suite.report import SuiteStats, violation
 from tp_logprob.suite.running import Outputs, execute, select_rows, sub_batch
 from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import violation
 
 
 @suite_property("padding_ignored", arrays={"padding": ArraySpec("float32", padding_columns)})

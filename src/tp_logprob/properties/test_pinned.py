@@ -29,8 +29,8 @@ from tp_logprob.strategies import DTYPE_MAX, LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
-from tp_logprob.suite.report import SuiteStats
 from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 _INF = float("inf")
 _F32_MAX = DTYPE_MAX[LogprobDType.FP32]

@@ -51,16 +51,17 @@ from tp_logprob.suite.case_kinds import (
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import (
     draw_case,
-    draw_hidden_case,
+    draw_fused_case,
     draw_processed_case,
     drawing_capability,
     support_modes_served,
 )
 from tp_logprob.suite.params import PropertyInputError
 from tp_logprob.suite.profiles import scaled
-from tp_logprob.suite.report import SuiteStats, format_value, violation
 from tp_logprob.suite.running import Outputs, execute, select_rows
 from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 _RECOMPUTED = (SupportMode.SAMPLING_PARAMS,)
@@ -286,7 +287,7 @@ def test_rules_off_is_the_raw_logprob(
     if capability.serves("input_kind", LogprobInputKind.LOGITS):
         case = draw_case(data, backend, tp_logprob_suite, special_values=True)
     else:  # exact products: the threshold is read on the backend's x, which is then the case's
-        case = draw_hidden_case(data, backend, tp_logprob_suite, small_integers=True)
+        case = draw_fused_case(data, backend, tp_logprob_suite, small_integers=True)
     real = case.contract.sharding.real_vocab_size
     params = {
         "rules_off": data.draw(st.sampled_from(RULES_OFF), label="rules off"),

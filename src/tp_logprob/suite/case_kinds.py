@@ -23,7 +23,7 @@ from tp_logprob.suite.draws import (
     batch_rows,
     claims_batch_invariance,
     draw_case,
-    draw_hidden_case,
+    draw_fused_case,
     draw_processed_case,
     relayouts,
 )
@@ -38,8 +38,8 @@ __all__ = [
     "relaid",
 ]
 
-CaseKind = Literal["logits", "hidden", "processed"]
-"""``logits``: the logits path; ``hidden``: a fused LM head (hidden states in);
+CaseKind = Literal["logits", "fused", "processed"]
+"""``logits``: the logits path; ``fused``: a fused LM head (hidden states in);
 ``processed``: a contract with a sampling support, of the input kind the backend takes."""
 
 
@@ -47,8 +47,8 @@ def draw_of_kind(
     data: Any, backend: BackendUnderTest, suite: Suite, kind: CaseKind, **filters: Any
 ) -> LogprobCase:
     """A case of ``kind`` for ``backend``, drawn as that kind's properties draw it."""
-    if kind == "hidden":
-        return draw_hidden_case(data, backend, suite, **filters)
+    if kind == "fused":
+        return draw_fused_case(data, backend, suite, **filters)
     if kind == "processed":
         return draw_processed_case(data, backend, suite, **filters)
     return draw_case(data, backend, suite, **filters)

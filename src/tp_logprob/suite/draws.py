@@ -41,7 +41,7 @@ __all__ = [
     "cases_for",
     "claims_batch_invariance",
     "draw_case",
-    "draw_hidden_case",
+    "draw_fused_case",
     "draw_positions",
     "draw_processed_case",
     "drawing_capability",
@@ -96,7 +96,7 @@ def draw_case(data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any
     return case
 
 
-def draw_hidden_case(
+def draw_fused_case(
     data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any
 ) -> HiddenCase:
     """A fused case from the contracts ``backend`` claims; skips backends that take logits."""
@@ -126,7 +126,7 @@ def draw_processed_case(
     **filters: Any,
 ) -> LogprobCase:
     """A case with a sampling support (one of ``modes`` the backend claims), drawn as
-    :func:`draw_case` or :func:`draw_hidden_case` for what the backend takes; skips a
+    :func:`draw_case` or :func:`draw_fused_case` for what the backend takes; skips a
     backend that claims none of ``modes``. A fused case with a recomputed support has
     small-integer operands (exact products: the backend's ``x`` is the oracle's)."""
     served = [mode for mode in support_modes_served(backend) if mode in modes]
@@ -142,7 +142,7 @@ def draw_processed_case(
         return draw_case(data, backend, suite, support_modes={mode}, **filters)
     filters.pop("special_values", None)
     exact = mode is SupportMode.SAMPLING_PARAMS
-    return draw_hidden_case(
+    return draw_fused_case(
         data, backend, suite, support_modes={mode}, small_integers=exact, **filters
     )
 

@@ -33,7 +33,7 @@ from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
 from tp_logprob.contract import LogprobContract, LogprobResult, MaskSpec
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest, RankGroup
-from tp_logprob.suite.report import violation
+from tp_logprob.suite.violation import violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [

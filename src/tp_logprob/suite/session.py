@@ -22,7 +22,7 @@ from tp_logprob.suite.profiles import (
     property_settings,
     register_profiles,
 )
-from tp_logprob.suite.report import NotClaimed, SuiteStats
+from tp_logprob.suite.summary import NotClaimed, SuiteStats
 
 if TYPE_CHECKING:
     from tp_logprob.suite.backends import BackendUnderTest, RankGroup

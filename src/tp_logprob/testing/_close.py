@@ -31,8 +31,8 @@ from tp_logprob.judging.processed import (
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendSpecError, BackendUnderTest, resolve_backends
-from tp_logprob.suite.report import LABEL_WIDTH, PropertyViolation
 from tp_logprob.suite.running import Outputs
+from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.support import SupportMode, SupportSpec
 from tp_logprob.testing._arrays import Floats, gradient, per_row
 from tp_logprob.testing._case import build_case, full_logits

@@ -37,8 +37,9 @@ from tp_logprob.oracle.formats import U32, unit_roundoff
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.params import PropertyInputError
-from tp_logprob.suite.report import SuiteStats, format_value, violation
 from tp_logprob.suite.running import Outputs, execute, gathered_grad, summed_grad
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 
 __all__ = ["expect_fused_gradients", "fused_only", "logits_contract"]
 
