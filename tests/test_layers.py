@@ -1,15 +1,20 @@
 """The package's layers, read from its own imports: one direction, no circle.
 
 Bottom to top: the runtime core (contract, capability, registry, communication,
-emulation, kernels and the peer adapters), the oracle beside it, the strategies,
-the property suite, replay, and the tools on top (the command line, the pytest
-plugin and ``tp_logprob.testing``, the asserts other
-projects' tests call, which judge and record as the suite does). A module may import
-its own layer or a lower one, never a higher one; the kernels never import the
-oracle, and the oracle imports nothing of the package but itself (nor torch,
-triton or hypothesis). Every import counts, inside functions too, and one under
-``if TYPE_CHECKING:`` as well: an annotation that names a higher layer is an
-arrow that runs back up, whether or not it is executed.
+emulation, the kernels and the peer adapters, which are backends like the kernels), the
+oracle beside it, the strategies, the suite's engine (``suite``: the session, the
+catalogue, draws, running a case), the judging (``judging``: expected values, bounds,
+comparisons), the real-group runner (``real_group``: it receives the session and hands
+it the group; the engine sees the group only as the ``RankGroup`` its backends carry),
+the property bodies (``properties``), replay, and the front on top (the command line,
+the pytest plugin and ``tp_logprob.testing``, the asserts other projects' tests call,
+which judge and record as the suite does). The tools (``tools/``: GPU readiness,
+conformance, history) sit beside the package, outside its wheel, and nothing in it
+imports them. A module may import its own layer or a lower one, never a higher one; the
+kernels never import the oracle, and the oracle imports nothing of the package but
+itself (nor torch, triton or hypothesis). Every import counts, inside functions too,
+and one under ``if TYPE_CHECKING:`` as well: an annotation that names a higher layer is
+an arrow that runs back up, whether or not it is executed.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("properties", ("tp_logprob.properties",)),
     ("replay", ("tp_logprob.replay",)),
     (
-        "tools",
+        "front",
         (
             "tp_logprob.__main__",
             "tp_logprob.cli",
@@ -235,5 +240,17 @@ def test_the_peer_adapters_are_backends_not_suite() -> None:
         if name.startswith("tp_logprob.peers")
         for other in targets
         if other.startswith(("tp_logprob.properties", "tp_logprob.replay"))
+    ]
+    assert not found, found
+
+
+def test_the_properties_package_holds_property_bodies_only() -> None:
+    """The engine, the judging and the real group live beside ``properties/``: every module
+    in it is a ``test_*`` module of properties (the catalogue imports them all)."""
+    found = [
+        name
+        for name in modules()
+        if name.startswith("tp_logprob.properties.")
+        and not name.rpartition(".")[2].startswith("test_")
     ]
     assert not found, found
