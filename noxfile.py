@@ -113,7 +113,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the package and tools/: strict but for the suite and its plugin (pyproject)."""
+    """mypy over the package and tools/: strict but for the command line (pyproject)."""
     _install(session, "torch,test")
     session.install("mypy>=1.10")
     session.run("mypy", "src/tp_logprob", "tools", *session.posargs)
