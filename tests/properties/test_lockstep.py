@@ -30,7 +30,7 @@ from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite import catalogue
 from tp_logprob.suite.catalogue import (
     FAILURE_ATTRIBUTE,
-    PropertyRegistry,
+    PropertyCatalogue,
     SuiteProperty,
     run_property,
 )
@@ -86,7 +86,7 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         if failing[-1]:
             raise PropertyViolation("probe: seen on rank 0", "  worst     row 1")
 
-    properties = PropertyRegistry()
+    properties = PropertyCatalogue()
     properties.add(SuiteProperty("probe", body))
     monkeypatch.setattr(catalogue, "suite_properties", lambda: properties)
     return failing

@@ -38,7 +38,7 @@ __all__ = [
     "SUITE_PROPERTIES",
     "FailureRecord",
     "PropertyBody",
-    "PropertyRegistry",
+    "PropertyCatalogue",
     "PropertyRun",
     "SuiteProperty",
     "failure_record",
@@ -73,7 +73,7 @@ class SuiteProperty:
         self.body(backend, case, params, **context)
 
 
-class PropertyRegistry(Mapping[str, SuiteProperty]):
+class PropertyCatalogue(Mapping[str, SuiteProperty]):
     """Properties by name. A name is declared once; declaring it again with another body
     is an error (re-importing the same module is not)."""
 
@@ -101,7 +101,7 @@ class PropertyRegistry(Mapping[str, SuiteProperty]):
         return len(self._properties)
 
     def __repr__(self) -> str:
-        return f"PropertyRegistry({sorted(self._properties)})"
+        return f"PropertyCatalogue({sorted(self._properties)})"
 
 
 def _origin(body: PropertyBody) -> str:
@@ -111,7 +111,7 @@ def _origin(body: PropertyBody) -> str:
     return f"{where}:{getattr(body, '__qualname__', body)}"
 
 
-SUITE_PROPERTIES = PropertyRegistry()
+SUITE_PROPERTIES = PropertyCatalogue()
 """The suite's properties, filled as its modules are imported (see :func:`suite_properties`)."""
 
 
@@ -143,7 +143,7 @@ _PROPERTIES_DIR = Path(__file__).resolve().parents[1] / "properties"
 _IMPORTED: list[bool] = []
 
 
-def suite_properties() -> PropertyRegistry:
+def suite_properties() -> PropertyCatalogue:
     """:data:`SUITE_PROPERTIES` with every property module of the suite imported.
 
     Import it outside a running Hypothesis test (the plugin does, at collection):
