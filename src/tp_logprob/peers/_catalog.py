@@ -193,6 +193,29 @@ _CCE_DISPATCH_MODE = Explanation(
 )
 _CCE_WATCHED = (("test_fused_never_materializes_the_logits", _CCE_DISPATCH_MODE),)
 
+_VERL_FUSED_16BIT = Explanation(
+    PEER_LIMITATION,
+    "each chunk's logits are the matmul's output in the input dtype, divided by T there "
+    "((hidden @ W.T) / T in bf16/fp16) before .float(), so they carry 8/11 bits before the "
+    "fp32 softmax",
+)
+_VERL_FUSED_INACTIVE = Explanation(
+    PEER_LIMITATION,
+    "FusedLinearForPPO has no ignore_index: every label is gathered, so an inactive row's "
+    "out-of-range target raises an index error",
+)
+_VERL_FUSED_BATCH = Explanation(
+    PEER_LIMITATION,
+    "each chunk's logits come from one matmul of min(512, rows left) rows, and a matmul's "
+    "bits for a row depend on its shape (CPU BLAS kernels; cuBLAS heuristics on GPU)",
+)
+_VERL_TRITON_CPU = (
+    "not run: CUDA only, even under the Triton interpreter: its forward opens "
+    "torch.cuda.nvtx.range, which raises RuntimeError on a CPU build of torch, and its launcher "
+    "asserts hidden.is_cuda and hidden_size % 128 == 0 (kernels.py, efficient_entropy_forward)"
+)
+_CUDA_ONLY = Cell(note="not run: CUDA only")
+
 PEERS = (
     Peer(
         name="liger_ce",
@@ -560,6 +583,32 @@ PEERS = (
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="verl_fused_linear_for_ppo",
+        module="verl_fused",
+        library="verl FusedLinearForPPO (use_fused_kernels, impl_backend='torch'), hidden in",
+        distribution="verl",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell("assume_16bit", explanation=_VERL_FUSED_16BIT),
+            "inactive": Cell("assume_inactive_tokens", explanation=_VERL_FUSED_INACTIVE),
+            "batch": Cell("assume_batch_invariant", explanation=_VERL_FUSED_BATCH),
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="verl_linear_cross_entropy",
+        module="verl_fused",
+        library="verl linear_cross_entropy (use_fused_kernels, impl_backend='triton'), hidden in",
+        distribution="verl",
+        cells={
+            "honest": Cell(note=_VERL_TRITON_CPU),
+            **{key: _CUDA_ONLY for key, _ in COLUMNS if key != "honest"},
         },
     ),
 )
