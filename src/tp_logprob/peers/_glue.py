@@ -25,23 +25,32 @@ share their capability and "what users assume" variants (:func:`torch_helper_bac
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import LogprobInputKind
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobDType,
+    LogprobInputKind,
+    LogprobRole,
+    MaskMode,
+)
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
 
 __all__ = [
+    "TORCH_HELPER_VARIANTS",
+    "TorchHelperBackends",
     "argmax_logits",
     "check_hidden_inputs",
     "claiming",
     "lse_from_max",
     "private_copy",
     "selected_from_loss",
+    "torch_helper_backends",
 ]
 
 
@@ -149,3 +158,49 @@ def check_hidden_inputs(
         if value.device != hidden.device:
             raise LogprobContractError(f"{name}.device={value.device} != {hidden.device}")
     check_hidden_op_targets(targets, contract, group, hidden.device)
+
+
+class TorchHelperBackends(NamedTuple):
+    """A TP=1 torch logprob helper's honest backend and its "what users assume" variants."""
+
+    honest: tuple[Any, LogprobBackendCapability]
+    assume_padding: tuple[Any, LogprobBackendCapability]
+    assume_16bit: tuple[Any, LogprobBackendCapability]
+    assume_inactive_tokens: tuple[Any, LogprobBackendCapability]
+
+
+TORCH_HELPER_VARIANTS = ("assume_16bit", "assume_inactive_tokens", "assume_padding")
+"""The variant names of :class:`TorchHelperBackends`, for the adapters' ``__all__``."""
+
+
+def torch_helper_backends(op: Any, backend_id: str, **claims: Any) -> TorchHelperBackends:
+    """The backends of a trainer's torch logprob helper (TRL's, verl's, OpenRLHF's).
+
+    What those helpers share: the whole vocabulary of a row (TP=1, no padding), fp32
+    only (16-bit logits get ``log_softmax`` in their own dtype), no ``ignore_index``
+    (every target is gathered, so ``all_active``), one row at a time
+    (``fixed_topology``), train and infer, and an LSE from the argmax call of the
+    adapter's glue. ``claims`` adds the helper's own (temperature, entropy). The
+    variants claim no entropy, so that what fails is their assumption.
+    """
+    capability = LogprobBackendCapability(
+        backend_id=backend_id,
+        roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+        dtypes=frozenset({LogprobDType.FP32}),
+        tp_world_sizes=frozenset({1}),
+        cp_world_sizes=frozenset({1}),
+        supports_vocab_padding=False,
+        mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
+        exports_vocab_lse=True,
+        determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+        **claims,
+    )
+    base = (op, dataclasses.replace(capability, exports_entropy=False))
+    return TorchHelperBackends(
+        honest=(op, capability),
+        assume_padding=claiming(base, "assume_padding", supports_vocab_padding=True),
+        assume_16bit=claiming(base, "assume_16bit", dtypes=frozenset(LogprobDType)),
+        assume_inactive_tokens=claiming(
+            base, "assume_inactive_tokens", mask_modes=frozenset(MaskMode)
+        ),
+    )

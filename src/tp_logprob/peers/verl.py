@@ -35,49 +35,29 @@ is ``+-inf``.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import (
-    DeterminismScope,
-    LogprobContract,
-    LogprobDType,
-    LogprobResult,
-    LogprobRole,
-    MaskMode,
-)
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import claiming, lse_from_max
+from tp_logprob.peers._glue import (
+    TORCH_HELPER_VARIANTS,
+    lse_from_max,
+    torch_helper_backends,
+)
 
 __all__ = [
     "CAPABILITY",
     "VERIFIED_VERSIONS",
-    "assume_16bit",
-    "assume_inactive_tokens",
-    "assume_padding",
     "honest",
     "verl_logprob",
+    *TORCH_HELPER_VARIANTS,
 ]
 
 VERIFIED_VERSIONS = "verl>=0.5,<0.10"
-
-CAPABILITY = LogprobBackendCapability(
-    backend_id="verl_logprobs_from_logits",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-    exports_entropy=True,
-)
 
 _IMPORT_LOCK = threading.Lock()
 _VERL: dict[str, Any] = {}
@@ -116,12 +96,9 @@ def verl_logprob(
     return LogprobResult(selected.float(), lse, None if entropy is None else entropy.float())
 
 
-honest = (verl_logprob, CAPABILITY)
+honest, assume_padding, assume_16bit, assume_inactive_tokens = torch_helper_backends(
+    verl_logprob, "verl_logprobs_from_logits", exports_entropy=True
+)
 """The honest backend: ``--tp-logprob-backend=tp_logprob.peers.verl:honest``."""
 
-# The variants leave entropy out, so that their failures are their assumption's.
-_BASE = (verl_logprob, dataclasses.replace(CAPABILITY, exports_entropy=False))
-
-assume_padding = claiming(_BASE, "assume_padding", supports_vocab_padding=True)
-assume_16bit = claiming(_BASE, "assume_16bit", dtypes=frozenset(LogprobDType))
-assume_inactive_tokens = claiming(_BASE, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
+CAPABILITY = honest[1]
