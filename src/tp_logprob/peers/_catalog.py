@@ -193,6 +193,44 @@ _CCE_DISPATCH_MODE = Explanation(
 )
 _CCE_WATCHED = (("test_fused_never_materializes_the_logits", _CCE_DISPATCH_MODE),)
 
+_VERL_MP_ENTROPY_NEG_INF = Explanation(
+    PEER_BUG,
+    "vocab_parallel_entropy computes M + log(sum exp(x - M)) - sum(softmax(x) * x) over the "
+    "group, and softmax * x is 0 * -inf = NaN wherever a logit is -inf (so is its gradient); "
+    "the entropy of such a row is finite",
+    "docs/repro_verl_vocab_parallel_entropy_neg_inf.py",
+)
+_VERL_MP_ENTROPY_CANCELS = Explanation(
+    PEER_LIMITATION,
+    "vocab_parallel_entropy subtracts the all-reduced sum(softmax(x) * x) from M + log(sum): "
+    "two fp32 numbers the size of the logits, so its absolute error grows with |x| instead of "
+    "staying shift invariant, and its rounding follows the column order and shard layout",
+)
+_VERL_MP_TRANSPORT = Explanation(
+    PEER_LIMITATION,
+    "on a real group the all-reduce SUMs (Megatron's of the target logits and shifted sums, "
+    "verl's of the entropy's two sums) are the transport's own (gloo here, NCCL on GPUs): a "
+    "ring all-reduce adds a row's per-rank partials in an order set by the chunk the row falls "
+    "in, which moves with N and the row's position, so the batch invariance that "
+    "fixed_topology claims does not hold there",
+)
+_VERL_MP = (
+    *(
+        (test, _VERL_MP_TRANSPORT)
+        for test in ("test_batch_invariance", "test_row_positions", "test_long_batches")
+    ),
+    *(
+        (test, _VERL_MP_ENTROPY_NEG_INF)
+        for test in (
+            "test_gradients_match_exact",
+            "test_matches_reference_on_larger_shapes",
+            "test_entropy_is_nan_free_where_exact_is_finite",
+            "test_entropy_ignores_appended_neg_inf_columns",
+            "test_wide_vocabularies",
+            "test_special_values_match_oracle",
+        )
+    ),
+)
 _VERL_FUSED_16BIT = Explanation(
     PEER_LIMITATION,
     "each chunk's logits are the matmul's output in the input dtype, divided by T there "
@@ -601,7 +639,9 @@ PEERS = (
         distribution="verl",
         cells={
             **{key: _REAL_GROUP_ONLY for key, _ in COLUMNS if key != REAL_GROUP},
-            "real_group": Cell("library"),
+            "real_group": Cell(
+                "library", explanation=_VERL_MP_ENTROPY_CANCELS, by_property=_VERL_MP
+            ),
         },
     ),
     Peer(

@@ -262,6 +262,11 @@ def tensor_parallel_state(contract: LogprobContract) -> None:
     Initialized on first use; a later contract of another degree is refused, since the
     state is the process's.
     """
+    if not torch.distributed.is_initialized():
+        raise LogprobContractError(
+            "torch.distributed is not initialized: Megatron's parallel_state needs a real "
+            "process group (run under torchrun; the backend is real_group_only)"
+        )
     state = _megatron()["parallel_state"]
     world = contract.sharding.tp_world_size
     if not state.model_parallel_is_initialized():

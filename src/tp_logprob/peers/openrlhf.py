@@ -8,7 +8,9 @@ flash-attn's Triton ``cross_entropy_loss`` when flash-attn imports, and otherwis
 to the path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)``, the
 ``logsumexp`` taken over chunks of 1024 rows (``_logsumexp_by_chunk``); 16-bit
 logits get ``log_softmax`` row by row in the input dtype. Verified with openrlhf
-0.11.2 (``>=0.11,<0.12``).
+0.11.2 (the conformance run) and, with ``tests/peers/test_openrlhf.py`` under ``nox -s
+peer_releases``, 0.8.11, 0.9.5 and 0.10.4 (``>=0.8.11,<0.12``; the two functions are
+the same there).
 
 ``openrlhf.models.utils`` does not import here: the package's ``__init__`` imports
 its actor, whose ``ring_attn_utils`` imports ``flash_attn.bert_padding``; PyPI has
@@ -61,7 +63,7 @@ __all__ = [
     *TORCH_HELPER_VARIANTS,
 ]
 
-VERIFIED_VERSIONS = "openrlhf>=0.11,<0.12"
+VERIFIED_VERSIONS = "openrlhf>=0.8.11,<0.12"
 
 DEFINITIONS = {"models/utils.py": ("_logsumexp_by_chunk", "log_probs_from_logits")}
 """The definitions the adapter runs, by file of the installed ``openrlhf`` package."""
