@@ -204,7 +204,8 @@ _VERL_MP_ENTROPY_CANCELS = Explanation(
     PEER_LIMITATION,
     "vocab_parallel_entropy subtracts the all-reduced sum(softmax(x) * x) from M + log(sum): "
     "two fp32 numbers the size of the logits, so its absolute error grows with |x| instead of "
-    "staying shift invariant, and its rounding follows the column order and shard layout",
+    "staying shift invariant, and its rounding follows the column order and shard layout: the "
+    "row [3.4e38, 3.4e38, -3.4e38] gives 0 where the entropy is log 2",
 )
 _VERL_MP_TRANSPORT = Explanation(
     PEER_LIMITATION,
@@ -215,19 +216,14 @@ _VERL_MP_TRANSPORT = Explanation(
     "fixed_topology claims does not hold there",
 )
 _VERL_MP = (
-    *(
-        (test, _VERL_MP_TRANSPORT)
-        for test in ("test_batch_invariance", "test_row_positions", "test_long_batches")
-    ),
+    *((test, _VERL_MP_TRANSPORT) for test in ("test_batch_invariance", "test_row_positions")),
     *(
         (test, _VERL_MP_ENTROPY_NEG_INF)
         for test in (
             "test_gradients_match_exact",
-            "test_matches_reference_on_larger_shapes",
             "test_entropy_is_nan_free_where_exact_is_finite",
             "test_entropy_ignores_appended_neg_inf_columns",
             "test_wide_vocabularies",
-            "test_special_values_match_oracle",
         )
     ),
 )
