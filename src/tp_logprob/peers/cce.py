@@ -6,8 +6,9 @@ the default off macOS, is a Triton kernel). It drops the rows whose target equal
 ``ignore_index``, computes ``e @ c.T`` for the rest with one matmul *in the input
 dtype*, and takes ``F.cross_entropy(logits.float(), targets, reduction="none")``,
 all under ``torch.compile(fullgraph=True, dynamic=True)``; the ignored rows get a
-loss of 0 (``handle_reduction_none``). Verified with cut-cross-entropy 25.1.1
-(``>=25.1,<25.2``).
+loss of 0 (``handle_reduction_none``). Verified with cut-cross-entropy 25.1.1 (the
+conformance run) and, with ``tests/peers/test_cce.py`` under ``nox -s peer_releases``,
+24.11.4 and 24.12.3 (``>=24.11.4,<25.2``).
 
 Capability, from ``linear_cross_entropy.py``, ``torch_compile.py`` and ``utils.py``:
 
@@ -86,7 +87,7 @@ __all__ = [
     "honest",
 ]
 
-VERIFIED_VERSIONS = "cut-cross-entropy>=25.1,<25.2"
+VERIFIED_VERSIONS = "cut-cross-entropy>=24.11.4,<25.2"
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="cce_linear_cross_entropy",
