@@ -17,6 +17,12 @@ chunk's logits. Verified with verl 0.9.1 (the conformance run) and, with
 0.6.1, 0.7.1, 0.8.0 and 0.9.0 (``>=0.4.1,<0.10``; before 0.5 the logprob is cast
 back to the input dtype, the same for fp32).
 
+verl 0.9 adds ``impl_backend="liger"``: Liger-Kernel's
+``LigerFusedLinearScaledCrossEntropyFunction``, which runs a CuteDSL kernel on SM90
+GPUs and elsewhere (CPU included) ``_FusedLinearPPOFallbackFunction``, by its own
+comment a port of this path (the same formulas and 512-row chunks), so the report has
+no row of its own for it.
+
 ``linear_cross_entropy`` (Triton) does not run on CPU, not even under the Triton
 interpreter: its forward opens ``torch.cuda.nvtx.range`` first, which raises
 ``RuntimeError`` ("NVTX functions not installed") on a CPU build of torch, and its
