@@ -7,9 +7,10 @@ flash-attn importable (and ``VERL_DISABLE_FLASH_ATTN_CE`` unset) flash-attn's Tr
 path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)`` row by row
 for fp32, ``log_softmax`` row by row for 16-bit inputs. ``entropy_from_logits`` is
 ``logsumexp(logits) - sum(softmax(logits) * logits)``. Verified with verl 0.9.1 on
-its torch path (the conformance run), and 0.5.0, 0.6.1, 0.7.1 and 0.8.0 with
-``tests/peers`` and the reproducers (``>=0.5,<0.10``; the helpers are the same since
-0.4.1, whose package import also needs ``pkg_resources``).
+its torch path (the conformance run), and 0.4.1, 0.5.0, 0.6.1, 0.7.1, 0.8.0 and 0.9.0
+with this adapter's tests in ``tests/peers/test_adapters.py`` under ``nox -s
+peer_releases`` (``>=0.4.1,<0.10``; 0.4.1's package import also needs
+``pkg_resources``, 0.4.1's and 0.5.0's pandas).
 
 verl imports ``ray`` at package import (``verl.protocol``); the conformance session
 installs verl ``--no-deps`` with only what ``verl.utils.torch_functional`` and the
@@ -57,7 +58,7 @@ __all__ = [
     *TORCH_HELPER_VARIANTS,
 ]
 
-VERIFIED_VERSIONS = "verl>=0.5,<0.10"
+VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
 
 _IMPORT_LOCK = threading.Lock()
 _VERL: dict[str, Any] = {}

@@ -14,7 +14,7 @@ imports, which it does not here) and ``logsumexp(logits) - sum(softmax(logits) *
 logits)`` for the entropy, returned in the input dtype; the backward recomputes each
 chunk's logits. Verified with verl 0.9.1 (the conformance run) and, with
 ``tests/peers/test_verl_fused.py`` under ``nox -s peer_release``, 0.4.1, 0.5.0,
-0.6.1, 0.7.1, 0.8.0 and 0.9.0 (``>=0.4.1,<0.10``; before 0.5 the logprob is cast
+0.6.1, 0.7.1, 0.8.0 and 0.9.0 (``>=0.4.1,<0.10``; before 0.8 the logprob is cast
 back to the input dtype, the same for fp32).
 
 verl 0.9 adds ``impl_backend="liger"``: Liger-Kernel's

@@ -18,8 +18,10 @@ process group (``real_group_only``) and Megatron's ``rank * width`` ranges (even
 only). verl's engine clones the logits before the entropy, whose backward writes into its
 saved input (``sub_`` then ``add_``) and Megatron's forward subtracts the maximum from fp32
 logits in place: the adapter hands each helper its own copy likewise. Verified with verl
-0.9.1 and megatron-core 0.19.2 (the conformance run); the two helpers are unchanged since
-verl 0.4.1 (``>=0.4.1,<0.10``, compared in the wheels).
+0.9.1 and megatron-core 0.19.2 (the conformance run); the two helpers and
+``_VocabParallelEntropy`` are the same since verl 0.4.1 (``>=0.4.1,<0.10``: their syntax
+trees compared in the wheels of 0.4.1, 0.5.0, 0.6.1, 0.7.1, 0.8.0 and 0.9.1; the file
+changes elsewhere).
 
 verl's package import needs ``ray`` and ``tensordict`` (``noxfile.py``, ``VERL_IMPORTS``);
 the module needs megatron-core (installed as :mod:`tp_logprob.peers.megatron` says).
