@@ -33,6 +33,7 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import cast
 
 import mpmath
 import numpy as np
@@ -213,14 +214,14 @@ def _row_bins(
         np.multiply(e, beta, out=e_all[:, part])
     flat_keys = keys.reshape(-1)
     size = rows * stride
-    n: FloatArray
-    big_e: FloatArray
+    # A weighted bincount is float64 (numpy's stubs say int).
     if counts is None:
-        n = np.bincount(flat_keys, minlength=size).astype(np.float64)
-        big_e = np.bincount(flat_keys, weights=e_all.reshape(-1), minlength=size)
+        n = cast(FloatArray, np.bincount(flat_keys, minlength=size).astype(np.float64))
+        weights = e_all.reshape(-1)
     else:
-        n = np.bincount(flat_keys, weights=counts.reshape(-1), minlength=size)
-        big_e = np.bincount(flat_keys, weights=(e_all * counts).reshape(-1), minlength=size)
+        n = cast(FloatArray, np.bincount(flat_keys, weights=counts.reshape(-1), minlength=size))
+        weights = (e_all * counts).reshape(-1)
+    big_e = cast(FloatArray, np.bincount(flat_keys, weights=weights, minlength=size))
     return n.reshape(rows, stride), big_e.reshape(rows, stride)
 
 
