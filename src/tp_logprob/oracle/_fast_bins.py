@@ -248,7 +248,8 @@ def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> Bi
     reach = a1 - low  # j <= reach for every value; inf with a -inf value
     capped = bool((reach > TAIL_BIN).any())
     stride = int(min(reach.max(), TAIL_BIN)) + 1
-    n, big_e = _row_bins(values, a1, counts, stride, capped)
+    with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, in the tail bin only
+        n, big_e = _row_bins(values, a1, counts, stride, capped)
     if stride > TAIL_BIN:
         tail = n[:, TAIL_BIN].copy()
         big_e[:, TAIL_BIN] = 0.0  # may hold NaN from -inf values; G is 0 there
