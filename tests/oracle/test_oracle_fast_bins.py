@@ -42,7 +42,9 @@ def _w_truth(x: np.ndarray, counts: np.ndarray | None, m_grid: float) -> mpmath.
     w = [1] * x.size if counts is None else [int(c) for c in counts]
     top = _MP.mpf(m_grid)
     return _MP.fsum(
-        c * _MP.exp(_MP.mpf(float(v)) - top) for v, c in zip(x.tolist(), w, strict=True) if v > -np.inf
+        c * _MP.exp(_MP.mpf(float(v)) - top)
+        for v, c in zip(x.tolist(), w, strict=True)
+        if v > -np.inf
     )
 
 
@@ -64,7 +66,6 @@ def test_table_holds_exp_at_every_checked_bin() -> None:
 def test_polynomial_error_within_its_bound_and_not_far_below() -> None:
     rng = np.random.default_rng(5)
     beta = np.concatenate([rng.uniform(-0.5, 0.5, 3000), [-0.5, 0.5, 0.0, 2.0**-60, -(2.0**-1070)]])
-    a1 = np.array([0.0])
     grid = beta * 2.0**-bins.Q
     # Values x = beta 2^-Q put beta on the grid directly (rint(x 2^Q) = 0 or +-1 at the ends).
     _, e = _e_values(grid)
@@ -78,7 +79,6 @@ def test_polynomial_error_within_its_bound_and_not_far_below() -> None:
         worst = max(worst, err)
     assert worst >= bins.ERR_E / 16
     assert abs(e).max() <= bins.E_MAX
-    del a1
 
 
 def _e_values(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +131,9 @@ def _phase_one(x: np.ndarray, target: np.ndarray) -> drivers.Selected:
     out = drivers.Selected(np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool))
     m, attempt = drivers._finite_max(x)
     with np.errstate(all="ignore"):
-        drivers._binned_selected(x, x[np.arange(n), target], np.ones(n, bool), None, m, attempt, out)
+        drivers._binned_selected(
+            x, x[np.arange(n), target], np.ones(n, bool), None, m, attempt, out
+        )
     return out
 
 

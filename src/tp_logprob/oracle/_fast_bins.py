@@ -132,19 +132,25 @@ TAIL_TERM = math.exp((1.5 - TAIL_BIN) * 2.0**-Q) * (1 + 2.0**-20)
 
 
 def bin_error_terms(
-    x_bound: FloatArray, head: FloatArray, d2: FloatArray, p_abs: FloatArray, bins: int
+    x_bound: FloatArray,
+    head: FloatArray,
+    d2: FloatArray,
+    p_abs: FloatArray,
+    bins: int,
+    weighted: bool = False,
 ) -> dict[str, FloatArray]:
     """Each source of error in ``W`` for one row (``docs/tolerances.md``, F10).
 
     ``x_bound >= X``, ``head`` the number of head values (counts included),
     ``d2`` the computed ``sum_j fl(G_j) n_j^2``, ``p_abs`` the computed
-    ``sum_j |fl(fl(G_j) E_j)|`` and ``bins`` the number of bins.
+    ``sum_j |fl(fl(G_j) E_j)|``, ``bins`` the number of bins and ``weighted``
+    whether values carry counts (each ``count e`` is then one more rounding).
     """
     g = gamma(bins)
     return {
         "limbs of G_j": head * LIMB_ERR,
         "e per value (Horner, remainder)": ERR_E * x_bound,
-        "count times e": U * E_MAX * x_bound,
+        "count times e (weighted rows)": U * E_MAX * x_bound * weighted,
         "bincount accumulation": U * (1 + U) ** 2 * E_MAX * d2 * (1 + 3 * g),
         "G_j E_j products": 2.001 * U * p_abs * (1 + g),
         "pairwise sum of the products": gamma(math.ceil(math.log2(max(bins, 2)))) * p_abs * (1 + g),
@@ -268,7 +274,8 @@ def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> Bi
     w_h, w_e = two_sum(x_h, y_sum)
     w_l = w_e + x_l
     x_bound = x_h * (1 + 2.0**-40) + head * LIMB_ERR
-    rad = sum(bin_error_terms(x_bound, head, d2, p_abs, stride).values(), np.zeros(rows))
+    terms = bin_error_terms(x_bound, head, d2, p_abs, stride, counts is not None)
+    rad = sum(terms.values(), np.zeros(rows))
     rad += tail * TAIL_TERM + U * (np.abs(x_l) + np.abs(w_l))
     m_grid = a_top * 2.0**-Q
     return BinSums(m_grid, Enclosure(w_h, w_l, rad * SLACK), ok)
