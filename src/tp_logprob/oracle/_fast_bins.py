@@ -232,16 +232,21 @@ def _row_bins(
 
 
 def pairwise_sum(a: FloatArray) -> FloatArray:
-    """Row sums of ``a`` (``[R, K]``) by halving; an odd last column waits for the next level.
+    """Row sums of ``a`` (``[R, K]``) by halving, after padding with zeros to a power of two.
 
-    Every value takes part in at most ``ceil(log2 K)`` additions, so the error is
-    within ``gamma(ceil(log2 K)) sum |a|``.
+    Every value takes part in ``ceil(log2 K)`` additions (adding a zero is exact),
+    so the error is within ``gamma(ceil(log2 K)) sum |a|``.
     """
+    rows, width = a.shape
+    if width == 0:
+        return np.zeros(rows)
+    size = 1 << (width - 1).bit_length()
+    if size != width:
+        a = np.concatenate([a, np.zeros((rows, size - width))], axis=1)
     while a.shape[1] > 1:
         half = a.shape[1] // 2
-        s = a[:, :half] + a[:, half : 2 * half]
-        a = np.concatenate([s, a[:, 2 * half :]], axis=1) if a.shape[1] % 2 else s
-    return a[:, 0] if a.shape[1] else np.zeros(a.shape[0])
+        a = a[:, :half] + a[:, half:]
+    return a[:, 0]
 
 
 def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> BinSums:
