@@ -53,7 +53,8 @@ _FIX = 200  # fractional bits of the fixed-point table
 M_LIMIT = 2.0**40
 # At most this many head values per row: each limb product sum stays below 2^53.
 HEAD_LIMIT = 2.0**23
-_CHUNK = 1 << 14
+_CHUNK = 1 << 13  # values per pass: 64 KiB temporaries
+_GROUP_BINS = 1 << 13
 _BETA_MAX = 0.5
 _COEFFS = tuple(Fraction(1, math.factorial(n) * 2 ** (Q * n)) for n in range(1, 6))
 
@@ -184,19 +185,18 @@ def _workspace(rows: int, width: int) -> tuple[IntArray, FloatArray]:
     return keys[:size].reshape(rows, width), e_all[:size].reshape(rows, width)
 
 
-def _row_bins(
-    values: FloatArray, a1: FloatArray, counts: FloatArray | None, stride: int, capped: bool
-) -> tuple[FloatArray, FloatArray]:
-    """``(n, E)``, each ``[R, stride]``: per-bin counts and sums of ``e``.
+def _keys_and_e(
+    values: FloatArray, a1: FloatArray, stride: int, group: int, capped: bool
+) -> tuple[IntArray, FloatArray]:
+    """Each value's key ``(r mod group) stride + j`` and its ``e`` (``[R, K]`` each).
 
-    Row ``r``'s bins are keys ``r stride + j``, so one ``bincount`` serves the
-    block; ``capped`` sends ``j > TAIL_BIN`` (``-inf`` included) to ``TAIL_BIN``.
+    ``capped`` sends ``j > TAIL_BIN`` (``-inf`` included) to ``TAIL_BIN``.
     """
     rows, width = values.shape
     c = bin_tables().coeffs
     keys, e_all = _workspace(rows, width)
     step = max(1, _CHUNK // max(rows, 1))
-    offsets = (np.arange(rows) * float(stride))[:, None]
+    offsets = ((np.arange(rows) % group) * float(stride))[:, None]
     top = a1[:, None] if capped else a1[:, None] + offsets
     for start in range(0, width, step):
         part = slice(start, start + step)
@@ -218,56 +218,34 @@ def _row_bins(
         e *= beta
         e += c[0]
         np.multiply(e, beta, out=e_all[:, part])
-    flat_keys = keys.reshape(-1)
-    size = rows * stride
-    # A weighted bincount is float64 (numpy's stubs say int).
-    if counts is None:
-        n = cast(FloatArray, np.bincount(flat_keys, minlength=size).astype(np.float64))
-        weights = e_all.reshape(-1)
-    else:
-        n = cast(FloatArray, np.bincount(flat_keys, weights=counts.reshape(-1), minlength=size))
-        weights = (e_all * counts).reshape(-1)
-    big_e = cast(FloatArray, np.bincount(flat_keys, weights=weights, minlength=size))
-    return n.reshape(rows, stride), big_e.reshape(rows, stride)
+    return keys, e_all
 
 
 def pairwise_sum(a: FloatArray) -> FloatArray:
-    """Row sums of ``a`` (``[R, K]``) by halving, after padding with zeros to a power of two.
+    """Row sums of ``a`` (``[R, K]``) by halving; an odd last column waits for the next level.
 
-    Every value takes part in ``ceil(log2 K)`` additions (adding a zero is exact),
-    so the error is within ``gamma(ceil(log2 K)) sum |a|``.
+    There are ``ceil(log2 K)`` levels and every value takes part in at most one
+    addition per level, so the error is within ``gamma(ceil(log2 K)) sum |a|``.
     """
-    rows, width = a.shape
-    if width == 0:
-        return np.zeros(rows)
-    size = 1 << (width - 1).bit_length()
-    if size != width:
-        a = np.concatenate([a, np.zeros((rows, size - width))], axis=1)
     while a.shape[1] > 1:
         half = a.shape[1] // 2
-        a = a[:, :half] + a[:, half:]
-    return a[:, 0]
+        s = a[:, :half] + a[:, half : 2 * half]
+        a = np.concatenate([s, a[:, 2 * half :]], axis=1) if a.shape[1] % 2 else s
+    return a[:, 0] if a.shape[1] else np.zeros(a.shape[0])
 
 
-def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> BinSums:
-    """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``."""
-    rows = values.shape[0]
+def _bin_stage(
+    n: FloatArray, big_e: FloatArray, weighted: bool
+) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
+    """``(w_h, w_l, rad, ok)`` from per-bin counts and sums of ``e`` (``[R, stride]``)."""
+    rows, stride = n.shape
     tables = bin_tables()
-    a_top = np.floor(m * SCALE_Q)
-    a1 = a_top + 1.0
-    low = np.floor(values.min(axis=1) * SCALE_Q)
-    reach = a1 - low  # j <= reach for every value; inf with a -inf value
-    capped = bool((reach > TAIL_BIN).any())
-    stride = int(min(reach.max(), TAIL_BIN)) + 1
-    with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, in the tail bin only
-        n, big_e = _row_bins(values, a1, counts, stride, capped)
     if stride > TAIL_BIN:
         tail = n[:, TAIL_BIN].copy()
         big_e[:, TAIL_BIN] = 0.0  # may hold NaN from -inf values; G is 0 there
     else:
         tail = np.zeros(rows)
     head = n.sum(axis=1) - tail
-    ok = head < HEAD_LIMIT
     limbs = n @ tables.limbs[:stride]
     gh = tables.gh[:stride]
     p = big_e * gh
@@ -279,8 +257,47 @@ def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> Bi
     w_h, w_e = two_sum(x_h, y_sum)
     w_l = w_e + x_l
     x_bound = x_h * (1 + 2.0**-40) + head * LIMB_ERR
-    terms = bin_error_terms(x_bound, head, d2, p_abs, stride, counts is not None)
+    terms = bin_error_terms(x_bound, head, d2, p_abs, stride, weighted)
     rad = sum(terms.values(), np.zeros(rows))
     rad += tail * TAIL_TERM + U * (np.abs(x_l) + np.abs(w_l))
-    m_grid = a_top * 2.0**-Q
-    return BinSums(m_grid, Enclosure(w_h, w_l, rad * SLACK), ok)
+    return w_h, w_l, rad * SLACK, head < HEAD_LIMIT
+
+
+def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> BinSums:
+    """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``.
+
+    Rows are binned in groups of about ``_GROUP_BINS`` bins: every per-bin array
+    then stays small enough for the allocator to recycle (a fresh mapping for each
+    array would cost more in page faults than the arithmetic on it).
+    """
+    rows = values.shape[0]
+    a_top = np.floor(m * SCALE_Q)
+    a1 = a_top + 1.0
+    low = np.floor(values.min(axis=1) * SCALE_Q)
+    reach = a1 - low  # j <= reach for every value; inf with a -inf value
+    capped = bool((reach > TAIL_BIN).any())
+    stride = int(min(reach.max(), TAIL_BIN)) + 1
+    group = max(1, _GROUP_BINS // stride)
+    with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, in the tail bin only
+        keys, e_all = _keys_and_e(values, a1, stride, group, capped)
+    w_h, w_l, rad = np.empty(rows), np.empty(rows), np.empty(rows)
+    ok = np.empty(rows, bool)
+    for first in range(0, rows, group):
+        r = slice(first, first + group)
+        size = (min(rows, first + group) - first) * stride
+        flat_keys = keys[r].reshape(-1)
+        # A weighted bincount is float64 (numpy's stubs say int).
+        if counts is None:
+            n = cast(FloatArray, np.bincount(flat_keys, minlength=size).astype(np.float64))
+            weights = e_all[r].reshape(-1)
+        else:
+            n = cast(
+                FloatArray, np.bincount(flat_keys, weights=counts[r].reshape(-1), minlength=size)
+            )
+            weights = (e_all[r] * counts[r]).reshape(-1)
+        big_e = cast(FloatArray, np.bincount(flat_keys, weights=weights, minlength=size))
+        shape = (-1, stride)
+        w_h[r], w_l[r], rad[r], ok[r] = _bin_stage(
+            n.reshape(shape), big_e.reshape(shape), counts is not None
+        )
+    return BinSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)
