@@ -33,10 +33,11 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import cast
+from typing import Any
 
 import mpmath
 import numpy as np
+from numpy.typing import NDArray
 
 from tp_logprob.oracle._eft import U, gamma, two_sum
 from tp_logprob.oracle._fast_rows import SLACK, Enclosure
@@ -172,31 +173,29 @@ class BinSums:
 _LOCAL = threading.local()
 
 
-def _workspace(rows: int, width: int) -> tuple[IntArray, FloatArray]:
-    """Per-thread key and ``e`` buffers, reused: fresh pages for every block cost more
-    than the arithmetic on them."""
-    size = rows * width
-    keys: IntArray | None = getattr(_LOCAL, "keys", None)
-    e_all: FloatArray | None = getattr(_LOCAL, "e", None)
-    if keys is None or e_all is None or keys.size < size:
-        keys = np.empty(max(size, 1 << 16), dtype=np.intp)
-        e_all = np.empty(keys.size)
-        _LOCAL.keys, _LOCAL.e = keys, e_all
-    return keys[:size].reshape(rows, width), e_all[:size].reshape(rows, width)
+def _buffer(name: str, size: int, dtype: type = np.float64) -> NDArray[Any]:
+    """A per-thread buffer of at least ``size`` elements, reused from call to call: a
+    fresh mapping for every block costs more in page faults than the arithmetic on it."""
+    buf: NDArray[Any] | None = getattr(_LOCAL, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(max(size, 1 << 16), dtype=dtype)
+        setattr(_LOCAL, name, buf)
+    return buf[:size]
 
 
 def _keys_and_e(
-    values: FloatArray, a1: FloatArray, stride: int, group: int, capped: bool
+    values: FloatArray, a1: FloatArray, stride: int, capped: bool
 ) -> tuple[IntArray, FloatArray]:
-    """Each value's key ``(r mod group) stride + j`` and its ``e`` (``[R, K]`` each).
+    """Each value's key ``r stride + j`` and its ``e`` (``[R, K]`` each, reused buffers).
 
     ``capped`` sends ``j > TAIL_BIN`` (``-inf`` included) to ``TAIL_BIN``.
     """
     rows, width = values.shape
     c = bin_tables().coeffs
-    keys, e_all = _workspace(rows, width)
+    keys = _buffer("keys", rows * width, np.intp).reshape(rows, width)
+    e_all = _buffer("e", rows * width).reshape(rows, width)
     step = max(1, _CHUNK // max(rows, 1))
-    offsets = ((np.arange(rows) % group) * float(stride))[:, None]
+    offsets = (np.arange(rows) * float(stride))[:, None]
     top = a1[:, None] if capped else a1[:, None] + offsets
     for start in range(0, width, step):
         part = slice(start, start + step)
@@ -222,22 +221,27 @@ def _keys_and_e(
 
 
 def pairwise_sum(a: FloatArray) -> FloatArray:
-    """Row sums of ``a`` (``[R, K]``) by halving; an odd last column waits for the next level.
+    """Row sums of ``a`` (``[R, K]``, overwritten) by halving in place; an odd last column
+    waits for the next level.
 
     There are ``ceil(log2 K)`` levels and every value takes part in at most one
     addition per level, so the error is within ``gamma(ceil(log2 K)) sum |a|``.
     """
-    while a.shape[1] > 1:
-        half = a.shape[1] // 2
-        s = a[:, :half] + a[:, half : 2 * half]
-        a = np.concatenate([s, a[:, 2 * half :]], axis=1) if a.shape[1] % 2 else s
-    return a[:, 0] if a.shape[1] else np.zeros(a.shape[0])
+    width = a.shape[1]
+    while width > 1:
+        half = width // 2
+        np.add(a[:, :half], a[:, half : 2 * half], out=a[:, :half])
+        if width % 2:
+            a[:, half] = a[:, 2 * half]
+        width = half + width % 2
+    return a[:, 0].copy() if width else np.zeros(a.shape[0])
 
 
 def _bin_stage(
     n: FloatArray, big_e: FloatArray, weighted: bool
 ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
-    """``(w_h, w_l, rad, ok)`` from per-bin counts and sums of ``e`` (``[R, stride]``)."""
+    """``(w_h, w_l, rad, ok)`` from per-bin counts and sums of ``e`` (``[R, stride]``,
+    ``big_e`` overwritten)."""
     rows, stride = n.shape
     tables = bin_tables()
     if stride > TAIL_BIN:
@@ -248,10 +252,11 @@ def _bin_stage(
     head = n.sum(axis=1) - tail
     limbs = n @ tables.limbs[:stride]
     gh = tables.gh[:stride]
-    p = big_e * gh
+    scratch = _buffer("scratch", rows * stride).reshape(rows, stride)
+    d2 = np.multiply(n, n, out=scratch) @ gh  # >= sum_j gh_j n_j (n_j - 1), up to rounding
+    p = np.multiply(big_e, gh, out=big_e)
+    p_abs = np.abs(p, out=scratch).sum(axis=1)
     y_sum = pairwise_sum(p)
-    p_abs = np.abs(p).sum(axis=1)
-    d2 = (n * n) @ gh  # >= sum_j gh_j n_j (n_j - 1), up to the dot's rounding
     x_h, x_l = two_sum(limbs[:, 0] * 2.0**-LIMB_BITS, limbs[:, 1] * 2.0 ** (-2 * LIMB_BITS))
     x_l = x_l + (limbs[:, 2] * 2.0 ** (-3 * LIMB_BITS) + limbs[:, 3] * 2.0 ** (-4 * LIMB_BITS))
     w_h, w_e = two_sum(x_h, y_sum)
@@ -266,38 +271,33 @@ def _bin_stage(
 def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> BinSums:
     """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``.
 
-    Rows are binned in groups of about ``_GROUP_BINS`` bins: every per-bin array
-    then stays small enough for the allocator to recycle (a fresh mapping for each
-    array would cost more in page faults than the arithmetic on it).
+    Rows are binned in groups of at most about ``_GROUP_BINS`` bins (each
+    ``bincount``'s fresh output stays small), into reused per-thread buffers;
+    the per-bin stage then runs on all ``R`` rows at once.
     """
-    rows = values.shape[0]
+    rows, width = values.shape
     a_top = np.floor(m * SCALE_Q)
     a1 = a_top + 1.0
     low = np.floor(values.min(axis=1) * SCALE_Q)
     reach = a1 - low  # j <= reach for every value; inf with a -inf value
     capped = bool((reach > TAIL_BIN).any())
     stride = int(min(reach.max(), TAIL_BIN)) + 1
-    group = max(1, _GROUP_BINS // stride)
-    with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, in the tail bin only
-        keys, e_all = _keys_and_e(values, a1, stride, group, capped)
-    w_h, w_l, rad = np.empty(rows), np.empty(rows), np.empty(rows)
-    ok = np.empty(rows, bool)
+    group = max(1, min(_GROUP_BINS // stride, _CHUNK // max(width, 1)))
+    n_all = _buffer("n", rows * stride).reshape(rows, stride)
+    e_sums = _buffer("e_sums", rows * stride).reshape(rows, stride)
     for first in range(0, rows, group):
         r = slice(first, first + group)
-        size = (min(rows, first + group) - first) * stride
-        flat_keys = keys[r].reshape(-1)
-        # A weighted bincount is float64 (numpy's stubs say int).
+        with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, tail bin only
+            keys, e_all = _keys_and_e(values[r], a1[r], stride, capped)
+        flat_keys = keys.reshape(-1)
+        size = keys.shape[0] * stride
         if counts is None:
-            n = cast(FloatArray, np.bincount(flat_keys, minlength=size).astype(np.float64))
-            weights = e_all[r].reshape(-1)
+            n = np.bincount(flat_keys, minlength=size)
+            weights = e_all.reshape(-1)
         else:
-            n = cast(
-                FloatArray, np.bincount(flat_keys, weights=counts[r].reshape(-1), minlength=size)
-            )
-            weights = (e_all[r] * counts[r]).reshape(-1)
-        big_e = cast(FloatArray, np.bincount(flat_keys, weights=weights, minlength=size))
-        shape = (-1, stride)
-        w_h[r], w_l[r], rad[r], ok[r] = _bin_stage(
-            n.reshape(shape), big_e.reshape(shape), counts is not None
-        )
+            n = np.bincount(flat_keys, weights=counts[r].reshape(-1), minlength=size)
+            weights = (e_all * counts[r]).reshape(-1)
+        n_all[r] = n.reshape(-1, stride)
+        e_sums[r] = np.bincount(flat_keys, weights=weights, minlength=size).reshape(-1, stride)
+    w_h, w_l, rad, ok = _bin_stage(n_all, e_sums, counts is not None)
     return BinSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)
