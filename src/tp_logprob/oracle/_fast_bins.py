@@ -56,6 +56,7 @@ M_LIMIT = 2.0**40
 HEAD_LIMIT = 2.0**23
 _CHUNK = 1 << 13  # values per pass: 64 KiB temporaries
 _GROUP_BINS = 1 << 13
+_KEEP = 1 << 20  # largest buffer kept per thread (8 MiB)
 _BETA_MAX = 0.5
 _COEFFS = tuple(Fraction(1, math.factorial(n) * 2 ** (Q * n)) for n in range(1, 6))
 
@@ -176,6 +177,8 @@ _LOCAL = threading.local()
 def _buffer(name: str, size: int, dtype: type = np.float64) -> NDArray[Any]:
     """A per-thread buffer of at least ``size`` elements, reused from call to call: a
     fresh mapping for every block costs more in page faults than the arithmetic on it."""
+    if size > _KEEP:
+        return np.empty(size, dtype=dtype)  # a very wide row: not kept between calls
     buf: NDArray[Any] | None = getattr(_LOCAL, name, None)
     if buf is None or buf.size < size:
         buf = np.empty(max(size, 1 << 16), dtype=dtype)
