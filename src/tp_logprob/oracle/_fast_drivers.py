@@ -48,6 +48,9 @@ def _quiet(func: _F) -> _F:
 
 
 _BLOCK_VALUES = 1 << 16
+# The binned phase bins a block in row groups and keeps only per-bin arrays for
+# the whole block: larger blocks mean fewer calls.
+_BIN_BLOCK_VALUES = 1 << 18
 _DEDUP_MIN = 8192
 _KEYS = 1 << 16
 
@@ -113,7 +116,10 @@ def _deduplicated(row_index: int, row: FloatArray, source: NDArray[Any] | None) 
 
 
 def _blocks(
-    live: FloatArray, attempt: IntArray, source: NDArray[Any] | None = None
+    live: FloatArray,
+    attempt: IntArray,
+    source: NDArray[Any] | None = None,
+    block_values: int = _BLOCK_VALUES,
 ) -> Iterator[_Block]:
     width = live.shape[1]
     plain = attempt
@@ -126,7 +132,7 @@ def _blocks(
             else:
                 yield block
         plain = np.array(rest, dtype=np.intp)
-    per_block = max(1, _BLOCK_VALUES // max(width, 1))
+    per_block = max(1, block_values // max(width, 1))
     for start in range(0, plain.size, per_block):
         chunk = plain[start : start + per_block]
         first, last = int(chunk[0]), int(chunk[-1])
@@ -168,7 +174,7 @@ def _binned_selected(
     size = live.shape[0]
     m_grid, w_h, w_l, w_rad = (np.zeros(size) for _ in range(4))
     usable = np.zeros(size, bool)
-    for block in _blocks(live, tried, source):
+    for block in _blocks(live, tried, source, _BIN_BLOCK_VALUES):
         r = block.rows
         binned = bins.bin_sums(block.values, m[r], block.counts)
         m_grid[r], usable[r] = binned.m_grid, binned.ok
