@@ -14,8 +14,8 @@ and a degree-5 polynomial per value, no per-value double-double. ``W >= 1`` and
 ``x_t - LSE = (x_t - M') - log W``.
 
 * ``X = sum_j n_j G_j`` is exact up to the table: ``G_j`` is stored as four
-  29-bit integer limbs, and ``n @ limbs`` sums integer products below ``2^53``
-  (at most ``2^23`` head values), exact in any order.
+  29-bit integer limbs, and the row sums of ``n_j`` times each limb add integer
+  products below ``2^53`` (at most ``2^23`` head values), exact in any order.
 * ``Y = sum_j fl(G_j) E_j`` (``|Y| <= 2^-9 (1 + 2^-8) X``) is summed by
   :func:`._eft.tree_sum`, so only the rounding of each ``e``, of each bin's
   ``bincount`` accumulation and of each product matter.
@@ -69,6 +69,7 @@ class BinTables:
     limbs: FloatArray
     gh: FloatArray
     coeffs: tuple[float, ...]
+    limb_columns: FloatArray  # limbs.T, contiguous
 
 
 @lru_cache(maxsize=1)
@@ -99,7 +100,7 @@ def bin_tables() -> BinTables:
     limbs = np.zeros((TAIL_BIN + 1, _LIMBS))
     limbs[:TAIL_BIN] = np.array(columns).T
     coeffs = tuple(float(c) for c in _COEFFS)
-    return BinTables(limbs, gh, coeffs)
+    return BinTables(limbs, gh, coeffs, np.ascontiguousarray(limbs.T))
 
 
 def _horner_error() -> tuple[float, float]:
@@ -253,15 +254,19 @@ def _bin_stage(
     else:
         tail = np.zeros(rows)
     head = n.sum(axis=1) - tail
-    limbs = n @ tables.limbs[:stride]
-    gh = tables.gh[:stride]
+    # Row-wise products and sums, not BLAS: a multithreaded matmul on a loaded
+    # machine can cost more than the arithmetic. Integer-valued, so exact in any order.
     scratch = _buffer("scratch", rows * stride).reshape(rows, stride)
-    d2 = np.multiply(n, n, out=scratch) @ gh  # >= sum_j gh_j n_j (n_j - 1), up to rounding
+    columns = tables.limb_columns
+    limbs = [np.multiply(n, columns[k, :stride], out=scratch).sum(axis=1) for k in range(_LIMBS)]
+    gh = tables.gh[:stride]
+    np.multiply(n, n, out=scratch)
+    d2 = np.multiply(scratch, gh, out=scratch).sum(axis=1)  # >= sum gh n (n - 1), up to rounding
     p = np.multiply(big_e, gh, out=big_e)
     p_abs = np.abs(p, out=scratch).sum(axis=1)
     y_sum = pairwise_sum(p)
-    x_h, x_l = two_sum(limbs[:, 0] * 2.0**-LIMB_BITS, limbs[:, 1] * 2.0 ** (-2 * LIMB_BITS))
-    x_l = x_l + (limbs[:, 2] * 2.0 ** (-3 * LIMB_BITS) + limbs[:, 3] * 2.0 ** (-4 * LIMB_BITS))
+    x_h, x_l = two_sum(limbs[0] * 2.0**-LIMB_BITS, limbs[1] * 2.0 ** (-2 * LIMB_BITS))
+    x_l = x_l + (limbs[2] * 2.0 ** (-3 * LIMB_BITS) + limbs[3] * 2.0 ** (-4 * LIMB_BITS))
     w_h, w_e = two_sum(x_h, y_sum)
     w_l = w_e + x_l
     x_bound = x_h * (1 + 2.0**-40) + head * LIMB_ERR
