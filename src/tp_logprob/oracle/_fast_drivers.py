@@ -51,6 +51,7 @@ _BLOCK_VALUES = 1 << 16
 # The binned phase bins a block in row groups and keeps only per-bin arrays for
 # the whole block: larger blocks mean fewer calls.
 _BIN_BLOCK_VALUES = 1 << 18
+_BINS_PER_VALUE = 2
 _DEDUP_MIN = 8192
 _KEYS = 1 << 16
 
@@ -170,7 +171,12 @@ def _binned_selected(
 ) -> IntArray:
     """The first phase (:mod:`._fast_bins`) on the rows ``attempt``; returns the rows it
     left (an ``lse``, or an active finite target's ``selected_logp``, not certified)."""
-    tried = attempt[np.abs(m[attempt]) < bins.M_LIMIT]
+    # Worth it when the row's bins (its range over 2^-Q, capped at the tail bin)
+    # are not many more than its values; narrow rows go straight to the terms.
+    low = live.min(axis=1) if live.shape[1] else m
+    reach = np.minimum(np.floor(m * bins.SCALE_Q) + 1 - np.floor(low * bins.SCALE_Q), bins.TAIL_BIN)
+    worth = (np.abs(m) < bins.M_LIMIT) & (reach <= _BINS_PER_VALUE * live.shape[1])
+    tried = attempt[worth[attempt]]
     size = live.shape[0]
     m_grid, w_h, w_l, w_rad = (np.zeros(size) for _ in range(4))
     usable = np.zeros(size, bool)
