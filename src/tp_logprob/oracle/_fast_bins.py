@@ -54,7 +54,7 @@ _FIX = 200  # fractional bits of the fixed-point table
 M_LIMIT = 2.0**40
 # At most this many head values per row: each limb product sum stays below 2^53.
 HEAD_LIMIT = 2.0**23
-_CHUNK = 1 << 13  # values per pass: 64 KiB temporaries
+_CHUNK = 1 << 15  # values per pass (reused temporaries, 768 KiB)
 _GROUP_BINS = 1 << 13
 _KEEP = 1 << 20  # largest buffer kept per thread (8 MiB)
 _BETA_MAX = 0.5
@@ -201,10 +201,13 @@ def _keys_and_e(
     step = max(1, _CHUNK // max(rows, 1))
     offsets = (np.arange(rows) * float(stride))[:, None]
     top = a1[:, None] if capped else a1[:, None] + offsets
+    scratch = _buffer("chunk", 3 * rows * min(step, width))
     for start in range(0, width, step):
         part = slice(start, start + step)
-        t = values[:, part] * SCALE_Q
-        a = np.rint(t)
+        x = values[:, part]
+        size = x.size
+        t = np.multiply(x, SCALE_Q, out=scratch[:size].reshape(x.shape))
+        a = np.rint(t, out=scratch[size : 2 * size].reshape(x.shape))
         beta = np.subtract(t, a, out=t)
         if capped:
             j = np.subtract(top, a, out=a)
@@ -212,7 +215,7 @@ def _keys_and_e(
             np.add(j, offsets, out=keys[:, part], casting="unsafe")
         else:
             np.subtract(top, a, out=keys[:, part], casting="unsafe")
-        e = beta * c[4]
+        e = np.multiply(beta, c[4], out=scratch[2 * size : 3 * size].reshape(x.shape))
         e += c[3]
         e *= beta
         e += c[2]
