@@ -279,8 +279,11 @@ def _bin_stage(
     return w_h, w_l, rad * SLACK, head < HEAD_LIMIT
 
 
-def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> BinSums:
-    """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``.
+def bin_sums(
+    values: FloatArray, m: FloatArray, counts: FloatArray | None, row_min: FloatArray | None = None
+) -> BinSums:
+    """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``
+    (and minima ``row_min``, when the caller has them).
 
     Rows are binned in groups of at most about ``_GROUP_BINS`` bins (each
     ``bincount``'s fresh output stays small), into reused per-thread buffers;
@@ -289,7 +292,7 @@ def bin_sums(values: FloatArray, m: FloatArray, counts: FloatArray | None) -> Bi
     rows, width = values.shape
     a_top = np.floor(m * SCALE_Q)
     a1 = a_top + 1.0
-    low = np.floor(values.min(axis=1) * SCALE_Q)
+    low = np.floor((values.min(axis=1) if row_min is None else row_min) * SCALE_Q)
     reach = a1 - low  # j <= reach for every value; inf with a -inf value
     capped = bool((reach > TAIL_BIN).any())
     stride = int(min(reach.max(), TAIL_BIN)) + 1

@@ -182,7 +182,7 @@ def _binned_selected(
     usable = np.zeros(size, bool)
     for block in _blocks(live, tried, source, _BIN_BLOCK_VALUES):
         r = block.rows
-        binned = bins.bin_sums(block.values, m[r], block.counts)
+        binned = bins.bin_sums(block.values, m[r], block.counts, low[r])
         m_grid[r], usable[r] = binned.m_grid, binned.ok
         w_h[r], w_l[r], w_rad[r] = binned.w.hi, binned.w.lo, binned.w.rad
     done = tried[usable[tried]]
