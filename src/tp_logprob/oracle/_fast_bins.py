@@ -132,7 +132,8 @@ ERR_E, E_MAX = _horner_error()
 # |G_j - limbs_j| < 2^-116 (truncation) + 2^-183 (fixed point).
 LIMB_ERR = 2.0**-115
 # exp(x - M') for a value in the tail bin: at most exp((1.5 - TAIL_BIN) 2^-Q), rounded up.
-TAIL_TERM = math.exp((1.5 - TAIL_BIN) * 2.0**-Q) * (1 + 2.0**-20)
+# (mpmath at 60 bits, then widened: no bound depends on the platform's libm.)
+TAIL_TERM = float(mpmath.exp(mpmath.mpf(1.5 - TAIL_BIN) / 2**Q, prec=60)) * (1 + 2.0**-40)
 
 
 def bin_error_terms(
