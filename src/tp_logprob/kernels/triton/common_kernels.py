@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tp_logprob.kernels.triton.portable_math import row_log
+
 __all__ = [
     "entropy_term",
     "gathered_max",
@@ -142,14 +144,19 @@ def rank_total(ptr, rows, in_range, num_ranks, num_rows, maximum, FIELDS: tl.con
 
 
 @triton.jit
-def merged_lse(maximum, has_nan, total):
+def merged_lse(maximum, has_nan, total, PORTABLE: tl.constexpr):
     """``(lse, finite, M, log S)``: the fp32 ``LSE = M + log S`` (fp64, rounded once) with the
     special values of ``docs/semantics.md`` (NaN anywhere live gives NaN, ``M = +inf``
     gives ``+inf``, no finite live value ``-inf``), whether ``M`` is finite, and the fp64
-    ``M`` (0 where not finite) and ``log S`` the selected logprob is formed from."""
+    ``M`` (0 where not finite) and ``log S`` the selected logprob is formed from.
+
+    ``PORTABLE``: ``log`` is ``portable_log``, and ``M = -0`` counts as ``+0`` (the sign
+    of a zero maximum is the platform's ``max``'s choice, and ``t - M`` would show it)."""
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
     shift = tl.where(finite, maximum, 0.0).to(tl.float64)
-    log_total = tl.log(tl.where(finite, total, 1.0))
+    if PORTABLE:
+        shift = shift + 0.0
+    log_total = row_log(tl.where(finite, total, 1.0), PORTABLE)
     lse64 = shift + log_total
     special = tl.where(has_nan, float("nan"), maximum)
     lse = tl.where(finite, lse64.to(tl.float32), special)
@@ -157,9 +164,9 @@ def merged_lse(maximum, has_nan, total):
 
 
 @triton.jit
-def store_lse(rows, in_range, maximum, has_nan, total, lse_ptr):
+def store_lse(rows, in_range, maximum, has_nan, total, lse_ptr, PORTABLE: tl.constexpr):
     """Write :func:`merged_lse`'s LSE in ``lse_ptr``'s element type (a support's full ``lse``)."""
-    lse = merged_lse(maximum, has_nan, total)[0]
+    lse = merged_lse(maximum, has_nan, total, PORTABLE)[0]
     tl.store(lse_ptr + rows, round_for(lse_ptr, lse), mask=in_range)
 
 
@@ -176,6 +183,7 @@ def store_results(
     lse_ptr,
     lse32_ptr,
     STORE_LSE: tl.constexpr,
+    PORTABLE: tl.constexpr,
 ):
     """Write ``selected`` and ``lse`` from ``M``, ``S = sum exp(x - M)`` (fp64) and the target.
 
@@ -185,7 +193,7 @@ def store_results(
     gives ``lse = +inf``; an all ``-inf`` row gives ``lse = -inf``; then ``selected`` is
     NaN; inactive rows get exactly 0.0.
     """
-    lse, finite, shift, log_total = merged_lse(maximum, has_nan, total)
+    lse, finite, shift, log_total = merged_lse(maximum, has_nan, total, PORTABLE)
     # (t - M) - log S rather than t - LSE: exact t - M keeps a near-0 logprob accurate.
     relative = (target_logit.to(tl.float64) - shift) - log_total
     selected = tl.where(finite, relative.to(tl.float32), float("nan"))
@@ -224,6 +232,7 @@ def store_entropy(
     entropy_ptr,
     entropy32_ptr,
     STORE_ENTROPY: tl.constexpr,
+    PORTABLE: tl.constexpr,
 ):
     """Write ``entropy = log S - Q / S`` (fp64, rounded once) from ``S`` and ``Q``, both
     relative to the global max ``M``.
@@ -233,7 +242,7 @@ def store_entropy(
     """
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
     safe_total = tl.where(finite, total, 1.0)
-    entropy64 = tl.log(safe_total) - moment / safe_total
+    entropy64 = row_log(safe_total, PORTABLE) - moment / safe_total
     entropy = tl.where(finite, entropy64.to(tl.float32), float("nan"))
     entropy = tl.where(active, entropy, 0.0)
     tl.store(entropy32_ptr + rows, entropy, mask=in_range)

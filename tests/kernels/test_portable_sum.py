@@ -1,0 +1,116 @@
+"""triton_portable and torch_portable: the same bits as each other for every layout, within
+the oracle's tolerance, and the same bits as triton_exact_sum wherever its exp and log
+round alike (CPU interpreter)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import tp_logprob as tpl
+from tests.helpers.native_cases import LAYOUTS, make_contract
+from tests.helpers.rl_cases import rl_contract
+from tests.helpers.triton_cases import BACKENDS, DEVICE, bits_of, oracle_report
+from tests.kernels.test_triton_exact_sum import MASK, adversarial_inputs
+from tp_logprob.emulate import run_tp
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.kernels.portable_sum import torch_portable_logprob
+
+pytestmark = pytest.mark.triton
+
+_portable = importlib.import_module("tp_logprob.kernels.triton.portable_sum")
+triton_portable = _portable.triton_portable_logprob
+
+
+def entropy_bits(result: object) -> list[int]:
+    entropy = result.entropy  # type: ignore[attr-defined]
+    return entropy.contiguous().view(torch.int32).tolist()
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="torch_portable is registered on CPU")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["tp1", "tp3-uneven", "tp8-mixed"])
+def test_triton_and_torch_give_the_same_bits(dtype: str, layout: str) -> None:
+    logits, targets = adversarial_inputs(dtype)
+    contract = make_contract(LAYOUTS[layout], num_tokens=len(MASK), active_mask=MASK, dtype=dtype)
+    kernel = run_tp(triton_portable, logits, targets, contract)[0]
+    twin = run_tp(torch_portable_logprob, logits, targets, contract)[0]
+    assert bits_of(kernel) == bits_of(twin)
+    assert oracle_report("triton_exact_sum", kernel, logits, targets, contract) is None
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="torch_portable is registered on CPU")
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_and_temperature_give_the_same_bits(temperature: float) -> None:
+    logits, targets = adversarial_inputs("bf16")
+    reference = None
+    for layout in ("tp1", "tp2-width1", "tp4-width1-padding"):
+        contract = rl_contract(
+            LAYOUTS[layout],
+            temperature=temperature,
+            num_tokens=len(MASK),
+            active_mask=MASK,
+            dtype="bf16",
+        )
+        kernel = run_tp(triton_portable, logits, targets, contract)[0]
+        twin = run_tp(torch_portable_logprob, logits, targets, contract)[0]
+        assert bits_of(kernel) == bits_of(twin), layout
+        assert entropy_bits(kernel) == entropy_bits(twin), layout
+        reference = reference or (bits_of(kernel), entropy_bits(kernel))
+        assert (bits_of(kernel), entropy_bits(kernel)) == reference, layout
+
+
+def test_close_to_the_platform_exp_backend() -> None:
+    """The portable exp and log change at most a few ulps against triton_exact_sum."""
+    logits, targets = adversarial_inputs("fp32")
+    contract = make_contract(LAYOUTS["tp3-uneven"], num_tokens=len(MASK), active_mask=MASK)
+    ours = run_tp(triton_portable, logits, targets, contract)[0]
+    theirs = run_tp(BACKENDS["triton_exact_sum"], logits, targets, contract)[0]
+    for a, b in ((ours.lse, theirs.lse), (ours.selected_logp, theirs.selected_logp)):
+        finite = torch.isfinite(b)
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        assert torch.equal(a[~finite & ~torch.isnan(b)], b[~finite & ~torch.isnan(b)])
+        gap = np.abs(a[finite].double().numpy() - b[finite].double().numpy())
+        assert (gap <= 4 * np.spacing(np.abs(b[finite].numpy()))).all()
+
+
+def test_a_signed_zero_maximum_gives_one_answer() -> None:
+    """M = -0 and M = +0 give the same bits: the sign a platform's max picks never shows."""
+    logits = torch.full((2, 24), float("-inf"))
+    logits[0, :2] = torch.tensor([-0.0, 0.0])
+    logits[1, :2] = torch.tensor([0.0, -0.0])
+    targets = torch.tensor([0, 0])
+    contract = make_contract(LAYOUTS["tp1"], num_tokens=2)
+    for op in (triton_portable, torch_portable_logprob):
+        result = op(logits, targets, contract)
+        view = result.selected_logp.view(torch.int32)
+        assert view[0] == view[1], op
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [({"role": "train"}, "role='train'"), ({"support": {"top_k": 3}}, "support=")],
+    ids=["train-role", "support"],
+)
+def test_torch_twin_refuses_what_it_does_not_serve(change: dict[str, Any], match: str) -> None:
+    logits, targets = adversarial_inputs("fp32")
+    role = change.get("role", "infer")
+    contract = make_contract(LAYOUTS["tp1"], num_tokens=len(MASK), active_mask=MASK, role=role)
+    if "support" in change:
+        contract = dataclasses.replace(contract, support=tpl.SupportSpec(**change["support"]))
+    with pytest.raises(LogprobContractError, match=match):
+        torch_portable_logprob(logits, targets, contract)
+
+
+def test_native_backend_differs_somewhere() -> None:
+    """The bitwise test has power: torch_native's platform exp gives other bits."""
+    logits, targets = adversarial_inputs("fp32")
+    contract = make_contract(LAYOUTS["tp1"], num_tokens=len(MASK), active_mask=MASK)
+    native = torch_native_logprob(logits, targets, contract)
+    assert bits_of(native) != bits_of(torch_portable_logprob(logits, targets, contract))
