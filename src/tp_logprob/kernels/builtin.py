@@ -32,6 +32,7 @@ __all__ = [
     "TRITON_FUSED_EXACT_SUM",
     "TRITON_ONLINE",
     "TRITON_PORTABLE",
+    "PLATFORM_TWINS",
     "ROCM_FUSED_CAPABILITIES",
     "register_builtin_backends",
     "register_fused_backends",
@@ -110,6 +111,14 @@ TORCH_PORTABLE = dataclasses.replace(
 )
 """``triton_portable``'s forward in torch (``kernels/portable_sum.py``), registered on CPU:
 the same bits without the Triton interpreter. Role ``infer`` only."""
+
+PLATFORM_TWINS = {
+    TRITON_PORTABLE.backend_id: TORCH_PORTABLE.backend_id,
+    TORCH_PORTABLE.backend_id: TRITON_PORTABLE.backend_id,
+}
+"""Backends claiming ``cross_platform_bitwise`` -> the backend that computes the same
+operations in another implementation, whose outputs must be the same bits (the property
+``platform_twins``, ``properties/test_platforms.py``)."""
 
 
 def _lazy(module: str, attr: str) -> Callable[[], Any]:
