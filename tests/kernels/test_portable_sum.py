@@ -114,3 +114,44 @@ def test_native_backend_differs_somewhere() -> None:
     contract = make_contract(LAYOUTS["tp1"], num_tokens=len(MASK), active_mask=MASK)
     native = torch_native_logprob(logits, targets, contract)
     assert bits_of(native) != bits_of(torch_portable_logprob(logits, targets, contract))
+
+
+class _FakeKernel:
+    """Stands in for a compiled kernel: records the launch options it is called with."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        return lambda *args, **options: self.calls.append(options)
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_a_config_without_fusion_launches_with_enable_fp_fusion_false(fusion: bool) -> None:
+    launch = importlib.import_module("tp_logprob.kernels.triton.launch")
+    config = launch.launch_config("cuda", launch.KernelKind.ROW, torch.float32, fp_fusion=fusion)
+    kernel = _FakeKernel()
+    launch.launch(kernel, (1,), config, torch.zeros(1, device="meta"), 7, ENTROPY=True)
+    (options,) = kernel.calls
+    assert options.get("enable_fp_fusion", True) is fusion
+    assert options["num_warps"] == config.num_warps and options["ENTROPY"] is True
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+def test_every_portable_launch_is_named_portable_and_unfused(platform: str) -> None:
+    launch = importlib.import_module("tp_logprob.kernels.triton.launch")
+    names = importlib.import_module("tp_logprob.kernels.triton.portable_math").PORTABLE_KERNELS
+    logits, targets = adversarial_inputs("bf16")
+    contract = rl_contract(
+        LAYOUTS["tp1"], temperature=0.7, num_tokens=len(MASK), active_mask=MASK, dtype="bf16"
+    )
+    seen: list[Any] = []
+    with launch.recording_launches(platform, seen.append):
+        triton_portable(logits, targets, contract)
+    assert [s.kernel.__name__ for s in seen] == list(names)
+    assert all(not s.config.fp_fusion for s in seen)
+    assert all(s.constexprs.get("PORTABLE", True) is True for s in seen)
+    seen.clear()
+    with launch.recording_launches(platform, seen.append):
+        BACKENDS["triton_exact_sum"](logits, targets, contract)
+    assert all(s.config.fp_fusion and s.constexprs.get("PORTABLE", False) is False for s in seen)
