@@ -5,9 +5,10 @@ exp: every fp32 bit pattern ``d`` in ``[-87, -0]`` (1,118,699,521 of them), thro
 torch twin itself (``kernels/portable.portable_exp``) in chunks, against float64 ``exp``
 (error below ``2^-52`` relative, a ten-millionth of an fp32 ulp); the error in ulps of the
 exact result. It also checks that the Cody-Waite step ``d - n LN2_HI`` is exact (fp32
-against float64, where it is exact) and that every result is 1 at ``d = 0`` and at least
-``2^-126`` (no subnormal). ``--below`` also runs every pattern below ``-87`` to ``-inf``
-(each must give exactly 0).
+against float64, where it is exact) and that every result is at least ``2^-126``.
+``--below`` also runs every pattern in ``[-104, -87)`` (subnormal results: the error
+after the bound's relative error, in units of the subnormal ulp ``2^-149``), and every
+pattern below ``-104`` to ``-inf`` (each must give exactly 0).
 
 log: ``--log-samples`` float64 ``s`` in ``[1, 2^31]`` (log-uniform, and every ``1 + k 2^-52``
 near 1 and ``2^e`` neighbours), against an 80-bit ``long double`` log.
@@ -30,6 +31,7 @@ EXP_BOUND = 2.288  # ulp, benchmarks/portable_bounds.py
 LOG_BOUND = 5.332
 FIRST_NEGATIVE = 0x80000000  # -0.0
 FLOOR_BITS = 0xC2AE0000  # -87.0
+ZERO_BITS = 0xC2D00000  # -104.0
 NEG_INF_BITS = 0xFF800000
 
 
@@ -68,12 +70,25 @@ def exp_sweep(chunk: int) -> dict[str, float]:
     return {"inputs": count, "max_ulp": worst, "at": worst_at}
 
 
+def subnormal_sweep(chunk: int) -> dict[str, float]:
+    """``[-104, -87)``: ``|y - exp(d)| - EXP_BOUND u exp(d)``, in subnormal ulps ``2^-149``."""
+    worst, count = 0.0, 0
+    for start in range(FLOOR_BITS + 1, ZERO_BITS + 1, chunk):
+        d = _patterns(start, min(start + chunk, ZERO_BITS + 1))
+        y = portable_exp(d).numpy().astype(np.float64)
+        exact = np.exp(d.numpy().astype(np.float64))
+        excess = (np.abs(y - exact) - EXP_BOUND * 2.0**-24 * exact) / 2.0**-149
+        worst = max(worst, float(excess.max()))
+        count += d.numel()
+    return {"inputs": count, "excess": worst}
+
+
 def below_sweep(chunk: int) -> int:
     count = 0
-    for start in range(FLOOR_BITS + 1, NEG_INF_BITS + 1, chunk):
+    for start in range(ZERO_BITS + 1, NEG_INF_BITS + 1, chunk):
         d = _patterns(start, min(start + chunk, NEG_INF_BITS + 1))
         if bool((portable_exp(d) != 0.0).any()):
-            raise AssertionError(f"nonzero exp below -87 in chunk at {start:#x}")
+            raise AssertionError(f"nonzero exp below -104 in chunk at {start:#x}")
         count += d.numel()
     return count
 
@@ -112,8 +127,13 @@ def main() -> None:
     )
     if args.below:
         started = time.perf_counter()
+        under = subnormal_sweep(chunk)
+        print(
+            f"exp: {under['inputs']:,} inputs in [-104, -87): error at most the bound's "
+            f"relative error plus {under['excess']:.4f} subnormal ulp (2^-149)"
+        )
         zeros = below_sweep(chunk)
-        print(f"exp: {zeros:,} inputs below -87 give 0 [{time.perf_counter() - started:.0f} s]")
+        print(f"exp: {zeros:,} inputs below -104 give 0 [{time.perf_counter() - started:.0f} s]")
     started = time.perf_counter()
     log = log_sweep(args.log_samples)
     print(

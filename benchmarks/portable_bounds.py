@@ -54,15 +54,16 @@ def _horner(coefficients: Sequence[float], x: mpmath.mpf) -> mpmath.mpf:
 
 
 def exp_reduction_range() -> float:
-    """``R``: every reduced argument ``d - n ln 2`` of an input in ``[-87, 0]`` has ``|r| <= R``."""
+    """``R``: every reduced argument ``d - n ln 2`` of an input in ``[-104, 0]``: ``|r| <= R``."""
     log2e = mpmath.mpf(portable.LOG2E)
-    # |fl(d LOG2E) - d log2(e)| <= |d| |LOG2E - log2 e| + half an ulp of a value below 128.
-    slack = 87 * abs(log2e - 1 / mpmath.log(2)) + 2.0**-18
+    # |fl(d LOG2E) - d log2(e)| <= |d| |LOG2E - log2 e| + half an ulp of a value below 256.
+    slack = 104 * abs(log2e - 1 / mpmath.log(2)) + 2.0**-17
     return float(mpmath.log(2) * (mpmath.mpf(0.5) + slack))
 
 
 def exp_bound() -> dict[str, float]:
-    """Relative error parts of ``portable_exp`` on ``[-87, 0]``, and the bound in ulps."""
+    """Relative error parts of ``portable_exp`` on ``[-104, 0]`` (before the final rounding
+    into the subnormal range, below ``-87``), and the bound in ulps."""
     mpmath.mp.dps = 60
     big_r = exp_reduction_range()
     q = portable.EXP_COEFFICIENTS
@@ -73,9 +74,9 @@ def exp_bound() -> dict[str, float]:
     approximation = _local_max(approx, -big_r, big_r)
     ln2 = mpmath.log(2)
     split = abs(ln2 - mpmath.mpf(portable.LN2_HI) - mpmath.mpf(portable.LN2_LO))
-    # r = fl(r_hi - fl(n LN2_LO)), r_hi exact: 126 |ln 2 - HI - LO|, the product's
-    # rounding (half an ulp of at most 126 LN2_LO), and the subtraction's (u |r|).
-    absolute = 126 * split + U32 * 126 * portable.LN2_LO
+    # r = fl(r_hi - fl(n LN2_LO)), r_hi exact: 150 |ln 2 - HI - LO|, the product's
+    # rounding (half an ulp of at most 150 LN2_LO), and the subtraction's (u |r|).
+    absolute = 150 * split + U32 * 150 * portable.LN2_LO
     reduction = float(absolute) + U32 * big_r  # exp(r + e) = exp(r)(1 + e + ...)
 
     def evaluation(r: float) -> float:

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import numpy as np
 import pytest
 
-from tp_logprob.kernels.portable import EXP_FLOOR, portable_exp, portable_log
+from tp_logprob.kernels.portable import EXP_FLOOR, EXP_NORMAL, portable_exp, portable_log
 
 EXP_BOUND_ULPS = 2.288  # docs/tolerances.md, "Portable exp and log"
 LOG_BOUND_ULPS = 5.332
@@ -22,9 +22,10 @@ LOG_BOUND_ULPS = 5.332
 
 def _exp_inputs() -> torch.Tensor:
     special = [0.0, -0.0, -1e-45, -1e-30, -0.3465736, -0.3465737, -1.0, -20.5, -86.99999]
-    special += [EXP_FLOOR, -87.00001, -100.0, -3.4e38, float("-inf")]
+    special += [EXP_NORMAL, -87.00001, -100.0, -103.279, EXP_FLOOR, -104.00001, -3.4e38]
+    special += [float("-inf")]
     rng = np.random.default_rng(0)
-    spread = -np.exp(rng.uniform(-30.0, math.log(90.0), 4000))
+    spread = -np.exp(rng.uniform(-30.0, math.log(110.0), 4000))
     return torch.tensor(special + spread.tolist(), dtype=torch.float32)
 
 
@@ -44,11 +45,16 @@ def test_exp_within_bound_and_special_values() -> None:
     d = _exp_inputs()
     out = portable_exp(d).numpy()
     exact = np.exp(d.numpy().astype(np.float64))
-    kept = d.numpy() >= EXP_FLOOR
-    assert (out[~kept] == 0.0).all()
-    assert _ulps(out[kept], exact[kept], np.float32).max() <= EXP_BOUND_ULPS
+    normal = d.numpy() >= EXP_NORMAL
+    under = ~normal & (d.numpy() >= EXP_FLOOR)
+    assert (out[~normal & ~under] == 0.0).all()
+    assert _ulps(out[normal], exact[normal], np.float32).max() <= EXP_BOUND_ULPS
     assert out[0] == 1.0 and out[1] == 1.0
-    assert (out[kept] >= np.float32(2.0**-126)).all()
+    assert (out[normal] >= np.float32(2.0**-126)).all()
+    # Below -87: the bound's relative error, then one rounding to a subnormal ulp 2^-149.
+    error = np.abs(out[under].astype(np.float64) - exact[under])
+    assert (error <= EXP_BOUND_ULPS * 2.0**-24 * exact[under] + 2.0**-150).all()
+    assert ((out[under] > 0) & (out[under] < np.float32(2.0**-126))).any()
 
 
 def test_log_within_bound() -> None:

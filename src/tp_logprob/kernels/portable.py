@@ -9,17 +9,18 @@ unit, applied in one fixed order with no fused multiply-add. The Triton device f
 (``kernels/triton/portable_math.py``) apply the same operations in the same order, and
 the constants below are the ones both use, each exactly representable in its dtype.
 
-``portable_exp(d)``, fp32, for ``d <= 0`` or ``-inf`` (the fixed-point sums' ``z - M``):
+``portable_exp(d)``, fp32, for ``d <= 0`` or ``-inf`` (``z - M`` and ``z - LSE``):
 
-1. ``d < EXP_FLOOR = -87`` gives exactly 0. ``exp(-87) * 2^61 < 2^-64``, so every
-   fixed-point term and entropy term (``K <= 61`` fraction bits) it would feed is 0 anyway,
-   and every other result is at least ``exp(-87) > 2^-126``: no subnormal arises.
+1. ``d < EXP_FLOOR = -104`` gives exactly 0 (``exp(d) < 2^-150``, which rounds to 0).
 2. ``n = rint(d * LOG2E)`` by adding and subtracting ``1.5 * 2^23`` (round to nearest
-   even), ``n`` in ``[-126, 0]``, read off the sum's bits as an int32.
+   even), ``n`` in ``[-150, 0]``, read off the sum's bits as an int32.
 3. Cody-Waite: ``r = (d - n LN2_HI) - n LN2_LO``. ``LN2_HI`` has 15 significant bits,
    so ``n LN2_HI`` (at most 22 bits) and the difference are exact.
 4. ``p = ((q(r) r^2) + r) + 1``, ``q`` Cephes' degree-5 polynomial by Horner.
-5. ``p 2^n``, with ``2^n`` built from its exponent bits: exact, since ``p 2^n`` is normal.
+5. ``p 2^n``, with ``2^n`` built from its exponent bits: exact, since ``p 2^n`` is normal
+   for ``d >= EXP_NORMAL = -87``. Below (``exp(d) < 2^-125``), ``(p 2^(n + 64)) 2^-64``:
+   the first product is exact and the second is one correctly rounded multiplication
+   into the subnormal range, kept (never flushed) on every target.
 
 ``portable_log(s)``, fp64, for a positive normal ``s`` (the merge's ``S >= 1``): ``s = 2^e m``
 from the bits, ``m`` in ``[sqrt(1/2), sqrt(2))``, ``f = m - 1`` (exact), ``t = f / (2 + f)``,
@@ -36,6 +37,9 @@ import torch
 __all__ = [
     "EXP_COEFFICIENTS",
     "EXP_FLOOR",
+    "EXP_NORMAL",
+    "EXP_UNDER",
+    "EXP_UNDER_SCALE",
     "LN2_HI",
     "LN2_HI64",
     "LN2_LO",
@@ -58,7 +62,10 @@ def _f64(bits: int) -> float:
     return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
 
 
-EXP_FLOOR = _f32(0xC2AE0000)  # -87.0
+EXP_FLOOR = _f32(0xC2D00000)  # -104.0: exp(d) < 2^-150 below, which rounds to 0
+EXP_NORMAL = _f32(0xC2AE0000)  # -87.0: exp(d) > 2^-126 from here up
+EXP_UNDER = 64  # below EXP_NORMAL, scale by 2^(n + 64), then by the exact 2^-64
+EXP_UNDER_SCALE = _f32(0x1F800000)  # 2^-64
 LOG2E = _f32(0x3FB8AA3B)  # log2(e) rounded to fp32
 ROUNDER = _f32(0x4B400000)  # 1.5 * 2^23: adding it rounds to an integer, its bits hold n
 ROUNDER_BITS = 0x4B400000
@@ -98,6 +105,7 @@ def portable_exp(d: torch.Tensor) -> torch.Tensor:
     if d.dtype != torch.float32:
         raise TypeError(f"d.dtype={d.dtype}: portable_exp takes float32")
     below = d < EXP_FLOOR
+    under = d < EXP_NORMAL
     x = torch.where(below, 0.0, d)
     rounded = x * LOG2E + ROUNDER
     n = rounded.view(torch.int32) - ROUNDER_BITS
@@ -107,8 +115,10 @@ def portable_exp(d: torch.Tensor) -> torch.Tensor:
     for coefficient in EXP_COEFFICIENTS[1:]:
         q = q * r + coefficient
     p = (q * (r * r) + r) + 1.0
-    power = ((n + 127) << 23).view(torch.float32)
-    return torch.where(below, 0.0, p * power)
+    power = ((torch.where(under, n + EXP_UNDER, n) + 127) << 23).view(torch.float32)
+    scaled = p * power
+    y = torch.where(under, scaled * EXP_UNDER_SCALE, scaled)
+    return torch.where(below, 0.0, y)
 
 
 def portable_log(s: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,9 @@ target is how the kernels calling them are launched and compiled:
   Triton nor LLVM contracts a product and a sum into an fma;
 - fp32 division only through ``tl.math.div_rn`` (plain ``/`` is ``div.full.f32`` on
   NVIDIA); the log's fp64 ``/`` is ``div.rn.f64`` there and correctly rounded on AMD;
-- no subnormal arises inside ``portable_exp`` (its results are 0 or above ``2^-126``), and
-  subnormal logits and outputs are kept, never flushed.
+- subnormals are kept, never flushed: ``portable_exp``'s results below ``2^-126`` come
+  from one correctly rounded multiplication by ``2^-64``, and subnormal logits and
+  outputs pass through (every target compiles without flush-to-zero).
 
 ``PORTABLE_KERNELS`` names the kernels ``triton_portable`` launches (each with the
 constexpr ``PORTABLE=True`` where it has one): the set whose compiled code must hold no
@@ -33,6 +34,9 @@ PORTABLE_KERNELS = ("exact_max_kernel", "exact_sum_kernel", "exact_merge_kernel"
 """The kernels of ``triton_portable`` (``exact_sum_kernels``), by name."""
 
 _EXP_FLOOR = tl.constexpr(portable.EXP_FLOOR)
+_EXP_NORMAL = tl.constexpr(portable.EXP_NORMAL)
+_EXP_UNDER = tl.constexpr(portable.EXP_UNDER)
+_EXP_UNDER_SCALE = tl.constexpr(portable.EXP_UNDER_SCALE)
 _LOG2E = tl.constexpr(portable.LOG2E)
 _ROUNDER = tl.constexpr(portable.ROUNDER)
 _ROUNDER_BITS = tl.constexpr(portable.ROUNDER_BITS)
@@ -47,8 +51,9 @@ _L7, _L6, _L5, _L4, _L3, _L2, _L1 = (tl.constexpr(c) for c in portable.LOG_COEFF
 
 @triton.jit
 def portable_exp(d):
-    """``exp(d)`` for fp32 ``d <= 0`` (or ``-inf``), exactly 0 below ``-87``."""
+    """``exp(d)`` for fp32 ``d <= 0`` (or ``-inf``), exactly 0 below ``-104``."""
     below = d < _EXP_FLOOR
+    under = d < _EXP_NORMAL
     x = tl.where(below, 0.0, d)
     rounded = x * _LOG2E + _ROUNDER
     n = rounded.to(tl.int32, bitcast=True) - _ROUNDER_BITS
@@ -60,8 +65,10 @@ def portable_exp(d):
     q = q * r + _E4
     q = q * r + _E5
     p = (q * (r * r) + r) + 1.0
-    power = ((n + 127) << 23).to(tl.float32, bitcast=True)
-    return tl.where(below, 0.0, p * power)
+    power = ((tl.where(under, n + _EXP_UNDER, n) + 127) << 23).to(tl.float32, bitcast=True)
+    scaled = p * power
+    y = tl.where(under, scaled * _EXP_UNDER_SCALE, scaled)
+    return tl.where(below, 0.0, y)
 
 
 @triton.jit
