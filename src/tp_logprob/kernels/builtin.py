@@ -106,11 +106,9 @@ TRITON_PORTABLE = _capability(
 """``triton_exact_sum`` with portable ``exp`` and ``log`` and no fp contraction
 (``triton/portable_sum.py``): its forward outputs are the same bits on CPU (the
 interpreter), NVIDIA and AMD, and the same as ``torch_portable``'s."""
-TORCH_PORTABLE = dataclasses.replace(
-    TRITON_PORTABLE, backend_id="torch_portable", roles=frozenset({LogprobRole.INFER})
-)
-"""``triton_portable``'s forward in torch (``kernels/portable_sum.py``), registered on CPU:
-the same bits without the Triton interpreter. Role ``infer`` only."""
+TORCH_PORTABLE = dataclasses.replace(TRITON_PORTABLE, backend_id="torch_portable")
+"""``triton_portable`` in torch (``kernels/portable_sum.py``), registered on CPU: the same
+bits, forward and gradient, without the Triton interpreter."""
 
 PLATFORM_TWINS = {
     TRITON_PORTABLE.backend_id: TORCH_PORTABLE.backend_id,

@@ -49,6 +49,7 @@ __all__ = [
     "ROUNDER",
     "ROUNDER_BITS",
     "SQRT2",
+    "portable_cast",
     "portable_exp",
     "portable_log",
 ]
@@ -143,3 +144,21 @@ def portable_log(s: torch.Tensor) -> torch.Tensor:
         h = h * z + coefficient
     log1p = t * 2.0 + t * (h * z)
     return e * LN2_HI64 + (e * LN2_LO64 + log1p)
+
+
+_QUIET_NAN = {torch.float32: 0x7FC00000, torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+
+def portable_cast(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 ``values`` rounded to ``dtype`` (to nearest even), every NaN as ``dtype``'s one
+    quiet NaN: the kernels' ``stored``. (torch's own bf16 cast makes a NaN ``0x7FC0`` on one
+    code path and ``0xFFFF`` on its vectorised one.)
+
+    >>> portable_cast(torch.tensor([float("nan")]), torch.bfloat16).view(torch.int16).item()
+    32704
+    """
+    if dtype not in _QUIET_NAN:
+        raise TypeError(f"dtype={dtype}: portable_cast rounds to float32, bfloat16 or float16")
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    nan = torch.tensor(_QUIET_NAN[dtype], dtype=bits, device=values.device).view(dtype)
+    return torch.where(torch.isnan(values), nan, values.to(dtype))

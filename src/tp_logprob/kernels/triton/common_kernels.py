@@ -35,6 +35,7 @@ __all__ = [
     "store_entropy",
     "store_lse",
     "store_results",
+    "stored",
     "widen",
 ]
 
@@ -167,7 +168,7 @@ def merged_lse(maximum, has_nan, total, PORTABLE: tl.constexpr):
 def store_lse(rows, in_range, maximum, has_nan, total, lse_ptr, PORTABLE: tl.constexpr):
     """Write :func:`merged_lse`'s LSE in ``lse_ptr``'s element type (a support's full ``lse``)."""
     lse = merged_lse(maximum, has_nan, total, PORTABLE)[0]
-    tl.store(lse_ptr + rows, round_for(lse_ptr, lse), mask=in_range)
+    tl.store(lse_ptr + rows, stored(lse_ptr, lse, PORTABLE), mask=in_range)
 
 
 @triton.jit
@@ -198,10 +199,10 @@ def store_results(
     relative = (target_logit.to(tl.float64) - shift) - log_total
     selected = tl.where(finite, relative.to(tl.float32), float("nan"))
     selected = tl.where(active, selected, 0.0)
-    tl.store(lse32_ptr + rows, lse, mask=in_range)
+    tl.store(lse32_ptr + rows, stored(lse32_ptr, lse, PORTABLE), mask=in_range)
     if STORE_LSE:
-        tl.store(lse_ptr + rows, round_for(lse_ptr, lse), mask=in_range)
-    tl.store(selected_ptr + rows, round_for(selected_ptr, selected), mask=in_range)
+        tl.store(lse_ptr + rows, stored(lse_ptr, lse, PORTABLE), mask=in_range)
+    tl.store(selected_ptr + rows, stored(selected_ptr, selected, PORTABLE), mask=in_range)
 
 
 @triton.jit
@@ -218,6 +219,24 @@ def round_for(ptr, value):
         return half.to(tl.bfloat16, bitcast=True)
     else:
         return value.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def stored(ptr, value, PORTABLE: tl.constexpr):
+    """:func:`round_for`, and with ``PORTABLE`` every NaN as the one quiet NaN of ``ptr``'s
+    type (``0x7FC00000``, ``0x7FC0``, ``0x7E00``): a NaN's sign and payload are the
+    platform's choice (NVIDIA's arithmetic and conversions give ``0x7FFFFFFF`` and
+    ``0x7FFF``, x86 keeps the operand's or makes ``0xFFC00000``)."""
+    out = round_for(ptr, value)
+    if PORTABLE:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            nan = tl.full(value.shape, 0x7FC0, tl.int16).to(tl.bfloat16, bitcast=True)
+        elif ptr.dtype.element_ty == tl.float16:
+            nan = tl.full(value.shape, 0x7E00, tl.int16).to(tl.float16, bitcast=True)
+        else:
+            nan = tl.full(value.shape, 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+        out = tl.where(value != value, nan, out)
+    return out
 
 
 @triton.jit
@@ -245,6 +264,6 @@ def store_entropy(
     entropy64 = row_log(safe_total, PORTABLE) - moment / safe_total
     entropy = tl.where(finite, entropy64.to(tl.float32), float("nan"))
     entropy = tl.where(active, entropy, 0.0)
-    tl.store(entropy32_ptr + rows, entropy, mask=in_range)
+    tl.store(entropy32_ptr + rows, stored(entropy32_ptr, entropy, PORTABLE), mask=in_range)
     if STORE_ENTROPY:
-        tl.store(entropy_ptr + rows, round_for(entropy_ptr, entropy), mask=in_range)
+        tl.store(entropy_ptr + rows, stored(entropy_ptr, entropy, PORTABLE), mask=in_range)

@@ -30,8 +30,14 @@ from tp_logprob.kernels import portable
 
 __all__ = ["PORTABLE_KERNELS", "portable_exp", "portable_log", "row_exp", "row_log"]
 
-PORTABLE_KERNELS = ("exact_max_kernel", "exact_sum_kernel", "exact_merge_kernel")
-"""The kernels of ``triton_portable`` (``exact_sum_kernels``), by name."""
+PORTABLE_KERNELS = (
+    "exact_max_kernel",
+    "exact_sum_kernel",
+    "exact_merge_kernel",
+    "logprob_grad_kernel",
+)
+"""The kernels of ``triton_portable`` by name: its forward (``exact_sum_kernels``), in
+launch order, and its backward (``backward_kernels``)."""
 
 _EXP_FLOOR = tl.constexpr(portable.EXP_FLOOR)
 _EXP_NORMAL = tl.constexpr(portable.EXP_NORMAL)

@@ -12,9 +12,9 @@ to the output dtype. So the outputs are the same bits on every target, and the s
 ``triton_exact_sum``'s; the portable ``exp`` costs about 20 fp32 operations a column
 instead of ``ex2.approx`` and a multiply.
 
-The promise covers the forward outputs. The ``train`` role's gradient is
-``triton_exact_sum``'s backward (the platform's ``exp``), close to the oracle's but not
-the same bits on every platform.
+The ``train`` role's backward is ``logprob_grad_kernel`` with ``PORTABLE=True`` (its
+``p = exp(z - LSE)`` by ``portable_exp``, launched without fp fusion): the gradient's
+bits are the same on every target as well, and the same as ``torch_portable``'s.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def triton_portable_logprob(
 
     >>> # result = triton_portable_logprob(local_logits, targets, contract, group=handle)
     """
-    return run_op(portable_forward, local_logits, targets, contract, group)
+    return run_op(portable_forward, local_logits, targets, contract, group, portable=True)
 
 
 def portable_forward(
