@@ -13,18 +13,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import DeterminismScope
+from tp_logprob.contract import DeterminismScope, LogprobRole
 from tp_logprob.kernels.builtin import PLATFORM_TWINS
 from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to, claims
 from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
 from tp_logprob.properties.catalogue import run_property, suite_property
 from tp_logprob.properties.draws import draw_case
+from tp_logprob.properties.gradients import backward
 from tp_logprob.properties.measuring import expect_bitwise
-from tp_logprob.properties.report import SuiteStats
+from tp_logprob.properties.report import SuiteStats, format_value, violation
 from tp_logprob.properties.running import execute
 from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
@@ -52,21 +54,35 @@ def platform_twins(
     stats: SuiteStats | None = None,
     twin: BackendUnderTest | None = None,
 ) -> None:
-    """The backend and its twin give the same bits, NaN payloads and signed zeros included."""
+    """The backend and its twin give the same bits, NaN payloads and signed zeros included;
+    for role ``train`` the gradient of every rank's weighted loss too."""
     twin = platform_twin(backend) if twin is None else twin
     if twin is None or not twin.capability.supports(case.contract):
         return
-    expect_bitwise(
-        f"cross-platform bits: {backend.backend_id} and its twin {twin.backend_id} differ",
-        case,
-        backend.backend_id,
-        execute(backend, case),
-        execute(twin, case),
-        labels=(
-            f"{backend.backend_id} on {backend.platform}",
-            f"{twin.backend_id} on {twin.platform}",
-        ),
+    prop = f"cross-platform bits: {backend.backend_id} and its twin {twin.backend_id} differ"
+    labels = (
+        f"{backend.backend_id} on {backend.platform}",
+        f"{twin.backend_id} on {twin.platform}",
     )
+    if case.contract.role is not LogprobRole.TRAIN:
+        mine, theirs = execute(backend, case), execute(twin, case)
+        expect_bitwise(prop, case, backend.backend_id, mine, theirs, labels=labels)
+        return
+    ours, their = backward(prop, case, backend), backward(prop, case, twin)
+    expect_bitwise(prop, case, backend.backend_id, ours.outputs, their.outputs, labels=labels)
+    differ = np.argwhere(ours.gradient.view(np.int64) != their.gradient.view(np.int64))
+    if differ.size:
+        row, column = (int(i) for i in differ[0])
+        raise violation(
+            f"{prop}: the gradients differ",
+            case,
+            backend.backend_id,
+            [
+                ("first element", f"row {row}, column {column} ({len(differ)} differ)"),
+                (labels[0], format_value(ours.gradient[row, column])),
+                (labels[1], format_value(their.gradient[row, column])),
+            ],
+        )
 
 
 @applies_to(LOGITS_INPUT, CROSS_PLATFORM_BITWISE)
