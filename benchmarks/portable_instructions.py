@@ -1,8 +1,9 @@
 """Which floating-point instructions ``triton_portable``'s kernels compile to, per GPU target.
 
 Records the backend's launches (``tools.gpu_readiness.recorder``, no GPU needed) for a few
-contracts (bf16 and fp32, with temperature and entropy), compiles each kernel ahead of
-time for every target with ``enable_fp_fusion=False`` (as ``launch`` does for it), and
+contracts (bf16 and fp32, with temperature and entropy, and the backward of role
+``train``), compiles each kernel ahead of time for every target with
+``enable_fp_fusion=False`` (as ``launch`` does for it), and
 counts, in the PTX or AMDGCN, the instructions that could break the same-bits promise:
 fused multiply-adds, approximate exp/log/reciprocal/division and flush-to-zero variants.
 ``--fusion`` compiles with fusion on instead (the control: the same kernels then hold
@@ -44,6 +45,7 @@ def launches(platform: str) -> dict[tuple[str, str], recorder.KernelLaunch]:
         base,
         dataclasses.replace(base, export_entropy=True, temperature=0.7),
         dataclasses.replace(base, dtype="fp32", export_entropy=True, temperature=0.7),
+        dataclasses.replace(base, role="train", export_entropy=True, temperature=0.7),
     ]
     chosen: dict[tuple[str, str], recorder.KernelLaunch] = {}
     for contract in variants:
