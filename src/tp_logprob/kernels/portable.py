@@ -15,7 +15,7 @@ the constants below are the ones both use, each exactly representable in its dty
 2. ``n = rint(d * LOG2E)`` by adding and subtracting ``1.5 * 2^23`` (round to nearest
    even), ``n`` in ``[-150, 0]``, read off the sum's bits as an int32.
 3. Cody-Waite: ``r = (d - n LN2_HI) - n LN2_LO``. ``LN2_HI`` has 15 significant bits,
-   so ``n LN2_HI`` (at most 22 bits) and the difference are exact.
+   so ``n LN2_HI`` (at most 23 bits) and the difference are exact.
 4. ``p = ((q(r) r^2) + r) + 1``, ``q`` Cephes' degree-5 polynomial by Horner.
 5. ``p 2^n``, with ``2^n`` built from its exponent bits: exact, since ``p 2^n`` is normal
    for ``d >= EXP_NORMAL = -87``. Below (``exp(d) < 2^-125``), ``(p 2^(n + 64)) 2^-64``:
@@ -98,7 +98,7 @@ _ONE_EXPONENT = 0x3FF0000000000000
 
 
 def portable_exp(d: torch.Tensor) -> torch.Tensor:
-    """``exp(d)`` for fp32 ``d <= 0`` (or ``-inf``), 0 below ``-87``: the Triton twin's bits.
+    """``exp(d)`` for fp32 ``d <= 0`` (or ``-inf``), 0 below ``-104``: the Triton twin's bits.
 
     >>> portable_exp(torch.tensor([0.0, -1.0, float("-inf")]))
     tensor([1.0000, 0.3679, 0.0000])
