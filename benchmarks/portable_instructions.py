@@ -11,7 +11,10 @@ hundreds of fmas). See ``docs/tolerances.md``, "Portable exp and log", P4, for h
 read the AMD counts (the IEEE division's own correctly rounded sequence, and the exact
 f32 -> i64 conversion).
 
-Run: python benchmarks/portable_instructions.py [--targets sm_90 gfx942] [--fusion]
+``--loop`` prints the length of the fixed-point pass's column loop for ``triton_exact_sum``
+and ``triton_portable`` on sm_90 (``docs/tolerances.md``, P5).
+
+Run: python benchmarks/portable_instructions.py [--targets sm_90 gfx942] [--fusion] [--loop]
 """
 
 from __future__ import annotations
@@ -80,11 +83,42 @@ def count(target: str, fusion: bool) -> list[tuple[str, dict[str, int]]]:
     return rows
 
 
+def loop_length(backend: str, target: str = "sm_90") -> int:
+    """PTX instructions in the column loop of ``backend``'s ``exact_sum_kernel`` (bf16, the
+    aligned layout), compiled as it runs: the fixed-point pass's per-tile work."""
+    layout = recorder.LAYOUTS["aligned"]
+    base = recorder._base_contract(layout, 0, 0, LogprobInputKind.LOGITS)
+    launch = next(
+        item
+        for item in recorder._record_one(backend, "cuda", layout, base, torch.int64)
+        if item.kernel.__name__ == "exact_sum_kernel"
+    )
+    signature, values, attrs, options = aot._specialize(
+        launch.kernel, launch.args, launch.constexprs, launch.num_warps, target
+    )
+    compiled = triton.compile(
+        ASTSource(launch.kernel, signature, values, attrs),
+        target=aot._gpu_target(target),
+        options=options.__dict__,
+    )
+    lines = [line.strip() for line in compiled.asm["ptx"].splitlines()]
+    header = next(i for i, line in enumerate(lines) if "Inner Loop Header" in line)
+    label = lines[header].split(":")[0]
+    end = next(i for i in range(header + 1, len(lines)) if lines[i].endswith(f"{label};"))
+    body = lines[header + 1 : end + 1]
+    return sum(1 for line in body if line and not line.startswith(("$", "//", ".", "{", "}")))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="*", default=list(aot.TARGETS))
     parser.add_argument("--fusion", action="store_true", help="compile with fp fusion on")
+    parser.add_argument("--loop", action="store_true", help="only the sum pass's loop length")
     args = parser.parse_args()
+    if args.loop:
+        for backend in ("triton_exact_sum", "triton_portable"):
+            print(f"{backend}: {loop_length(backend)} PTX instructions in the sm_90 sum loop")
+        return
     for target in args.targets:
         for label, found in count(target, args.fusion):
             print(f"{target:7} {label:50} {found or 'none'}")
