@@ -36,10 +36,32 @@ SGLANG_IMPORTS = [
 """What importing SGLang's sampling params, sampler softmax and ``sampling_mask`` needs
 (``tp_logprob.peers.sglang_sampler``); its sampler module itself needs a GPU build."""
 
+PEER_RELEASES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    # distribution: (releases, what the adapter imports beside it, its tests)
+    "verl": (
+        ("0.4.1", "0.5.0", "0.6.1", "0.7.1", "0.8.0", "0.9.0", "0.9.1"),
+        # transformers as verl 0.4 to 0.9 ask (<5); 0.4.1's package import needs pkg_resources,
+        # 0.4.1's and 0.5.0's pandas.
+        (*VERL_IMPORTS, "transformers>=4.51,<5", "setuptools<81", "pandas"),
+        ("tests/peers/test_verl_fused.py", "tests/peers/test_adapters.py", "-k", "verl"),
+    ),
+    "sglang": (
+        # 0.5.20 has the API too, but its srt/utils/common.py imports torchvision at the
+        # top, and PyPI's torchvision for Linux x86-64 does not load beside the CPU torch.
+        ("0.5.21", "0.5.22", "0.5.23"),
+        tuple(SGLANG_IMPORTS),
+        ("tests/peers/test_sglang_sampler.py",),
+    ),
+    "openrlhf": (("0.8.11", "0.9.5", "0.10.4", "0.11.2"), (), ("tests/peers/test_openrlhf.py",)),
+    "cut-cross-entropy": (("24.11.4", "24.12.3", "25.1.1"), (), ("tests/peers/test_cce.py",)),
+}
+"""The releases of each peer library that have its adapter's API (the newest is the
+conformance run's), what the adapter imports beside the library, and its tests."""
+
 
 def _history_corpus() -> Any:
     """The historical corpus module, read from its file (it imports nothing of the package)."""
-    path = ROOT / "src" / "tp_logprob" / "peers" / "_history_corpus.py"
+    path = ROOT / "tools" / "history" / "corpus.py"
     spec = importlib.util.spec_from_file_location("_history_corpus", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -113,7 +135,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the package and tools/: strict but for the suite and its plugin (pyproject)."""
+    """mypy over the package and tools/: strict but for the command line (pyproject)."""
     _install(session, "torch,test")
     session.install("mypy>=1.10")
     session.run("mypy", "src/tp_logprob", "tools", *session.posargs)
@@ -200,7 +222,36 @@ def conformance(session: nox.Session) -> None:
     session.install(*peers, "--no-deps", "openrlhf")
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
-    session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)
+    session.run("python", "-m", "tools.conformance", *session.posargs)
+
+
+@nox.session(default=False)
+@nox.parametrize("distribution", sorted(PEER_RELEASES))
+def peer_releases(session: nox.Session, distribution: str) -> None:
+    """An adapter's tests on each release of its library (posargs: some releases only)."""
+    _install(session, "torch,triton,test")
+    releases, requires, tests = PEER_RELEASES[distribution]
+    if requires:
+        session.install(*_constraints(), *requires)
+    _cpu_interpreter_env(session)  # Triton kernels on CPU tensors
+    failed = []
+    for release in session.posargs or releases:
+        # Each release alone, over the last: its pins would pull other torch builds.
+        session.install("--no-deps", "--force-reinstall", f"{distribution}=={release}")
+        try:
+            output = session.run(
+                "pytest", *tests, "-q", "-p", "no:cacheprovider", "-n", "0", "-rs", silent=True
+            )
+        except nox.command.CommandFailed:
+            failed.append(release)
+            continue
+        print(output)
+        if " skipped" in str(output).strip().splitlines()[-1]:  # an import that failed
+            failed.append(release)
+    passed = [release for release in session.posargs or releases if release not in failed]
+    session.log(f"{distribution}: passed on {passed}; failed on {failed}")
+    if failed:
+        session.error(f"{distribution}: the adapter's tests failed on {failed}")
 
 
 @nox.session(default=False)
@@ -215,7 +266,7 @@ def history(session: nox.Session, release: str) -> None:
     if requires:
         session.install(*_constraints(), *requires)
     _cpu_interpreter_env(session)  # Liger's Triton kernels on CPU tensors
-    session.run("python", "-m", "tp_logprob.peers.history", "run", "--release", release)
+    session.run("python", "-m", "tools.history", "run", "--release", release)
     session.notify("history_report")
 
 
@@ -225,4 +276,4 @@ def history_report(session: nox.Session) -> None:
     session.install(*_constraints(), "numpy")
     session.install("--no-deps", "-e", ".")
     args = session.posargs or ["report"]  # e.g. -- --out DIR report --markdown FILE
-    session.run("python", "-m", "tp_logprob.peers.history", *args)
+    session.run("python", "-m", "tools.history", *args)

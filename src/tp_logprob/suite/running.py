@@ -1,0 +1,396 @@
+"""Running one case on a backend at its TP degree, as every property does.
+
+:func:`execute` dispatches by backend id (so the capability gate is exercised),
+runs every emulated rank through :func:`~tp_logprob.run_tp` (or
+:func:`~tp_logprob.run_tp_hidden` for a fused LM-head case), which also proves the
+outputs are replicated, and checks the structure of what came back (a processed
+op's ``support_lse``, ``support_size`` and ``support_threshold`` included).
+:func:`sub_batch` and :func:`select_rows` cut a case (a replayed support's rows
+too) and its outputs to some rows.
+
+On a real process group (the suite under ``torchrun``, see
+:mod:`tp_logprob.real_group`), the session binds every backend to the group
+(:attr:`~tp_logprob.suite.backends.BackendUnderTest.group`): a case whose TP degree is
+the group's runs on it, this process running its own rank only (:func:`run_logits`,
+:func:`run_hidden`), and a case of another TP degree still runs on the emulated group.
+A gradient then holds only this rank's shard until :func:`gathered_grad` (or
+:func:`summed_grad`, for the partial ``d hidden``) brings in the others'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
+from tp_logprob.contract import LogprobContract, LogprobResult, MaskSpec
+from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest, RankGroup
+from tp_logprob.suite.violation import violation
+from tp_logprob.support import SupportMode, SupportSpec
+
+__all__ = [
+    "GARBAGE_TARGETS",
+    "Floats",
+    "Outputs",
+    "execute",
+    "expanded_batch",
+    "gathered_grad",
+    "outputs_of",
+    "run_hidden",
+    "run_logits",
+    "select_rows",
+    "sub_batch",
+    "summed_grad",
+]
+
+Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """One run's replicated outputs as float64 copies of the fp32 values.
+
+    ``entropy`` is None unless the contract has ``export_entropy``. A processed op
+    (a contract with a support) also has ``support_lse``, ``support_size`` (int64)
+    and, for sampling parameters, ``support_threshold``; they are None otherwise.
+    """
+
+    selected: Floats
+    lse: Floats | None
+    results: Any  # the per-rank LogprobResults, for gradients
+    entropy: Floats | None = None
+    support_lse: Floats | None = None
+    support_size: npt.NDArray[np.int64] | None = None
+    support_threshold: Floats | None = None
+
+
+def execute(
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    *,
+    logits: Any = None,
+    targets: Any = None,
+    operands: tuple[Any, Any, Any] | None = None,
+) -> Outputs:
+    """Run ``case`` on every emulated rank of its contract; check replication and structure.
+
+    ``logits`` and ``targets`` override the tensors made from ``case`` (e.g. logits
+    that require grad, or tensors the caller keeps to inspect afterwards). A fused
+    LM-head case (``input_kind="hidden"``) runs through
+    :func:`~tp_logprob.run_tp_hidden` on its ``(hidden, weight, bias)``, or on
+    ``operands`` when given.
+    """
+    from tp_logprob.emulate import ReplicationError
+
+    contract = case.contract
+    op = backend.op_for(contract)
+    try:
+        if targets is None:
+            targets = case.torch_targets(backend.device)
+        if isinstance(case, HiddenCase):
+            hidden, weight, bias = (
+                case.torch_inputs(backend.device) if operands is None else operands
+            )
+            results = run_hidden(backend, op, hidden, weight, targets, contract, bias=bias)
+        else:
+            full = case.torch_logits(backend.device) if logits is None else logits
+            results = run_logits(backend, op, full, targets, contract)
+    except ReplicationError as error:
+        raise violation(
+            "replicated outputs: ranks returned different bits",
+            case,
+            backend.backend_id,
+            [("problem", str(error))],
+        ) from None
+    return outputs_of(results, case, backend.backend_id)
+
+
+def _group_for(backend: BackendUnderTest, contract: LogprobContract) -> RankGroup | None:
+    """The real group if ``contract`` runs on it; None for the emulated group; a skip when
+    the backend cannot run on the emulated group."""
+    group = backend.group
+    world = contract.sharding.tp_world_size
+    if group is not None and world == group.world_size:
+        return group
+    if backend.capability.real_group_only:
+        where = (
+            "run the suite under torchrun"
+            if group is None
+            else f"this check needs TP={world} and the group has {group.world_size} ranks"
+        )
+        pytest.skip(
+            f"{backend.backend_id} runs only on a real process group (real_group_only), not "
+            f"on the emulated group: {where}"
+        )
+    return None
+
+
+@contextmanager
+def _emulation(backend: BackendUnderTest) -> Iterator[None]:
+    """An op that says it cannot run on the emulated group here is skipped, not failed."""
+    try:
+        yield
+    except EmulationUnavailableError as error:
+        pytest.skip(f"{backend.backend_id} cannot run on the emulated group here: {error}")
+
+
+def run_logits(
+    backend: BackendUnderTest,
+    op: Any,
+    logits: Any,
+    targets: Any,
+    contract: LogprobContract,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[LogprobResult]:
+    """:func:`~tp_logprob.run_tp` for ``backend``'s ``op``, or this rank of the real group.
+
+    On the real group ``timeout`` is the group's own; the results are every rank's
+    (this rank's own, the others' copies), checked bit for bit as ``run_tp`` checks.
+    """
+    from tp_logprob.emulate import run_tp
+
+    group = _group_for(backend, contract)
+    if group is None:
+        with _emulation(backend):
+            return run_tp(op, logits, targets, contract, timeout=timeout)
+    bounds = contract.sharding.vocab_shard_bounds
+
+    def call(rank: int, rank_contract: LogprobContract, handle: Any) -> Any:
+        start, end = bounds[rank]
+        return op(logits[:, start:end], targets, rank_contract, group=handle)
+
+    return list(group.run(call, contract, backend.device))
+
+
+def run_hidden(
+    backend: BackendUnderTest,
+    op: Any,
+    hidden: Any,
+    weight: Any,
+    targets: Any,
+    contract: LogprobContract,
+    *,
+    bias: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[LogprobResult]:
+    """:func:`~tp_logprob.run_tp_hidden` for ``backend``'s ``op``, or this rank of the real
+    group (as :func:`run_logits`)."""
+    from tp_logprob.emulate import run_tp_hidden
+
+    group = _group_for(backend, contract)
+    if group is None:
+        with _emulation(backend):
+            return run_tp_hidden(op, hidden, weight, targets, contract, bias=bias, timeout=timeout)
+    bounds = contract.sharding.vocab_shard_bounds
+
+    def call(rank: int, rank_contract: LogprobContract, handle: Any) -> Any:
+        start, end = bounds[rank]
+        rows = None if bias is None else bias[start:end]
+        return op(hidden, targets, rank_contract, group=handle, weight=weight[start:end], bias=rows)
+
+    return list(group.run(call, contract, backend.device))
+
+
+def gathered_grad(
+    leaf: Any, contract: LogprobContract, backend: BackendUnderTest, *, dim: int = 1
+) -> Any:
+    """``leaf.grad`` as every rank's backward filled it: on the emulated group the threads
+    share ``leaf``; on a real group each rank's shard (along ``dim``) comes from that rank.
+
+    Every rank calls it at the same point (it is a collective on a real group).
+    """
+    group = backend.group
+    if group is None or contract.sharding.tp_world_size != group.world_size:
+        return leaf.grad
+    return group.assemble(leaf, contract.sharding.vocab_shard_bounds, dim)
+
+
+def summed_grad(leaf: Any, contract: LogprobContract, backend: BackendUnderTest) -> Any:
+    """``leaf.grad`` summed over the ranks (the partial ``d hidden`` of each rank), in rank
+    order on a real group; on the emulated group autograd already summed it into ``leaf``."""
+    group = backend.group
+    if group is None or contract.sharding.tp_world_size != group.world_size:
+        return leaf.grad
+    return group.sum_partials(leaf)
+
+
+def outputs_of(results: Any, case: LogprobCase, backend_id: str) -> Outputs:
+    """Every rank's ``results`` of ``case`` as :class:`Outputs`, after a structural check."""
+    first = results[0]
+    problems = _structure_problems(first, case.contract)
+    if problems:
+        raise violation(
+            "output structure: not fp32 [N] tensors as the contract requires",
+            case,
+            backend_id,
+            [("problem", "; ".join(problems))],
+        )
+    lse = None if first.lse is None else _numpy(first.lse)
+    entropy = None if first.entropy is None else _numpy(first.entropy)
+    if case.contract.support is None:
+        return Outputs(_numpy(first.selected_logp), lse, results, entropy)
+    threshold = first.support_threshold
+    return Outputs(
+        _numpy(first.selected_logp),
+        lse,
+        results,
+        entropy,
+        support_lse=_numpy(first.support_lse),
+        support_size=np.asarray(first.support_size.detach().cpu().numpy(), dtype=np.int64),
+        support_threshold=None if threshold is None else _numpy(threshold),
+    )
+
+
+def _numpy(tensor: Any) -> Floats:
+    return np.asarray(tensor.detach().float().cpu().numpy(), dtype=np.float64)
+
+
+def _structure_problems(result: Any, contract: LogprobContract) -> list[str]:
+    rows = contract.num_tokens
+    problems = []
+    fields = [
+        ("selected_logp", result.selected_logp, True, ""),
+        ("lse", result.lse, contract.export_lse, "export_lse"),
+        ("entropy", result.entropy, contract.export_entropy, "export_entropy"),
+    ]
+    for name, value, wanted, flag in fields:
+        if not wanted:
+            if value is not None:
+                problems.append(f"{name} should be None ({flag}=False), got {type(value).__name__}")
+            continue
+        shape = tuple(getattr(value, "shape", ()))
+        dtype = str(getattr(value, "dtype", type(value).__name__))
+        if shape != (rows,) or dtype != "torch.float32":
+            problems.append(f"{name} is {dtype} {list(shape)}, expected torch.float32 [{rows}]")
+    if contract.support is not None:
+        problems += _support_structure_problems(result, contract)
+    return problems
+
+
+def _support_structure_problems(result: Any, contract: LogprobContract) -> list[str]:
+    """A processed op's fp32 ``support_lse``, int64 ``support_size`` and (sampling
+    parameters) fp32 ``support_threshold``, ``[N]`` each; no threshold for a replayed mask."""
+    rows = contract.num_tokens
+    recomputed = contract.support_mode is SupportMode.SAMPLING_PARAMS
+    problems = []
+    fields = [
+        ("support_lse", "torch.float32", True),
+        ("support_size", "torch.int64", True),
+        ("support_threshold", "torch.float32", recomputed),
+    ]
+    for name, wanted_dtype, wanted in fields:
+        value = getattr(result, name, None)
+        if not wanted:
+            if value is not None:
+                got = type(value).__name__
+                problems.append(f"{name} should be None (a replayed mask), got {got}")
+            continue
+        shape = tuple(getattr(value, "shape", ()))
+        dtype = str(getattr(value, "dtype", type(value).__name__))
+        if shape != (rows,) or dtype != wanted_dtype:
+            problems.append(f"{name} is {dtype} {list(shape)}, expected {wanted_dtype} [{rows}]")
+    return problems
+
+
+def select_rows(outputs: Outputs, rows: Any) -> Outputs:
+    """The outputs of ``rows`` only (in that order)."""
+
+    def pick(values: Any) -> Any:
+        return None if values is None else values[rows]
+
+    return Outputs(
+        outputs.selected[rows],
+        pick(outputs.lse),
+        outputs.results,
+        pick(outputs.entropy),
+        support_lse=pick(outputs.support_lse),
+        support_size=pick(outputs.support_size),
+        support_threshold=pick(outputs.support_threshold),
+    )
+
+
+def sub_batch(
+    case: LogprobCase, rows: Any, *, targets: Any = None, active: Any = None
+) -> LogprobCase:
+    """The case made of ``rows`` only (in that order, repeats allowed), with new ``targets``
+    and ``active`` mask (one per new row) when given.
+
+    A replayed support keeps each chosen row's kept ids. A fused case's exact logits
+    and dot-product bounds, when already computed, are carried over row by row
+    instead of being computed again.
+    """
+    contract = case.contract
+    rows = np.asarray(rows, dtype=np.int64)
+    mask = contract.mask.active_mask if active is None else np.asarray(active, dtype=np.bool_)
+    if active is None and mask is not None:
+        mask = mask[rows]
+    sub_mask = MaskSpec(len(rows), mask, ignore_index=contract.mask.ignore_index)
+    sub_contract = dataclasses.replace(
+        contract, mask=sub_mask, support=_support_rows(contract.support, rows)
+    )
+    new_targets = case.targets[rows] if targets is None else np.asarray(targets)
+    if isinstance(case, HiddenCase):
+        sub = HiddenCase(
+            sub_contract,
+            case.logits[rows],
+            new_targets,
+            hidden=case.hidden[rows],
+            weight=case.weight,
+            bias=case.bias,
+        )
+        for name in ("exact_logits", "dot_bound"):  # functools.cached_property values
+            if name in case.__dict__:
+                sub.__dict__[name] = case.__dict__[name][rows]
+        return sub
+    return LogprobCase(sub_contract, case.logits[rows], new_targets)
+
+
+def _support_rows(support: SupportSpec | None, rows: npt.NDArray[np.int64]) -> SupportSpec | None:
+    """A replayed support's ``rows`` (in that order); any other support as it is."""
+    if support is None or support.mode is not SupportMode.REPLAYED_MASK:
+        return support
+    return SupportSpec.from_kept_lists([support.kept_row(int(row)).tolist() for row in rows])
+
+
+GARBAGE_TARGETS = (-1, -100, 2**31 - 1, 2**40, -(2**40))
+"""Targets an inactive row may hold: the op must never read them."""
+
+
+def expanded_batch(case: LogprobCase, length: int, seed: int) -> LogprobCase:
+    """A ``length``-row batch made of ``case``'s rows, every row its own problem.
+
+    Row ``i`` copies a random row of ``case`` (its activity included) and takes
+    its own target: the copied row's, or a random live column (an inactive row, a
+    garbage target from :data:`GARBAGE_TARGETS`). In a logits case half the copies
+    also permute their live columns (the target follows), so no two rows need
+    agree and a kernel that reads another row's logits or target is caught; padding
+    columns stay where they are. All of it follows from ``seed``.
+    """
+    rng = np.random.default_rng(seed)
+    contract = case.contract
+    real = contract.sharding.real_vocab_size
+    source = rng.integers(0, contract.num_tokens, length)
+    active = case.active[source]
+    targets = np.where(
+        rng.random(length) < 0.5, case.targets[source], rng.integers(0, real, length)
+    )
+    targets = np.where(active, targets, rng.choice(GARBAGE_TARGETS, length))
+    expanded = sub_batch(case, source, targets=targets, active=active)
+    if isinstance(case, HiddenCase):
+        return expanded
+    logits = np.array(expanded.logits)
+    for row in np.flatnonzero(rng.random(length) < 0.5):
+        order = rng.permutation(real)  # new column j holds old column order[j]
+        logits[row, :real] = logits[row, order]
+        if active[row]:
+            targets[row] = int(np.argsort(order)[targets[row]])
+    return expanded.replace(logits=logits, targets=targets)
