@@ -53,6 +53,36 @@ def test_each_rank_gets_a_view_of_its_columns_and_its_contract() -> None:
     assert torch.equal(results[3].selected_logp, logits.sum(dim=1))
 
 
+def test_shards_given_one_per_rank_reach_their_ranks_as_they_are() -> None:
+    logits = torch.arange(36, dtype=torch.float32).reshape(3, 12)
+    shards = [logits[:, start:end].clone() for start, end in BOUNDS]
+    seen: dict[int, torch.Tensor] = {}
+
+    def op(local: torch.Tensor, targets: torch.Tensor, contract: Any, group: Any = None) -> Any:
+        seen[group.rank] = local
+        return gathering_op(local, targets, contract, group)
+
+    results = run_tp(op, shards, torch.zeros(3, dtype=torch.long), contract4())
+    assert all(seen[rank] is shard for rank, shard in enumerate(shards))
+    assert torch.equal(results[1].selected_logp, logits.sum(dim=1))
+
+
+@pytest.mark.parametrize(
+    ("shards", "message"),
+    [
+        ([torch.zeros(3, 3)] * 3, r"3 shards for tp_world_size=4"),
+        ([torch.zeros(3, 3), torch.zeros(3, 2), torch.zeros(3, 5), torch.zeros(3, 3)],
+         r"logits\[1\]: width 2 != its shard's 1"),
+        ([torch.zeros(3, 3), torch.zeros(3), torch.zeros(3, 5), torch.zeros(3, 3)],
+         r"logits\[1\]: expected a 2-dim torch.Tensor shard"),
+    ],
+    ids=["too-few", "wrong-width", "one-dim"],
+)  # fmt: skip
+def test_bad_shards_are_refused(shards: list[torch.Tensor], message: str) -> None:
+    with pytest.raises(tpl.LogprobContractError, match=message):
+        run_tp(gathering_op, shards, torch.zeros(3), contract4())
+
+
 def test_first_ranks_own_error_is_reraised_and_peers_do_not_wait() -> None:
     def op(local: torch.Tensor, targets: torch.Tensor, contract: Any, group: Any = None) -> Any:
         if group.rank == 2:

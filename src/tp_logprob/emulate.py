@@ -40,7 +40,7 @@ from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.errors import LogprobContractError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     import torch
 
@@ -53,7 +53,7 @@ class ReplicationError(RuntimeError):
 
 def run_tp(
     op: Callable[..., Any],
-    logits: torch.Tensor,
+    logits: torch.Tensor | Sequence[torch.Tensor],
     targets: torch.Tensor,
     contract: LogprobContract,
     *,
@@ -61,11 +61,13 @@ def run_tp(
 ) -> list[LogprobResult]:
     """Run ``op`` on every rank of ``contract``'s sharding; return each rank's result.
 
-    ``logits`` is the full ``[N, padded_vocab_size]`` tensor and ``contract`` any
-    rank's contract. Rank r calls
+    ``logits`` is the full ``[N, padded_vocab_size]`` tensor, or one shard per rank in
+    rank order (a list, as a trainer holds them), and ``contract`` any rank's contract.
+    Rank r calls
     ``op(logits[:, start_r:end_r], targets, contract.with_rank(r), group=handle_r)``
-    in its own thread. If a rank raises, the group is aborted so no peer waits,
-    and the first rank's own exception is re-raised (not a peer's abort error).
+    (or ``op(logits[r], ...)``) in its own thread. If a rank raises, the group is aborted
+    so no peer waits, and the first rank's own exception is re-raised (not a peer's abort
+    error).
     Outputs must be bitwise identical on every rank, else :class:`ReplicationError`.
     ``timeout`` bounds every wait, the group's collectives and the ranks' progress
     (see the module docstring).
@@ -82,6 +84,13 @@ def run_tp(
             f"contract={contract!r}: expected a LogprobContract, got {type(contract).__name__}"
         )
     sharding = contract.sharding
+    if isinstance(logits, (list, tuple)):
+        shards = _checked_shards(list(logits), contract)
+        return _run_ranks(
+            lambda rank, contract_r, group: op(shards[rank], targets, contract_r, group=group),
+            contract,
+            timeout,
+        )
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise LogprobContractError(
@@ -98,6 +107,30 @@ def run_tp(
         return op(logits[:, start:end], targets, contract_r, group=group)
 
     return _run_ranks(call, contract, timeout)
+
+
+def _checked_shards(shards: list[Any], contract: LogprobContract) -> list[torch.Tensor]:
+    """``shards``, one 2-dim tensor per rank of the sharding, each its rank's width."""
+    import torch
+
+    for rank, shard in enumerate(shards):
+        if not isinstance(shard, torch.Tensor) or shard.dim() != 2:
+            shape = tuple(shard.shape) if isinstance(shard, torch.Tensor) else type(shard).__name__
+            raise LogprobContractError(
+                f"logits[{rank}]: expected a 2-dim torch.Tensor shard, got {shape}"
+            )
+    bounds = contract.sharding.vocab_shard_bounds
+    if len(shards) != len(bounds):
+        raise LogprobContractError(
+            f"logits: {len(shards)} shards for tp_world_size={len(bounds)} (one per rank)"
+        )
+    for rank, (shard, (start, end)) in enumerate(zip(shards, bounds, strict=True)):
+        if shard.shape[1] != end - start:
+            raise LogprobContractError(
+                f"logits[{rank}]: width {shard.shape[1]} != its shard's {end - start} "
+                f"(vocab_shard_bounds[{rank}]=({start}, {end}))"
+            )
+    return shards
 
 
 def run_tp_hidden(

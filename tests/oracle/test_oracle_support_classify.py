@@ -23,6 +23,8 @@ from tp_logprob.oracle import (
     exact_support,
     support_margins,
 )
+from tp_logprob.oracle._support_rows import sorted_rows, top_values
+from tp_logprob.oracle.support import analyse
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("TP_LOGPROB_ORACLE_EXAMPLES", "60")),
@@ -68,6 +70,102 @@ def test_zero_margins_classify_exactly(case: tuple[np.ndarray, dict[str, Any]]) 
     assert np.array_equal(c.certainly_in, exact.mask)
     assert np.array_equal(c.certainly_out, ~exact.mask)
     assert not c.borderline.any()
+
+
+@st.composite
+def wide_cases(draw: st.DrawFn) -> tuple[np.ndarray, dict[str, Any], SupportMargins]:
+    """Rows wide enough that the sorted top is a small part of them (so it is found by
+    partition), with ties at and near the boundaries, and margins from none to bf16's."""
+    x, rules = draw(cases())
+    width = draw(st.integers(41, 400), label="width")
+    spread = draw(st.sampled_from([1.0, 4.0, 2.0**-20]), label="spread")
+    fill = draw(st.integers(0, 2**32 - 1), label="fill seed")
+    rng = np.random.default_rng(fill)
+    extra = (rng.standard_normal((x.shape[0], width)) * spread).astype(np.float32)
+    extra[rng.random(extra.shape) < 0.05] = -INF
+    # Repeat the drawn values so that ties reach across the row.
+    extra[:, : x.shape[1]] = x
+    x = np.concatenate([extra, x], axis=1)
+    kind = draw(st.sampled_from(["zero", "fp32", "bf16", "huge"]), label="margins")
+    margins = (
+        SupportMargins.zero()
+        if kind == "zero"
+        else support_margins("bf16" if kind == "bf16" else "fp32", x.shape[1], num_shards=2)
+    )
+    if kind == "huge":
+        margins = scaled(margins, 1e5)
+    return x, rules, margins
+
+
+@SETTINGS
+@given(case=wide_cases(), temperature=st.sampled_from([1.0, 0.7]))
+def test_the_sorted_top_decides_as_the_whole_sorted_row(
+    case: tuple[np.ndarray, dict[str, Any], SupportMargins], temperature: float
+) -> None:
+    """Each row's top, found without a sort, gives the bits of sorting the whole row."""
+    x, rules, margins = case
+    for given_margins in (None, margins):
+        args = (x, rules["top_k"], rules["top_p"], rules["min_p"], None, temperature)
+        top = analyse(*args, given_margins)
+        whole = analyse(*args, given_margins, whole_rows=True)
+        for name in ("defined", "threshold", "sure_threshold", "out_threshold"):
+            assert getattr(top, name).tobytes() == getattr(whole, name).tobytes(), name
+    # The masses of the top are the whole sorted row's, bit for bit, on the top.
+    z = top.z[top.defined]
+    if z.size:
+        m, need = z.max(axis=1), np.minimum(np.arange(z.shape[0]) + 3, z.shape[1])
+        rows = np.flatnonzero(top.defined)
+        part = sorted_rows(rows, top_values(z, need), m, z.shape[1])
+        full = sorted_rows(rows, np.sort(z, axis=1)[:, ::-1], m, z.shape[1])
+        for name in ("yh", "prefix_lo", "prefix_hi", "above_lo", "above_hi", "group_start"):
+            for r, size in enumerate(need.tolist()):
+                got, want = getattr(part, name)[r, :size], getattr(full, name)[r, :size]
+                assert got.tobytes() == want.tobytes(), name
+
+
+@SETTINGS
+@given(case=wide_cases())
+def test_blocks_of_rows_decide_as_one_block(
+    case: tuple[np.ndarray, dict[str, Any], SupportMargins],
+) -> None:
+    """Rows are decided a block at a time, and their masses computed a piece at a time;
+    blocks of one row and pieces of three terms give the bits of one block and piece."""
+    import tp_logprob.oracle._support_rows as rows_module
+    import tp_logprob.oracle.support as support_module
+
+    x, rules, margins = case
+    args = (x, rules["top_k"], rules["top_p"], rules["min_p"], None, 0.7, margins)
+    whole = analyse(*args)
+    saved = support_module._BLOCK_VALUES, support_module._MASS_BLOCK_VALUES, rows_module._EXP_PIECE
+    support_module._BLOCK_VALUES = support_module._MASS_BLOCK_VALUES = 1
+    rows_module._EXP_PIECE = 3
+    try:
+        rows = analyse(*args)
+    finally:
+        support_module._BLOCK_VALUES, support_module._MASS_BLOCK_VALUES = saved[:2]
+        rows_module._EXP_PIECE = saved[2]
+    for name in ("defined", "threshold", "sure_threshold", "out_threshold"):
+        assert getattr(rows, name).tobytes() == getattr(whole, name).tobytes(), name
+
+
+@SETTINGS
+@given(
+    z=hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 3), st.integers(1, 300)),
+        elements=st.one_of(st.sampled_from([0.0, 1.0, -INF, 2.0**-30]), st.floats(-4, 4)),
+    ),
+    data=st.data(),
+)
+def test_top_values_are_the_largest_in_order(z: np.ndarray, data: st.DataObject) -> None:
+    need = np.array(
+        [data.draw(st.integers(1, z.shape[1]), label=f"need[{r}]") for r in range(z.shape[0])]
+    )
+    top = top_values(z, need)
+    assert top.shape == (z.shape[0], need.max())
+    for r in range(z.shape[0]):
+        assert top[r, : need[r]].tolist() == np.sort(z[r])[::-1][: need[r]].tolist()
+        assert (top[r, need[r] :] == -INF).all()
 
 
 def _upper_set(z: np.ndarray, flags: np.ndarray) -> bool:

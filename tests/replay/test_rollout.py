@@ -168,3 +168,93 @@ def test_the_worst_tokens_list_every_mismatch_before_the_agreeing_ones() -> None
     worst = check.worst(3)
     assert worst[0]["token"] == 6 and worst[0]["verdict"] == "support"
     assert all(row["verdict"] == "agree" for row in worst[1:])
+
+
+def test_the_trainer_in_blocks_of_rows_gives_the_bits_of_one_call(monkeypatch: Any) -> None:
+    """Blocks of three rows: four calls per rank, a row without a mask among them."""
+    import tp_logprob.replay.rollout as rollout_module
+
+    x = _logits()
+    response = _response(x, faults={4: "wild"})
+    masks = [sorted(kept) for kept in response["meta_info"]["output_token_sampling_mask"]]
+    logprobs = response["meta_info"]["output_token_sampling_logprobs"]
+    masks[5], logprobs[5] = [], None
+    rollout = prime_rl_rollout(
+        [i for kept in masks for i in kept], [len(kept) for kept in masks],
+        response["output_ids"], logprobs=logprobs, vocab_size=V,
+    )  # fmt: skip
+    whole = check_rollout([x[:, :20], x[:, 20:]], rollout, engine_temperature=T)
+    monkeypatch.setattr(rollout_module, "TRAINER_BLOCK_VALUES", 3 * V)
+    blocks = check_rollout([x[:, :20], x[:, 20:]], rollout, engine_temperature=T)
+    assert whole.trainer.tobytes() == blocks.trainer.tobytes()
+    assert blocks.verdict == whole.verdict
+    assert whole.verdict[4] == "unexplained" and whole.verdict[5] == "no_mask"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_screened_masks_are_those_admissible_support_refuses(seed: int) -> None:
+    """Masks of every kind (the exact support, k ids that may split a tie, one short, one
+    extra, a hole, three extra): the rows judged ``support`` are those
+    :func:`admissible_support` refuses."""
+    from tp_logprob.oracle import admissible_support, classify_support, support_margins
+
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.integers(-40, 40, (N, V)).astype(np.float32) / 4)
+    live = V - 2  # two padding columns
+    z = x.double().numpy() / np.float32(T)
+    masks = []
+    for t in range(N):
+        order = [int(v) for v in np.argsort(-z[t, :live], kind="stable")]
+        kind = rng.integers(0, 6)
+        kept = order[:K]
+        if kind == 1:
+            kept = order[: K - 1]
+        elif kind == 2:
+            kept = order[: K + 1]
+        elif kind == 3:
+            kept = [*order[:2], *order[3 : K + 1]]
+        elif kind == 4:
+            kept = order[: K + 3]
+        elif kind == 5:
+            kept = [int(v) for v in np.flatnonzero(z[t, :live] >= z[t, order[K - 1]])]
+        masks.append(sorted(kept))
+    tokens = [m[0] for m in masks]
+    rollout = prime_rl_rollout(
+        [i for m in masks for i in m], [len(m) for m in masks], tokens, vocab_size=V
+    )
+    check = check_rollout(x, rollout, engine_temperature=T, top_k=K, real_vocab_size=live)
+    margins = support_margins("fp32", live)
+    c = classify_support(x.numpy(), margins=margins, top_k=K, real_vocab_size=live, temperature=T)
+    dense = np.zeros((N, V), dtype=bool)
+    for t, m in enumerate(masks):
+        dense[t, m] = True
+    for t in range(N):
+        row = admissible_support(c, dense, active_mask=np.arange(N) == t)
+        assert (check.verdict[t] == "support") == bool(row), (t, masks[t], row)
+    assert "support" in check.verdict and "agree" in check.verdict
+
+
+def test_a_mask_that_splits_the_borderline_is_not_an_upper_set() -> None:
+    """Top-p's boundary within fp32's error: -30, -30.5 and -31 are all borderline, so a
+    mask keeping -30.5 but not -30 misses no certain token and adds none, yet is refused."""
+    x = torch.tensor([[0.0, -30.0, -30.5, -31.0]] * 2)
+    mass = np.exp(x[0].double().numpy())
+    top_p = float((1 + 0.5 * mass[1]) / mass.sum())
+    rollout = prime_rl_rollout([0, 1, 0, 2], [2, 2], [0, 0], vocab_size=4)
+    check = check_rollout(x, rollout, top_p=top_p)
+    assert check.verdict[0] == "agree"
+    assert check.verdict[1] == "support" and "not an upper set" in check.details[1]
+
+
+def test_the_masks_are_judged_under_the_callers_oracle_settings() -> None:
+    """The masks are judged in a thread of their own, with the caller's slow_path_only."""
+    from tp_logprob.oracle import fast_path_stats
+    from tp_logprob.oracle.fast_path import slow_path_only
+
+    x = _logits()
+    rollout = sglang_rollout(_response(x))
+    fast_path_stats(reset=True)
+    with slow_path_only():
+        check_rollout(x, rollout, engine_temperature=T, top_p=0.9)
+    counts = fast_path_stats(reset=True)["support_top_p"]
+    assert counts.hits == 0 and counts.fallbacks >= N

@@ -35,19 +35,22 @@ from tp_logprob.oracle._inputs import (
     BoolArray,
     FloatArray,
     IntArray,
-    as_float64,
+    as_exact_array,
     as_real_vocab_size,
     as_sampling_params,
 )
-from tp_logprob.oracle._support_rows import sort_rows
-from tp_logprob.oracle._support_rules import Rules, decide, float_values
+from tp_logprob.oracle._support_rows import sorted_rows, top_values
+from tp_logprob.oracle._support_rules import Rules, counts, float_values, top_p_prefixes
 from tp_logprob.oracle.support_tolerance import SupportMargins
-from tp_logprob.oracle.temperature import checked_temperature, scaled_live
+from tp_logprob.oracle.temperature import checked_temperature, divided
 
 __all__ = ["ExactSupport", "exact_support", "replayed_support_mask"]
 
-# Values per block of rows: the sorted copies and their masses stay cache-sized.
-_BLOCK_VALUES = 1 << 16
+# Values per block of rows: top-k alone reads a few passes over a block and then its
+# sorted tops, so its blocks are large; min-p and a top-p over whole rows compute masses
+# on every value, whose temporaries stay cache-sized in small blocks.
+_BLOCK_VALUES = 1 << 21
+_MASS_BLOCK_VALUES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -120,29 +123,45 @@ def analyse(
     real_vocab_size: int | None,
     temperature: float,
     margins: SupportMargins | None,
+    *,
+    whole_rows: bool = False,
 ) -> Analysis:
-    """Check the arguments and run the rules (and the margins' tests) on every defined row."""
+    """Check the arguments and run the rules (and the margins' tests) on every defined row.
+
+    ``whole_rows`` sorts every row whole instead of its top only: the same decisions, the
+    reference the top is tested against."""
     t32 = checked_temperature(temperature)
     rules = Rules(*as_sampling_params(top_k, top_p, min_p))
-    x = as_float64(logits, "logits", 2)
+    x = as_exact_array(logits, "logits", 2)
     n, width = x.shape
     rv = as_real_vocab_size(real_vocab_size, width)
-    z = np.ascontiguousarray(scaled_live(x, rv, t32, "logits")[:, :rv])
-    with np.errstate(invalid="ignore"):
-        defined = ~np.isnan(z).any(axis=1) & ~(z == math.inf).any(axis=1)
-        defined &= (z > -math.inf).any(axis=1)
+    z = divided(x[:, :rv], t32, "logits")
+    # A row's maximum is NaN with a NaN, +inf with a +inf, -inf with no finite value.
+    row_max = z.max(axis=1) if rv else np.full(n, -math.inf)
+    defined = np.isfinite(row_max)
     threshold, sure, out = np.full(n, math.nan), np.full(n, math.nan), np.full(n, math.nan)
     rows = np.flatnonzero(defined)
-    per_block = max(1, _BLOCK_VALUES // max(rv, 1))
+    masses = rules.min_p is not None or (rules.top_p is not None and rules.top_k is None)
+    per_block = max(1, (_MASS_BLOCK_VALUES if masses else _BLOCK_VALUES) // max(rv, 1))
     fast = fast_path_enabled()
     for start in range(0, rows.size, per_block):
         chunk = rows[start : start + per_block]
-        values = z[chunk]
-        block = sort_rows(chunk, values, values.max(axis=1))
-        prefixes = decide(block, rules, margins, fast)
-        threshold[chunk] = float_values(block.values, prefixes.kept - 1)
-        sure[chunk] = float_values(block.values, prefixes.sure_in - 1)
-        out[chunk] = float_values(block.values, prefixes.maybe_in)
+        first, last = int(chunk[0]), int(chunk[-1]) + 1
+        values = z[first:last] if last - first == chunk.size else z[chunk]  # a view if it can
+        m = row_max[chunk]
+        found, top = counts(values, m, rules, margins, fast)
+        # The sorted top: every prefix end, and the value just past the widest prefix.
+        need = np.minimum(found.maybe_in + 1, rv)
+        if whole_rows:
+            need = np.full(chunk.size, rv)
+        if top is None or top.shape[1] < need.max():
+            top = top_values(values, need)
+        if rules.top_p is not None:
+            block = sorted_rows(chunk, top, m, rv)
+            found = top_p_prefixes(block, rules.top_p, margins, fast, found)
+        threshold[chunk] = float_values(top, found.kept - 1)
+        sure[chunk] = float_values(top, found.sure_in - 1)
+        out[chunk] = float_values(top, found.maybe_in)
     return Analysis(z, width, defined, threshold, sure, out)
 
 

@@ -89,8 +89,10 @@ def classify_support(
         maybe = found.z > found.out_threshold[:, None]
         maybe |= np.isnan(found.out_threshold)[:, None] & found.defined[:, None]
     certainly_out[:, :live] = ~maybe
-    z = np.full((n, width), np.nan)
-    z[:, :live] = found.z
+    z = found.z
+    if live < width:
+        z = np.full((n, width), np.nan)
+        z[:, :live] = found.z
     return SupportClassification(certainly_in, certainly_out, found.defined, found.exact(), z)
 
 
@@ -135,7 +137,6 @@ def admissible_support(
 
 def _row_problems(c: SupportClassification, mask: BoolArray, row: int) -> list[str]:
     kept = mask[row]
-    z = c.z[row].tolist()
     zs = c.z[row]
     if not c.defined[row]:
         if kept.any():
@@ -152,15 +153,17 @@ def _row_problems(c: SupportClassification, mask: BoolArray, row: int) -> list[s
     missing = c.certainly_in[row] & ~kept
     if missing.any():
         v = _extreme(zs, missing, highest=True)
+        value = float(zs[v])
         out.append(
-            f"row {row}: token {v} (z={z[v]!r}) is certainly in the support but was dropped "
+            f"row {row}: token {v} (z={value!r}) is certainly in the support but was dropped "
             "(the exact rules keep it by more than the backend's error bound)"
         )
     extra = c.certainly_out[row] & kept & ~padding
     if extra.any():
         v = _extreme(zs, extra, highest=False)
+        value = float(zs[v])
         out.append(
-            f"row {row}: token {v} (z={z[v]!r}) is certainly out of the support but was kept "
+            f"row {row}: token {v} (z={value!r}) is certainly out of the support but was kept "
             "(the exact rules drop it by more than the backend's error bound)"
         )
     live_kept = kept & ~np.isnan(zs)
@@ -170,10 +173,11 @@ def _row_problems(c: SupportClassification, mask: BoolArray, row: int) -> list[s
             skipped = ~kept & (zs >= zs[lowest])
         if skipped.any():
             u = _extreme(zs, skipped, highest=True)
-            relation = "tied with it" if z[u] == z[lowest] else "larger"
+            low, high = float(zs[lowest]), float(zs[u])
+            relation = "tied with it" if high == low else "larger"
             out.append(
                 f"row {row}: not an upper set of z closed under ties: token {lowest} "
-                f"(z={z[lowest]!r}) was kept but token {u} (z={z[u]!r}, {relation}) was dropped"
+                f"(z={low!r}) was kept but token {u} (z={high!r}, {relation}) was dropped"
             )
     return out
 

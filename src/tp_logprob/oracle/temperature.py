@@ -62,14 +62,17 @@ def apply_temperature(logits: ArrayLike, temperature: float) -> FloatArray:
     return divided(np.asarray(x, dtype=np.float64), t32, "logits")
 
 
-def divided(x: FloatArray, t32: float, name: str) -> FloatArray:
-    """``fp32(x) / t32`` in fp32, as a new float64 array (a float64 copy of ``x`` for 1)."""
+def divided(x: NDArray[Any], t32: float, name: str) -> FloatArray:
+    """``fp32(x) / t32`` in fp32, as a new float64 array (a float64 copy of ``x`` for 1).
+
+    ``x`` is float64 (checked to hold fp32 values) or a narrower float dtype (exact in fp32).
+    """
     if t32 == 1.0:
         return np.array(x, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        x32 = x.astype(np.float32)
-        inexact = (x32.astype(np.float64) != x) & ~np.isnan(x)
-    if inexact.any():
+        x32 = x if x.dtype == np.float32 else x.astype(np.float32)
+        inexact = (x32.astype(np.float64) != x) & ~np.isnan(x) if x.dtype == np.float64 else None
+    if inexact is not None and inexact.any():
         where = np.unravel_index(int(np.flatnonzero(inexact)[0]), x.shape)
         index = ", ".join(str(int(k)) for k in where)
         raise ValueError(

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,7 @@ from tp_logprob.oracle import (
     support_margins,
     tolerance,
 )
+from tp_logprob.support import SupportSpec
 
 __all__ = ["CAUSES", "RolloutCheck", "check_rollout", "plot_rollout"]
 
@@ -66,7 +69,8 @@ CAUSES = (
 """Every per-token verdict, in the order the overall verdict prefers them."""
 
 UNEXPLAINED_FACTOR = 64.0
-BLOCK_VALUES = 1 << 23  # float64 values per block: 64 MiB
+BLOCK_VALUES = 1 << 21  # float64 values per block: 16 MiB, a few rows at a 152k vocabulary
+TRAINER_BLOCK_VALUES = 1 << 21  # logits per block of the trainer backend: 8 MiB of fp32
 
 Floats = npt.NDArray[np.float64]
 _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
@@ -227,44 +231,46 @@ def check_rollout(
             f"logits: dtype {shards[0].dtype}, expected one of fp32/bf16/fp16"
         )
     trainer_t = engine_temperature if trainer_temperature is None else trainer_temperature
-    contract, full = _trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
-    trainer = _trainer_logprobs(
-        full if group is None else shards[0], rollout, contract, backend, group
-    )
+    contract, columns = _trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
     rv = contract.sharding.real_vocab_size
     params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
     has_params = any(v is not None for v in params.values())
     n = rollout.num_tokens
     alternatives: dict[str, Floats] = {}
-    problems: dict[int, str] = {}
     engine = (
         np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.astype(np.float64)
     )
     tp = contract.sharding.tp_world_size
     tol = tolerance(dtype, rv, num_shards=tp)
     margins = support_margins(dtype, rv, num_shards=tp)
-    rows_per_block = max(1, BLOCK_VALUES // max(full.shape[1], 1))
+    rows_per_block = max(1, BLOCK_VALUES // max(contract.sharding.padded_vocab_size, 1))
     targets = rollout.token_ids
     active = rollout.has_mask
     hypotheses = _hypotheses(engine_temperature, trainer_t, has_params)
     for name in hypotheses:
         alternatives[name] = np.full(n, math.nan)
-    # Over a replayed mask the oracle needs the kept columns only: every other column counts
-    # as -inf, so the kept values, padded with -inf, give the same correctly rounded result.
-    kept, local = _kept_values(full, rollout)
-    oracle, support_lse = exact_selected_logprob(
-        kept, local, active_mask=active, temperature=engine_temperature
-    )
-    if has_params:
-        for start in range(0, n, rows_per_block):
-            rows = np.arange(start, min(n, start + rows_per_block))
-            x = full[rows].to(torch.float32).numpy().astype(np.float64)
-            mask = _dense(rollout, rows, x.shape[1])
-            problems.update(
-                _support_problems(
-                    x, mask, active[rows], rows, margins, rv, engine_temperature, params
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The masks are judged (numpy, one thread) while the backend runs (its ranks' threads).
+        screening = None
+        if has_params:
+            context = copy_context()  # the caller's oracle settings (slow_path_only)
+            screening = pool.submit(
+                lambda: context.run(
+                    _screen_masks, columns, rollout, margins, rv, engine_temperature, params,
+                    rows_per_block,
                 )
-            )
+            )  # fmt: skip
+        trainer = _trainer_logprobs(
+            columns if group is None else shards[0], rollout, contract, backend, group
+        )
+        # Over a replayed mask the oracle needs the kept columns only: every other column
+        # counts as -inf, so the kept values, padded with -inf, give the same correctly
+        # rounded result.
+        kept, local = _kept_values(columns, rollout)
+        oracle, support_lse = exact_selected_logprob(
+            kept, local, active_mask=active, temperature=engine_temperature
+        )
+        problems = {} if screening is None else screening.result()
     with np.errstate(invalid="ignore", over="ignore"):
         scale = np.fmax(np.abs(oracle), np.abs(support_lse))
         ulp = fp32_ulp(scale)
@@ -275,7 +281,7 @@ def check_rollout(
     suspects = np.flatnonzero(active & off)
     for start in range(0, suspects.size, rows_per_block):
         rows = suspects[start : start + rows_per_block]
-        x = full[rows].to(torch.float32).numpy().astype(np.float64)
+        x = _rows(columns, torch.as_tensor(rows)).to(torch.float32).numpy().astype(np.float64)
         mask = _dense(rollout, rows, x.shape[1])
         for name, (temperature, kind) in hypotheses.items():
             if kind == "mask":
@@ -396,13 +402,15 @@ def _trainer_contract(
     temperature: float,
     real_vocab_size: int | None,
     group: Any,
-) -> tuple[LogprobContract, Any]:
+) -> tuple[LogprobContract, list[Any]]:
+    """The trainer's contract, and its logits as every rank's shard in rank order (on a real
+    group, gathered from the ranks)."""
     import torch
 
     if group is None:
         widths = [int(s.shape[1]) for s in shards]
         rank, world = 0, len(shards)
-        full = shards[0] if world == 1 else torch.cat([s.detach() for s in shards], dim=1)
+        columns = [s.detach() for s in shards]
     else:
         import torch.distributed as dist
 
@@ -412,7 +420,7 @@ def _trainer_contract(
         widths = [int(c.item()) for c in counts]
         gathered = [torch.empty(shards[0].shape[0], w, dtype=shards[0].dtype) for w in widths]
         dist.all_gather(gathered, shards[0].detach().contiguous(), group=group)
-        full = torch.cat(gathered, dim=1)
+        columns = gathered
     ends = np.cumsum(widths).tolist()
     bounds = tuple(zip([0, *ends[:-1]], ends, strict=True))
     padded = int(sum(widths))
@@ -424,17 +432,19 @@ def _trainer_contract(
         sharding=ShardingSpec(rank, world, bounds, rv, padded),
         reduction=ReductionSpec(DeterminismScope.FIXED_TOPOLOGY),
         temperature=temperature,
+        export_lse=False,  # the check reads selected_logp only: no full-vocabulary partial
         support=rollout.support,
     )
-    return contract, full.detach()
+    return contract, columns
 
 
 def _trainer_logprobs(
     logits: Any, rollout: EngineRollout, contract: LogprobContract, backend: str, group: Any
 ) -> Floats:
-    """The backend's processed logprobs: on every emulated rank of the full ``logits``, or on
-    this rank's shard of the real ``group``. A CPU backend on a long response is slow, so the
-    emulated ranks wait as long as it takes (10 minutes)."""
+    """The backend's processed logprobs: on every emulated rank of ``logits`` (the shards in
+    rank order), or on this rank's shard of the real ``group``; each rank calls the backend
+    on one block of rows after another (:func:`_blocked`). A CPU backend on a long response
+    is slow, so the emulated ranks wait as long as it takes (10 minutes)."""
     import torch
 
     from tp_logprob.emulate import run_tp
@@ -442,28 +452,98 @@ def _trainer_logprobs(
     from tp_logprob.registry import registry
 
     targets = torch.as_tensor(np.where(rollout.has_mask, rollout.token_ids, 0), dtype=torch.int64)
+    world = contract.sharding.tp_world_size
+    dispatch = registry.get_logprob_op(
+        contract, backend, preflighted=group is not None or world > 1
+    )
+    op = _blocked(dispatch.op, rollout, contract)
     with torch.no_grad():
         if group is None:
-            world = contract.sharding.tp_world_size
-            op = registry.get_logprob_op(contract, backend, preflighted=world > 1).op
             result = run_tp(op, logits, targets, contract, timeout=600.0)[0]
         else:
-            dispatch = registry.get_logprob_op(contract, backend, preflighted=True)
             preflight(contract, dispatch.capability.backend_id, group)
-            result = dispatch.op(logits, targets, contract, group=group)
+            result = op(logits, targets, contract, group=group)
     return result.selected_logp.double().numpy()  # type: ignore[no-any-return]
 
 
-def _kept_values(full: Any, rollout: EngineRollout) -> tuple[Floats, npt.NDArray[np.int64]]:
+def _blocked(op: Any, rollout: EngineRollout, contract: LogprobContract) -> Any:
+    """``op`` on the whole response as a run of calls on blocks of rows, each with its block's
+    contract (its rows' active mask and kept ids); the result holds ``selected_logp``.
+
+    A backend's row never depends on the other rows (its reductions run along the row), so
+    the blocks' outputs are the bits of one call on every row. A block of a few MiB keeps a
+    CPU backend's temporaries in cache: several times faster than one call on the whole
+    response, whose every temporary is the size of the logits. The ranks start once; each
+    block is one call and its collectives."""
+    from tp_logprob.contract import LogprobResult
+
+    n = rollout.num_tokens
+    step = max(1, TRAINER_BLOCK_VALUES // max(contract.sharding.padded_vocab_size, 1))
+    blocks = [
+        (
+            begin,
+            min(n, begin + step),
+            _block_contract(contract, rollout, begin, min(n, begin + step)),
+        )
+        for begin in range(0, max(n, 1), step)
+    ]
+
+    def call(logits: Any, targets: Any, rank_contract: LogprobContract, group: Any) -> Any:
+        import torch
+
+        rank = rank_contract.sharding.tp_rank
+        found = [
+            op(logits[begin:end], targets[begin:end], block.with_rank(rank), group=group)
+            for begin, end, block in blocks
+        ]
+        return LogprobResult(torch.cat([r.selected_logp for r in found]), None)
+
+    return call
+
+
+def _block_contract(
+    contract: LogprobContract, rollout: EngineRollout, begin: int, end: int
+) -> LogprobContract:
+    """``contract`` on rows ``begin:end`` of the response: their active mask and kept ids."""
+    if (begin, end) == (0, rollout.num_tokens):
+        return contract
+    offsets = rollout.support.kept_offsets
+    low, high = int(offsets[begin]), int(offsets[end])
+    support = SupportSpec(
+        kept_offsets=offsets[begin : end + 1] - low, kept_ids=rollout.support.kept_ids[low:high]
+    )
+    mask = MaskSpec(end - begin, active_mask=rollout.has_mask[begin:end].tolist())
+    return replace(contract, mask=mask, support=support)
+
+
+def _rows(columns: list[Any], index: Any) -> Any:
+    """Rows ``index`` of the logits given as shards in rank order, as one ``[rows, V]`` tensor."""
+    import torch
+
+    if len(columns) == 1:
+        return columns[0][index]
+    return torch.cat([part[index] for part in columns], dim=1)
+
+
+def _kept_values(
+    columns: list[Any], rollout: EngineRollout
+) -> tuple[Floats, npt.NDArray[np.int64]]:
     """The logits of every row's kept ids, ``[N, max kept]`` float64 padded with -inf, and
-    the sampled token's place among them (0 for a row without a mask)."""
+    the sampled token's place among them (0 for a row without a mask). Each id is read
+    from the shard that holds it."""
     import torch
 
     counts = rollout.support.kept_counts()
     rows = np.repeat(np.arange(counts.size), counts)
     places = np.arange(rows.size) - np.repeat(rollout.support.kept_offsets[:-1], counts)
     ids = np.array(rollout.support.kept_ids)  # writable: torch refuses read-only arrays
-    values = full[torch.as_tensor(rows), torch.as_tensor(ids)].to(torch.float32).double().numpy()
+    values = np.empty(ids.size)
+    start = 0
+    for part in columns:
+        inside = (ids >= start) & (ids < start + part.shape[1])
+        picked = part[torch.as_tensor(rows[inside]), torch.as_tensor(ids[inside] - start)]
+        values[inside] = picked.to(torch.float32).double().numpy()
+        start += part.shape[1]
     kept = np.full((counts.size, max(int(counts.max(initial=0)), 1)), -math.inf)
     kept[rows, places] = values
     local = np.zeros(counts.size, dtype=np.int64)
@@ -483,25 +563,70 @@ def _dense(
     return mask
 
 
+def _screen_masks(
+    columns: list[Any],
+    rollout: EngineRollout,
+    margins: Any,
+    rv: int,
+    temperature: float,
+    params: dict[str, Any],
+    rows_per_block: int,
+) -> dict[int, str]:
+    """:func:`_support_problems` of every block of rows."""
+    import torch
+
+    problems: dict[int, str] = {}
+    for start in range(0, rollout.num_tokens, rows_per_block):
+        end = min(rollout.num_tokens, start + rows_per_block)
+        x = _rows(columns, slice(start, end)).to(torch.float32).numpy()
+        problems.update(_support_problems(x, rollout, start, margins, rv, temperature, params))
+    return problems
+
+
 def _support_problems(
-    x: Floats,
-    mask: npt.NDArray[np.bool_],
-    act: npt.NDArray[np.bool_],
-    rows: npt.NDArray[np.int64],
+    x: npt.NDArray[np.float32],
+    rollout: EngineRollout,
+    begin: int,
     margins: Any,
     rv: int,
     temperature: float,
     params: dict[str, Any],
 ) -> dict[int, str]:
-    """Per active row whose mask is not an admissible support of ``params``: what differs."""
+    """Per active row of rows ``begin:begin + len(x)`` whose mask is not an admissible
+    support of ``params``: what differs.
+
+    The rows are screened at once, from their kept ids, for what :func:`admissible_support`
+    refuses: a kept column where the support is undefined, on padding or certainly out; a
+    certainly-in column not kept (more certainly-in columns than kept ones among them); a
+    kept set that is not an upper set of ``z`` (more live columns at or above its least
+    value than it keeps). The few rows it flags are explained."""
     c = classify_support(x, margins=margins, real_vocab_size=rv, temperature=temperature, **params)
+    count = x.shape[0]
+    offsets = rollout.support.kept_offsets
+    sizes = np.diff(offsets[begin : begin + count + 1])
+    row = np.repeat(np.arange(count), sizes)
+    ids = np.asarray(rollout.support.kept_ids[offsets[begin] : offsets[begin + count]])
+    values = c.z[row, ids]
+    live = ~np.isnan(values)
+    lowest = np.full(count, math.inf)
+    np.minimum.at(lowest, row[live], values[live])
+    with np.errstate(invalid="ignore"):
+        reached = (c.z >= lowest[:, None]).sum(axis=1)
+    flagged = (
+        (~c.defined & (sizes > 0))
+        | (np.bincount(row, ~live, minlength=count) > 0)
+        | (np.bincount(row, c.certainly_out[row, ids], minlength=count) > 0)
+        | (c.certainly_in.sum(axis=1) > np.bincount(row, c.certainly_in[row, ids], minlength=count))
+        | (reached > np.bincount(row, live, minlength=count))
+    )
     found = {}
-    for offset in np.flatnonzero(act).tolist():
-        missing = np.flatnonzero(c.certainly_in[offset] & ~mask[offset])
-        extra = np.flatnonzero(c.certainly_out[offset] & mask[offset])
-        upper = admissible_support(_one_row(c, offset), mask[offset : offset + 1])
+    for offset in np.flatnonzero(rollout.has_mask[begin : begin + count] & flagged).tolist():
+        mask = _dense(rollout, np.array([begin + offset]), c.z.shape[1])
+        missing = np.flatnonzero(c.certainly_in[offset] & ~mask[0])
+        extra = np.flatnonzero(c.certainly_out[offset] & mask[0])
+        upper = admissible_support(_one_row(c, offset), mask)
         if missing.size or extra.size or upper:
-            found[int(rows[offset])] = _support_detail(missing, extra, upper)
+            found[begin + offset] = _support_detail(missing, extra, upper)
     return found
 
 
