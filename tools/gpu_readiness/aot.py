@@ -29,11 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BITWISE_GATE",
     "GATED_LAYOUTS",
+    "PROBE_BACKEND",
     "MATRICES",
     "TARGETS",
     "CompiledLaunch",
     "Matrix",
+    "bitwise_backends",
     "compile_matrix",
     "gate_failures",
     "main",
@@ -49,6 +52,8 @@ TARGETS: dict[str, tuple[str, Any, int]] = {
 }
 _PLATFORM = {"cuda": "cuda", "hip": "rocm"}
 GATED_LAYOUTS = ("aligned", "aligned-2gib")  # where per-element loads must be vectorized
+BITWISE_GATE = "cross-platform bits"
+PROBE_BACKEND = "gate probe"  # the rows of tools.gpu_readiness.probes
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class CompiledLaunch:
     block: int
     resources: Any  # resources.Resources, or None when compiling failed
     error: str | None
+    promises_bits: bool = False  # launched for a cross_platform_bitwise contract, or a probe
 
 
 def compile_matrix(
@@ -124,6 +130,7 @@ def compile_matrix(
     )
     wanted = set(matrix.cases)
     launches = [item for item in launches if (item.layout, item.dtype) in wanted]
+    launches += [probe for platform in platforms for probe in _probe_launches(platform)]
     print(f"recorded {len(launches)} launches", file=sys.stderr)
     _check_compilable(launches)
     pending: dict[str, _Job] = {}
@@ -158,6 +165,7 @@ def compile_matrix(
             block=dict(launch.constexprs)["BLOCK"],
             resources=resources,
             error=error,
+            promises_bits=launch.promises_bits,
         )
         identity = (row.kernel, row.target, row.layout, row.dtype, row.contract, key)
         if identity not in seen:
@@ -174,8 +182,12 @@ def gate_failures(rows: Iterable[CompiledLaunch]) -> list[str]:
     in the aligned layouts its widest element-code load is 128 bits; no fp64 in its
     loops; no approximate fp32 division, and with a temperature at least one IEEE
     ``div.rn.f32`` (the contract's ``fp32(x) / T`` is IEEE; NVIDIA only, where PTX
-    names the two apart).
+    names the two apart). Cross-platform bits: every launch made for a
+    ``cross_platform_bitwise`` contract breaks no rule of its target's table
+    (:mod:`.bitwise`), every backend claiming the scope is compiled under it, and the
+    gate's probes (:mod:`.probes`) are flagged on every target, or not, as they must be.
     """
+    rows = list(rows)
     found: dict[tuple[str, str, str], list[str]] = {}
     for row in rows:
         where = f"{row.kernel} on {row.target}, {row.layout} {row.dtype}"
@@ -184,7 +196,7 @@ def gate_failures(rows: Iterable[CompiledLaunch]) -> list[str]:
     return [
         f"{gate}: {where}, {len(contracts)} launch(es) (e.g. {contracts[0]}): {detail}"
         for (gate, where, detail), contracts in found.items()
-    ]
+    ] + _bitwise_coverage(rows)
 
 
 def _violations(row: CompiledLaunch) -> list[tuple[str, str]]:
@@ -192,6 +204,10 @@ def _violations(row: CompiledLaunch) -> list[tuple[str, str]]:
         return [("compile", row.error)]
     res = row.resources
     found = []
+    if row.backend == PROBE_BACKEND:
+        return _probe_violations(row)
+    if row.promises_bits and res.bitwise_findings:
+        found.append((BITWISE_GATE, "; ".join(res.bitwise_findings)))
     if res.spills:
         found.append(
             ("spills", f"{res.spill_bytes} spill bytes, {res.spill_registers} spilled registers")
@@ -212,6 +228,73 @@ def _violations(row: CompiledLaunch) -> list[tuple[str, str]]:
     if row.scales and TARGETS[row.target][0] == "cuda" and not res.ieee_div_f32:
         found.append(("IEEE fp32 division", "SCALE=True but no div.rn.f32 in the element code"))
     return found
+
+
+def bitwise_backends(platform: str) -> tuple[str, ...]:
+    """The backends whose capability claims ``cross_platform_bitwise`` on ``platform``."""
+    import tp_logprob as tpl
+
+    return tuple(
+        capability.backend_id
+        for capability in tpl.registry.backends(platform)
+        if tpl.DeterminismScope.CROSS_PLATFORM_BITWISE in capability.determinism_scopes
+        and platform in capability.bitwise_platforms
+    )
+
+
+def _bitwise_coverage(rows: Sequence[CompiledLaunch]) -> list[str]:
+    """A backend claiming the scope on a platform must be compiled under it on its targets."""
+    compiled = {(row.backend, row.target) for row in rows if row.promises_bits}
+    targets = sorted({row.target for row in rows})
+    missing = []
+    for target in targets:
+        platform = _PLATFORM[TARGETS[target][0]]
+        for backend in bitwise_backends(platform):
+            if (backend, target) not in compiled:
+                missing.append(
+                    f"{BITWISE_GATE}: {backend} claims cross_platform_bitwise on {platform} but "
+                    f"no launch of it was recorded under that scope for {target}"
+                )
+    return missing
+
+
+def _probe_violations(row: CompiledLaunch) -> list[tuple[str, str]]:
+    """The vendor-math probe must break its rules on every target, the IEEE probe none."""
+    from tools.gpu_readiness.probes import PROBES
+
+    probe = next(probe for probe in PROBES if probe.name == row.kernel)
+    expected = probe.must_break["sm" if row.target.startswith("sm_") else "gfx"]
+    found = row.resources.bitwise_findings
+    broken = {line.split(":", 1)[0] for line in found}
+    if not expected and found:
+        return [(BITWISE_GATE, f"the IEEE probe is flagged: {'; '.join(found)}")]
+    missed = [rule for rule in expected if rule not in broken]
+    if missed:
+        return [(BITWISE_GATE, f"the gate is blind here: {', '.join(missed)} not found")]
+    return []
+
+
+def _probe_launches(platform: str) -> list[Any]:
+    """The gate's probe kernels (:mod:`.probes`) as recorded launches on ``platform``."""
+    from tools.gpu_readiness import probes
+    from tools.gpu_readiness.recorder import KernelLaunch
+
+    return [
+        KernelLaunch(
+            kernel=probe.kernel,
+            args=probes.probe_args(),
+            constexprs=(("BLOCK", probes.PROBE_BLOCK), ("enable_fp_fusion", probe.fp_fusion)),
+            num_warps=probes.PROBE_WARPS,
+            grid=(1,),
+            backend=PROBE_BACKEND,
+            platform=platform,
+            layout="aligned",
+            dtype="fp32",
+            contract=f"enable_fp_fusion={probe.fp_fusion}",
+            promises_bits=True,
+        )
+        for probe in probes.PROBES
+    ]
 
 
 @dataclass(frozen=True)
@@ -340,7 +423,7 @@ def _compile(job: _Job) -> tuple[Any, str | None]:
     except Exception as error:  # the report names the kernel, target and error
         lines = [line for line in str(error).splitlines() if line.strip()]
         return None, f"{type(error).__name__}: {' / '.join(lines[:3])}"
-    return analyze(compiled, target.backend), None
+    return analyze(compiled, job.target), None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

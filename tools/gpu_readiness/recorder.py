@@ -146,6 +146,7 @@ class KernelLaunch:
     layout: str
     dtype: str  # the contract's input dtype (logits, or hidden states and weight)
     contract: str  # the contract options that differ from the defaults
+    promises_bits: bool = False  # launched for a cross_platform_bitwise contract
 
     @property
     def name(self) -> str:
@@ -317,6 +318,8 @@ def _describe(
         layout=layout.name,
         dtype=contract.dtype.value,
         contract=", ".join(options) or "defaults",
+        promises_bits=contract.reduction.determinism_scope
+        is tpl.DeterminismScope.CROSS_PLATFORM_BITWISE,
     )
 
 
