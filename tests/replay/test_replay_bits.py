@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import tp_logprob as tpl
 from tests.helpers.artifacts import backend, padding_case
+from tests.helpers.portable import portable_backend
 from tp_logprob.contract import DeterminismScope, ReductionSpec
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.properties.backends import BackendUnderTest
@@ -23,23 +23,6 @@ from tp_logprob.replay.runner import Outcome, replay, replay_paths
 from tp_logprob.replay.schema import MAX_RECORDED_ELEMENTS, bits_problems
 
 SUITE = suite_properties()
-PORTABLE = "claims_platform_bits"
-
-
-def _portable_backend(platforms: frozenset[str] = frozenset({"cpu", "cuda"})) -> BackendUnderTest:
-    """torch_native's op under a capability claiming cross_platform_bitwise on ``platforms``
-    (a stand-in: the comparison is under test, not the op)."""
-    from tp_logprob.kernels.native import torch_native_logprob
-
-    capability = dataclasses.replace(
-        TORCH_NATIVE,
-        backend_id=PORTABLE,
-        determinism_scopes=frozenset({DeterminismScope.CROSS_PLATFORM_BITWISE}),
-        bitwise_platforms=platforms,
-    )
-    registry = tpl.KernelRegistry()
-    registry.register_logprob_backend("cpu", lambda: torch_native_logprob, capability)
-    return BackendUnderTest(PORTABLE, capability, registry, "cpu")
 
 
 def _portable_case() -> Any:
@@ -85,7 +68,7 @@ def test_an_artifact_records_the_bits_of_its_outputs(tmp_path: Path) -> None:
 
 
 def test_bits_bind_only_where_the_backend_claims_both_platforms() -> None:
-    portable = _portable_backend().capability
+    portable = portable_backend().capability
     contract = _portable_case().contract
     assert promises_bits(portable, contract, "cuda", "cpu")
     assert not promises_bits(portable, contract, "rocm", "cpu")  # rocm not claimed
@@ -94,7 +77,7 @@ def test_bits_bind_only_where_the_backend_claims_both_platforms() -> None:
 
 
 def test_replay_of_a_portable_gpu_failure_must_give_its_bits(tmp_path: Path) -> None:
-    chosen = _portable_backend()
+    chosen = portable_backend()
     path = _write(tmp_path, chosen, _portable_case())
     _recorded_on_gpu(path)
     result = replay(load_artifact(path, SUITE), chosen, SUITE)
@@ -109,7 +92,7 @@ def test_replay_of_a_portable_gpu_failure_must_give_its_bits(tmp_path: Path) -> 
 
 
 def test_a_bit_difference_without_the_promise_is_information(tmp_path: Path) -> None:
-    chosen = _portable_backend(frozenset({"cpu", "rocm"}))  # not cuda, where it was recorded
+    chosen = portable_backend(frozenset({"cpu", "rocm"}))  # not cuda, where it was recorded
     path = _write(tmp_path, chosen, _portable_case())
     _recorded_on_gpu(path, flip="selected_logp")
     result = replay(load_artifact(path, SUITE), chosen, SUITE)
