@@ -14,12 +14,15 @@ This module needs the real compiler: run it where ``TRITON_INTERPRET`` is unset
 
 Run: ``python -m tools.gpu_readiness [--matrix ci|full] [--jobs N]
 [--json PATH] [--markdown PATH]``; it exits 1 when a gate fails (see :func:`gate_failures`).
+``--estimate N`` records and specializes only, compiles N distinct kernels per target and
+prints what the whole matrix would take (:func:`estimate_matrix`).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -38,8 +41,10 @@ __all__ = [
     "Matrix",
     "bitwise_backends",
     "compile_matrix",
+    "estimate_matrix",
     "gate_failures",
     "main",
+    "plan_matrix",
 ]
 
 # name -> (Triton backend, arch, threads per warp)
@@ -112,22 +117,30 @@ class CompiledLaunch:
     promises_bits: bool = False  # launched for a cross_platform_bitwise contract, or a probe
 
 
-def compile_matrix(
+def plan_matrix(
     matrix: Matrix, targets: Sequence[str] = tuple(TARGETS), jobs: int = 1
-) -> list[CompiledLaunch]:
-    """Record, specialize and compile ``matrix`` for ``targets``; one row per launch x target."""
-    import torch
+) -> tuple[dict[str, _Job], list[tuple[Any, str, str]]]:
+    """Record ``matrix`` and specialize each launch for each target, compiling nothing.
 
-    from tools.gpu_readiness import recorder
-
+    Returns the distinct compile jobs by key (the JIT's signature, constexprs,
+    alignment attributes and options on one target: launches equal in all of them
+    compile to one binary) and each launch x target with its job's key.
+    """
     layouts = sorted({layout for layout, _ in matrix.cases})
     platforms = sorted({_PLATFORM[TARGETS[name][0]] for name in targets})
-    launches = recorder.record(
-        platforms,
-        layouts,
-        tuple(getattr(torch, name) for name in matrix.target_dtypes),
-        exhaustive=matrix.exhaustive,
-    )
+    parts = [
+        (platform, layout, matrix.target_dtypes, matrix.exhaustive)
+        for platform in platforms
+        for layout in layouts
+    ]
+    started = time.perf_counter()
+    if jobs <= 1:
+        launches = [launch for part in parts for launch in _record_part(part)]
+    else:  # the recording runs the backends' torch code: one process per core
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            launches = [_resolved(item) for done in pool.map(_record_part, parts) for item in done]
+    print(f"recorded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     wanted = set(matrix.cases)
     launches = [item for item in launches if (item.layout, item.dtype) in wanted]
     launches += [probe for platform in platforms for probe in _probe_launches(platform)]
@@ -146,6 +159,18 @@ def compile_matrix(
                 pending.setdefault(job.key, job)
                 keys[found] = job.key
             placed.append((launch, target, keys[found]))
+    return pending, placed
+
+
+def compile_matrix(
+    matrix: Matrix, targets: Sequence[str] = tuple(TARGETS), jobs: int = 1
+) -> list[CompiledLaunch]:
+    """Record, specialize and compile ``matrix`` for ``targets``; one row per launch x target.
+
+    The recording is split by platform x layout over ``jobs`` processes, as the compiles
+    are; each distinct specialization is compiled once per target (:func:`plan_matrix`).
+    """
+    pending, placed = plan_matrix(matrix, targets, jobs)
     results = dict(zip(pending, _run_jobs(list(pending.values()), jobs), strict=True))
     seen: set[tuple[Any, ...]] = set()
     rows = []
@@ -172,6 +197,69 @@ def compile_matrix(
             seen.add(identity)
             rows.append(row)
     return rows
+
+
+def estimate_matrix(matrix: Matrix, targets: Sequence[str], jobs: int, sample: int) -> list[str]:
+    """What compiling ``matrix`` would cost: its distinct compiles per target (from
+    :func:`plan_matrix`, which records it) times the mean seconds of ``sample`` of them
+    compiled here, one after another (a fixed random choice; point ``TRITON_CACHE_DIR``
+    at an empty folder for a cold cache), shared by ``jobs`` workers."""
+    import random
+
+    started = time.perf_counter()
+    pending, placed = plan_matrix(matrix, targets, jobs)
+    planned = time.perf_counter() - started
+    lines = [
+        f"matrix {matrix.name}: recorded and specialized in {planned:.0f} s with {jobs} "
+        f"worker(s); {len(placed)} launch x target pairs, {len(pending)} distinct compiles"
+    ]
+    total = 0.0
+    for target in targets:
+        mine = [job for job in pending.values() if job.target == target]
+        chosen = random.Random(0).sample(mine, min(sample, len(mine)))
+        seconds = []
+        for job in chosen:
+            begun = time.perf_counter()
+            _compile(job)
+            seconds.append(time.perf_counter() - begun)
+        mean = sum(seconds) / max(len(seconds), 1)
+        total += mean * len(mine)
+        lines.append(
+            f"  {target}: {len(mine)} distinct compiles x {mean:.2f} s (mean of {len(seconds)}; "
+            f"median {sorted(seconds)[len(seconds) // 2] if seconds else 0:.2f} s) = "
+            f"{mean * len(mine):.0f} s"
+        )
+    lines.append(
+        f"estimate: {planned:.0f} s recording + {total:.0f} s compiling / {jobs} worker(s) = "
+        f"{(planned + total / max(jobs, 1)) / 60:.1f} min"
+    )
+    return lines
+
+
+def _record_part(part: tuple[str, str, tuple[str, ...], bool]) -> list[Any]:
+    """The launches of one platform x layout (run in a worker: kernels named, not pickled)."""
+    import torch
+
+    from tools.gpu_readiness import recorder
+
+    platform, layout, target_dtypes, exhaustive = part
+    dtypes = tuple(getattr(torch, name) for name in target_dtypes)
+    launches = recorder.record([platform], [layout], dtypes, exhaustive=exhaustive)
+    if multiprocessing.parent_process() is None:
+        return launches
+    return [dataclasses.replace(item, kernel=_kernel_name(item.kernel)) for item in launches]
+
+
+def _kernel_name(kernel: Any) -> tuple[str, str]:
+    return (kernel.__module__, kernel.__name__)
+
+
+def _resolved(launch: Any) -> Any:
+    """A launch from a worker, its kernel looked up again by module and name."""
+    import importlib
+
+    module, name = launch.kernel
+    return dataclasses.replace(launch, kernel=getattr(importlib.import_module(module), name))
 
 
 def gate_failures(rows: Iterable[CompiledLaunch]) -> list[str]:
@@ -434,6 +522,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--json", help="write every compiled launch and the gates as JSON")
     parser.add_argument("--markdown", help="write the readiness report (docs/gpu-readiness.md)")
+    parser.add_argument(
+        "--estimate",
+        type=int,
+        metavar="N",
+        help="record and specialize only, compile N distinct kernels per target, print the "
+        "estimated time of the whole matrix",
+    )
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         parser.error("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
@@ -442,6 +537,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tools.gpu_readiness import readiness
 
     matrix = MATRICES[args.matrix]
+    if args.estimate is not None:
+        print("\n".join(estimate_matrix(matrix, args.targets, args.jobs, args.estimate)))
+        return 0
     started = time.perf_counter()
     rows = compile_matrix(matrix, args.targets, args.jobs)
     elapsed = time.perf_counter() - started
