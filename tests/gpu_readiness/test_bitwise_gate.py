@@ -265,3 +265,18 @@ def test_readiness_doc_prints_the_rule_tables_from_the_code() -> None:
     readiness = pytest.importorskip("tools.gpu_readiness.readiness")
     doc = (ROOT / "docs" / "gpu-readiness.md").read_text()
     assert readiness.bitwise_rules_markdown() in doc
+
+
+def test_a_triton_backend_claiming_the_scope_must_be_compiled_under_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recorder = pytest.importorskip("tools.gpu_readiness.recorder")
+    monkeypatch.setattr(aot, "bitwise_backends", lambda platform: ("portable", "torch_portable"))
+    monkeypatch.setattr(recorder, "triton_backends", lambda platform: ("portable",))
+    plain = _row("k", "sm_90", (), backend="portable")
+    failures = aot.gate_failures([plain])
+    assert failures == [
+        f"{aot.BITWISE_GATE}: portable claims cross_platform_bitwise on cuda but no launch of "
+        "it was recorded under that scope for sm_90"
+    ]  # torch_portable launches no Triton kernel: not asked for
+    assert aot.gate_failures([replace(plain, promises_bits=True)]) == []

@@ -115,6 +115,7 @@ class CompiledLaunch:
     resources: Any  # resources.Resources, or None when compiling failed
     error: str | None
     promises_bits: bool = False  # launched for a cross_platform_bitwise contract, or a probe
+    job: str = ""  # the compile job's key: rows with one key share one compile
 
 
 def plan_matrix(
@@ -191,6 +192,7 @@ def compile_matrix(
             resources=resources,
             error=error,
             promises_bits=launch.promises_bits,
+            job=key,
         )
         identity = (row.kernel, row.target, row.layout, row.dtype, row.contract, key)
         if identity not in seen:
@@ -331,13 +333,17 @@ def bitwise_backends(platform: str) -> tuple[str, ...]:
 
 
 def _bitwise_coverage(rows: Sequence[CompiledLaunch]) -> list[str]:
-    """A backend claiming the scope on a platform must be compiled under it on its targets."""
+    """A Triton backend claiming the scope on a platform must be compiled under it on its
+    targets (a torch backend launches no kernel to compile)."""
+    from tools.gpu_readiness.recorder import triton_backends
+
     compiled = {(row.backend, row.target) for row in rows if row.promises_bits}
     targets = sorted({row.target for row in rows})
     missing = []
     for target in targets:
         platform = _PLATFORM[TARGETS[target][0]]
-        for backend in bitwise_backends(platform):
+        triton = set(triton_backends(platform))
+        for backend in (name for name in bitwise_backends(platform) if name in triton):
             if (backend, target) not in compiled:
                 missing.append(
                     f"{BITWISE_GATE}: {backend} claims cross_platform_bitwise on {platform} but "

@@ -95,9 +95,14 @@ def headline(report: Report) -> str:
     ]
     kernels = len({row.kernel for row in report.rows})
     specializations = len(report.rows)
+    compiles = {
+        target: len({r.job for r in report.rows if r.target == target}) for target in report.targets
+    }
     lines = [
         f"{kernels} kernels, {specializations} launch x target rows "
         f"({report.matrix.name} matrix) in {report.elapsed_s:.0f} s",
+        f"distinct compiles (one per specialization and target): {sum(compiles.values())} "
+        f"({', '.join(f'{target} {count}' for target, count in compiles.items())})",
         f"max registers/thread: NVIDIA {max(nvidia, default=0)}, AMD {max(amd, default=0)} VGPRs; "
         f"rows with spills: {spilled}",
         f"128-bit loads in the aligned layouts: {', '.join(vector) or 'none'}"
