@@ -36,6 +36,28 @@ SGLANG_IMPORTS = [
 """What importing SGLang's sampling params, sampler softmax and ``sampling_mask`` needs
 (``tp_logprob.peers.sglang_sampler``); its sampler module itself needs a GPU build."""
 
+PEER_RELEASES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    # distribution: (releases, what the adapter imports beside it, its tests)
+    "verl": (
+        ("0.4.1", "0.5.0", "0.6.1", "0.7.1", "0.8.0", "0.9.0", "0.9.1"),
+        # transformers as verl 0.4 to 0.9 ask (<5); 0.4.1's package import needs pkg_resources,
+        # 0.4.1's and 0.5.0's pandas.
+        (*VERL_IMPORTS, "transformers>=4.51,<5", "setuptools<81", "pandas"),
+        ("tests/peers/test_verl_fused.py", "tests/peers/test_adapters.py", "-k", "verl"),
+    ),
+    "sglang": (
+        # 0.5.20 has the API too, but its srt/utils/common.py imports torchvision at the
+        # top, and PyPI's torchvision for Linux x86-64 does not load beside the CPU torch.
+        ("0.5.21", "0.5.22", "0.5.23"),
+        tuple(SGLANG_IMPORTS),
+        ("tests/peers/test_sglang_sampler.py",),
+    ),
+    "openrlhf": (("0.8.11", "0.9.5", "0.10.4", "0.11.2"), (), ("tests/peers/test_openrlhf.py",)),
+    "cut-cross-entropy": (("24.11.4", "24.12.3", "25.1.1"), (), ("tests/peers/test_cce.py",)),
+}
+"""The releases of each peer library that have its adapter's API (the newest is the
+conformance run's), what the adapter imports beside the library, and its tests."""
+
 
 def _history_corpus() -> Any:
     """The historical corpus module, read from its file (it imports nothing of the package)."""
@@ -201,6 +223,35 @@ def conformance(session: nox.Session) -> None:
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
     session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)
+
+
+@nox.session(default=False)
+@nox.parametrize("distribution", sorted(PEER_RELEASES))
+def peer_releases(session: nox.Session, distribution: str) -> None:
+    """An adapter's tests on each release of its library (posargs: some releases only)."""
+    _install(session, "torch,triton,test")
+    releases, requires, tests = PEER_RELEASES[distribution]
+    if requires:
+        session.install(*_constraints(), *requires)
+    _cpu_interpreter_env(session)  # Triton kernels on CPU tensors
+    failed = []
+    for release in session.posargs or releases:
+        # Each release alone, over the last: its pins would pull other torch builds.
+        session.install("--no-deps", "--force-reinstall", f"{distribution}=={release}")
+        try:
+            output = session.run(
+                "pytest", *tests, "-q", "-p", "no:cacheprovider", "-n", "0", "-rs", silent=True
+            )
+        except nox.command.CommandFailed:
+            failed.append(release)
+            continue
+        print(output)
+        if " skipped" in str(output).strip().splitlines()[-1]:  # an import that failed
+            failed.append(release)
+    passed = [release for release in session.posargs or releases if release not in failed]
+    session.log(f"{distribution}: passed on {passed}; failed on {failed}")
+    if failed:
+        session.error(f"{distribution}: the adapter's tests failed on {failed}")
 
 
 @nox.session(default=False)

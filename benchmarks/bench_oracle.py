@@ -16,13 +16,17 @@ arb on an fp32 row of 152,064 distinct values and on a bf16-valued row; 1,000 x
 0.1% on random rows), then the per-row cost by width and batch size. arb comes
 from the optional extra ``pip install -e '.[bench]'`` (python-flint).
 
+Section ratio: the exact oracle next to the float64 reference on the same inputs,
+interleaved (goal: within 3x on ``selected_logprob`` of a [1000, 32768] fp32 batch
+and on ``logsumexp`` of one fp32 row of 152,064 values).
+
 Section support: ``exact_support`` and ``classify_support`` (processed logprobs'
 sampling support) per row, by width and dtype, with the borderline tokens per row
 and the rows that fell back to multi-precision (goal: a row of 10^5 columns
 classified in well under a second, no fallback on random rows).
 
 Run: PYTHONPATH=src python benchmarks/bench_oracle.py
-    [--section exact|reference|tolerance|entropy|fast|support] [--repeat N] [--batch-rows N]
+    [--section exact|ratio|reference|tolerance|entropy|fast|support] [--repeat N] [--batch-rows N]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from tp_logprob.oracle import (
     exact_support,
     fast_path_stats,
     reference_logprob_grad,
+    reference_logsumexp,
     reference_selected_logprob,
     reference_sharded_logprob,
     support_margins,
@@ -67,7 +72,11 @@ def median_s(run: Callable[[], object], repeats: int) -> float:
 
 def bf16_row(seed: int, size: int = VOCAB) -> np.ndarray:
     """normal * 3 rounded to bfloat16 (round to nearest even on the float32 bits)."""
-    x = (np.random.default_rng(seed).standard_normal(size) * 3).astype(F32)
+    return to_bf16((np.random.default_rng(seed).standard_normal(size) * 3).astype(F32))
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 values (nearest even), still float32."""
     bits = x.view(np.uint32).astype(np.uint64)
     odd = (bits >> np.uint64(16)) & np.uint64(1)
     rounded = (bits + np.uint64(0x7FFF) + odd) & np.uint64(0xFFFF0000)
@@ -100,6 +109,61 @@ def bench_exact(repeats: int) -> None:
     f32_row = (np.random.default_rng(1).standard_normal(VOCAB) * 3).astype(F32)
     full = median_s(lambda: exact_logsumexp(f32_row), max(1, repeats // 2))
     print(f"  exact_logsumexp, fp32 row (all distinct) median {full * 1e3:8.1f} ms")
+
+
+def side_by_side(
+    ours: Callable[[], object], theirs: Callable[[], object], repeats: int
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Medians of ``repeats`` interleaved runs of two callables (same load for both):
+    wall-clock seconds, then this process's CPU seconds (steadier on a loaded machine)."""
+    wall: tuple[list[float], list[float]] = ([], [])
+    cpu: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for k, run in enumerate((ours, theirs)):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run()
+            wall[k].append(time.perf_counter() - start)
+            cpu[k].append(time.process_time() - start_cpu)
+    med = statistics.median
+    return (med(wall[0]), med(wall[1])), (med(cpu[0]), med(cpu[1]))
+
+
+def bench_ratio(repeats: int, batch_rows: int) -> None:
+    """The exact oracle next to the float64 reference on the same inputs, interleaved."""
+    repeats = max(repeats, 3)
+    logits = np.stack([fp32_row(100 + k, 32_768) for k in range(batch_rows)])
+    targets = np.random.default_rng(7).integers(0, 32_768, batch_rows)
+    row = fp32_row(1)
+    print(f"exact oracle against the float64 reference, same inputs, median of {repeats}")
+    print("| call | exact | reference | ratio | ratio of CPU times |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    cases: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        f"selected_logprob [{batch_rows}, 32768] fp32": (
+            lambda: exact_selected_logprob(logits, targets),
+            lambda: reference_selected_logprob(logits, targets),
+        ),
+        f"logsumexp [{batch_rows}, 32768] fp32": (
+            lambda: exact_logsumexp(logits),
+            lambda: reference_logsumexp(logits),
+        ),
+        f"logsumexp, one fp32 row of {VOCAB:,}": (
+            lambda: exact_logsumexp(row),
+            lambda: reference_logsumexp(row),
+        ),
+    }
+    fast_path_stats(reset=True)
+    for label, (ours, theirs) in cases.items():
+        (a, b), (ca, cb) = side_by_side(ours, theirs, repeats)
+        unit, mult = ("ms", 1e3) if a < 0.1 else ("s", 1.0)
+        print(
+            f"| {label} | {a * mult:.2f} {unit} | {b * mult:.2f} {unit} | {a / b:.1f}x "
+            f"| {ca / cb:.1f}x |"
+        )
+    stats = fast_path_stats(reset=True)
+    print(
+        f"fallbacks to the Ziv loop: lse {stats['lse'].fallbacks}, "
+        f"selected_logp {stats['selected_logp'].fallbacks}"
+    )
 
 
 def bench_reference(repeats: int) -> None:
@@ -285,9 +349,17 @@ def bench_fast(repeats: int, batch_rows: int) -> None:
     print(f"exact oracle (fast path) against arb, same rows, median of {repeats}")
     print("| row (V = 152,064) | tp_logprob | arb | ratio |")
     print("| --- | ---: | ---: | ---: |")
+    rng = np.random.default_rng(5)
+    normal = rng.standard_normal(VOCAB).astype(F32)
+    peaked = normal.copy()
+    peaked[123] += 20.0
     rows = {
         "fp32, all values distinct (N(0, 16))": fp32_row(1),
         "bf16-valued (normal * 3)": bf16_row(0),
+        "bf16-valued (normal * 1)": to_bf16(normal),
+        "bf16-valued (normal * 4)": to_bf16(normal * 4),
+        "bf16-valued (uniform in [-10, 10])": to_bf16(rng.uniform(-10, 10, VOCAB).astype(F32)),
+        "bf16-valued (normal * 1, one logit +20)": to_bf16(peaked),
     }
     for label, row in rows.items():
         ours = median_s(lambda row=row: exact_logsumexp(row), repeats)
@@ -392,7 +464,7 @@ def bench_support(repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sections = ["exact", "reference", "tolerance", "entropy", "fast", "support", "all"]
+    sections = ["exact", "ratio", "reference", "tolerance", "entropy", "fast", "support", "all"]
     parser.add_argument("--section", choices=sections)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--batch-rows", type=int, default=1000)
@@ -400,6 +472,8 @@ def main() -> None:
     section = args.section or "all"
     if section in ("exact", "all"):
         bench_exact(args.repeat)
+    if section in ("ratio", "all"):
+        bench_ratio(args.repeat, args.batch_rows)
     if section in ("reference", "all"):
         bench_reference(args.repeat)
     if section in ("tolerance", "all"):

@@ -7,7 +7,17 @@ import dataclasses
 import pytest
 import torch
 
-from tp_logprob.peers._glue import claiming, lse_from_max, private_copy, selected_from_loss
+from tp_logprob.contract import LogprobDType, MaskMode
+from tp_logprob.peers import openrlhf, trl, verl
+from tp_logprob.peers._glue import (
+    TORCH_HELPER_VARIANTS,
+    argmax_logits,
+    claiming,
+    lse_from_max,
+    private_copy,
+    selected_from_loss,
+    torch_helper_backends,
+)
 from tp_logprob.peers.megatron import CAPABILITY
 
 INF, NAN = float("inf"), float("nan")
@@ -64,3 +74,39 @@ def test_claiming_changes_only_the_claim_and_the_id() -> None:
         )
         == CAPABILITY
     )
+
+
+def test_a_torch_helpers_variants_claim_one_feature_more_and_no_entropy() -> None:
+    backends = torch_helper_backends(len, "helper", supports_temperature=True, exports_entropy=True)
+    honest = backends.honest[1]
+    assert honest.backend_id == "helper" and honest.supports_temperature and honest.exports_entropy
+    assert honest.tp_world_sizes == frozenset({1}) and honest.mask_modes == {MaskMode.ALL_ACTIVE}
+    for name in TORCH_HELPER_VARIANTS:
+        op, capability = getattr(backends, name)
+        assert op is len and capability.backend_id == f"helper.{name}"
+        assert not capability.exports_entropy and capability.supports_temperature
+    assert backends.assume_padding[1].supports_vocab_padding
+    assert backends.assume_16bit[1].dtypes == frozenset(LogprobDType)
+    assert backends.assume_inactive_tokens[1].mask_modes == frozenset(MaskMode)
+
+
+@pytest.mark.parametrize("module", [trl, verl, openrlhf], ids=["trl", "verl", "openrlhf"])
+def test_the_torch_helper_adapters_export_their_variants(module: object) -> None:
+    exported = set(module.__all__)  # type: ignore[attr-defined]
+    assert set(TORCH_HELPER_VARIANTS) <= exported
+    for name in exported:
+        assert hasattr(module, name), name
+    assert module.CAPABILITY is module.honest[1]  # type: ignore[attr-defined]
+
+
+def test_argmax_logits_is_the_float64_argmax_rounded_once() -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(5, 7, generator=gen), torch.randn(11, 7, generator=gen)
+    hidden[2, 1] = NAN  # a NaN row: its NaN column, NaN value
+    top, value = argmax_logits(hidden, weight)
+    exact = hidden.double() @ weight.double().T
+    assert top[[0, 1, 3, 4]].tolist() == exact[[0, 1, 3, 4]].argmax(dim=1).tolist()
+    assert torch.equal(value[[0, 1, 3, 4]], exact[[0, 1, 3, 4]].amax(dim=1).float())
+    assert torch.isnan(value[2])
+    empty_top, empty_value = argmax_logits(hidden, weight[:0])
+    assert empty_top.tolist() == [0] * 5 and torch.isneginf(empty_value).all()

@@ -292,6 +292,8 @@ def _record_one(
 
     def sink(seen: RecordedLaunch) -> None:
         constexprs = {"BLOCK": seen.config.block, **seen.constexprs}
+        if not seen.config.fp_fusion:  # a launch option: the JIT's binder takes it from here
+            constexprs["enable_fp_fusion"] = False
         raw.append((seen.kernel, seen.grid, seen.args, constexprs, seen.config))
 
     with recording_launches(platform, sink):

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.capability import PLATFORMS, LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobDType,
@@ -26,10 +26,13 @@ from tp_logprob.support import SupportMode
 __all__ = [
     "TORCH_NATIVE",
     "TORCH_NATIVE_FUSED",
+    "TORCH_PORTABLE",
     "TRITON_EXACT_SUM",
     "TRITON_FUSED",
     "TRITON_FUSED_EXACT_SUM",
     "TRITON_ONLINE",
+    "TRITON_PORTABLE",
+    "PLATFORM_TWINS",
     "ROCM_FUSED_CAPABILITIES",
     "register_builtin_backends",
     "register_fused_backends",
@@ -37,9 +40,16 @@ __all__ = [
 ]
 
 
-def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapability:
+def _capability(
+    backend_id: str, scope: DeterminismScope, **fields: Any
+) -> LogprobBackendCapability:
     """Every built-in serves every sampling support: the full vocabulary, sampling
-    parameters and a replayed mask (``docs/semantics.md``, "Processed logprobs")."""
+    parameters and a replayed mask (``docs/semantics.md``, "Processed logprobs"), unless
+    ``fields`` (more capability fields) say otherwise."""
+    settings: dict[str, Any] = dict(
+        support_modes=frozenset(SupportMode),
+    )
+    settings.update(fields)
     return LogprobBackendCapability(
         backend_id=backend_id,
         roles=frozenset(LogprobRole),
@@ -52,7 +62,7 @@ def _capability(backend_id: str, scope: DeterminismScope) -> LogprobBackendCapab
         determinism_scopes=frozenset({scope}),
         supports_temperature=True,
         exports_entropy=True,
-        support_modes=frozenset(SupportMode),
+        **settings,
     )
 
 
@@ -87,6 +97,26 @@ to MFMA instructions there, whose per-element summation order AMD does not docum
 (``triton/fused_kernels.py``), so they claim run-to-run bits only until a device run of
 the suite establishes more."""
 TRITON_EXACT_SUM = _capability("triton_exact_sum", DeterminismScope.CROSS_TP_BITWISE)
+TRITON_PORTABLE = _capability(
+    "triton_portable",
+    DeterminismScope.CROSS_PLATFORM_BITWISE,
+    support_modes=frozenset({SupportMode.FULL}),
+    bitwise_platforms=frozenset(PLATFORMS),
+)
+"""``triton_exact_sum`` with portable ``exp`` and ``log`` and no fp contraction
+(``triton/portable_sum.py``): its forward outputs are the same bits on CPU (the
+interpreter), NVIDIA and AMD, and the same as ``torch_portable``'s."""
+TORCH_PORTABLE = dataclasses.replace(TRITON_PORTABLE, backend_id="torch_portable")
+"""``triton_portable`` in torch (``kernels/portable_sum.py``), registered on CPU: the same
+bits, forward and gradient, without the Triton interpreter."""
+
+PLATFORM_TWINS = {
+    TRITON_PORTABLE.backend_id: TORCH_PORTABLE.backend_id,
+    TORCH_PORTABLE.backend_id: TRITON_PORTABLE.backend_id,
+}
+"""Backends claiming ``cross_platform_bitwise`` -> the backend that computes the same
+operations in another implementation, whose outputs must be the same bits (the property
+``platform_twins``, ``properties/test_platforms.py``)."""
 
 
 def _lazy(module: str, attr: str) -> Callable[[], Any]:
@@ -112,6 +142,11 @@ def register_builtin_backends(registry: Any) -> None:
         registry.register_logprob_backend(
             platform, _lazy("tp_logprob.kernels.native", "torch_native_logprob"), TORCH_NATIVE
         )
+    registry.register_logprob_backend(
+        "cpu",
+        _lazy("tp_logprob.kernels.portable_sum", "torch_portable_logprob"),
+        TORCH_PORTABLE,
+    )
     for platform in triton_platforms():
         registry.register_logprob_backend(
             platform,
@@ -122,6 +157,11 @@ def register_builtin_backends(registry: Any) -> None:
             platform,
             _lazy("tp_logprob.kernels.triton.exact_sum", "triton_exact_sum_logprob"),
             TRITON_EXACT_SUM,
+        )
+        registry.register_logprob_backend(
+            platform,
+            _lazy("tp_logprob.kernels.triton.portable_sum", "triton_portable_logprob"),
+            TRITON_PORTABLE,
         )
     register_fused_backends(registry)
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from tp_logprob.oracle import _fast_bins as bins
 from tp_logprob.oracle import _fast_grads as grads
 from tp_logprob.oracle import _fast_rows as rows
 from tp_logprob.oracle._eft import U, gamma, tree_error_factor, tree_sum
@@ -47,6 +48,10 @@ def _quiet(func: _F) -> _F:
 
 
 _BLOCK_VALUES = 1 << 16
+# The binned phase bins a block in row groups and keeps only per-bin arrays for
+# the whole block: larger blocks mean fewer calls.
+_BIN_BLOCK_VALUES = 1 << 18
+_BINS_PER_VALUE = 2
 _DEDUP_MIN = 8192
 _KEYS = 1 << 16
 
@@ -112,7 +117,10 @@ def _deduplicated(row_index: int, row: FloatArray, source: NDArray[Any] | None) 
 
 
 def _blocks(
-    live: FloatArray, attempt: IntArray, source: NDArray[Any] | None = None
+    live: FloatArray,
+    attempt: IntArray,
+    source: NDArray[Any] | None = None,
+    block_values: int = _BLOCK_VALUES,
 ) -> Iterator[_Block]:
     width = live.shape[1]
     plain = attempt
@@ -125,10 +133,13 @@ def _blocks(
             else:
                 yield block
         plain = np.array(rest, dtype=np.intp)
-    per_block = max(1, _BLOCK_VALUES // max(width, 1))
+    per_block = max(1, block_values // max(width, 1))
     for start in range(0, plain.size, per_block):
         chunk = plain[start : start + per_block]
-        yield _Block(chunk, live[chunk])
+        first, last = int(chunk[0]), int(chunk[-1])
+        # Consecutive rows are a view; a gather would copy the block.
+        consecutive = last - first == chunk.size - 1
+        yield _Block(chunk, live[first : last + 1] if consecutive else live[chunk])
 
 
 def _finite_max(live: FloatArray) -> tuple[FloatArray, IntArray]:
@@ -149,6 +160,47 @@ class Selected:
     selected_ok: BoolArray
 
 
+def _binned_selected(
+    live: FloatArray,
+    target_values: FloatArray,
+    active: BoolArray,
+    source: NDArray[Any] | None,
+    m: FloatArray,
+    attempt: IntArray,
+    out: Selected,
+) -> IntArray:
+    """The first phase (:mod:`._fast_bins`) on the rows ``attempt``; returns the rows it
+    left (an ``lse``, or an active finite target's ``selected_logp``, not certified)."""
+    # Worth it when the row's bins (its range over 2^-Q, capped at the tail bin)
+    # are not many more than its values; narrow rows go straight to the terms.
+    low = live.min(axis=1) if live.shape[1] else m
+    reach = np.minimum(np.floor(m * bins.SCALE_Q) + 1 - np.floor(low * bins.SCALE_Q), bins.TAIL_BIN)
+    worth = (np.abs(m) < bins.M_LIMIT) & (reach <= _BINS_PER_VALUE * live.shape[1])
+    tried = attempt[worth[attempt]]
+    size = live.shape[0]
+    m_grid, w_h, w_l, w_rad = (np.zeros(size) for _ in range(4))
+    usable = np.zeros(size, bool)
+    for block in _blocks(live, tried, source, _BIN_BLOCK_VALUES):
+        r = block.rows
+        binned = bins.bin_sums(block.values, m[r], block.counts, low[r])
+        m_grid[r], usable[r] = binned.m_grid, binned.ok
+        w_h[r], w_l[r], w_rad[r] = binned.w.hi, binned.w.lo, binned.w.rad
+    done = tried[usable[tried]]
+    scale = rows.SCALE
+    sums = rows.Sums(
+        m_grid[done], np.zeros(done.size), w_h[done] * scale, w_l[done] * scale, w_rad[done] * scale
+    )
+    plain, scaled = rows.log_sum(sums)
+    lse, lse_ok = rows.lse(sums, plain)
+    tv = target_values[done]
+    sel, sel_ok = rows.selected(sums, plain, scaled, np.where(np.isfinite(tv), tv, sums.m))
+    out.lse[done], out.lse_ok[done] = lse, lse_ok
+    out.selected[done] = np.where(tv == -math.inf, -math.inf, sel)
+    out.selected_ok[done] = sel_ok | (tv == -math.inf)
+    settled = out.lse_ok[attempt] & (out.selected_ok[attempt] | ~active[attempt])
+    return attempt[~settled]
+
+
 @_quiet
 def selected_logprob(
     live: FloatArray,
@@ -156,21 +208,30 @@ def selected_logprob(
     active: BoolArray,
     source: NDArray[Any] | None = None,
 ) -> Selected:
-    """``lse`` for every row and ``selected_logp`` for active rows (``target_values`` = ``z_t``)."""
+    """``lse`` for every row and ``selected_logp`` for active rows (``target_values`` = ``z_t``).
+
+    The binned first phase settles most rows; the double-double terms of
+    :mod:`._fast_rows` take the rest, keeping whatever the first phase certified.
+    """
     n = live.shape[0]
     out = Selected(np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool))
     m, attempt = _finite_max(live)
-    for block in _blocks(live, attempt, source):
+    rest = _binned_selected(live, target_values, active, source, m, attempt, out)
+    for block in _blocks(live, rest, source):
         r = block.rows
         terms = rows.build_terms(block.values, m[r], block.counts, keep=False)
         plain, scaled = rows.log_sum(terms)
-        out.lse[r], out.lse_ok[r] = rows.lse(terms, plain)
+        lse, lse_ok = rows.lse(terms, plain)
+        had = out.lse_ok[r]
+        out.lse[r] = np.where(had, out.lse[r], lse)
+        out.lse_ok[r] = had | lse_ok
         if not active[r].any():
             continue
         tv = target_values[r]
         sel, sel_ok = rows.selected(terms, plain, scaled, np.where(np.isfinite(tv), tv, m[r]))
-        out.selected[r] = np.where(tv == -math.inf, -math.inf, sel)
-        out.selected_ok[r] = sel_ok | (tv == -math.inf)
+        had = out.selected_ok[r]
+        out.selected[r] = np.where(had, out.selected[r], np.where(tv == -math.inf, -math.inf, sel))
+        out.selected_ok[r] = had | sel_ok | (tv == -math.inf)
     asked = np.zeros(n, bool)
     asked[attempt] = True
     lse_hits = int(out.lse_ok[attempt].sum())

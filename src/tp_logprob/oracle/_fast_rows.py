@@ -25,6 +25,7 @@ multiplied by :data:`SLACK`, which covers their own few dozen roundings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import mpmath
 import numpy as np
@@ -64,6 +65,31 @@ TAIL, TAIL_Q = _tail_bounds()
 _SMALL_T = 2.0 ** (SHIFT - 30)
 _W_MAX = 2.0**-24
 _EXP_BLOCK = 4096
+
+
+class RowSum(Protocol):
+    """What :func:`log_sum`, :func:`lse` and :func:`selected` read: ``S = c + T`` about ``m``.
+
+    ``m`` is the point the row is shifted by (``LSE = m + log S``), ``c`` an exact
+    integer part, ``T 2^SHIFT`` within ``t_h + t_l +- t_rad``, and ``S >= 1``.
+    """
+
+    m: FloatArray
+    count_max: FloatArray
+    t_h: FloatArray
+    t_l: FloatArray
+    t_rad: FloatArray
+
+
+@dataclass
+class Sums:
+    """A :class:`RowSum` with nothing else attached (the binned first phase's)."""
+
+    m: FloatArray
+    count_max: FloatArray
+    t_h: FloatArray
+    t_l: FloatArray
+    t_rad: FloatArray
 
 
 @dataclass
@@ -187,7 +213,7 @@ def build_terms(
     return Terms(m, count_max, is_max, head, dh, dl, yh, yl, counts, tail, t.hi, t.lo, t.rad)
 
 
-def row_sum(terms: Terms) -> Enclosure:
+def row_sum(terms: RowSum) -> Enclosure:
     """``S = c + T``, unscaled (``S >= 1``)."""
     big_h, big_e = two_sum(terms.count_max * SCALE, terms.t_h)
     big_l = big_e + terms.t_l
@@ -195,7 +221,7 @@ def row_sum(terms: Terms) -> Enclosure:
     return Enclosure(big_h * UNSCALE, big_l * UNSCALE, rad)
 
 
-def log_sum(terms: Terms) -> tuple[Enclosure, Enclosure]:
+def log_sum(terms: RowSum) -> tuple[Enclosure, Enclosure]:
     """``L = log(c + T)``, unscaled and scaled by ``2^SHIFT`` (see the module docstring)."""
     c, t_h, t_l, t_rad = terms.count_max, terms.t_h, terms.t_l, terms.t_rad
     small = (c == 1.0) & (t_h <= _SMALL_T)
@@ -210,7 +236,8 @@ def log_sum(terms: Terms) -> tuple[Enclosure, Enclosure]:
     total = row_sum(terms)
     sum_h, sum_l, sum_rad = total.hi, total.lo, total.rad
     with np.errstate(divide="ignore"):
-        l0 = np.where(small, 0.0, np.log(np.where(small, 1.0, sum_h)))
+        # A guess only; kept >= 0 (S >= 1) so that exp(-L0) stays in exp_terms' domain.
+        l0 = np.where(small, 0.0, np.maximum(np.log(np.where(small, 1.0, sum_h)), 0.0))
     e_h, e_l = exp_terms(-l0, None, 0)
     exp_err = np.where(l0 == 0.0, 0.0, exp_rel())  # exp(0) is computed exactly
     p, q = two_prod(sum_h, e_h)
@@ -265,7 +292,7 @@ def certify(e: Enclosure, shift: int = 0) -> tuple[FloatArray, BoolArray, BoolAr
     return value, ok, zero
 
 
-def lse(terms: Terms, log_s: Enclosure) -> tuple[FloatArray, BoolArray]:
+def lse(terms: RowSum, log_s: Enclosure) -> tuple[FloatArray, BoolArray]:
     """``M + L`` correctly rounded, per row; zero results are left to the slow path."""
     s, err = two_sum(terms.m, log_s.hi)
     lo = err + log_s.lo
@@ -274,7 +301,7 @@ def lse(terms: Terms, log_s: Enclosure) -> tuple[FloatArray, BoolArray]:
 
 
 def selected(
-    terms: Terms, log_s: Enclosure, log_scaled: Enclosure, target: FloatArray
+    terms: RowSum, log_s: Enclosure, log_scaled: Enclosure, target: FloatArray
 ) -> tuple[FloatArray, BoolArray]:
     """``(x_t - M) - L`` correctly rounded for finite target values ``target`` (``[R]``)."""
     a, b = two_sum(target, -terms.m)

@@ -9,7 +9,9 @@ precision, so no global mpmath state is read or changed.
 
 Before the Ziv loop, every row goes through a fast path (``_fast_drivers``): the
 same quantities in vectorised double-double arithmetic with a proven error
-bound, kept only when the whole enclosure rounds to one float64. A row (or one
+bound, kept only when the whole enclosure rounds to one float64 (for ``lse``
+and ``selected_logp``, a cheaper binned float64 phase, ``_fast_bins``, comes
+first and hands on the rows it cannot settle). A row (or one
 quantity of a row) it cannot settle runs the Ziv loop as before, so the results
 are the same bit for bit; :func:`tp_logprob.oracle.fast_path_stats` counts both.
 

@@ -2,9 +2,10 @@
 
 Every ``exact_*`` function first tries a vectorised double-double evaluation
 whose error is bounded by construction (``docs/tolerances.md``, "The oracle's
-fast path"); it returns a float64 only when the whole enclosure rounds to that
-one value, and otherwise hands the row to the Ziv loop, which gives the same
-bits. :func:`fast_path_stats` counts both outcomes per quantity, so a
+fast path"; ``lse`` and ``selected_logp`` try a cheaper binned float64
+enclosure, F10, before it); it returns a float64 only when the whole enclosure
+rounds to that one value, and otherwise hands the row to the Ziv loop, which
+gives the same bits. :func:`fast_path_stats` counts both outcomes per quantity, so a
 benchmark can report the fallback rate; :func:`slow_path_only` runs a block of
 code on the Ziv loop alone (for tests and benchmarks that compare the two).
 

@@ -193,6 +193,71 @@ _CCE_DISPATCH_MODE = Explanation(
 )
 _CCE_WATCHED = (("test_fused_never_materializes_the_logits", _CCE_DISPATCH_MODE),)
 
+_VERL_MP_ENTROPY_NEG_INF = Explanation(
+    PEER_BUG,
+    "vocab_parallel_entropy computes M + log(sum exp(x - M)) - sum(softmax(x) * x) over the "
+    "group, and softmax * x is 0 * -inf = NaN wherever a logit is -inf (so is its gradient); "
+    "the entropy of such a row is finite",
+    "docs/repro_verl_vocab_parallel_entropy_neg_inf.py",
+)
+_VERL_MP_ENTROPY_CANCELS = Explanation(
+    PEER_LIMITATION,
+    "vocab_parallel_entropy subtracts the all-reduced sum(softmax(x) * x) from M + log(sum): "
+    "two fp32 numbers the size of the logits, so its absolute error grows with |x| instead of "
+    "staying shift invariant, and its rounding follows the column order and shard layout: the "
+    "row [3.4e38, 3.4e38, -3.4e38] gives 0 where the entropy is log 2",
+)
+_VERL_MP_TRANSPORT = Explanation(
+    PEER_LIMITATION,
+    "on a real group the all-reduce SUMs (Megatron's of the target logits and shifted sums, "
+    "verl's of the entropy's two sums) are the transport's own (gloo here, NCCL on GPUs): a "
+    "ring all-reduce adds a row's per-rank partials in an order set by the chunk the row falls "
+    "in, which moves with N and the row's position, so the batch invariance that "
+    "fixed_topology claims does not hold there",
+)
+_VERL_MP = (
+    *((test, _VERL_MP_TRANSPORT) for test in ("test_batch_invariance", "test_row_positions")),
+    *(
+        (test, _VERL_MP_ENTROPY_NEG_INF)
+        for test in (
+            "test_gradients_match_exact",
+            "test_entropy_is_nan_free_where_exact_is_finite",
+            "test_entropy_ignores_appended_neg_inf_columns",
+            "test_wide_vocabularies",
+        )
+    ),
+)
+_VERL_FUSED_16BIT = Explanation(
+    PEER_LIMITATION,
+    "each chunk's logits are the matmul's output in the input dtype, divided by T there "
+    "((hidden @ W.T) / T in bf16/fp16) before .float(), so they carry 8/11 bits before the "
+    "fp32 softmax",
+)
+_VERL_FUSED_INACTIVE = Explanation(
+    PEER_LIMITATION,
+    "FusedLinearForPPO has no ignore_index: every label is gathered, so an inactive row's "
+    "out-of-range target raises an index error",
+)
+_VERL_FUSED_MEMORY = Explanation(
+    PEER_LIMITATION,
+    "FusedLinearForPPO chunks the rows, not the vocabulary: each chunk of up to 512 rows gets "
+    "its fp32 logits over the whole vocabulary, so at N <= 512 (the property's 384 rows) that "
+    "chunk is the [N, V] logits (and its backward's one-hot and softmax are as large)",
+)
+_VERL_FUSED_WATCHED = (("test_fused_never_materializes_the_logits", _VERL_FUSED_MEMORY),)
+_VERL_FUSED_ENTROPY = Explanation(
+    PEER_LIMITATION,
+    "the entropy is logsumexp(z) - sum(softmax(z) * z), entropy_from_logits' formula: two fp32 "
+    "numbers the size of the logits, so its absolute error grows with |z| (exact dot products "
+    "of |hidden| <= 8: 9.155e-05 where the entropy is 7.987e-05, with lse 125)",
+)
+_VERL_TRITON_CPU = (
+    "not run: CUDA only, even under the Triton interpreter: its forward opens "
+    "torch.cuda.nvtx.range, which raises RuntimeError on a CPU build of torch, and its launcher "
+    "asserts hidden.is_cuda and hidden_size % 128 == 0 (kernels.py, efficient_entropy_forward)"
+)
+_CUDA_ONLY = Cell(note="not run: CUDA only")
+
 PEERS = (
     Peer(
         name="liger_ce",
@@ -560,6 +625,61 @@ PEERS = (
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="verl_megatron_vocab_parallel",
+        module="verl_megatron",
+        library="verl vocab_parallel_log_probs_from_logits + vocab_parallel_entropy (Megatron "
+        "engine), on Megatron's parallel_state group",
+        distribution="verl",
+        cells={
+            **{key: _REAL_GROUP_ONLY for key, _ in COLUMNS if key != REAL_GROUP},
+            "real_group": Cell(
+                "library", explanation=_VERL_MP_ENTROPY_CANCELS, by_property=_VERL_MP
+            ),
+        },
+    ),
+    Peer(
+        name="verl_fused_linear_for_ppo",
+        module="verl_fused",
+        library="verl FusedLinearForPPO (use_fused_kernels, impl_backend='torch'), hidden in",
+        distribution="verl",
+        cells={
+            "honest": Cell(
+                "honest",
+                by_property=(
+                    *_VERL_FUSED_WATCHED,
+                    ("test_fused_exact_dot_products_match_logits_path", _VERL_FUSED_ENTROPY),
+                ),
+            ),
+            "padding": Cell(
+                "assume_padding", explanation=_PADDING, by_property=_VERL_FUSED_WATCHED
+            ),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit", explanation=_VERL_FUSED_16BIT, by_property=_VERL_FUSED_WATCHED
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=_VERL_FUSED_INACTIVE,
+                by_property=_VERL_FUSED_WATCHED,
+            ),
+            # Claimed away from the source (a chunk's matmul has min(512, rows left) rows);
+            # on CPU the suite finds no row whose bits follow N.
+            "batch": Cell("assume_batch_invariant", by_property=_VERL_FUSED_WATCHED),
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="verl_linear_cross_entropy",
+        module="verl_fused",
+        library="verl linear_cross_entropy (use_fused_kernels, impl_backend='triton'), hidden in",
+        distribution="verl",
+        cells={
+            "honest": Cell(note=_VERL_TRITON_CPU),
+            **{key: _CUDA_ONLY for key, _ in COLUMNS if key != "honest"},
         },
     ),
 )

@@ -16,18 +16,42 @@ no LSE. Three pieces of glue turn that into ``(selected_logp, lse)``:
   input, Megatron subtracts the maximum from fp32 logits in place: the adapters
   hand those libraries a copy (:func:`private_copy`), so the caller's logits are
   untouched, at the cost of one extra logits-sized buffer.
+
+The adapters that take hidden states share their argument checks
+(:func:`check_hidden_inputs`), and the TP=1 adapters of a torch logprob helper
+share their capability and "what users assume" variants (:func:`torch_helper_backends`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from tp_logprob.capability import LogprobBackendCapability
+from tp_logprob.contract import (
+    DeterminismScope,
+    LogprobDType,
+    LogprobInputKind,
+    LogprobRole,
+    MaskMode,
+)
+from tp_logprob.errors import LogprobContractError
+from tp_logprob.kernels.dtypes import TORCH_DTYPES
+from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
 
-__all__ = ["claiming", "lse_from_max", "private_copy", "selected_from_loss"]
+__all__ = [
+    "TORCH_HELPER_VARIANTS",
+    "TorchHelperBackends",
+    "argmax_logits",
+    "check_hidden_inputs",
+    "claiming",
+    "lse_from_max",
+    "private_copy",
+    "selected_from_loss",
+    "torch_helper_backends",
+]
 
 
 def selected_from_loss(loss: torch.Tensor) -> torch.Tensor:
@@ -39,6 +63,31 @@ def lse_from_max(row_max: torch.Tensor, log_sum: torch.Tensor) -> torch.Tensor:
     """``row_max + log_sum`` in fp32; ``row_max`` itself where it is ``+-inf``."""
     row_max, log_sum = row_max.float(), log_sum.float()
     return torch.where(torch.isinf(row_max), row_max, row_max + log_sum)
+
+
+_PRODUCT_ELEMENTS = 1 << 22
+"""Float64 logits per chunk of :func:`argmax_logits`: rows x vocabulary stay below this."""
+
+
+def argmax_logits(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax of ``hidden @ weight.T`` and that logit, in float64 rounded to fp32.
+
+    For an LSE where the library exposes no logits: its logprob of the argmax is
+    ``x[a] - lse``, and this ``x[a]`` is nearly exact (one rounding).
+    """
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    top = torch.zeros(rows, dtype=torch.int64, device=hidden.device)
+    value = torch.full((rows,), -torch.inf, dtype=torch.float32, device=hidden.device)
+    if vocab == 0:
+        return top, value
+    step = max(1, _PRODUCT_ELEMENTS // vocab)
+    columns = weight.to(torch.float64).T
+    for begin in range(0, rows, step):
+        logits = hidden[begin : begin + step].to(torch.float64) @ columns
+        best = logits.nan_to_num(nan=torch.inf).argmax(dim=1)  # a NaN row: its NaN column
+        top[begin : begin + step] = best
+        value[begin : begin + step] = logits.gather(1, best[:, None])[:, 0].float()
+    return top, value
 
 
 def private_copy(local_logits: torch.Tensor) -> torch.Tensor:
@@ -56,3 +105,102 @@ def claiming(
     op, capability = pair
     backend_id = f"{capability.backend_id}.{suffix}"
     return op, dataclasses.replace(capability, backend_id=backend_id, **claims)
+
+
+def check_hidden_inputs(
+    backend_id: str,
+    hidden: Any,
+    targets: Any,
+    contract: Any,
+    group: Any,
+    weight: Any,
+    bias: Any,
+    *,
+    no_bias: str | None = None,
+    logits_backend: str | None = None,
+) -> None:
+    """A hidden-input op's argument checks, then the ones it shares with the logits ops.
+
+    ``no_bias`` is why the library takes no bias (``None`` where it takes one);
+    ``logits_backend`` names the library's logits-input backend, for the hint.
+    """
+    contract = check_contract(contract)
+    if contract.input_kind is not LogprobInputKind.HIDDEN:
+        hint = f"; use {logits_backend} for logits" if logits_backend else ""
+        raise LogprobContractError(
+            f"input_kind={contract.input_kind.value!r}: {backend_id} takes hidden states "
+            f"(input_kind='hidden'){hint}"
+        )
+    if no_bias is not None and (contract.has_bias or bias is not None):
+        raise LogprobContractError(f"has_bias={contract.has_bias!r}: {no_bias}")
+    dtype = TORCH_DTYPES[contract.dtype]
+    local = contract.sharding.local_vocab_size
+    expected: list[tuple[str, Any, tuple[int | None, ...]]] = [
+        ("hidden", hidden, (contract.num_tokens, contract.hidden_size)),
+        ("weight", weight, (local, contract.hidden_size)),
+    ]
+    if contract.has_bias:
+        expected.append(("bias", bias, (local,)))
+    elif bias is not None:
+        raise LogprobContractError(
+            "bias: given, but the contract has has_bias=False (set has_bias=True to add it)"
+        )
+    for name, value, shape in expected:
+        if not isinstance(value, torch.Tensor):
+            raise LogprobContractError(
+                f"{name}: expected a torch.Tensor, got {type(value).__name__}"
+            )
+        if tuple(value.shape) != shape or value.dtype != dtype:
+            raise LogprobContractError(
+                f"{name}: shape {tuple(value.shape)} and dtype {value.dtype}; the contract "
+                f"needs {shape} and {dtype}"
+            )
+        if value.device != hidden.device:
+            raise LogprobContractError(f"{name}.device={value.device} != {hidden.device}")
+    check_hidden_op_targets(targets, contract, group, hidden.device)
+
+
+class TorchHelperBackends(NamedTuple):
+    """A TP=1 torch logprob helper's honest backend and its "what users assume" variants."""
+
+    honest: tuple[Any, LogprobBackendCapability]
+    assume_padding: tuple[Any, LogprobBackendCapability]
+    assume_16bit: tuple[Any, LogprobBackendCapability]
+    assume_inactive_tokens: tuple[Any, LogprobBackendCapability]
+
+
+TORCH_HELPER_VARIANTS = ("assume_16bit", "assume_inactive_tokens", "assume_padding")
+"""The variant names of :class:`TorchHelperBackends`, for the adapters' ``__all__``."""
+
+
+def torch_helper_backends(op: Any, backend_id: str, **claims: Any) -> TorchHelperBackends:
+    """The backends of a trainer's torch logprob helper (TRL's, verl's, OpenRLHF's).
+
+    What those helpers share: the whole vocabulary of a row (TP=1, no padding), fp32
+    only (16-bit logits get ``log_softmax`` in their own dtype), no ``ignore_index``
+    (every target is gathered, so ``all_active``), one row at a time
+    (``fixed_topology``), train and infer, and an LSE from the argmax call of the
+    adapter's glue. ``claims`` adds the helper's own (temperature, entropy). The
+    variants claim no entropy, so that what fails is their assumption.
+    """
+    capability = LogprobBackendCapability(
+        backend_id=backend_id,
+        roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+        dtypes=frozenset({LogprobDType.FP32}),
+        tp_world_sizes=frozenset({1}),
+        cp_world_sizes=frozenset({1}),
+        supports_vocab_padding=False,
+        mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
+        exports_vocab_lse=True,
+        determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
+        **claims,
+    )
+    base = (op, dataclasses.replace(capability, exports_entropy=False))
+    return TorchHelperBackends(
+        honest=(op, capability),
+        assume_padding=claiming(base, "assume_padding", supports_vocab_padding=True),
+        assume_16bit=claiming(base, "assume_16bit", dtypes=frozenset(LogprobDType)),
+        assume_inactive_tokens=claiming(
+            base, "assume_inactive_tokens", mask_modes=frozenset(MaskMode)
+        ),
+    )

@@ -6,8 +6,9 @@ the default off macOS, is a Triton kernel). It drops the rows whose target equal
 ``ignore_index``, computes ``e @ c.T`` for the rest with one matmul *in the input
 dtype*, and takes ``F.cross_entropy(logits.float(), targets, reduction="none")``,
 all under ``torch.compile(fullgraph=True, dynamic=True)``; the ignored rows get a
-loss of 0 (``handle_reduction_none``). Verified with cut-cross-entropy 25.1.1
-(``>=25.1,<25.2``).
+loss of 0 (``handle_reduction_none``). Verified with cut-cross-entropy 25.1.1 (the
+conformance run) and, with ``tests/peers/test_cce.py`` under ``nox -s peer_releases``,
+24.11.4 and 24.12.3 (``>=24.11.4,<25.2``).
 
 Capability, from ``linear_cross_entropy.py``, ``torch_compile.py`` and ``utils.py``:
 
@@ -66,11 +67,14 @@ from tp_logprob.contract import (
     LogprobRole,
     MaskMode,
 )
-from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.rowwise import full_fp32_matmul
-from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
-from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
+from tp_logprob.peers._glue import (
+    argmax_logits,
+    check_hidden_inputs,
+    claiming,
+    lse_from_max,
+    selected_from_loss,
+)
 
 __all__ = [
     "CAPABILITY",
@@ -83,7 +87,7 @@ __all__ = [
     "honest",
 ]
 
-VERIFIED_VERSIONS = "cut-cross-entropy>=25.1,<25.2"
+VERIFIED_VERSIONS = "cut-cross-entropy>=24.11.4,<25.2"
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="cce_linear_cross_entropy",
@@ -100,9 +104,6 @@ CAPABILITY = LogprobBackendCapability(
 
 _NEVER_IGNORED = -1
 """``ignore_index`` for the LSE call, whose targets are argmaxes (``>= 0``)."""
-
-_PRODUCT_ELEMENTS = 1 << 22
-"""Float64 logits per chunk of the adapter's argmax: rows x vocabulary stay below this."""
 
 _RECOMPILE_LIMIT = 256
 """Dynamo's recompiles per code object during the call (its default is 8; see Glue)."""
@@ -146,68 +147,20 @@ def cce_logprob(
     bias: torch.Tensor | None = None,
 ) -> LogprobResult:
     """``(selected_logp, lse)`` from Cut Cross-Entropy's torch path."""
-    _check_inputs(hidden, targets, contract, group, weight, bias)
+    check_hidden_inputs(
+        CAPABILITY.backend_id, hidden, targets, contract, group, weight, bias,
+        no_bias="Cut Cross-Entropy's classifier has no bias"
+    )  # fmt: skip
     targets = targets.long().contiguous()
     with full_fp32_matmul():
         loss = _loss(hidden, weight, targets, contract.mask.ignore_index)
         lse = None
         if contract.export_lse:
             with torch.no_grad():
-                top, x_top = _argmax_logits(hidden.detach(), weight.detach())
+                top, x_top = argmax_logits(hidden.detach(), weight.detach())
                 shift = _loss(hidden.detach(), weight.detach(), top, _NEVER_IGNORED)
                 lse = lse_from_max(x_top, shift)
     return LogprobResult(selected_from_loss(loss), lse)
-
-
-def _argmax_logits(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's argmax of ``hidden @ weight.T`` and that logit, in float64 rounded to fp32."""
-    rows, vocab = hidden.shape[0], weight.shape[0]
-    top = torch.zeros(rows, dtype=torch.int64, device=hidden.device)
-    value = torch.full((rows,), -torch.inf, dtype=torch.float32, device=hidden.device)
-    if vocab == 0:
-        return top, value
-    step = max(1, _PRODUCT_ELEMENTS // vocab)
-    columns = weight.to(torch.float64).T
-    for begin in range(0, rows, step):
-        logits = hidden[begin : begin + step].to(torch.float64) @ columns
-        best = logits.nan_to_num(nan=torch.inf).argmax(dim=1)  # a NaN row: its NaN column
-        top[begin : begin + step] = best
-        value[begin : begin + step] = logits.gather(1, best[:, None])[:, 0].float()
-    return top, value
-
-
-def _check_inputs(
-    hidden: Any, targets: Any, contract: Any, group: Any, weight: Any, bias: Any
-) -> None:
-    """The fused op's argument checks, then the ones it shares with the logits ops."""
-    contract = check_contract(contract)
-    if contract.input_kind is not LogprobInputKind.HIDDEN:
-        raise LogprobContractError(
-            f"input_kind={contract.input_kind.value!r}: cce_linear_cross_entropy takes hidden "
-            "states (input_kind='hidden')"
-        )
-    if contract.has_bias or bias is not None:
-        raise LogprobContractError(
-            f"has_bias={contract.has_bias!r}: Cut Cross-Entropy's classifier has no bias"
-        )
-    dtype = TORCH_DTYPES[contract.dtype]
-    local = contract.sharding.local_vocab_size
-    for name, value, shape in (
-        ("hidden", hidden, (contract.num_tokens, contract.hidden_size)),
-        ("weight", weight, (local, contract.hidden_size)),
-    ):
-        if not isinstance(value, torch.Tensor):
-            raise LogprobContractError(
-                f"{name}: expected a torch.Tensor, got {type(value).__name__}"
-            )
-        if tuple(value.shape) != shape or value.dtype != dtype:
-            raise LogprobContractError(
-                f"{name}: shape {tuple(value.shape)} and dtype {value.dtype}; the contract "
-                f"needs {shape} and {dtype}"
-            )
-    if weight.device != hidden.device:
-        raise LogprobContractError(f"weight.device={weight.device} != {hidden.device}")
-    check_hidden_op_targets(targets, contract, group, hidden.device)
 
 
 honest = (cce_logprob, CAPABILITY)

@@ -79,11 +79,8 @@ from tp_logprob.contract import (
     LogprobRole,
     MaskMode,
 )
-from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.rowwise import full_fp32_matmul
-from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
-from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
+from tp_logprob.peers._glue import check_hidden_inputs, claiming, lse_from_max, selected_from_loss
 
 __all__ = [
     "CAPABILITY",
@@ -128,7 +125,10 @@ def liger_fused_logprob(
     bias: torch.Tensor | None = None,
 ) -> LogprobResult:
     """``(selected_logp, lse)`` from Liger's fused linear cross entropy."""
-    _check_inputs(hidden, targets, contract, group, weight, bias)
+    check_hidden_inputs(
+        CAPABILITY.backend_id, hidden, targets, contract, group, weight, bias,
+        logits_backend="liger_ce"
+    )  # fmt: skip
     function = _liger_function(hidden.device)
     targets = targets.contiguous()
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
@@ -200,43 +200,6 @@ def _logits_at(
             dots = dots + bias[columns[begin:end]].to(torch.float64)
         out[begin:end] = dots
     return out.to(torch.float32)
-
-
-def _check_inputs(
-    hidden: Any, targets: Any, contract: Any, group: Any, weight: Any, bias: Any
-) -> None:
-    """The fused op's argument checks, then the ones it shares with the logits ops."""
-    contract = check_contract(contract)
-    if contract.input_kind is not LogprobInputKind.HIDDEN:
-        raise LogprobContractError(
-            f"input_kind={contract.input_kind.value!r}: liger_flce takes hidden states "
-            "(input_kind='hidden'); use liger_ce for logits"
-        )
-    dtype = TORCH_DTYPES[contract.dtype]
-    local = contract.sharding.local_vocab_size
-    expected: list[tuple[str, Any, tuple[int | None, ...]]] = [
-        ("hidden", hidden, (contract.num_tokens, contract.hidden_size))
-    ]
-    expected.append(("weight", weight, (local, contract.hidden_size)))
-    if contract.has_bias:
-        expected.append(("bias", bias, (local,)))
-    elif bias is not None:
-        raise LogprobContractError(
-            "bias: given, but the contract has has_bias=False (set has_bias=True to add it)"
-        )
-    for name, value, shape in expected:
-        if not isinstance(value, torch.Tensor):
-            raise LogprobContractError(
-                f"{name}: expected a torch.Tensor, got {type(value).__name__}"
-            )
-        if tuple(value.shape) != shape or value.dtype != dtype:
-            raise LogprobContractError(
-                f"{name}: shape {tuple(value.shape)} and dtype {value.dtype}; the contract "
-                f"needs {shape} and {dtype}"
-            )
-        if value.device != hidden.device:
-            raise LogprobContractError(f"{name}.device={value.device} != {hidden.device}")
-    check_hidden_op_targets(targets, contract, group, hidden.device)
 
 
 def _liger_function(device: torch.device) -> Any:

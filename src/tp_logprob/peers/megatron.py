@@ -98,6 +98,7 @@ __all__ = [
     "library",
     "megatron_library_logprob",
     "megatron_logprob",
+    "tensor_parallel_state",
 ]
 
 VERIFIED_VERSIONS = "megatron-core>=0.19,<0.20"
@@ -255,15 +256,17 @@ def megatron_loss_mask_logprob(
     return LogprobResult(-(loss * loss_mask), lse)
 
 
-def megatron_library_logprob(
-    local_logits: torch.Tensor,
-    targets: torch.Tensor,
-    contract: LogprobContract,
-    group: Any = None,
-) -> LogprobResult:
-    """``selected_logp`` from Megatron's own ``vocab_parallel_cross_entropy`` on Megatron's
-    tensor-parallel group (``group`` is not used: Megatron finds its own)."""
-    check_op_inputs(local_logits, targets, contract, group)
+def tensor_parallel_state(contract: LogprobContract) -> None:
+    """Megatron's ``parallel_state`` with the contract's TP degree over the default group.
+
+    Initialized on first use; a later contract of another degree is refused, since the
+    state is the process's.
+    """
+    if not torch.distributed.is_initialized():
+        raise LogprobContractError(
+            "torch.distributed is not initialized: Megatron's parallel_state needs a real "
+            "process group (run under torchrun; the backend is real_group_only)"
+        )
     state = _megatron()["parallel_state"]
     world = contract.sharding.tp_world_size
     if not state.model_parallel_is_initialized():
@@ -274,6 +277,18 @@ def megatron_library_logprob(
             f"sharding.tp_world_size={world}: Megatron's tensor-parallel group has "
             f"{megatron_world} ranks"
         )
+
+
+def megatron_library_logprob(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    group: Any = None,
+) -> LogprobResult:
+    """``selected_logp`` from Megatron's own ``vocab_parallel_cross_entropy`` on Megatron's
+    tensor-parallel group (``group`` is not used: Megatron finds its own)."""
+    check_op_inputs(local_logits, targets, contract, group)
+    tensor_parallel_state(contract)
     # fp32 input would be modified in place by Megatron: give it a copy.
     loss = _megatron()["function"](private_copy(local_logits), targets)
     return LogprobResult(selected_from_loss(loss), None)

@@ -8,7 +8,9 @@ flash-attn's Triton ``cross_entropy_loss`` when flash-attn imports, and otherwis
 to the path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)``, the
 ``logsumexp`` taken over chunks of 1024 rows (``_logsumexp_by_chunk``); 16-bit
 logits get ``log_softmax`` row by row in the input dtype. Verified with openrlhf
-0.11.2 (``>=0.11,<0.12``).
+0.11.2 (the conformance run) and, with ``tests/peers/test_openrlhf.py`` under ``nox -s
+peer_releases``, 0.8.11, 0.9.5 and 0.10.4 (``>=0.8.11,<0.12``; the two functions are
+the same there).
 
 ``openrlhf.models.utils`` does not import here: the package's ``__init__`` imports
 its actor, whose ``ring_attn_utils`` imports ``flash_attn.bert_padding``; PyPI has
@@ -43,43 +45,25 @@ from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import (
-    DeterminismScope,
-    LogprobContract,
-    LogprobDType,
-    LogprobResult,
-    LogprobRole,
-    MaskMode,
-)
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import claiming, lse_from_max, private_copy
+from tp_logprob.peers._glue import (
+    TORCH_HELPER_VARIANTS,
+    lse_from_max,
+    private_copy,
+    torch_helper_backends,
+)
 from tp_logprob.peers._installed import installed_definitions as compile_installed
 
 __all__ = [
     "CAPABILITY",
     "VERIFIED_VERSIONS",
-    "assume_16bit",
-    "assume_inactive_tokens",
-    "assume_padding",
     "honest",
     "openrlhf_logprob",
+    *TORCH_HELPER_VARIANTS,
 ]
 
-VERIFIED_VERSIONS = "openrlhf>=0.11,<0.12"
-
-CAPABILITY = LogprobBackendCapability(
-    backend_id="openrlhf_log_probs_from_logits",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-    supports_temperature=True,
-)
+VERIFIED_VERSIONS = "openrlhf>=0.8.11,<0.12"
 
 DEFINITIONS = {"models/utils.py": ("_logsumexp_by_chunk", "log_probs_from_logits")}
 """The definitions the adapter runs, by file of the installed ``openrlhf`` package."""
@@ -127,9 +111,9 @@ def openrlhf_logprob(
     return LogprobResult(selected.float(), lse)
 
 
-honest = (openrlhf_logprob, CAPABILITY)
+honest, assume_padding, assume_16bit, assume_inactive_tokens = torch_helper_backends(
+    openrlhf_logprob, "openrlhf_log_probs_from_logits", supports_temperature=True
+)
 """The honest backend: ``--tp-logprob-backend=tp_logprob.peers.openrlhf:honest``."""
 
-assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
-assume_16bit = claiming(honest, "assume_16bit", dtypes=frozenset(LogprobDType))
-assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
+CAPABILITY = honest[1]

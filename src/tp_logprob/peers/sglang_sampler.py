@@ -6,7 +6,8 @@ Runs, on one request per row, what SGLang's ``Sampler.forward`` does on its
 ``1e-6`` becomes greedy, ``top_k = 1`` at ``T = 1``; ``top_k = -1`` is
 ``TOP_K_ALL``), ``logits.div_(temperatures)`` with one fp32 temperature per row,
 SGLang's sampler softmax (``sglang.kernels.ops.sampling.softmax``: ``torch.softmax``
-on CPU), and the branch ``Sampler.forward`` takes for such a batch: greedy when
+on CPU; before 0.5.22 the sampler calls ``torch.softmax(logits, dim=-1)`` itself),
+and the branch ``Sampler.forward`` takes for such a batch: greedy when
 ``top_k <= 1`` (``_build_greedy_sampling_mask_output``: the first index of the
 maximum), plain sampling when no rule is active (``sampling_from_probs_torch``; the
 support is every token of positive probability), else
@@ -18,8 +19,11 @@ from that function: the fp32 probabilities sorted descending; top-k keeps the fi
 position whose mass before it, in the cumsum of the *full* distribution taken before
 the top-k cut, is ``> top_p`` (the joint rule, not renormalised over the top-k
 survivors); min-p last, ``p < min_p * (largest p)``. The support is the tokens of
-positive weight. Verified with sglang 0.5.23 (``>=0.5.23,<0.6``; the sampling mask
-capture is new in 0.5.20, and earlier releases were not run).
+positive weight. Verified with sglang 0.5.23 (the conformance run) and, with
+``tests/peers/test_sglang_sampler.py`` under ``nox -s peer_releases``, 0.5.21 and 0.5.22
+(``>=0.5.21,<0.6``). The sampling mask capture is new in 0.5.20, and 0.5.20 does not
+import here: its ``sglang.srt.utils.common``, which ``sampling_params`` reaches, imports
+torchvision at the top (see below).
 
 ``sglang.srt.layers.sampler`` itself does not import without a GPU build: its import
 reaches ``sglang.srt.configs``, whose multimodal configs import torchvision, and PyPI's
@@ -55,6 +59,7 @@ positive weight, ``support_size`` the count of such tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import typing
 import warnings
@@ -80,7 +85,7 @@ from tp_logprob.support import SupportMode
 
 __all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "honest", "sglang_processed_logprob"]
 
-VERIFIED_VERSIONS = "sglang>=0.5.23,<0.6"
+VERIFIED_VERSIONS = "sglang>=0.5.21,<0.6"
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="sglang_sampler",
@@ -117,7 +122,10 @@ def _sglang() -> dict[str, Any]:
         if not _SGLANG:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # import-time notices of SGLang's dependencies
-                from sglang.kernels.ops.sampling import softmax
+                try:
+                    from sglang.kernels.ops.sampling import softmax
+                except ImportError:  # before 0.5.22 the sampler calls torch.softmax itself
+                    softmax = functools.partial(torch.softmax, dim=-1)
                 from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
             _SGLANG.update(
                 softmax=softmax,

@@ -32,50 +32,29 @@ logprob``, with ``lse = z_max`` where ``z_max`` is ``+-inf``.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import (
-    DeterminismScope,
-    LogprobContract,
-    LogprobDType,
-    LogprobResult,
-    LogprobRole,
-    MaskMode,
-)
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import claiming, lse_from_max
+from tp_logprob.peers._glue import (
+    TORCH_HELPER_VARIANTS,
+    lse_from_max,
+    torch_helper_backends,
+)
 
 __all__ = [
     "CAPABILITY",
     "VERIFIED_VERSIONS",
-    "assume_16bit",
-    "assume_inactive_tokens",
-    "assume_padding",
     "honest",
     "trl_logprob",
+    *TORCH_HELPER_VARIANTS,
 ]
 
 VERIFIED_VERSIONS = "trl>=1.16,<1.17"
-
-CAPABILITY = LogprobBackendCapability(
-    backend_id="trl_selective_log_softmax",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),  # no ignore_index: every target is read
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-    supports_temperature=True,
-    exports_entropy=True,
-)
 
 _IMPORT_LOCK = threading.Lock()
 _TRL: dict[str, Any] = {}
@@ -120,12 +99,9 @@ def trl_logprob(
     return LogprobResult(selected.float(), lse, None if entropy is None else entropy.float())
 
 
-honest = (trl_logprob, CAPABILITY)
+honest, assume_padding, assume_16bit, assume_inactive_tokens = torch_helper_backends(
+    trl_logprob, "trl_selective_log_softmax", supports_temperature=True, exports_entropy=True
+)
 """The honest backend: ``--tp-logprob-backend=tp_logprob.peers.trl:honest``."""
 
-# The variants leave entropy out, so that their failures are their assumption's.
-_BASE = (trl_logprob, dataclasses.replace(CAPABILITY, exports_entropy=False))
-
-assume_padding = claiming(_BASE, "assume_padding", supports_vocab_padding=True)
-assume_16bit = claiming(_BASE, "assume_16bit", dtypes=frozenset(LogprobDType))
-assume_inactive_tokens = claiming(_BASE, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
+CAPABILITY = honest[1]

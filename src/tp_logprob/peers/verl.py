@@ -7,9 +7,10 @@ flash-attn importable (and ``VERL_DISABLE_FLASH_ATTN_CE`` unset) flash-attn's Tr
 path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)`` row by row
 for fp32, ``log_softmax`` row by row for 16-bit inputs. ``entropy_from_logits`` is
 ``logsumexp(logits) - sum(softmax(logits) * logits)``. Verified with verl 0.9.1 on
-its torch path (the conformance run), and 0.5.0, 0.6.1, 0.7.1 and 0.8.0 with
-``tests/peers`` and the reproducers (``>=0.5,<0.10``; the helpers are the same since
-0.4.1, whose package import also needs ``pkg_resources``).
+its torch path (the conformance run), and 0.4.1, 0.5.0, 0.6.1, 0.7.1, 0.8.0 and 0.9.0
+with this adapter's tests in ``tests/peers/test_adapters.py`` under ``nox -s
+peer_releases`` (``>=0.4.1,<0.10``; 0.4.1's package import also needs
+``pkg_resources``, 0.4.1's and 0.5.0's pandas).
 
 verl imports ``ray`` at package import (``verl.protocol``); the conformance session
 installs verl ``--no-deps`` with only what ``verl.utils.torch_functional`` and the
@@ -35,49 +36,29 @@ is ``+-inf``.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import (
-    DeterminismScope,
-    LogprobContract,
-    LogprobDType,
-    LogprobResult,
-    LogprobRole,
-    MaskMode,
-)
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import claiming, lse_from_max
+from tp_logprob.peers._glue import (
+    TORCH_HELPER_VARIANTS,
+    lse_from_max,
+    torch_helper_backends,
+)
 
 __all__ = [
     "CAPABILITY",
     "VERIFIED_VERSIONS",
-    "assume_16bit",
-    "assume_inactive_tokens",
-    "assume_padding",
     "honest",
     "verl_logprob",
+    *TORCH_HELPER_VARIANTS,
 ]
 
-VERIFIED_VERSIONS = "verl>=0.5,<0.10"
-
-CAPABILITY = LogprobBackendCapability(
-    backend_id="verl_logprobs_from_logits",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-    exports_entropy=True,
-)
+VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
 
 _IMPORT_LOCK = threading.Lock()
 _VERL: dict[str, Any] = {}
@@ -116,12 +97,9 @@ def verl_logprob(
     return LogprobResult(selected.float(), lse, None if entropy is None else entropy.float())
 
 
-honest = (verl_logprob, CAPABILITY)
+honest, assume_padding, assume_16bit, assume_inactive_tokens = torch_helper_backends(
+    verl_logprob, "verl_logprobs_from_logits", exports_entropy=True
+)
 """The honest backend: ``--tp-logprob-backend=tp_logprob.peers.verl:honest``."""
 
-# The variants leave entropy out, so that their failures are their assumption's.
-_BASE = (verl_logprob, dataclasses.replace(CAPABILITY, exports_entropy=False))
-
-assume_padding = claiming(_BASE, "assume_padding", supports_vocab_padding=True)
-assume_16bit = claiming(_BASE, "assume_16bit", dtypes=frozenset(LogprobDType))
-assume_inactive_tokens = claiming(_BASE, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
+CAPABILITY = honest[1]

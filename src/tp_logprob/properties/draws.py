@@ -182,7 +182,13 @@ def relayouts(draw: Any, sharding: ShardingSpec, capability: Any) -> dict[str, A
 
 
 INTERPRETED = frozenset(
-    {"triton_online", "triton_exact_sum", "triton_fused", "triton_fused_exact_sum"}
+    {
+        "triton_online",
+        "triton_exact_sum",
+        "triton_fused",
+        "triton_fused_exact_sum",
+        "triton_portable",
+    }
 )
 """The built-in backends that a CPU runs through the Triton interpreter, at about 10 ms a
 program: the properties that draw long batches or wide rows keep them shorter there."""

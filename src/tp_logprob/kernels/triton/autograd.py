@@ -39,14 +39,17 @@ def run_op(
     targets: Any,
     contract: Any,
     group: GroupHandle | None,
+    *,
+    portable: bool = False,
 ) -> LogprobResult:
-    """Check, prepare and run ``forward``, differentiably for the ``train`` role."""
+    """Check, prepare and run ``forward``, differentiably for the ``train`` role
+    (``portable``: the backward with ``portable_exp``, launched without fp fusion)."""
     active = check_op_inputs(local_logits, targets, contract, group)
     inputs = prepare(local_logits, targets, active, contract)
     wants_grad = torch.is_grad_enabled() and local_logits.requires_grad
     if contract.role is LogprobRole.TRAIN and wants_grad:
         outputs = TritonLogprobFunction.apply(  # type: ignore[no-untyped-call]
-            local_logits, inputs, contract, group, forward
+            local_logits, inputs, contract, group, forward, portable
         )
         return exported_result(contract, *outputs)
     return forward(inputs, contract, group).result()
@@ -70,6 +73,7 @@ class TritonLogprobFunction(torch.autograd.Function):
         contract: LogprobContract,
         group: GroupHandle | None,
         forward: ForwardFn,
+        portable: bool,
     ) -> tuple[torch.Tensor, ...]:
         outputs = forward(inputs, contract, group)
         returned, entropy32, frozen = outputs.for_autograd()
@@ -78,6 +82,7 @@ class TritonLogprobFunction(torch.autograd.Function):
         )
         ctx.inputs = inputs
         ctx.entropy = contract.export_entropy
+        ctx.portable = portable
         ctx.support = outputs.kernel_support()
         ctx.mark_non_differentiable(*frozen)  # one call: each call replaces the set
         return returned
@@ -87,9 +92,17 @@ class TritonLogprobFunction(torch.autograd.Function):
         logits, targets, active, lse32, entropy32 = ctx.saved_tensors
         entropy_grads = (entropy32, grads[1]) if ctx.entropy else None  # after lse's
         grad = logprob_grad(
-            logits, targets, active, lse32, grad_selected, ctx.inputs, entropy_grads, ctx.support
+            logits,
+            targets,
+            active,
+            lse32,
+            grad_selected,
+            ctx.inputs,
+            entropy_grads,
+            ctx.support,
+            portable=ctx.portable,
         )
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def logprob_grad(
@@ -101,6 +114,8 @@ def logprob_grad(
     inputs: RankInputs,
     entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None = None,
     support: KernelSupport | None = None,
+    *,
+    portable: bool = False,
 ) -> torch.Tensor:
     """The local ``d loss / d logits`` in the logits dtype (contiguous ``[N, width]``).
 
@@ -121,6 +136,7 @@ def logprob_grad(
         inputs,
         entropy_grads,
         support,
+        portable=portable,
     )
     return grad
 
@@ -138,6 +154,8 @@ def launch_logprob_grad(
     entropy_grads: tuple[torch.Tensor, torch.Tensor | None] | None,
     support: KernelSupport | None = None,
     begin: int = 0,
+    *,
+    portable: bool = False,
 ) -> None:
     """``logprob_grad_kernel`` over the first ``rows`` rows of ``logits`` (unit column stride),
     writing ``d loss / d logits`` into ``out`` (same shape and strides; it may be ``logits``
@@ -146,10 +164,13 @@ def launch_logprob_grad(
     The logits backends' backward and ``triton_fused``'s chunked backward both launch it.
     ``entropy_grads`` is ``(entropy32, d loss / d entropy)`` when entropy was exported.
     ``support``: the forward's support (None: every live column), whose rows
-    ``begin:begin + rows`` these are; the gradient is 0 outside it.
+    ``begin:begin + rows`` these are; the gradient is 0 outside it. ``portable``:
+    ``triton_portable``'s gradient (``portable_exp``, no fp fusion).
     """
     width = logits.shape[1]
-    config = launch_config(platform_of(logits), KernelKind.TILE, logits.dtype)
+    config = launch_config(
+        platform_of(logits), KernelKind.TILE, logits.dtype, fp_fusion=not portable
+    )
     if entropy_grads is None or entropy_grads[1] is None:
         entropy32, grad_entropy, with_entropy = lse32, lse32, False
     else:
@@ -178,4 +199,5 @@ def launch_logprob_grad(
         SCALE=inputs.scale,
         ENTROPY=with_entropy,
         SUPPORT=support.kind,
+        PORTABLE=portable,
     )

@@ -16,6 +16,10 @@ With a support (``SUPPORT``, ``support_kernels``) the LSE and entropy are over `
 and a column outside ``S`` counts as ``-inf`` and gets exactly 0 (the target's
 column too): the gradient of ``z_y - LSE_S`` with ``S`` held fixed. The threshold
 costs 4 bytes per row, a packed mask ``ceil(live_width / 32) * 4`` bytes.
+
+``PORTABLE`` (``triton_portable``, launched without fp fusion): ``p`` is ``portable_exp``,
+so the gradient's bits are the same on every target too (``z - LSE <= 0``: the fp32
+``LSE`` is at least the row's maximum).
 """
 
 # triton ships no type hints, and Triton types kernel parameters itself:
@@ -26,7 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tp_logprob.kernels.triton.common_kernels import round_for, scaled, widen
+from tp_logprob.kernels.triton.common_kernels import scaled, stored, widen
+from tp_logprob.kernels.triton.portable_math import row_exp
 from tp_logprob.kernels.triton.support_kernels import kept_tile, row_threshold
 
 __all__ = ["logprob_grad_kernel"]
@@ -53,6 +58,7 @@ def logprob_grad_kernel(
     SCALE: tl.constexpr,
     ENTROPY: tl.constexpr,
     SUPPORT: tl.constexpr,
+    PORTABLE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -76,7 +82,7 @@ def logprob_grad_kernel(
     target = tl.load(targets_ptr + row, mask=active, other=-1).to(tl.int64)
     lse_finite = (lse > float("-inf")) & (lse < float("inf"))
     centred = z - tl.where(lse_finite, lse, 0.0)
-    prob = tl.exp(tl.where(lse_finite, centred, float("-inf")))
+    prob = row_exp(tl.where(lse_finite, centred, float("-inf")), PORTABLE)
     # A row whose selected_logp is NaN (LSE NaN, +inf or -inf) gets NaN on every live
     # column, as torch's log_softmax backward gives; exp(x - inf) alone would give 0.
     prob = tl.where(lse_finite, prob, float("nan"))
@@ -90,4 +96,4 @@ def logprob_grad_kernel(
         spread = prob * (finite_centred + entropy)
         grad -= grad_entropy * tl.where(prob == 0.0, 0.0, spread)
     grad = tl.where(live, scaled(grad, temperature, SCALE), 0.0)
-    tl.store(grad_ptr + row * width + cols, round_for(grad_ptr, grad), mask=in_row)
+    tl.store(grad_ptr + row * width + cols, stored(grad_ptr, grad, PORTABLE), mask=in_row)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tp_logprob.kernels.triton.portable_math import row_log
+
 __all__ = [
     "entropy_term",
     "gathered_max",
@@ -33,6 +35,7 @@ __all__ = [
     "store_entropy",
     "store_lse",
     "store_results",
+    "stored",
     "widen",
 ]
 
@@ -142,14 +145,19 @@ def rank_total(ptr, rows, in_range, num_ranks, num_rows, maximum, FIELDS: tl.con
 
 
 @triton.jit
-def merged_lse(maximum, has_nan, total):
+def merged_lse(maximum, has_nan, total, PORTABLE: tl.constexpr):
     """``(lse, finite, M, log S)``: the fp32 ``LSE = M + log S`` (fp64, rounded once) with the
     special values of ``docs/semantics.md`` (NaN anywhere live gives NaN, ``M = +inf``
     gives ``+inf``, no finite live value ``-inf``), whether ``M`` is finite, and the fp64
-    ``M`` (0 where not finite) and ``log S`` the selected logprob is formed from."""
+    ``M`` (0 where not finite) and ``log S`` the selected logprob is formed from.
+
+    ``PORTABLE``: ``log`` is ``portable_log``, and ``M = -0`` counts as ``+0`` (the sign
+    of a zero maximum is the platform's ``max``'s choice, and ``t - M`` would show it)."""
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
     shift = tl.where(finite, maximum, 0.0).to(tl.float64)
-    log_total = tl.log(tl.where(finite, total, 1.0))
+    if PORTABLE:
+        shift = shift + 0.0
+    log_total = row_log(tl.where(finite, total, 1.0), PORTABLE)
     lse64 = shift + log_total
     special = tl.where(has_nan, float("nan"), maximum)
     lse = tl.where(finite, lse64.to(tl.float32), special)
@@ -157,10 +165,10 @@ def merged_lse(maximum, has_nan, total):
 
 
 @triton.jit
-def store_lse(rows, in_range, maximum, has_nan, total, lse_ptr):
+def store_lse(rows, in_range, maximum, has_nan, total, lse_ptr, PORTABLE: tl.constexpr):
     """Write :func:`merged_lse`'s LSE in ``lse_ptr``'s element type (a support's full ``lse``)."""
-    lse = merged_lse(maximum, has_nan, total)[0]
-    tl.store(lse_ptr + rows, round_for(lse_ptr, lse), mask=in_range)
+    lse = merged_lse(maximum, has_nan, total, PORTABLE)[0]
+    tl.store(lse_ptr + rows, stored(lse_ptr, lse, PORTABLE), mask=in_range)
 
 
 @triton.jit
@@ -176,6 +184,7 @@ def store_results(
     lse_ptr,
     lse32_ptr,
     STORE_LSE: tl.constexpr,
+    PORTABLE: tl.constexpr,
 ):
     """Write ``selected`` and ``lse`` from ``M``, ``S = sum exp(x - M)`` (fp64) and the target.
 
@@ -185,15 +194,15 @@ def store_results(
     gives ``lse = +inf``; an all ``-inf`` row gives ``lse = -inf``; then ``selected`` is
     NaN; inactive rows get exactly 0.0.
     """
-    lse, finite, shift, log_total = merged_lse(maximum, has_nan, total)
+    lse, finite, shift, log_total = merged_lse(maximum, has_nan, total, PORTABLE)
     # (t - M) - log S rather than t - LSE: exact t - M keeps a near-0 logprob accurate.
     relative = (target_logit.to(tl.float64) - shift) - log_total
     selected = tl.where(finite, relative.to(tl.float32), float("nan"))
     selected = tl.where(active, selected, 0.0)
-    tl.store(lse32_ptr + rows, lse, mask=in_range)
+    tl.store(lse32_ptr + rows, stored(lse32_ptr, lse, PORTABLE), mask=in_range)
     if STORE_LSE:
-        tl.store(lse_ptr + rows, round_for(lse_ptr, lse), mask=in_range)
-    tl.store(selected_ptr + rows, round_for(selected_ptr, selected), mask=in_range)
+        tl.store(lse_ptr + rows, stored(lse_ptr, lse, PORTABLE), mask=in_range)
+    tl.store(selected_ptr + rows, stored(selected_ptr, selected, PORTABLE), mask=in_range)
 
 
 @triton.jit
@@ -213,6 +222,24 @@ def round_for(ptr, value):
 
 
 @triton.jit
+def stored(ptr, value, PORTABLE: tl.constexpr):
+    """:func:`round_for`, and with ``PORTABLE`` every NaN as the one quiet NaN of ``ptr``'s
+    type (``0x7FC00000``, ``0x7FC0``, ``0x7E00``): a NaN's sign and payload are the
+    platform's choice (NVIDIA's arithmetic and conversions give ``0x7FFFFFFF`` and
+    ``0x7FFF``, x86 keeps the operand's or makes ``0xFFC00000``)."""
+    out = round_for(ptr, value)
+    if PORTABLE:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            nan = tl.full(value.shape, 0x7FC0, tl.int16).to(tl.bfloat16, bitcast=True)
+        elif ptr.dtype.element_ty == tl.float16:
+            nan = tl.full(value.shape, 0x7E00, tl.int16).to(tl.float16, bitcast=True)
+        else:
+            nan = tl.full(value.shape, 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+        out = tl.where(value != value, nan, out)
+    return out
+
+
+@triton.jit
 def store_entropy(
     rows,
     in_range,
@@ -224,6 +251,7 @@ def store_entropy(
     entropy_ptr,
     entropy32_ptr,
     STORE_ENTROPY: tl.constexpr,
+    PORTABLE: tl.constexpr,
 ):
     """Write ``entropy = log S - Q / S`` (fp64, rounded once) from ``S`` and ``Q``, both
     relative to the global max ``M``.
@@ -233,9 +261,9 @@ def store_entropy(
     """
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan
     safe_total = tl.where(finite, total, 1.0)
-    entropy64 = tl.log(safe_total) - moment / safe_total
+    entropy64 = row_log(safe_total, PORTABLE) - moment / safe_total
     entropy = tl.where(finite, entropy64.to(tl.float32), float("nan"))
     entropy = tl.where(active, entropy, 0.0)
-    tl.store(entropy32_ptr + rows, entropy, mask=in_range)
+    tl.store(entropy32_ptr + rows, stored(entropy32_ptr, entropy, PORTABLE), mask=in_range)
     if STORE_ENTROPY:
-        tl.store(entropy_ptr + rows, round_for(entropy_ptr, entropy), mask=in_range)
+        tl.store(entropy_ptr + rows, stored(entropy_ptr, entropy, PORTABLE), mask=in_range)

@@ -90,15 +90,20 @@ def triton_exact_sum_logprob(
 
 
 def exact_sum_forward(
-    inputs: RankInputs, contract: LogprobContract, group: GroupHandle | None
+    inputs: RankInputs,
+    contract: LogprobContract,
+    group: GroupHandle | None,
+    *,
+    portable: bool = False,
 ) -> Outputs:
     """The support (a contract with one), maxima, all-gather, fixed-point sums, all-gather,
-    merge."""
+    merge. ``portable``: ``triton_portable``'s kernels (``portable_exp`` and
+    ``portable_log``, launched with ``enable_fp_fusion=False``)."""
     logits, rows = inputs.logits, inputs.num_rows
     plan = plan_support(contract, logits.device, lambda: logits_threshold(logits, contract, group))
     support = full_support(logits.device) if plan is None else plan.kernel
     platform = platform_of(logits)
-    row_config = launch_config(platform, KernelKind.ROW, logits.dtype)
+    row_config = launch_config(platform, KernelKind.ROW, logits.dtype, fp_fusion=not portable)
     stage_fields = stage_width(support)
     stage = torch.empty((rows, stage_fields), dtype=torch.float32, device=logits.device)
     support_args = support.args()
@@ -130,7 +135,7 @@ def exact_sum_forward(
     launch(
         exact_sum_kernel,
         (rows,),
-        launch_config(platform, KernelKind.SUM, logits.dtype),
+        launch_config(platform, KernelKind.SUM, logits.dtype, fp_fusion=not portable),
         logits,
         logits,
         logits.stride(0),
@@ -148,8 +153,12 @@ def exact_sum_forward(
         SUPPORT=support.kind,
         SEPARATE=support.separate,
         STAGE=stage_fields,
+        PORTABLE=portable,
     )
-    return exact_merge(gathered_stage, all_gather(sums, group), inputs, contract, bits, plan)
+    gathered_sums = all_gather(sums, group)
+    return exact_merge(
+        gathered_stage, gathered_sums, inputs, contract, bits, plan, portable=portable
+    )
 
 
 def stage_width(support: KernelSupport) -> int:
@@ -170,12 +179,19 @@ def exact_merge(
     contract: LogprobContract,
     bits: int,
     support: SupportPlan | None = None,
+    *,
+    portable: bool = False,
 ) -> Outputs:
     """``exact_merge_kernel`` over every rank's gathered stage ``(m_r, t_r[, full m_r])`` and
     int64 sums (``bits`` fraction bits): the outputs, the same on every rank."""
     rows = inputs.num_rows
     outputs = allocate_outputs(contract, rows, gathered_stage.device, support)
-    merge_config = launch_config(platform_of(gathered_stage), KernelKind.MERGE, inputs.logits.dtype)
+    merge_config = launch_config(
+        platform_of(gathered_stage),
+        KernelKind.MERGE,
+        inputs.logits.dtype,
+        fp_fusion=not portable,
+    )
     lse = outputs.lse_target()
     entropy, entropy32 = outputs.entropy_targets()
     launch(
@@ -203,5 +219,6 @@ def exact_merge(
         SUM_FIELDS=gathered_sums.shape[2],
         SEPARATE=support is not None and support.kernel.separate,
         STAGE=gathered_stage.shape[2],
+        PORTABLE=portable,
     )
     return finish_outputs(outputs)

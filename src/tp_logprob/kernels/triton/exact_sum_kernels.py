@@ -47,6 +47,7 @@ from tp_logprob.kernels.triton.common_kernels import (
     store_results,
     widen,
 )
+from tp_logprob.kernels.triton.portable_math import row_exp
 from tp_logprob.kernels.triton.support_kernels import masked_tile, row_threshold, support_target
 
 __all__ = [
@@ -139,6 +140,7 @@ def exact_sum_kernel(
     SUPPORT: tl.constexpr,
     SEPARATE: tl.constexpr,
     STAGE: tl.constexpr,
+    PORTABLE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -174,7 +176,7 @@ def exact_sum_kernel(
         z = scaled(x, temperature, SCALE)
         if SEPARATE:
             full_shifted = tl.where(full_finite, z - full_shift, float("-inf"))
-            full_weights = tl.exp(full_shifted)
+            full_weights = row_exp(full_shifted, PORTABLE)
             full_units += tl.sum((full_weights * scale).to(tl.int64), axis=0)
             z = masked_tile(z, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
             if shared:  # the same terms as the else branch's, with no second exp
@@ -183,14 +185,15 @@ def exact_sum_kernel(
                 weights = tl.where(in_support, full_weights, 0.0)
             else:
                 shifted = tl.where(finite, z - shift, float("-inf"))
-                weights = tl.exp(shifted)
+                weights = row_exp(shifted, PORTABLE)
             units, moment_units = fixed_point_add(
                 weights, shifted, scale, units, moment_units, ENTROPY, 0
             )
         else:
             z = masked_tile(z, start, tau, mask_row_ptr, live_width, SUPPORT, BLOCK)
-            units, moment_units = fixed_point_fold(
-                z - shift, scale, units, moment_units, ENTROPY, 0
+            shifted = z - shift
+            units, moment_units = fixed_point_add(
+                row_exp(shifted, PORTABLE), shifted, scale, units, moment_units, ENTROPY, 0
             )
     tl.store(sums_ptr + row * SUM_FIELDS, units)
     if ENTROPY:
@@ -247,6 +250,7 @@ def exact_merge_kernel(
     SUM_FIELDS: tl.constexpr,
     SEPARATE: tl.constexpr,
     STAGE: tl.constexpr,
+    PORTABLE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -278,6 +282,7 @@ def exact_merge_kernel(
             entropy_ptr,
             entropy32_ptr,
             STORE_ENTROPY,
+            PORTABLE,
         )
     target_logit = owner_target_logit(
         stage_ptr, boundaries_ptr, rows, in_range, target, num_ranks, num_rows, STAGE, 1
@@ -294,9 +299,10 @@ def exact_merge_kernel(
         lse_ptr,
         lse32_ptr,
         STORE_LSE,
+        PORTABLE,
     )
     if SEPARATE:
         # The full vocabulary's maximum and sum follow the support's: the op's lse.
         full_max, full_nan = gathered_max(stage_ptr + 2, rows, in_range, num_ranks, num_rows, STAGE)
         full_total = full_units.to(tl.float64) * inv_scale
-        store_lse(rows, in_range, full_max, full_nan, full_total, full_lse_ptr)
+        store_lse(rows, in_range, full_max, full_nan, full_total, full_lse_ptr, PORTABLE)

@@ -69,10 +69,16 @@ class KernelKind(str, Enum):
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """``block`` columns (rows for merges) per tile and ``num_warps`` per program."""
+    """``block`` columns (rows for merges) per tile and ``num_warps`` per program.
+
+    ``fp_fusion=False`` launches with Triton's ``enable_fp_fusion=False``: no product and
+    sum contracted into an fma (``triton_portable``, whose bits must not depend on the
+    target's compiler). The interpreter never contracts, so there it changes nothing.
+    """
 
     block: int
     num_warps: int
+    fp_fusion: bool = True
 
 
 # (platform, kind) -> (block for 16-bit inputs, block for fp32 inputs, num_warps)
@@ -169,10 +175,12 @@ def platform_of(tensor: torch.Tensor) -> str:
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
-def launch_config(platform: str, kind: KernelKind, dtype: torch.dtype) -> LaunchConfig:
+def launch_config(
+    platform: str, kind: KernelKind, dtype: torch.dtype, *, fp_fusion: bool = True
+) -> LaunchConfig:
     """The fixed config for ``kind`` kernels over ``dtype`` inputs on ``platform``."""
     block_16, block_32, num_warps = _TABLE[(platform, kind)]
-    return LaunchConfig(block_16 if dtype.itemsize <= 2 else block_32, num_warps)
+    return LaunchConfig(block_16 if dtype.itemsize <= 2 else block_32, num_warps, fp_fusion)
 
 
 def launch(
@@ -193,8 +201,11 @@ def launch(
         return
     if min(grid) == 0:
         return
+    options: dict[str, Any] = {"num_warps": config.num_warps}
+    if not config.fp_fusion:
+        options["enable_fp_fusion"] = False
     with _launching(kernel, device_tensor):
-        kernel[tuple(grid)](*args, BLOCK=config.block, num_warps=config.num_warps, **constexprs)
+        kernel[tuple(grid)](*args, BLOCK=config.block, **options, **constexprs)
 
 
 @contextlib.contextmanager

@@ -219,6 +219,7 @@ def online_merge_kernel(
             entropy_ptr,
             entropy32_ptr,
             STORE_ENTROPY,
+            False,
         )
     store_results(
         rows,
@@ -232,10 +233,11 @@ def online_merge_kernel(
         lse_ptr,
         lse32_ptr,
         STORE_LSE,
+        False,
     )
     if SEPARATE:
         # The full vocabulary's partial follows the support's: its LSE is the op's lse.
         full_ptr = partials_ptr + (FIELDS - 3)
         full_max, full_nan = gathered_max(full_ptr, rows, in_range, num_ranks, num_rows, FIELDS)
         full_total = rank_total(full_ptr, rows, in_range, num_ranks, num_rows, full_max, FIELDS)
-        store_lse(rows, in_range, full_max, full_nan, full_total, full_lse_ptr)
+        store_lse(rows, in_range, full_max, full_nan, full_total, full_lse_ptr, False)

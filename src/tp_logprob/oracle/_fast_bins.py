@@ -1,0 +1,318 @@
+"""The fast path's first phase: a row's sum of exponentials from binned float64 work.
+
+For a row of values ``x`` (finite or ``-inf``) with finite maximum ``M``, on the
+grid ``2^-Q``: ``t = x 2^Q`` (exact), ``a = rint(t)``, ``beta = t - a`` (exact,
+``|beta| <= 1/2``), ``A = floor(M 2^Q)`` and ``M' = A 2^-Q <= M``. Then, exactly,
+
+    exp(x - M') = G_j (1 + e),   j = A + 1 - a >= 0,
+    G_j = exp((1 - j) 2^-Q),     e = exp(beta 2^-Q) - 1,
+
+so ``W = sum exp(x - M') = sum_j G_j (n_j + E_j)`` with ``n_j`` the number of
+values in bin ``j`` and ``E_j`` the sum of their ``e``: two ``bincount`` passes
+and a degree-5 polynomial per value, no per-value double-double. ``W >= 1`` and
+``log S = log W - (M - M')``, so ``LSE = M' + log W`` and
+``x_t - LSE = (x_t - M') - log W``.
+
+* ``X = sum_j n_j G_j`` is exact up to the table: ``G_j`` is stored as four
+  29-bit integer limbs, and the row sums of ``n_j`` times each limb add integer
+  products below ``2^53`` (at most ``2^23`` head values), exact in any order.
+* ``Y = sum_j fl(G_j) E_j`` (``|Y| <= 2^-9 (1 + 2^-8) X``) is summed by
+  :func:`._eft.tree_sum`, so only the rounding of each ``e``, of each bin's
+  ``bincount`` accumulation and of each product matter.
+* a value more than ``SPAN`` below ``M'`` goes to the tail bin, bounded.
+
+:func:`bin_error_terms` lists each error term; ``docs/tolerances.md`` ("The
+oracle's fast path", F10) derives them. Rows the bound cannot certify go on to
+the double-double path (``_fast_rows``), which gives the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any
+
+import mpmath
+import numpy as np
+from numpy.typing import NDArray
+
+from tp_logprob.oracle._eft import U, gamma, two_sum
+from tp_logprob.oracle._fast_rows import SLACK, Enclosure
+from tp_logprob.oracle._inputs import BoolArray, FloatArray, IntArray
+
+Q = 8
+SCALE_Q = 2.0**Q
+SPAN = 64  # values below M' - SPAN (about) are bounded, not binned
+TAIL_BIN = SPAN << Q
+LIMB_BITS = 29
+_LIMBS = 4
+_FIX = 200  # fractional bits of the fixed-point table
+# Rows with |M| at or above this are left to the double-double path (A + 1 stays exact).
+M_LIMIT = 2.0**40
+# At most this many head values per row: each limb product sum stays below 2^53.
+HEAD_LIMIT = 2.0**23
+_CHUNK = 1 << 15  # values per pass (reused temporaries, 768 KiB)
+_GROUP_BINS = 1 << 13
+_KEEP = 1 << 20  # largest buffer kept per thread (8 MiB)
+_BETA_MAX = 0.5
+_COEFFS = tuple(Fraction(1, math.factorial(n) * 2 ** (Q * n)) for n in range(1, 6))
+
+
+@dataclass(frozen=True)
+class BinTables:
+    """``G_j`` for ``j < TAIL_BIN`` as limbs (``[TAIL_BIN + 1, 4]``) and rounded (``gh``);
+    the last row (the tail bin) is zero."""
+
+    limbs: FloatArray
+    gh: FloatArray
+    coeffs: tuple[float, ...]
+    limb_columns: FloatArray  # limbs.T, contiguous
+
+
+@lru_cache(maxsize=1)
+def bin_tables() -> BinTables:
+    """The table of ``exp((1 - j) 2^-Q)``, built once in integer fixed point (a few ms).
+
+    ``F_0 = floor(exp(2^-Q) 2^200)``, ``F_(j+1) = floor(F_j s / 2^200)`` with
+    ``s = floor(exp(-2^-Q) 2^200)``: each step adds less than ``3 2^-200`` to the
+    error, so ``|F_j 2^-200 - G_j| < 2^-183`` for ``j < 2^14``.
+    """
+    ctx = mpmath.MPContext()
+    ctx.prec = 260
+    one = 1 << _FIX
+    step = int(ctx.floor(ctx.exp(-(ctx.mpf(2) ** -Q)) * one))
+    g = int(ctx.floor(ctx.exp(ctx.mpf(2) ** -Q) * one))
+    mask = (1 << LIMB_BITS) - 1
+    fixed = []
+    for _ in range(TAIL_BIN):
+        fixed.append(g)
+        g = (g * step) >> _FIX
+    # Python's int / int is correctly rounded.
+    gh = np.array([f / one for f in fixed] + [0.0])
+    top = [f >> (_FIX - LIMB_BITS * _LIMBS) for f in fixed]  # floor(G_j 2^116), to 2^-183
+    columns = [[float(v >> (LIMB_BITS * (_LIMBS - 1))) for v in top]]  # G_j < 2: 30 bits
+    for k in range(1, _LIMBS):
+        shift = LIMB_BITS * (_LIMBS - 1 - k)
+        columns.append([float((v >> shift) & mask) for v in top])
+    limbs = np.zeros((TAIL_BIN + 1, _LIMBS))
+    limbs[:TAIL_BIN] = np.array(columns).T
+    coeffs = tuple(float(c) for c in _COEFFS)
+    return BinTables(limbs, gh, coeffs, np.ascontiguousarray(limbs.T))
+
+
+def _horner_error() -> tuple[float, float]:
+    """``(ERR_E, E_MAX)``: bounds on ``|e_hat - e|`` and ``|e_hat|`` over ``|beta| <= 1/2``.
+
+    Horner ``h5 = c5``, ``h_n = fl(c_n + fl(beta h_(n+1)))``, ``e = fl(beta h1)``:
+    each step's absolute error is the coefficient's representation error plus
+    ``|beta|`` times the inner error plus one rounding of each operation, at the
+    largest magnitudes; the Taylor remainder is ``b^6/720 / (1 - b/7)`` at
+    ``b = 2^-(Q+1)``; nine possible underflows add ``2^-1070``.
+    """
+    coeffs = bin_tables().coeffs
+    b = _BETA_MAX
+    err = float(abs(Fraction(coeffs[4]) - _COEFFS[4]))
+    mag = coeffs[4] * (1 + U)
+    for n in (3, 2, 1, 0):
+        prod_mag = b * mag * (1 + U)
+        err = float(abs(Fraction(coeffs[n]) - _COEFFS[n])) + b * err + U * b * mag
+        mag = (coeffs[n] + prod_mag) * (1 + U)
+        err += U * mag
+    err = b * err + U * b * mag
+    e_max = b * mag * (1 + U) + err
+    x = 2.0 ** -(Q + 1)
+    remainder = x**6 / 720 / (1 - x / 7)
+    return (err + remainder + 2.0**-1070) * (1 + 2.0**-20), e_max * (1 + 2.0**-20)
+
+
+ERR_E, E_MAX = _horner_error()
+# |G_j - limbs_j| < 2^-116 (truncation) + 2^-183 (fixed point).
+LIMB_ERR = 2.0**-115
+# exp(x - M') for a value in the tail bin: at most exp((1.5 - TAIL_BIN) 2^-Q), rounded up.
+# (mpmath at 60 bits, then widened: no bound depends on the platform's libm.)
+TAIL_TERM = float(mpmath.exp(mpmath.mpf(1.5 - TAIL_BIN) / 2**Q, prec=60)) * (1 + 2.0**-40)
+
+
+def bin_error_terms(
+    x_bound: FloatArray,
+    head: FloatArray,
+    d2: FloatArray,
+    p_abs: FloatArray,
+    bins: int,
+    weighted: bool = False,
+) -> dict[str, FloatArray]:
+    """Each source of error in ``W`` for one row (``docs/tolerances.md``, F10).
+
+    ``x_bound >= X``, ``head`` the number of head values (counts included),
+    ``d2`` the computed ``sum_j fl(G_j) n_j^2``, ``p_abs`` the computed
+    ``sum_j |fl(fl(G_j) E_j)|``, ``bins`` the number of bins and ``weighted``
+    whether values carry counts (each ``count e`` is then one more rounding).
+    """
+    g = gamma(bins)
+    return {
+        "limbs of G_j": head * LIMB_ERR,
+        "e per value (Horner, remainder)": ERR_E * x_bound,
+        "count times e (weighted rows)": U * E_MAX * x_bound * weighted,
+        "bincount accumulation": U * (1 + U) ** 2 * E_MAX * d2 * (1 + 3 * g),
+        "G_j E_j products": 2.001 * U * p_abs * (1 + g),
+        "pairwise sum of the products": gamma(math.ceil(math.log2(max(bins, 2)))) * p_abs * (1 + g),
+        "double-double of X and W": 2.0**-100 * x_bound,
+        "underflow in products": np.full_like(x_bound, bins * 2.0**-1074),
+    }
+
+
+@dataclass
+class BinSums:
+    """Per row: ``M'`` and the enclosure of ``W``; ``ok`` marks rows this phase handled."""
+
+    m_grid: FloatArray
+    w: Enclosure
+    ok: BoolArray
+
+
+_LOCAL = threading.local()
+
+
+def _buffer(name: str, size: int, dtype: type = np.float64) -> NDArray[Any]:
+    """A per-thread buffer of at least ``size`` elements, reused from call to call: a
+    fresh mapping for every block costs more in page faults than the arithmetic on it."""
+    if size > _KEEP:
+        return np.empty(size, dtype=dtype)  # a very wide row: not kept between calls
+    buf: NDArray[Any] | None = getattr(_LOCAL, name, None)
+    if buf is None or buf.size < size:
+        buf = np.empty(max(size, 1 << 16), dtype=dtype)
+        setattr(_LOCAL, name, buf)
+    return buf[:size]
+
+
+def _keys_and_e(
+    values: FloatArray, a1: FloatArray, stride: int, capped: bool
+) -> tuple[IntArray, FloatArray]:
+    """Each value's key ``r stride + j`` and its ``e`` (``[R, K]`` each, reused buffers).
+
+    ``capped`` sends ``j > TAIL_BIN`` (``-inf`` included) to ``TAIL_BIN``.
+    """
+    rows, width = values.shape
+    c = bin_tables().coeffs
+    keys = _buffer("keys", rows * width, np.intp).reshape(rows, width)
+    e_all = _buffer("e", rows * width).reshape(rows, width)
+    step = max(1, _CHUNK // max(rows, 1))
+    offsets = (np.arange(rows) * float(stride))[:, None]
+    top = a1[:, None] if capped else a1[:, None] + offsets
+    scratch = _buffer("chunk", 3 * rows * min(step, width))
+    for start in range(0, width, step):
+        part = slice(start, start + step)
+        x = values[:, part]
+        size = x.size
+        t = np.multiply(x, SCALE_Q, out=scratch[:size].reshape(x.shape))
+        a = np.rint(t, out=scratch[size : 2 * size].reshape(x.shape))
+        beta = np.subtract(t, a, out=t)
+        if capped:
+            j = np.subtract(top, a, out=a)
+            np.minimum(j, float(TAIL_BIN), out=j)
+            np.add(j, offsets, out=keys[:, part], casting="unsafe")
+        else:
+            np.subtract(top, a, out=keys[:, part], casting="unsafe")
+        e = np.multiply(beta, c[4], out=scratch[2 * size : 3 * size].reshape(x.shape))
+        e += c[3]
+        e *= beta
+        e += c[2]
+        e *= beta
+        e += c[1]
+        e *= beta
+        e += c[0]
+        np.multiply(e, beta, out=e_all[:, part])
+    return keys, e_all
+
+
+def pairwise_sum(a: FloatArray) -> FloatArray:
+    """Row sums of ``a`` (``[R, K]``, overwritten) by halving in place; an odd last column
+    waits for the next level.
+
+    There are ``ceil(log2 K)`` levels and every value takes part in at most one
+    addition per level, so the error is within ``gamma(ceil(log2 K)) sum |a|``.
+    """
+    width = a.shape[1]
+    while width > 1:
+        half = width // 2
+        np.add(a[:, :half], a[:, half : 2 * half], out=a[:, :half])
+        if width % 2:
+            a[:, half] = a[:, 2 * half]
+        width = half + width % 2
+    return a[:, 0].copy() if width else np.zeros(a.shape[0])
+
+
+def _bin_stage(
+    n: FloatArray, big_e: FloatArray, weighted: bool
+) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
+    """``(w_h, w_l, rad, ok)`` from per-bin counts and sums of ``e`` (``[R, stride]``,
+    ``big_e`` overwritten)."""
+    rows, stride = n.shape
+    tables = bin_tables()
+    if stride > TAIL_BIN:
+        tail = n[:, TAIL_BIN].copy()
+        big_e[:, TAIL_BIN] = 0.0  # may hold NaN from -inf values; G is 0 there
+    else:
+        tail = np.zeros(rows)
+    head = n.sum(axis=1) - tail
+    # Row-wise products and sums, not BLAS: a multithreaded matmul on a loaded
+    # machine can cost more than the arithmetic. Integer-valued, so exact in any order.
+    scratch = _buffer("scratch", rows * stride).reshape(rows, stride)
+    columns = tables.limb_columns
+    limbs = [np.multiply(n, columns[k, :stride], out=scratch).sum(axis=1) for k in range(_LIMBS)]
+    gh = tables.gh[:stride]
+    np.multiply(n, n, out=scratch)
+    d2 = np.multiply(scratch, gh, out=scratch).sum(axis=1)  # >= sum gh n (n - 1), up to rounding
+    p = np.multiply(big_e, gh, out=big_e)
+    p_abs = np.abs(p, out=scratch).sum(axis=1)
+    y_sum = pairwise_sum(p)
+    x_h, x_l = two_sum(limbs[0] * 2.0**-LIMB_BITS, limbs[1] * 2.0 ** (-2 * LIMB_BITS))
+    x_l = x_l + (limbs[2] * 2.0 ** (-3 * LIMB_BITS) + limbs[3] * 2.0 ** (-4 * LIMB_BITS))
+    w_h, w_e = two_sum(x_h, y_sum)
+    w_l = w_e + x_l
+    x_bound = x_h * (1 + 2.0**-40) + head * LIMB_ERR
+    terms = bin_error_terms(x_bound, head, d2, p_abs, stride, weighted)
+    rad = sum(terms.values(), np.zeros(rows))
+    rad += tail * TAIL_TERM + U * (np.abs(x_l) + np.abs(w_l))
+    return w_h, w_l, rad * SLACK, head < HEAD_LIMIT
+
+
+def bin_sums(
+    values: FloatArray, m: FloatArray, counts: FloatArray | None, row_min: FloatArray | None = None
+) -> BinSums:
+    """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``
+    (and minima ``row_min``, when the caller has them).
+
+    Rows are binned in groups of at most about ``_GROUP_BINS`` bins (each
+    ``bincount``'s fresh output stays small), into reused per-thread buffers;
+    the per-bin stage then runs on all ``R`` rows at once.
+    """
+    rows, width = values.shape
+    a_top = np.floor(m * SCALE_Q)
+    a1 = a_top + 1.0
+    low = np.floor((values.min(axis=1) if row_min is None else row_min) * SCALE_Q)
+    reach = a1 - low  # j <= reach for every value; inf with a -inf value
+    capped = bool((reach > TAIL_BIN).any())
+    stride = int(min(reach.max(), TAIL_BIN)) + 1
+    group = max(1, min(_GROUP_BINS // stride, _CHUNK // max(width, 1)))
+    n_all = _buffer("n", rows * stride).reshape(rows, stride)
+    e_sums = _buffer("e_sums", rows * stride).reshape(rows, stride)
+    for first in range(0, rows, group):
+        r = slice(first, first + group)
+        with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, tail bin only
+            keys, e_all = _keys_and_e(values[r], a1[r], stride, capped)
+        flat_keys = keys.reshape(-1)
+        size = keys.shape[0] * stride
+        if counts is None:
+            n = np.bincount(flat_keys, minlength=size)
+            weights = e_all.reshape(-1)
+        else:
+            n = np.bincount(flat_keys, weights=counts[r].reshape(-1), minlength=size)
+            weights = (e_all * counts[r]).reshape(-1)
+        n_all[r] = n.reshape(-1, stride)
+        e_sums[r] = np.bincount(flat_keys, weights=weights, minlength=size).reshape(-1, stride)
+    w_h, w_l, rad, ok = _bin_stage(n_all, e_sums, counts is not None)
+    return BinSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)
