@@ -193,7 +193,8 @@ def _row(kernel: str, target: str, found: tuple[str, ...], **fields: Any) -> Any
     return replace(base, **fields)
 
 
-def test_gate_holds_promised_launches_and_probes() -> None:
+def test_gate_holds_promised_launches_and_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aot, "bitwise_backends", lambda platform: ())  # coverage: below
     ok = _row("k", "sm_90", ())
     broken = _row("k", "gfx942", ("approximate exp or log: v_exp_f32 x1",))
     assert aot.gate_failures([ok, broken]) == []  # nothing promised: not gated
@@ -280,3 +281,46 @@ def test_a_triton_backend_claiming_the_scope_must_be_compiled_under_it(
         "it was recorded under that scope for sm_90"
     ]  # torch_portable launches no Triton kernel: not asked for
     assert aot.gate_failures([replace(plain, promises_bits=True)]) == []
+
+
+# gfx942, triton_portable's exact_sum_kernel: LLVM's f32 -> i64 conversion of a column's
+# fixed-point value, x - floor(x 2^-32) 2^32, an exact fma by -2^32 held in s55
+_GCN_F32_TO_I64 = """\
+\ts_mov_b32 s53, 0x2f800000
+\ts_mov_b32 s55, 0xcf800000
+\tv_trunc_f32_e32 v13, v15
+\tv_mul_f32_e64 v21, |v13|, s53
+\tv_floor_f32_e32 v21, v21
+\tv_fma_f32 v13, v21, s55, |v13|
+\tv_cvt_u32_f32_e32 v13, v13
+"""
+# and its merge's fp64 division
+_GCN_F64_DIVISION = """\
+\tv_div_scale_f64 v[4:5], s[0:1], v[2:3], v[2:3], v[0:1]
+\tv_rcp_f64_e32 v[6:7], v[4:5]
+\tv_fma_f64 v[8:9], -v[4:5], v[6:7], 1.0
+\tv_fmac_f64_e32 v[6:7], v[6:7], v[8:9]
+\tv_fma_f64 v[8:9], -v[4:5], v[6:7], 1.0
+\tv_fmac_f64_e32 v[6:7], v[6:7], v[8:9]
+\tv_div_scale_f64 v[8:9], vcc, v[0:1], v[2:3], v[0:1]
+\tv_mul_f64 v[10:11], v[8:9], v[6:7]
+\tv_fma_f64 v[4:5], -v[4:5], v[10:11], v[8:9]
+\tv_div_fmas_f64 v[4:5], v[4:5], v[6:7], v[10:11]
+\tv_div_fixup_f64 v[0:1], v[4:5], v[2:3], v[0:1]
+"""
+
+
+def test_amdgcn_exact_conversion_and_f64_division_pass() -> None:
+    code = _GCN_F32_TO_I64 + _GCN_F64_DIVISION + _GCN_DESCRIPTOR
+    assert bitwise.findings(code, "gfx942", asked_fma=False) == ()
+    other = code.replace("v_fma_f32 v13, v21, s55", "v_fma_f32 v13, v21, s53")
+    assert _rules(bitwise.findings(other, "gfx942", asked_fma=False)) == {
+        "fused multiply-add the source did not ask for"
+    }
+    extra = code + "\tv_fma_f64 v[0:1], v[2:3], v[4:5], v[6:7]\n\tv_rcp_f64_e32 v[0:1], v[2:3]\n"
+    assert _rules(bitwise.findings(extra, "gfx950", asked_fma=False)) == {
+        "approximate reciprocal (f64)",
+        "fused multiply-add the source did not ask for (f64)",
+    }
+    short = code.replace("\tv_fmac_f64_e32 v[6:7], v[6:7], v[8:9]\n", "", 1)
+    assert "incomplete IEEE expansion" in _rules(bitwise.findings(short, "gfx942", asked_fma=False))

@@ -36,8 +36,16 @@ def _division_seeds(counts: Counter[str]) -> int:
     return counts["v_div_fixup_f32"]
 
 
+def _division_seeds_f64(counts: Counter[str]) -> int:
+    return counts["v_div_fixup_f64"]
+
+
 def _expansion_fmas(counts: Counter[str]) -> int:
-    return _ieee_fmas(counts)
+    return _ieee_fmas(counts) + counts[_EXACT_REMAINDERS]
+
+
+def _expansion_fmas_f64(counts: Counter[str]) -> int:
+    return _DIVISION_FMAS * counts["v_div_fixup_f64"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,13 @@ GCN_RULES: tuple[Rule, ...] = (
         allowed=_division_seeds,
     ),
     Rule(
+        "approximate reciprocal (f64)",
+        re.compile(r"^v_rcp(?:_legacy)?_f64$"),
+        "as for f32: allowed only as the seed of a correctly rounded f64 division, one per "
+        "v_div_fixup_f64",
+        allowed=_division_seeds_f64,
+    ),
+    Rule(
         "unfused multiply-add",
         re.compile(r"^v_(?:mad|mac)(?:_legacy)?_f(?:16|32)$"),
         "v_mad_f32/v_mac_f32 round the product and flush f32 subnormals: neither IEEE "
@@ -128,15 +143,21 @@ GCN_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "fused multiply-add the source did not ask for",
-        re.compile(
-            r"^v_(?:pk_)?(?:fmac?|fma_mix(?:lo|hi)?|mad_mix(?:lo|hi)?)_(?:f16|bf16|f32|f64)$"
-        ),
+        re.compile(r"^v_(?:pk_)?(?:fmac?|fma_mix(?:lo|hi)?|mad_mix(?:lo|hi)?)_(?:f16|bf16|f32)$"),
         "the compiler's contraction of a*b+c (rounds once where the source rounds twice); "
-        "beyond the fmas of the correctly rounded division (five per v_div_fixup_f32) and "
-        "square root (two residuals per v_sqrt_f32), only a tl.fma the source wrote is the "
-        "same everywhere",
+        "beyond the fmas of the correctly rounded division (five per v_div_fixup_f32), "
+        "square root (two residuals per v_sqrt_f32) and f32 -> 64-bit integer conversion "
+        "(one v_fma_f32 by -2^32 per conversion, whose remainder is exact), only a tl.fma "
+        "the source wrote is the same everywhere",
         unless_asked=True,
         allowed=_expansion_fmas,
+    ),
+    Rule(
+        "fused multiply-add the source did not ask for (f64)",
+        re.compile(r"^v_fmac?_f64$"),
+        "as for f32, beyond the five fmas of each correctly rounded f64 division (v_div_fixup_f64)",
+        unless_asked=True,
+        allowed=_expansion_fmas_f64,
     ),
     Rule(
         "denormal mode",
@@ -159,7 +180,13 @@ _PTX_OPCODE = re.compile(r"^\s+(?:@!?%p\d+\s+)?([a-z][\w.:]*)")
 _GCN_OPCODE = re.compile(r"^\s+([vs]_\w+)")
 _GCN_ENCODING = re.compile(r"_(?:e32|e64|sdwa|dpp|vop3)$")
 _GCN_DENORM_MODE = re.compile(r"^\s*\.amdhsa_float_denorm_mode_(\w+)\s+(\d+)", re.M)
-_GCN_KEEP_DENORMS = 3  # the kernel descriptor's "preserve input and output denormals"
+_GCN_KEEP_DENORMS = 3
+_EXACT_REMAINDERS = "(f32 -> i64 remainder fmas)"  # a count findings() adds, not an opcode
+_MINUS_2_32 = "0xcf800000"  # -2^32 in f32: LLVM's f32 -> i64 takes x - floor(x 2^-32) 2^32
+_GCN_SCALAR_CONSTANT = re.compile(r"^\s+s_mov_b32\s+(s\d+),\s*(0x[0-9a-f]+)\s*$", re.M)
+_GCN_FMA_F32 = re.compile(
+    r"^\s+v_fma_f32\s+(.*)$", re.M
+)  # the kernel descriptor's "preserve input and output denormals"
 _DIVISION_FMAS = 5  # LLVM's correctly rounded f32 division: 3 v_fma_f32 + 2 v_fmac_f32
 _SQRT_FMAS = 2  # LLVM's correctly rounded f32 sqrt: v_sqrt_f32 and two residual fmas
 
@@ -193,6 +220,8 @@ def findings(
     if target not in RULES:
         raise ValueError(f"target={target!r}: no rule table; expected one of {sorted(RULES)}")
     counts = Counter(opcodes(asm, target))
+    if target.startswith("gfx"):
+        counts[_EXACT_REMAINDERS] = _exact_remainder_fmas(asm)
     out = []
     for rule in RULES[target]:
         if rule.unless_asked and asked_fma:
@@ -216,14 +245,32 @@ def findings(
 def _gcn_incomplete_expansions(counts: Counter[str]) -> list[str]:
     """A division or square root short of its fmas was approximated, not correctly rounded."""
     needed = _ieee_fmas(counts)
-    fmas = _fma_count(counts)
-    if fmas >= needed:
-        return []
-    return [
-        f"incomplete IEEE expansion: {fmas} fmas where {counts['v_div_fixup_f32']} "
-        f"correctly rounded division(s) and {counts['v_sqrt_f32']} square root(s) need "
-        f"{needed} (an approximate v_sqrt_f32 or division)"
-    ]
+    fmas = _fma_count(counts) - counts[_EXACT_REMAINDERS]
+    out = []
+    if fmas < needed:
+        out.append(
+            f"incomplete IEEE expansion: {fmas} fmas where {counts['v_div_fixup_f32']} "
+            f"correctly rounded division(s) and {counts['v_sqrt_f32']} square root(s) need "
+            f"{needed} (an approximate v_sqrt_f32 or division)"
+        )
+    wide = counts["v_fma_f64"] + counts["v_fmac_f64"]
+    if wide < _expansion_fmas_f64(counts):
+        out.append(
+            f"incomplete IEEE expansion: {wide} f64 fmas where {counts['v_div_fixup_f64']} "
+            f"correctly rounded f64 division(s) need {_expansion_fmas_f64(counts)}"
+        )
+    return out
+
+
+def _exact_remainder_fmas(asm: str) -> int:
+    """The v_fma_f32 by -2^32 (a literal, or a scalar register set to it) of LLVM's
+    f32 -> 64-bit integer conversion: ``x - floor(x 2^-32) 2^32`` is exact."""
+    holders = {reg for reg, value in _GCN_SCALAR_CONSTANT.findall(asm) if value == _MINUS_2_32}
+    count = 0
+    for operands in _GCN_FMA_F32.findall(asm):
+        parts = {part.strip().lstrip("-") for part in operands.split(",")}
+        count += bool(parts & (holders | {_MINUS_2_32}))
+    return count
 
 
 def _ieee_fmas(counts: Counter[str]) -> int:

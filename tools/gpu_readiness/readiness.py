@@ -227,10 +227,11 @@ def bitwise_rules_markdown() -> str:
         "`sqrt.rn` and `rcp.rn` into SASS with `MUFU.RCP`, `FFMA` and `.FTZ` compares of its "
         "own, correct by the PTX ISA, so the SASS cannot be held to the same table. AMDGCN is "
         "the final ISA, where LLVM's correctly rounded f32 division and square root use the "
-        "approximate instructions as seeds: each `v_div_fixup_f32` allows one `v_rcp_f32` and "
-        "five fmas, each `v_sqrt_f32` two residual fmas; fewer fmas than that is an "
-        "approximate expansion. An fma rule is lifted when the source wrote `tl.fma` (TTIR "
-        "`math.fma`), and then the compile must have `enable_fp_fusion=False`.",
+        "approximate instructions as seeds: each `v_div_fixup_f32` (`_f64`) allows one "
+        "`v_rcp_f32` (`_f64`) and five fmas, each `v_sqrt_f32` two residual fmas, and each "
+        "`v_fma_f32` by -2^32 is the exact remainder of an f32 -> 64-bit integer conversion; "
+        "fewer fmas than the expansions need is an approximate expansion. An fma rule is "
+        "lifted when the source wrote `tl.fma` (TTIR `math.fma`), and then the compile must have `enable_fp_fusion=False`.",
         "",
     ]
     for rules, targets in tables.items():
