@@ -231,7 +231,8 @@ def bitwise_rules_markdown() -> str:
         "`v_rcp_f32` (`_f64`) and five fmas, each `v_sqrt_f32` two residual fmas, and each "
         "`v_fma_f32` by -2^32 is the exact remainder of an f32 -> 64-bit integer conversion; "
         "fewer fmas than the expansions need is an approximate expansion. An fma rule is "
-        "lifted when the source wrote `tl.fma` (TTIR `math.fma`), and then the compile must have `enable_fp_fusion=False`.",
+        "lifted when the source wrote `tl.fma` (TTIR `math.fma`), and then the compile must "
+        "have `enable_fp_fusion=False`.",
         "",
     ]
     for rules, targets in tables.items():
