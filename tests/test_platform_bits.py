@@ -86,15 +86,7 @@ def test_another_corpus_is_refused(tmp_path: Path) -> None:
         platform_bits.compare_file(path, "cpu")
 
 
-@pytest.mark.parametrize(
-    "path", GPU_FILES or [None], ids=lambda path: getattr(path, "name", "none")
-)
-def test_cpu_gives_the_committed_gpu_bits(path: Path | None) -> None:
-    if path is None:
-        pytest.skip(
-            "no GPU bits committed yet: benchmarks/gpu_check.sh on a GPU writes "
-            "platform-bits/<platform>-<backend>.json; commit it to benchmarks/platform_corpus/bits/"
-        )
+def _check_against_this_cpu(path: Path) -> None:
     document = json.loads(path.read_text())
     if document["backend"] not in {c.backend_id for c in tpl.registry.backends("cpu")}:
         pytest.skip(f"{document['backend']} is not registered on cpu")
@@ -105,3 +97,30 @@ def test_cpu_gives_the_committed_gpu_bits(path: Path | None) -> None:
             f"{result.recorded_on}; bits differ in {len(result.differing)} case(s) (information)"
         )
     assert not result.differing, "\n".join(result.lines)
+
+
+@pytest.mark.parametrize(
+    "path", GPU_FILES or [None], ids=lambda path: getattr(path, "name", "none")
+)
+def test_cpu_gives_the_committed_gpu_bits(path: Path | None) -> None:
+    if path is None:
+        pytest.skip(
+            "no GPU bits committed yet: benchmarks/gpu_check.sh on a GPU writes "
+            "platform-bits/<platform>-<backend>.json; commit it to benchmarks/platform_corpus/bits/"
+        )
+    _check_against_this_cpu(path)
+
+
+CPU_FILES = [path for path in COMMITTED if path not in GPU_FILES]
+
+
+@pytest.mark.parametrize("path", CPU_FILES, ids=lambda path: path.name)
+def test_this_cpu_gives_the_committed_cpu_bits(path: Path) -> None:
+    _check_against_this_cpu(path)
+
+
+def test_the_portable_twins_committed_the_same_bits() -> None:
+    names = ("torch_portable", "triton_portable")
+    twins = [platform_bits.COMMITTED / f"cpu-{name}.json" for name in names]
+    torch_side, triton_side = (json.loads(path.read_text())["cases"] for path in twins)
+    assert torch_side == triton_side
