@@ -146,3 +146,16 @@ def test_compare_names_missing_fields_and_shapes() -> None:
 )
 def test_malformed_bits_are_refused(recorded: Any, problem: str) -> None:
     assert any(line.startswith(problem) for line in bits_problems(recorded))
+
+
+@pytest.mark.parametrize("name", ["torch_portable", "triton_portable"])
+def test_a_portable_backend_replays_a_gpu_artifact_bit_for_bit(tmp_path: Path, name: str) -> None:
+    chosen = backend(name)
+    assert promises_bits(chosen.capability, _portable_case().contract, "rocm", "cpu")
+    path = _write(tmp_path, chosen, _portable_case())
+    _recorded_on_gpu(path)
+    assert replay(load_artifact(path, SUITE), chosen, SUITE).bits.startswith("identical")
+    _recorded_on_gpu(path, flip="selected_logp")
+    result = replay(load_artifact(path, SUITE), chosen, SUITE)
+    assert result.outcome is Outcome.FAILED
+    assert "cross_platform_bitwise: differ from those recorded on cuda" in result.detail
