@@ -61,7 +61,7 @@ conformance run's), what the adapter imports beside the library, and its tests."
 
 def _history_corpus() -> Any:
     """The historical corpus module, read from its file (it imports nothing of the package)."""
-    path = ROOT / "src" / "tp_logprob" / "peers" / "_history_corpus.py"
+    path = ROOT / "tools" / "history" / "corpus.py"
     spec = importlib.util.spec_from_file_location("_history_corpus", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -135,7 +135,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the package and tools/: strict but for the suite and its plugin (pyproject)."""
+    """mypy over the package and tools/: strict but for the command line (pyproject)."""
     _install(session, "torch,test")
     session.install("mypy>=1.10")
     session.run("mypy", "src/tp_logprob", "tools", *session.posargs)
@@ -222,7 +222,7 @@ def conformance(session: nox.Session) -> None:
     session.install(*peers, "--no-deps", "openrlhf")
     _cpu_interpreter_env(session)  # Liger's Triton kernel on CPU tensors
     session.run("pytest", "tests/peers", "-q", "-p", "no:cacheprovider", "-n", "0")
-    session.run("python", "-m", "tp_logprob.peers.conformance", *session.posargs)
+    session.run("python", "-m", "tools.conformance", *session.posargs)
 
 
 @nox.session(default=False)
@@ -266,7 +266,7 @@ def history(session: nox.Session, release: str) -> None:
     if requires:
         session.install(*_constraints(), *requires)
     _cpu_interpreter_env(session)  # Liger's Triton kernels on CPU tensors
-    session.run("python", "-m", "tp_logprob.peers.history", "run", "--release", release)
+    session.run("python", "-m", "tools.history", "run", "--release", release)
     session.notify("history_report")
 
 
@@ -276,4 +276,4 @@ def history_report(session: nox.Session) -> None:
     session.install(*_constraints(), "numpy")
     session.install("--no-deps", "-e", ".")
     args = session.posargs or ["report"]  # e.g. -- --out DIR report --markdown FILE
-    session.run("python", "-m", "tp_logprob.peers.history", *args)
+    session.run("python", "-m", "tools.history", *args)

@@ -15,7 +15,7 @@ Role ``infer`` times the forward; role ``train`` the forward and the backward of
 same two gradients).
 
 Memory: each candidate runs once under ``track_allocations``
-(``tp_logprob/properties/allocations.py``): ``peak`` is the most bytes of aten op
+(``tp_logprob/suite/allocations.py``): ``peak`` is the most bytes of aten op
 outputs alive at once during the call, inputs excluded; it does not see
 temporaries inside a kernel (BLAS workspaces, Triton scratch) nor allocator
 caching. On CUDA the table adds ``torch.cuda.max_memory_allocated()`` after
@@ -53,7 +53,7 @@ import tp_logprob as tpl
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 GPU_ROWS, GPU_HIDDEN, GPU_VOCAB = (4096, 32768), 4096, 152064
 DTYPES = ("bf16", "fp16", "fp32")

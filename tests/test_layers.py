@@ -1,15 +1,20 @@
 """The package's layers, read from its own imports: one direction, no circle.
 
 Bottom to top: the runtime core (contract, capability, registry, communication,
-emulation, kernels and the peer adapters), the oracle beside it, the strategies,
-the property suite, replay, and the tools on top (the command line, the pytest
-plugin, the conformance runner, and ``tp_logprob.testing``, the asserts other
-projects' tests call, which judge and record as the suite does). A module may import
-its own layer or a lower one, never a higher one; the kernels never import the
-oracle, and the oracle imports nothing of the package but itself (nor torch,
-triton or hypothesis). Every import counts, inside functions too, and one under
-``if TYPE_CHECKING:`` as well: an annotation that names a higher layer is an
-arrow that runs back up, whether or not it is executed.
+emulation, the kernels and the peer adapters, which are backends like the kernels), the
+oracle beside it, the strategies, the suite's engine (``suite``: the session, the
+catalogue, draws, running a case), the judging (``judging``: expected values, bounds,
+comparisons), the real-group runner (``real_group``: it receives the session and hands
+it the group; the engine sees the group only as the ``RankGroup`` its backends carry),
+the property bodies (``properties``), replay, and the front on top (the command line,
+the pytest plugin and ``tp_logprob.testing``, the asserts other projects' tests call,
+which judge and record as the suite does). The tools (``tools/``: GPU readiness,
+conformance, history) sit beside the package, outside its wheel, and nothing in it
+imports them. A module may import its own layer or a lower one, never a higher one; the
+kernels never import the oracle, and the oracle imports nothing of the package but
+itself (nor torch, triton or hypothesis). Every import counts, inside functions too,
+and one under ``if TYPE_CHECKING:`` as well: an annotation that names a higher layer is
+an arrow that runs back up, whether or not it is executed.
 """
 
 from __future__ import annotations
@@ -43,23 +48,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("oracle", ("tp_logprob.oracle",)),
     ("strategies", ("tp_logprob.strategies",)),
+    ("engine", ("tp_logprob.suite",)),
+    ("judging", ("tp_logprob.judging",)),
+    ("real group", ("tp_logprob.real_group",)),
     ("properties", ("tp_logprob.properties",)),
     ("replay", ("tp_logprob.replay",)),
     (
-        "tools",
+        "front",
         (
             "tp_logprob.__main__",
             "tp_logprob.cli",
             "tp_logprob.hardware",
             "tp_logprob.pytest_plugin",
-            "tp_logprob.pytest_real_group",
-            "tp_logprob.peers.conformance",
-            "tp_logprob.peers._collect",
-            "tp_logprob.peers._records",
-            "tp_logprob.peers.processed_section",
+            "tp_logprob.real_group.plugin",
             "tp_logprob.testing",
-            "tp_logprob.peers.history",
-            "tp_logprob.peers._history_corpus",
         ),
     ),
 )
@@ -217,12 +219,38 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_the_package_never_imports_the_tools() -> None:
-    """``tools/`` sits beside the package, outside its wheel: nothing installed may need it."""
+    """``tools/`` sits beside the package, outside its wheel: nothing installed may need it,
+    neither the GPU-readiness gate nor the conformance and history generators."""
     known = modules()
     found = [
         f"{name} imports {imported} (line {line})"
         for name, path in known.items()
         for imported, line in imports(name, path, known)
         if imported == "tools" or imported.startswith("tools.")
+    ]
+    assert not found, found
+
+
+def test_the_peer_adapters_are_backends_not_suite() -> None:
+    """An adapter is a backend beside the kernels: it imports neither the suite nor replay,
+    so ``--tp-logprob-backend=tp_logprob.peers.X:Y`` loads no more than a kernel would."""
+    found = [
+        f"{name} imports {other}"
+        for name, targets in graph().items()
+        if name.startswith("tp_logprob.peers")
+        for other in targets
+        if other.startswith(("tp_logprob.properties", "tp_logprob.replay"))
+    ]
+    assert not found, found
+
+
+def test_the_properties_package_holds_property_bodies_only() -> None:
+    """The engine, the judging and the real group live beside ``properties/``: every module
+    in it is a ``test_*`` module of properties (the catalogue imports them all)."""
+    found = [
+        name
+        for name in modules()
+        if name.startswith("tp_logprob.properties.")
+        and not name.rpartition(".")[2].startswith("test_")
     ]
     assert not found, found

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tp_logprob.properties.real_group import Launch, RealGroupError, launched_by_torchrun
-from tp_logprob.pytest_real_group import check_scheduling, collection_difference
+from tp_logprob.real_group.group import Launch, RealGroupError, launched_by_torchrun
+from tp_logprob.real_group.plugin import check_scheduling, collection_difference
 
 TORCHRUN = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1"}
 

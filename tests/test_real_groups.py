@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.torchrun import environment, spec, suite_args, torchrun
-from tp_logprob.properties.profiles import CI_SEED
+from tp_logprob.suite.profiles import CI_SEED
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

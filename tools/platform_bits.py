@@ -32,10 +32,10 @@ import numpy as np
 
 import tp_logprob as tpl
 from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobInputKind
-from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
 from tp_logprob.registry import PLATFORMS
 from tp_logprob.replay.bits import compare_bits, decode_bits, encode_bits, observed_bits
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
 
 __all__ = [
     "BITS_FORMAT",

@@ -5,7 +5,7 @@
 The plugin chooses the backends once (default: every backend registered on the
 platform), prints them with the platform, profile and seed in the report
 header, parametrizes every property over them, deselects the properties a backend
-does not claim (:mod:`tp_logprob.properties.applicability`), turns a failing
+does not claim (:mod:`tp_logprob.suite.applicability`), turns a failing
 property into a short report ending with the command that replays it, and prints a
 per-backend summary table at the end of the session (merged across pytest-xdist
 workers), with what each backend does not claim under it.
@@ -23,7 +23,7 @@ Hypothesis test (this repository's own tests run that way).
 Under ``torchrun`` (``torchrun --standalone --nproc-per-node N -m pytest --pyargs
 tp_logprob.properties ...``) each process is one rank of a real process group:
 the suite then runs every property on that group in lockstep, and rank 0 reports
-(see :mod:`tp_logprob.pytest_real_group`). Without ``torchrun``, nothing of that
+(see :mod:`tp_logprob.real_group.plugin`). Without ``torchrun``, nothing of that
 runs.
 
 Importing it imports neither torch nor triton; nothing is resolved until a
@@ -43,13 +43,14 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from tp_logprob.properties.profiles import (
+from tp_logprob.suite.profiles import (
     CI_SEED,
     DEFAULT_PROFILE,
     PROFILES,
 )
-from tp_logprob.properties.report import LABEL_WIDTH, NotClaimed, PropertyViolation, SuiteStats
-from tp_logprob.properties.suite import DEFAULT_ARTIFACTS_DIR, Suite
+from tp_logprob.suite.session import DEFAULT_ARTIFACTS_DIR, Suite
+from tp_logprob.suite.summary import NotClaimed, SuiteStats
+from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 
 PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"
@@ -146,7 +147,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if suite.specs:
         suite.backends()  # a bad --tp-logprob-backend is a usage error, once
     if requested and _under_torchrun():
-        from tp_logprob.pytest_real_group import start
+        from tp_logprob.real_group.plugin import start
 
         start(config, suite, is_property)
 
@@ -160,8 +161,8 @@ def pytest_load_initial_conftests(
     namespace = early_config.known_args_namespace
     requested = _requests_suite(namespace.tp_logprob_backend, args, namespace.file_or_dir)
     if requested and _under_torchrun():
-        from tp_logprob.properties.real_group import Launch
-        from tp_logprob.pytest_real_group import redirect_output
+        from tp_logprob.real_group.group import Launch
+        from tp_logprob.real_group.plugin import redirect_output
 
         rank = Launch.from_environ().rank
         if rank > 0:
@@ -171,7 +172,7 @@ def pytest_load_initial_conftests(
 
 def _under_torchrun() -> bool:
     """Whether torchrun started this process (its variables are set); reads nothing else."""
-    from tp_logprob.properties.real_group import TORCHRUN_VARIABLES
+    from tp_logprob.real_group.group import TORCHRUN_VARIABLES
 
     return all(name in os.environ for name in TORCHRUN_VARIABLES)
 
@@ -296,13 +297,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``--hypothesis-seed`` would also switch the example database off; setting the
     attribute ``seed()`` sets keeps it on, so a failure found once is still saved (and,
     outside ``ci``, replayed first on the next run; ``ci``'s draws are its seed's alone,
-    see :mod:`tp_logprob.properties.profiles`).
+    see :mod:`tp_logprob.suite.profiles`).
     """
     suite = config.stash[_SUITE]
     if not suite.active:
         return
     if any(is_property(item) for item in items):
-        from tp_logprob.properties.catalogue import suite_properties
+        from tp_logprob.suite.catalogue import suite_properties
 
         suite_properties()  # every property module, imported before a test runs
     _deselect_unclaimed(config, suite, items)
@@ -341,12 +342,12 @@ def _give_settings(test: Any, chosen: settings) -> None:
 
 def _deselect_unclaimed(config: pytest.Config, suite: Suite, items: list[pytest.Item]) -> None:
     """Deselect every property a backend does not claim (see
-    :mod:`tp_logprob.properties.applicability`), counting why, per backend.
+    :mod:`tp_logprob.suite.applicability`), counting why, per backend.
 
     The decision reads only the capability and the test's parameters, so every
     xdist worker deselects the same items and runs the same collection.
     """
-    from tp_logprob.properties.applicability import unclaimed
+    from tp_logprob.suite.applicability import unclaimed
 
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
@@ -448,8 +449,8 @@ def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | Non
     Only the exceptions of Hypothesis' final runs reach here, so each artifact is
     a minimal (shrunk) example, not an intermediate failure.
     """
-    from tp_logprob.properties.catalogue import failure_record, suite_properties
     from tp_logprob.replay.artifacts import write_artifact
+    from tp_logprob.suite.catalogue import failure_record, suite_properties
 
     lines = ""
     if not suite.writes_artifacts:  # a rank other than 0 of a real process group

@@ -11,7 +11,7 @@ import dataclasses
 import tp_logprob as tpl
 from tp_logprob.contract import DeterminismScope
 from tp_logprob.kernels.builtin import TORCH_NATIVE
-from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.suite.backends import BackendUnderTest
 
 PORTABLE = "claims_platform_bits"
 

@@ -18,8 +18,8 @@ from tests.helpers.fused_cases import (
     fused_contract,
     oracle,
 )
-from tp_logprob.kernels import lm_head
-from tp_logprob.kernels.lm_head import logits_chunk
+from tp_logprob.kernels import fused_chunks
+from tp_logprob.kernels.fused_chunks import logits_chunk
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import (
@@ -27,7 +27,7 @@ from tp_logprob.oracle import (
     exact_hidden_logits,
     tolerance,
 )
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 SIZE = 16
 LAYOUTS = {
@@ -117,7 +117,7 @@ def test_bitwise_equal_to_torch_native_on_the_same_logits(layout: str, dtype: st
     )
     fused = run_fused(hidden, weight, targets, contract, biases)
     assert biases is not None
-    rows = lm_head.chunk_rows(contract)
+    rows = fused_chunks.chunk_rows(contract)
     hidden32 = torch.cat([hidden.float(), hidden.new_zeros(rows - 6, SIZE).float()])
     columns = []
     for start, end in bounds:
@@ -153,7 +153,7 @@ def test_gradients_match_exact(layout: str, dtype: str, monkeypatch: pytest.Monk
     rounding (and, in low precision, the sum of per-rank partials in that dtype).
     Chunks of 2 rows make the backward run several chunks.
     """
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 2 * REAL)
     hidden, weight, _, targets = random_case(dtype, seed=11)
     hidden[2] = float("nan")  # an inactive row: must not reach weight.grad
     hidden.requires_grad_(True)
@@ -204,7 +204,7 @@ def test_batch_invariant_across_chunk_boundaries(
     dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A row's bits do not depend on N or on where chunk boundaries (3 rows) fall."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * REAL)
     hidden, weight, biases, targets = random_case(dtype, seed=2, num_tokens=8, bias=True)
     bounds = LAYOUTS["tp3-uneven"]
 
@@ -233,7 +233,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
     internally). The same watch over torch_native's logits path does see
     ``[N, vocab]`` fp32 tensors, so it can fail.
     """
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 2 * REAL)
     num_tokens = 12
     hidden, weight, _, targets = random_case("bf16", seed=4, num_tokens=num_tokens)
     hidden.requires_grad_(True)
@@ -246,7 +246,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
         op = fused.wrap(torch_native_fused_logprob)
         results = run_fused(hidden, weight, targets, contract, op=op)
         (results[0].selected_logp.float().sum() + results[0].entropy.float().sum()).backward()
-    assert fused.max_rows(torch.float32, widths) == lm_head.chunk_rows(contract) == 2
+    assert fused.max_rows(torch.float32, widths) == fused_chunks.chunk_rows(contract) == 2
     logits = torch.randn(num_tokens, PADDED).bfloat16().requires_grad_(True)
     plain = tpl.LogprobContract(
         "train", "bf16", contract.mask, contract.sharding, contract.reduction

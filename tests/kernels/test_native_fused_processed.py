@@ -19,11 +19,11 @@ from tests.helpers.fused_cases import (
 )
 from tests.helpers.native_cases import bits
 from tests.helpers.support_cases import live_z32, reference_support
-from tp_logprob.kernels import lm_head
-from tp_logprob.kernels.lm_head import logits_chunk
+from tp_logprob.kernels import fused_chunks
+from tp_logprob.kernels.fused_chunks import logits_chunk
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 SIZE = 16
 LAYOUTS = {
@@ -105,7 +105,7 @@ def test_bitwise_equal_to_torch_native_on_the_same_logits(
 ) -> None:
     """Chunks of a few rows (39 elements): with a replayed mask a narrower shard takes more
     rows per chunk; recomputed supports walk the widest shard's chunks on every rank."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * 13)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * 13)
     hidden, weight, biases, targets, _ = case(3)
     logits = layout_logits(hidden, weight, biases, LAYOUTS[layout])
     fused, plain = contracts(LAYOUTS[layout], supports(logits)[mode], 10, active_mask=MASK)
@@ -125,7 +125,7 @@ def test_gradients_are_torch_natives_through_the_lm_head(
 ) -> None:
     """``d hidden`` and ``d W`` equal ``G W`` and ``G^T h`` with ``G`` torch_native's logits
     gradient on the same logits (zero outside ``S``); weight rows no row keeps get 0."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 4 * 19)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 4 * 19)
     hidden, weight, biases, targets, logits = case(5)
     support = supports(logits)[mode]
     fused, plain = contracts(LAYOUTS["tp3-uneven"], support, 10, active_mask=MASK, role="train")
@@ -149,7 +149,7 @@ def test_gradients_are_torch_natives_through_the_lm_head(
 
 
 def test_batch_invariant_across_chunk_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * 19)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * 19)
     hidden, weight, biases, targets, _ = case(7)
     support = tpl.SupportSpec(**RULES)  # type: ignore[arg-type]
 
@@ -171,7 +171,7 @@ def test_batch_invariant_across_chunk_boundaries(monkeypatch: pytest.MonkeyPatch
 def test_never_materializes_the_whole_logits_in_fp32(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 2 * REAL)
     hidden, weight, biases, targets, logits = case(9, rows=12)
     fused, _ = contracts(LAYOUTS["tp1"], supports(logits)[mode], 12, role="train")
     hidden.requires_grad_(True)
@@ -180,7 +180,7 @@ def test_never_materializes_the_whole_logits_in_fp32(
         result = tpl.run_tp_hidden(op, hidden, weight, targets, fused, bias=biases)[0]
         (result.selected_logp.sum() + result.entropy.sum()).backward()
     widths = {REAL, PADDED}
-    assert seen.max_rows(torch.float32, widths) == lm_head.chunk_rows(fused) == 2
+    assert seen.max_rows(torch.float32, widths) == fused_chunks.chunk_rows(fused) == 2
     assert seen.max_rows(torch.int64, widths) <= 2
     assert seen.max_rows(torch.bool, widths) <= 2
 

@@ -24,7 +24,7 @@ import pytest
 
 import tp_logprob as tpl
 from tests.helpers.fused_cases import PADDED, REAL
-from tp_logprob.kernels import lm_head
+from tp_logprob.kernels import fused_chunks
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.kernels.rowwise import rowwise_matmul
@@ -107,7 +107,7 @@ def test_fused_row_bits_do_not_depend_on_its_position(
 ) -> None:
     """One hidden row at the even positions and the last of a 37-row batch (odd
     positions hold other rows): every copy has the bits of the row run alone."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 4 * REAL)  # 4-row torch chunks
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 4 * REAL)  # 4-row torch chunks
     torch_dtype = TORCH_DTYPES[dtype]
     gen = torch.Generator().manual_seed(11)
     weight = torch.randn(PADDED, SIZE, generator=gen).to(torch_dtype)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHARED_MODULES = [
     "tp_logprob.kernels.dtypes",
     "tp_logprob.kernels.fixed_point",
-    "tp_logprob.kernels.lm_head",
+    "tp_logprob.kernels.fused_chunks",
     "tp_logprob.kernels.merge",
     "tp_logprob.kernels.partials",
     "tp_logprob.kernels.processed",

@@ -35,11 +35,11 @@ from tests.helpers.fused_cases import (
     oracle,
     same_bits,
 )
-from tp_logprob.kernels import lm_head
+from tp_logprob.kernels import fused_chunks
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_grads, exact_hidden_logits, tolerance
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.suite.allocations import track_allocations
 
 pytest.importorskip("triton", reason="triton_fused needs triton (on CPU, its interpreter)")
 from tp_logprob.kernels.builtin import register_fused_backends
@@ -158,7 +158,7 @@ def test_gradients_match_exact(layout: str, dtype: str, monkeypatch: pytest.Monk
     The bound is test_native_fused's: ``GRAD_REL * (|G| + onehot) @ |operand|``.
     Chunks of 2 rows make the backward run several chunks, the last one padded.
     """
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 2 * REAL)
     hidden, weight, biases, targets = fused_case(dtype, seed=11, bias=True)
     assert biases is not None
     hidden[2] = float("nan")  # an inactive row: must not reach weight.grad or bias.grad
@@ -253,7 +253,7 @@ def test_bitwise_batch_invariant_and_reproducible(
     Chunks of 3 rows: row 7 is alone in a chunk in the full batch, and slices move
     every row to other chunk positions and other row-block neighbours.
     """
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * REAL)
     inputs = fused_case(dtype, seed=2, num_tokens=8, bias=True)
     full, full_grad = _run_rows(slice(0, 8), dtype, inputs)
     again, again_grad = _run_rows(slice(0, 8), dtype, inputs)
@@ -272,7 +272,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
     (``track_allocations``); the kernels' own registers are not tensors. H = 16 is no
     vocabulary width, so ``[N, H]`` tensors are not mistaken for logits.
     """
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 2 * REAL)
     num_tokens = 8
     hidden, weight, _, targets = fused_case("bf16", seed=4, num_tokens=num_tokens, size=16)
     hidden.requires_grad_(True)
@@ -290,7 +290,7 @@ def test_never_materializes_the_whole_logits_in_fp32(monkeypatch: pytest.MonkeyP
             0
         ]
         (result.selected_logp.float().sum() + result.entropy.float().sum()).backward()
-    assert lm_head.chunk_rows(contract) == 2
+    assert fused_chunks.chunk_rows(contract) == 2
     assert fused.max_rows(torch.float32, {REAL, PADDED}) == 2
     assert weight.grad is not None and weight.grad[:REAL].abs().sum() > 0
 

@@ -30,7 +30,7 @@ from tests.helpers.fused_cases import (
     oracle,
     same_bits,
 )
-from tp_logprob.kernels import lm_head
+from tp_logprob.kernels import fused_chunks
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import (
     exact_entropy_grad,
@@ -239,7 +239,7 @@ def test_gradients_match_exact(dtype: str, monkeypatch: pytest.MonkeyPatch) -> N
     ``selected + entropy`` at T = 0.7 in two layouts, within test_triton_fused's bound
     ``GRAD_REL * (|G| + onehot / T) @ |operand|``; exactly 0 on inactive and padding rows.
     Chunks of 2 rows: the backward runs several chunks, the last one padded."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 2 * REAL)
     inputs = fused_case(dtype, seed=11, bias=True)
     inputs[0][2] = float("nan")  # an inactive row: must not reach weight.grad or bias.grad
     h, w, b = (as_f64(t) for t in inputs[:3])
@@ -273,7 +273,7 @@ def test_bitwise_batch_invariant_and_reproducible(
     dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A row's outputs and ``d hidden`` bits do not depend on N, its neighbours, or the run."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * REAL)
     hidden, weight, biases, targets = fused_case(dtype, seed=2, num_tokens=8, bias=True)
 
     def run_rows(rows: slice) -> tuple[tpl.LogprobResult, torch.Tensor]:

@@ -28,8 +28,8 @@ from tests.helpers.fused_cases import (
 from tests.helpers.native_cases import assert_same_bits, bits
 from tests.helpers.processed_cases import PROCESSED_OUTPUTS, kept_targets, processed_report
 from tests.helpers.support_cases import live_z32, reference_support
-from tp_logprob.kernels import lm_head
-from tp_logprob.properties.allocations import track_allocations
+from tp_logprob.kernels import fused_chunks
+from tp_logprob.suite.allocations import track_allocations
 
 pytest.importorskip(
     "triton", reason="the Triton fused backends need triton (on CPU, its interpreter)"
@@ -131,7 +131,7 @@ def test_the_logits_paths_support_and_values_on_the_same_logits(
     chunk of the widest shard's rows on every rank. The support is the same bits;
     triton_fused_exact_sum's outputs are triton_exact_sum's bits (a logit's bits and the
     fixed-point sums do not depend on the tiles), triton_fused's lie within tolerance."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * 13)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * 13)
     hidden, weight, biases, logits, keep, targets = case(3)
     fused, plain = contracts(LAYOUTS[layout], supports(keep)[mode], 10, active_mask=MASK)
     fused_op, logits_op = PAIRS[backend]
@@ -156,7 +156,7 @@ def test_gradients_are_the_logits_paths_through_the_lm_head(
 ) -> None:
     """``d hidden`` and ``d W`` equal ``G W`` and ``G^T h`` with ``G`` the logits path's
     gradient on the same logits (zero outside ``S``); weight rows no row keeps get 0."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 4 * 19)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 4 * 19)
     hidden, weight, biases, logits, keep, targets = case(5)
     fused, plain = contracts(
         LAYOUTS["tp3-uneven"], supports(keep)[mode], 10, active_mask=MASK, role="train"
@@ -186,7 +186,7 @@ def test_gradients_are_the_logits_paths_through_the_lm_head(
 def test_batch_invariant_across_chunk_boundaries(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * 19)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * 19)
     hidden, weight, biases, _, _, targets = case(7)
     support = tpl.SupportSpec(**RULES)  # type: ignore[arg-type]
 
@@ -208,7 +208,7 @@ def test_never_materializes_the_whole_logits_in_fp32(
 ) -> None:
     """The threshold's chunks and the backward's chunk are the only ``[*, live]`` fp32
     tensors; a replayed mask travels as one int32 word per 32 columns."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 2 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 2 * REAL)
     hidden, weight, biases, _, keep, targets = case(9, rows=12)
     fused, _ = contracts(LAYOUTS["tp1"], supports(keep)[mode], 12, role="train")
     hidden = hidden.to(DEVICE).requires_grad_(True)
@@ -219,7 +219,7 @@ def test_never_materializes_the_whole_logits_in_fp32(
         )[0]
         (result.selected_logp.sum() + result.entropy.sum()).backward()
     widths = {REAL, PADDED}
-    assert lm_head.chunk_rows(fused) == lm_head.shared_chunk_rows(fused) == 2
+    assert fused_chunks.chunk_rows(fused) == fused_chunks.shared_chunk_rows(fused) == 2
     assert seen.max_rows(torch.float32, widths) == 2
     assert seen.max_rows(torch.bool, widths) <= 2
     assert seen.max_rows(torch.int64, widths) <= 2

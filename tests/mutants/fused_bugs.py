@@ -5,7 +5,7 @@ A fused op is ``check -> forward -> (train: autograd with backward)``, exactly a
 forward or the backward as an argument (default: native_fused's own) and returns
 the ``(op, capability)`` pair ``--tp-logprob-backend=module:attr`` accepts, with
 torch_native_fused's capability. Each private step below is native_fused's with
-one change, marked ``# BUG:``, built from the same public pieces (``kernels/lm_head.py``,
+one change, marked ``# BUG:``, built from the same public pieces (``kernels/fused_chunks.py``,
 ``kernels/partials.py``, ``kernels/merge.py``). :data:`control_fused` replaces nothing and must
 pass the whole suite.
 """
@@ -22,7 +22,7 @@ import torch
 from tests.mutants._compose import MutantPair
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
-from tp_logprob.kernels.lm_head import (
+from tp_logprob.kernels.fused_chunks import (
     chunk_rows,
     live_params,
     logits_chunk,

@@ -16,7 +16,7 @@ import torch
 from tests.mutants.fused_bugs import fused_mutant
 from tests.mutants.reach_bugs import blas_partial, tiled_targets
 from tp_logprob.contract import LogprobContract
-from tp_logprob.kernels.lm_head import (
+from tp_logprob.kernels.fused_chunks import (
     chunk_rows,
     live_params,
     logits_chunk,

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tools.conformance.catalog import COLUMNS, PEERS, PROCESSED_PEERS, REAL_GROUP
+from tools.conformance.processed_section import processed_tests
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.peers._catalog import COLUMNS, PEERS, PROCESSED_PEERS, REAL_GROUP
-from tp_logprob.peers.processed_section import processed_tests
 from tp_logprob.support import SupportMode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "import sys, tp_logprob\n"
         "assert not any(m.startswith('tp_logprob.peers') for m in sys.modules)\n"
         "import tp_logprob.peers.liger, tp_logprob.peers.megatron, tp_logprob.peers.trl\n"
-        "import tp_logprob.peers.torch_loss_parallel, tp_logprob.peers.conformance\n"
+        "import tp_logprob.peers.torch_loss_parallel, tools.conformance.runner\n"
         "import tp_logprob.peers.vllm_sampler, tp_logprob.peers.liger_vocab_parallel\n"
         "import tp_logprob.peers.verl, tp_logprob.peers.sglang_sampler\n"
         "import tp_logprob.peers.openrlhf\n"

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tp_logprob.peers import _records, conformance
-from tp_logprob.peers import processed_section as processed
-from tp_logprob.peers._catalog import PEERS, PROCESSED_PEERS, UNAVAILABLE
-from tp_logprob.peers.processed_section import PropertyResult
+from tools.conformance import collect
+from tools.conformance import processed_section as processed
+from tools.conformance import records as _records
+from tools.conformance import runner as conformance
+from tools.conformance.catalog import PEERS, PROCESSED_PEERS, UNAVAILABLE
+from tools.conformance.processed_section import PropertyResult
 
 VIOLATION = (
     "padding independence: padding columns changed the output\n"
@@ -189,7 +189,7 @@ def test_the_real_group_column_runs_the_honest_backend_under_torchrun(
     def run(command: list[str], env: dict[str, str], **_: Any) -> Finished:
         commands.append(command)
         record = {"nodeid": "t.py::test_a[megatron_vp_ce]", "outcome": "passed", "text": ""}
-        Path(env[conformance.RECORD_ENV]).write_text(json.dumps(record) + "\n")
+        Path(env[collect.RECORD_ENV]).write_text(json.dumps(record) + "\n")
         return Finished()
 
     monkeypatch.setattr(conformance.subprocess, "run", run)
@@ -223,9 +223,11 @@ def test_the_collector_records_outcomes_and_the_reasons_of_skips(tmp_path: Path)
     )
     record = tmp_path / "records.jsonl"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    command += ["-p", "tp_logprob.peers._collect", "test_some.py"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env[conformance.RECORD_ENV] = str(record)  # this test's own worker would write nothing
+    command += ["-p", "tools.conformance.collect", "test_some.py"]
+    # this test's own worker would write nothing
+    env = {
+        k: v for k, v in collect.recording_env(record).items() if not k.startswith("PYTEST_XDIST")
+    }
     subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, check=False)
     records = [json.loads(line) for line in record.read_text().splitlines()]
     found = {r["nodeid"].split("::")[1]: (r["outcome"], r["text"]) for r in records}
@@ -250,11 +252,12 @@ def test_the_collector_records_what_a_backend_does_not_claim(tmp_path: Path) -> 
     )
     record = tmp_path / "records.jsonl"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
-    command += ["-p", "tp_logprob.peers._collect", "--pyargs", processed.PROCESSED_MODULE]
+    command += ["-p", "tools.conformance.collect", "--pyargs", processed.PROCESSED_MODULE]
     command += [f"--tp-logprob-backend={tmp_path / 'tp1.py'}:tp1_native"]
     command += ["--tp-logprob-profile=ci", "-k", "every_sampling_rule or rules_off"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env[conformance.RECORD_ENV] = str(record)
+    env = {
+        k: v for k, v in collect.recording_env(record).items() if not k.startswith("PYTEST_XDIST")
+    }
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:]
     records = _records.read_records(record)

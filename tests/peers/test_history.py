@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tools.history.corpus import CORPUS, HistoricalBug, releases
+from tools.history.runner import verdict
 
-from tp_logprob.peers._history_corpus import CORPUS, HistoricalBug, releases
-from tp_logprob.peers.history import verdict
 from tp_logprob.peers.liger import liger_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ def test_an_unavailable_entry_says_why() -> None:
 
 
 def test_a_release_without_results_is_not_run_and_fails_the_report(tmp_path: Path) -> None:
-    from tp_logprob.peers.history import report
+    from tools.history.runner import report
 
     assert verdict(_BUG, {})["verdict"] == "not run"
     assert report([], tmp_path / "history.md") == 1
@@ -120,7 +120,7 @@ def test_a_release_without_results_is_not_run_and_fails_the_report(tmp_path: Pat
 def test_a_smoke_report_judges_only_its_entries(tmp_path: Path) -> None:
     import json
 
-    from tp_logprob.peers.history import report
+    from tools.history.runner import report
 
     paths = []
     for version, tests, code in (("0.5.8", ["test_a"], 1), ("0.5.9", [], 0)):
@@ -158,7 +158,7 @@ def test_trl_grpo_adapter_refuses_other_releases_by_version(version: str) -> Non
 
 
 def test_requirements_follow_the_entries_of_a_release() -> None:
-    from tp_logprob.peers._history_corpus import requirements
+    from tools.history.corpus import requirements
 
     assert "transformers==4.49.0" in requirements("trl==0.15.2")
     assert requirements("liger-kernel==0.5.8") == ()
@@ -177,7 +177,7 @@ def test_every_runnable_entry_names_an_adapter_that_resolves() -> None:
 
 
 def test_the_vllm_entry_installs_the_same_sampler_imports_for_both_releases() -> None:
-    from tp_logprob.peers._history_corpus import requirements
+    from tools.history.corpus import requirements
 
     (bug,) = [bug for bug in CORPUS if bug.key == "vllm_processed_logprobs_temperature"]
     assert bug.versions == ("0.10.0", "0.10.2")

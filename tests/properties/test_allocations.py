@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import tp_logprob as tpl
-from tp_logprob.kernels import lm_head
+from tp_logprob.kernels import fused_chunks
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
-from tp_logprob.properties.allocations import AllocationTracker, track_allocations
+from tp_logprob.suite.allocations import AllocationTracker, track_allocations
 
 F32, F64 = 4, 8
 
@@ -191,7 +191,7 @@ def test_fused_ranks_in_threads_never_hold_full_fp32_logits(
     world: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rank threads of ``run_tp_hidden``, forward and backward: chunks only; logits path: N rows."""
-    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 3 * REAL)
+    monkeypatch.setattr(fused_chunks, "CHUNK_ELEMENTS", 3 * REAL)
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(ROWS, SIZE, generator=gen).bfloat16().requires_grad_(True)
     weight = torch.randn(PADDED, SIZE, generator=gen).bfloat16().requires_grad_(True)
@@ -205,7 +205,7 @@ def test_fused_ranks_in_threads_never_hold_full_fp32_logits(
         forward = seen.max_rows(torch.float32, widths)
         sum(r.selected_logp.float().sum() for r in results).backward()
     assert {a.thread for a in seen.allocations} >= {f"tp-rank-{r}" for r in range(world)}
-    chunk = max(lm_head.chunk_rows(contract.with_rank(r)) for r in range(world))
+    chunk = max(fused_chunks.chunk_rows(contract.with_rank(r)) for r in range(world))
     assert chunk < ROWS
     assert forward == seen.max_rows(torch.float32, widths) == chunk
     logits = (hidden.detach().float() @ weight.detach().float().T).bfloat16().requires_grad_(True)

@@ -19,7 +19,8 @@ import pytest
 
 from tp_logprob.contract import DeterminismScope
 from tp_logprob.kernels.builtin import TORCH_NATIVE, TORCH_NATIVE_FUSED, TRITON_EXACT_SUM
-from tp_logprob.properties.applicability import (
+from tp_logprob.registry import KernelRegistry
+from tp_logprob.suite.applicability import (
     CROSS_TP_BITWISE,
     HIDDEN_INPUT,
     LEAVES_INPUTS,
@@ -28,9 +29,8 @@ from tp_logprob.properties.applicability import (
     applies_to,
     unclaimed,
 )
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.report import NotClaimed, SuiteStats
-from tp_logprob.registry import KernelRegistry
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.summary import NotClaimed, SuiteStats
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from hypothesis.database import (
     choices_to_bytes,
 )
 
-from tp_logprob.properties.databases import REDIS_KEY_PREFIX, example_database
+from tp_logprob.suite.databases import REDIS_KEY_PREFIX, example_database
 
 
 def test_local_database_by_default(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_redis_without_the_client_says_how_to_install(monkeypatch: pytest.Monkey
 
 def _ci_draws(database: ExampleDatabase, profile: str = "ci") -> list[int]:
     """What a property under ``profile`` draws at the ci seed, with ``database`` behind it."""
-    from tp_logprob.properties.profiles import CI_SEED, profile_name, register_profiles
+    from tp_logprob.suite.profiles import CI_SEED, profile_name, register_profiles
 
     register_profiles()
     drawn: list[int] = []

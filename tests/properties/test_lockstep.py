@@ -18,23 +18,23 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tp_logprob.properties import catalogue
-from tp_logprob.properties.catalogue import (
-    FAILURE_ATTRIBUTE,
-    PropertyRegistry,
-    SuiteProperty,
-    run_property,
-)
-from tp_logprob.properties.lockstep import (
+from tp_logprob.real_group.lockstep import (
     Lockstep,
     LockstepFailure,
     RealGroupAbort,
     lockstep_settings,
     suspend_shrink_time_limit,
 )
-from tp_logprob.properties.report import PropertyViolation
-from tp_logprob.properties.verdicts import Phase, Report, Status
+from tp_logprob.real_group.verdicts import Phase, Report, Status
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite import catalogue
+from tp_logprob.suite.catalogue import (
+    FAILURE_ATTRIBUTE,
+    PropertyCatalogue,
+    SuiteProperty,
+    run_property,
+)
+from tp_logprob.suite.violation import PropertyViolation
 
 from ..helpers.native_cases import make_contract
 
@@ -86,7 +86,7 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         if failing[-1]:
             raise PropertyViolation("probe: seen on rank 0", "  worst     row 1")
 
-    properties = PropertyRegistry()
+    properties = PropertyCatalogue()
     properties.add(SuiteProperty("probe", body))
     monkeypatch.setattr(catalogue, "suite_properties", lambda: properties)
     return failing

@@ -32,7 +32,7 @@ from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import apply_temperature, exact_selected_logprob, tolerance
-from tp_logprob.properties.backends import resolve_backends
+from tp_logprob.suite.backends import resolve_backends
 
 _INF = float("inf")
 _NAN = float("nan")

@@ -13,10 +13,10 @@ import tp_logprob as tpl
 from tests.helpers.native_cases import LAYOUTS, make_contract, random_inputs
 from tp_logprob.kernels import portable_sum
 from tp_logprob.kernels.builtin import TORCH_PORTABLE
-from tp_logprob.properties.backends import BackendUnderTest
 from tp_logprob.properties.test_platforms import platform_twins
 from tp_logprob.registry import KernelRegistry
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
 
 ROWS = 4000  # a one-ulp exp changes about 1% of the rows' lse or selected_logp bits
 

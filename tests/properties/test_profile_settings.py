@@ -18,7 +18,7 @@ import pytest
 
 from tp_logprob.properties import test_gradients as gradients
 from tp_logprob.properties import test_oracle as oracle
-from tp_logprob.properties.profiles import examples_fraction
+from tp_logprob.suite.profiles import examples_fraction
 
 ROOT = Path(__file__).resolve().parents[2]
 PROPERTIES = ROOT / "src" / "tp_logprob" / "properties"

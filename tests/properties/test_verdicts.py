@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tp_logprob.properties.verdicts import Phase, Report, Status, settle
+from tp_logprob.real_group.verdicts import Phase, Report, Status, settle
 
 EXAMPLE, EXECUTE, EXECUTED = Phase.EXAMPLE, Phase.EXECUTE, Phase.EXECUTED
 

@@ -17,12 +17,12 @@ from tests.helpers.artifacts import MUTANT, backend, padding_case, write_padding
 from tp_logprob.__main__ import main
 from tp_logprob.contract import LogprobInputKind
 from tp_logprob.kernels.builtin import TORCH_NATIVE
-from tp_logprob.properties.backends import resolve_backends
-from tp_logprob.properties.catalogue import run_property, suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
 from tp_logprob.replay.pin import pin
 from tp_logprob.replay.runner import Outcome, replay, replay_paths
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.backends import resolve_backends
+from tp_logprob.suite.catalogue import run_property, suite_properties
 
 SUITE = suite_properties()
 

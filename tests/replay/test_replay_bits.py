@@ -15,12 +15,12 @@ from tests.helpers.artifacts import backend, padding_case
 from tests.helpers.portable import portable_backend
 from tp_logprob.contract import DeterminismScope, ReductionSpec
 from tp_logprob.kernels.builtin import TORCH_NATIVE
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import suite_properties
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
 from tp_logprob.replay.bits import compare_bits, observed_bits, promises_bits
 from tp_logprob.replay.runner import Outcome, replay, replay_paths
 from tp_logprob.replay.schema import MAX_RECORDED_ELEMENTS, bits_problems
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

@@ -27,7 +27,6 @@ from tp_logprob.contract import (
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_logits
-from tp_logprob.properties.catalogue import suite_properties
 from tp_logprob.replay.artifacts import (
     SCHEMA_VERSION,
     ArtifactError,
@@ -36,6 +35,7 @@ from tp_logprob.replay.artifacts import (
 )
 from tp_logprob.replay.runner import replay_paths
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
+from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from tests.helpers.artifacts import backend, padding_case
-from tp_logprob.properties.catalogue import suite_properties
 from tp_logprob.replay.artifacts import (
     SCHEMA_VERSION,
     ArtifactError,
@@ -26,6 +25,7 @@ from tp_logprob.replay.artifacts import (
 )
 from tp_logprob.replay.runner import Outcome, replay
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.catalogue import suite_properties
 from tp_logprob.support import SupportMode, SupportSpec
 
 SUITE = suite_properties()

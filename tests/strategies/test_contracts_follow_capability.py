@@ -48,7 +48,7 @@ RUN_TO_RUN = DeterminismScope.RUN_TO_RUN
 
 def _peer_capabilities() -> list[LogprobBackendCapability]:
     """Every capability the conformance catalog runs (the peer libraries are not needed)."""
-    from tp_logprob.peers._catalog import PEERS
+    from tools.conformance.catalog import PEERS
 
     found = []
     for peer in PEERS:

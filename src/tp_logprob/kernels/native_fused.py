@@ -11,7 +11,7 @@ is ``[local_vocab_size]`` exactly when ``contract.has_bias``. All three are in t
 contract's dtype and on one device. The result is the logits path's: fp32
 ``selected_logp``, ``lse`` (and ``entropy``), replicated.
 
-Algorithm: rows are processed in chunks of ``lm_head.chunk_rows`` rows, a number
+Algorithm: rows are processed in chunks of ``fused_chunks.chunk_rows`` rows, a number
 that depends only on the shard's live width (never on N). Per chunk, each row's
 ``x = fp32(W_live) fp32(h) (+ fp32(bias))`` is one matrix-vector product with
 fp32 products and fp32 accumulation (TF32 off for the call), so a row's ``x``
@@ -21,7 +21,7 @@ with zero rows to ``chunk_rows`` rows, so torch_native's per-shard partial
 (``kernels/partials.py``) always runs on one shape; the partials of all chunks go
 through one all-gather and torch_native's merge (``kernels/merge.py``). Padding
 rows of ``W`` are never read. Memory: one ``[chunk_rows, live]`` fp32 logits
-chunk and its elementwise temporaries (at most ``max(lm_head.CHUNK_ELEMENTS, live)``
+chunk and its elementwise temporaries (at most ``max(fused_chunks.CHUNK_ELEMENTS, live)``
 elements each), an fp32 copy of the live weight rows ``[live, H]`` (independent
 of N) and of one hidden chunk, and ``[N, 3 or 4]`` partials; never
 ``[N, local_vocab]`` (for N > ``chunk_rows``).
@@ -46,7 +46,7 @@ chunk's partial over ``S`` (and the full partial, for ``lse``) with
 mask's rows are scattered per chunk from the rank's kept ids, so the mask too is
 ``[chunk_rows, live]``. Sampling parameters need the threshold's collectives
 per chunk (``kernels/support_threshold.py``), so every rank must walk the same
-chunks: the forward then uses ``lm_head.shared_chunk_rows``, the chunk size of
+chunks: the forward then uses ``fused_chunks.shared_chunk_rows``, the chunk size of
 the group's widest live shard (never more rows than the rank's own
 ``chunk_rows``), and keeps each row's threshold for the backward, which rebuilds
 ``S`` as ``z >= threshold`` without a collective. Each rank runs the same number
@@ -62,7 +62,7 @@ import torch
 
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult
-from tp_logprob.kernels.lm_head import (
+from tp_logprob.kernels.fused_chunks import (
     chunk_rows,
     live_params,
     logits_chunk,

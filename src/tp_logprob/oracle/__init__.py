@@ -7,7 +7,7 @@
   of the exact value (``reference_error_bounds``);
 * ``ulp_distance`` and ``tolerance``: how far a backend may be from exact;
 * ``exact_hidden_logits``, ``dot_product_error_bound`` and friends: the fused LM
-  head (hidden states times a weight), see ``oracle/hidden.py``;
+  head (hidden states times a weight), see ``oracle/fused.py``;
 * ``exact_support``, ``classify_support``, ``admissible_support`` and
   ``support_margins``: the sampling support of a processed logprob (top-k, top-p,
   min-p), exact, and what a backend within its error bound may choose;
@@ -39,7 +39,7 @@ from tp_logprob.oracle.exact import (
     exact_selected_logprob,
 )
 from tp_logprob.oracle.fast_path import FastPathCounts, fast_path_stats
-from tp_logprob.oracle.hidden import (
+from tp_logprob.oracle.fused import (
     dot_product_error_bound,
     exact_hidden_grads,
     exact_hidden_logits,

@@ -32,7 +32,7 @@ documentation and source, and says which library versions it was verified with:
 
 The cross-entropy modules also offer "what users assume" variants: the same op claiming a
 contract feature the library does not serve (padding, uneven shards, 16-bit
-inputs, inactive tokens, cross-TP bitwise). ``python -m tp_logprob.peers.conformance``
+inputs, inactive tokens, cross-TP bitwise). ``python -m tools.conformance``
 runs the property suite against all of them and writes ``docs/conformance.md``,
 with a section on the processed-logprob peers and where they differ from the
 exact rules.

@@ -9,7 +9,7 @@ the Triton interpreter (``TRITON_INTERPRET=1`` before triton is first imported).
 The adapter calls ``LigerCrossEntropyFunction.apply`` the way the installed
 release spells it (:func:`liger_arguments`), from 0.4.1 (the first release whose
 forward takes ``reduction`` and returns ``(loss, z_loss)``) on, so the historical
-benchmark (:mod:`tp_logprob.peers.history`) runs the suite on the release a user
+benchmark (``tools.history``) runs the suite on the release a user
 pinned.
 
 Capability, from Liger's docs and ``ops/cross_entropy.py``:

@@ -19,15 +19,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.applicability import LEAVES_INPUTS, LOGITS_INPUT, applies_to
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import draw_case, draw_processed_case
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import execute, real_group, run_logits
-from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.applicability import LEAVES_INPUTS, LOGITS_INPUT, applies_to
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import draw_case, draw_processed_case
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.running import execute, run_logits
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import violation
 from tp_logprob.support import SupportMode
 
 BAD_INPUT_KINDS = (
@@ -78,7 +79,7 @@ def _skip_a_lone_rank(backend: BackendUnderTest, kind: str) -> None:
     """A bad input handed to one rank runs that rank alone. A ``real_group_only`` backend
     reaches for torch.distributed's group even so, so off a real group the check is skipped
     for it (under torchrun it runs: the op must reject the input before any collective)."""
-    if backend.capability.real_group_only and real_group() is None:
+    if backend.capability.real_group_only and backend.group is None:
         pytest.skip(
             f"{backend.backend_id} runs only on a real process group (real_group_only): "
             f"{kind!r} is handed to one rank alone, off the group"

@@ -5,7 +5,7 @@ claim fails them sooner or later; this sweep makes it sooner: one small case for
 every combination of claimed role, dtype, determinism scope, mask mode, padding
 and ``export_lse``, cycling through the claimed TP degrees, and for every claimed
 sampling support (``support_modes``) one case per claimed role and dtype, judged
-by the processed checks (``properties/processed.py``).
+by the processed checks (``judging/processed.py``).
 """
 
 from __future__ import annotations
@@ -28,18 +28,17 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
+from tp_logprob.judging.fused import expect_fused_gradients
+from tp_logprob.judging.gradients import expect_gradient
+from tp_logprob.judging.measuring import expect_exact
+from tp_logprob.judging.processed import expect_processed_exact, expect_processed_gradient
 from tp_logprob.oracle import exact_hidden_logits
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import drawing_capability
-from tp_logprob.properties.gradients import expect_gradient
-from tp_logprob.properties.lm_head import expect_fused_gradients
-from tp_logprob.properties.measuring import expect_exact
-from tp_logprob.properties.processed import expect_processed_exact, expect_processed_gradient
-from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.running import real_group
-from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import drawing_capability
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 from tp_logprob.support import SupportMode, SupportSpec
 
 _PADDED, _PADDED_REAL, _ROWS = 24, 21, 5
@@ -176,7 +175,7 @@ def _hidden_case(
     """Random operands; the weight's padding rows are 1e4 (they would win the max if read).
 
     With sampling parameters the operands are small integers: exact products, so the
-    backend's support is read on the oracle's ``x`` (``properties/processed.py``).
+    backend's support is read on the oracle's ``x`` (``judging/processed.py``).
     """
     real = contract.sharding.real_vocab_size
     exact = contract.support_mode is SupportMode.SAMPLING_PARAMS
@@ -226,7 +225,7 @@ def test_serves_every_claimed_contract_kind(
     """Each claimed combination runs, agrees with the exact oracle, and (train) backprops."""
     backend = tp_logprob_backend
     contracts = claimed_contracts(drawing_capability(backend))
-    group = real_group()
+    group = backend.group
     if not contracts and group is not None:
         pytest.skip(
             f"{backend.backend_id}: no TP degree it claims both splits the sweep's "

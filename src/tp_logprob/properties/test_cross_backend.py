@@ -15,17 +15,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
-from tp_logprob.properties.backends import BackendUnderTest, resolve_backends
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import draw_case
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
-from tp_logprob.properties.measuring import allowed_error, entropy_error, expect_close
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.running import execute
-from tp_logprob.properties.suite import Suite
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
+from tp_logprob.judging.measuring import allowed_error, entropy_error, expect_close
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
+from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import draw_case
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.running import execute
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 
 def _others(backend: BackendUnderTest, suite: Suite) -> list[Any]:

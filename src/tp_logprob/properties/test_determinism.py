@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,36 +9,38 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import DeterminismScope, ShardingSpec
-from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.applicability import (
-    BATCH_INVARIANT,
-    LOGITS_INPUT,
-    SEVERAL_LAYOUTS,
-    applies_to,
-)
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import (
-    batch_rows,
-    draw_case,
-    draw_positions,
-    relayouts,
-)
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
-from tp_logprob.properties.measuring import (
+from tp_logprob.contract import DeterminismScope
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
+from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_error,
     expect_bitwise,
     expect_close,
     input_error,
 )
-from tp_logprob.properties.params import ArraySpec, PropertyInputError, any_length
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.running import execute, select_rows, sub_batch
-from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.applicability import (
+    BATCH_INVARIANT,
+    LOGITS_INPUT,
+    SEVERAL_LAYOUTS,
+    applies_to,
+)
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.case_kinds import (
+    check_across_layouts,
+    relaid,
+)
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import (
+    batch_rows,
+    draw_case,
+    draw_positions,
+)
+from tp_logprob.suite.params import ArraySpec, PropertyInputError, any_length
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.running import execute, select_rows, sub_batch
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 
 @suite_property("replicated")
@@ -194,27 +195,8 @@ def tp_consistency(
     """The layout ``params["vocab_shard_bounds"]`` (seen by ``params["tp_rank"]``):
     bitwise for cross_tp_bitwise, else within tolerance."""
     contract = case.contract
-    sharding = contract.sharding
-    bounds = tuple(tuple(pair) for pair in params["vocab_shard_bounds"])
-    try:
-        relaid = ShardingSpec(
-            params["tp_rank"],
-            len(bounds),
-            bounds,
-            sharding.real_vocab_size,
-            sharding.padded_vocab_size,
-        )
-    except LogprobContractError as error:
-        raise PropertyInputError(
-            f"params: not a layout of the case's vocabulary: {error}"
-        ) from None
-    other_contract = dataclasses.replace(contract, sharding=relaid)
-    other = case.replace(contract=other_contract)
+    other, layouts = relaid(case, params)
     first, second = execute(backend, case), execute(backend, other)
-    layouts = (
-        f"tp={sharding.tp_world_size} {list(sharding.vocab_shard_bounds)}",
-        f"tp={relaid.tp_world_size} {list(relaid.vocab_shard_bounds)}",
-    )
     if contract.reduction.determinism_scope.satisfies(DeterminismScope.CROSS_TP_BITWISE):
         expect_bitwise(
             f"cross-TP bitwise: layouts {layouts[0]} and {layouts[1]} differ",
@@ -254,8 +236,4 @@ def test_tp_consistency(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Another TP degree and shard layout: bitwise for cross_tp_bitwise, else within tolerance."""
-    backend = tp_logprob_backend
-    capability = backend.capability
-    case = draw_case(data, backend, tp_logprob_suite)
-    layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
-    run_property("tp_consistency", backend, case, layout)
+    check_across_layouts(data, tp_logprob_backend, tp_logprob_suite, "logits", "tp_consistency")

@@ -7,7 +7,7 @@ shards at TP 1-8. The oracle, determinism and TP-consistency checks are the
 logits path's, with room for the backend's own fp32 dot products
 (``docs/tolerances.md``, "Fused LM head"); the rest are the fused path's own.
 Backends that take only logits are not collected for this module, nor hidden-only
-backends for the logits-path modules (:mod:`tp_logprob.properties.applicability`).
+backends for the logits-path modules (:mod:`tp_logprob.suite.applicability`).
 """
 
 from __future__ import annotations
@@ -20,42 +20,45 @@ import numpy.typing as npt
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties.applicability import (
-    BATCH_INVARIANT,
-    HIDDEN_INPUT,
-    SEVERAL_LAYOUTS,
-    applies_to,
-)
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import (
-    batch_rows,
-    claims_batch_invariance,
-    draw_hidden_case,
-    draw_positions,
-    relayouts,
-)
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
-from tp_logprob.properties.lm_head import expect_fused_gradients, fused_only, logits_contract
-from tp_logprob.properties.measuring import (
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
+from tp_logprob.judging.fused import expect_fused_gradients, fused_only, logits_contract
+from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_error,
     expect_bitwise,
     expect_close,
 )
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import (
+from tp_logprob.registry import registry
+from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.applicability import (
+    BATCH_INVARIANT,
+    HIDDEN_INPUT,
+    SEVERAL_LAYOUTS,
+    applies_to,
+)
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.case_kinds import (
+    check_across_layouts,
+    check_run_to_run_and_batch_invariance,
+)
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import (
+    claims_batch_invariance,
+    draw_fused_case,
+    draw_positions,
+)
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.running import (
     execute,
     outputs_of,
     run_hidden,
     select_rows,
     sub_batch,
 )
-from tp_logprob.properties.suite import Suite
-from tp_logprob.registry import registry
-from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import violation
 
 Floats = npt.NDArray[np.float64]
 
@@ -68,7 +71,7 @@ def test_fused_matches_exact_oracle(
     """selected_logp, lse and entropy within the tolerance table plus the dot-product room
     of the exact values on ``fp32(hidden @ W.T + b)``."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite)
+    case = draw_fused_case(data, backend, tp_logprob_suite)
     run_property("oracle", backend, case, stats=tp_logprob_suite.stats)
 
 
@@ -139,7 +142,7 @@ def test_fused_exact_dot_products_match_logits_path(
     """Small-integer operands (exact fp32 dot products): as accurate as the logits path,
     and within tolerance of torch_native run on the same logits."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite, small_integers=True)
+    case = draw_fused_case(data, backend, tp_logprob_suite, small_integers=True)
     run_property("fused_exact_products", backend, case, stats=tp_logprob_suite.stats)
 
 
@@ -185,7 +188,7 @@ def test_fused_padding_rows_never_read(
 ) -> None:
     """Other garbage (NaN, +-inf, 2^100) in the weight's and bias's padding rows: same bits."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite, padding=True)
+    case = draw_fused_case(data, backend, tp_logprob_suite, padding=True)
     seed = data.draw(st.integers(0, 2**31 - 1), label="garbage seed")
     run_property("fused_padding_rows", backend, case, {"seed": seed})
 
@@ -212,7 +215,7 @@ def test_fused_gradients(
     """d hidden (rank partials summed), d weight and d bias of w * selected + v * entropy
     within their bounds; exactly 0 on inactive rows and padding rows."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite, roles={"train"})
+    case = draw_fused_case(data, backend, tp_logprob_suite, roles={"train"})
     run_property("fused_gradients", backend, case, stats=tp_logprob_suite.stats)
 
 
@@ -224,13 +227,7 @@ def test_fused_run_to_run_and_batch_invariance(
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits
     (unless the backend claims run_to_run determinism only)."""
-    backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite)
-    run_property("run_to_run", backend, case)
-    if not claims_batch_invariance(backend):
-        return
-    rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
-    run_property("batch_invariance", backend, case, {"rows": rows})
+    check_run_to_run_and_batch_invariance(data, tp_logprob_backend, tp_logprob_suite, "fused")
 
 
 @applies_to(HIDDEN_INPUT, BATCH_INVARIANT)
@@ -242,7 +239,7 @@ def test_fused_row_positions(
     """One hidden row at odd and even positions, inside and at the end of row chunks and
     tiles: every copy has the bits of the row run alone."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(data, backend, tp_logprob_suite)
+    case = draw_fused_case(data, backend, tp_logprob_suite)
     run_property("row_positions", backend, case, draw_positions(data, case, backend))
 
 
@@ -254,11 +251,7 @@ def test_fused_tp_consistency(
 ) -> None:
     """Another TP degree and shard layout of the same weight: bitwise for cross_tp_bitwise,
     else within tolerance (with the dot-product room of both runs)."""
-    backend = tp_logprob_backend
-    capability = backend.capability
-    case = draw_hidden_case(data, backend, tp_logprob_suite)
-    layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
-    run_property("tp_consistency", backend, case, layout)
+    check_across_layouts(data, tp_logprob_backend, tp_logprob_suite, "fused", "tp_consistency")
 
 
 MEMORY_ROWS = 384
@@ -281,14 +274,14 @@ def fused_memory(
     that claims batch invariance must also give each of those rows the bits it has in
     the case's own batch: a free check on a batch that crosses every chunk and tile.
 
-    Seen through :func:`~tp_logprob.properties.allocations.track_allocations`: outputs of
+    Seen through :func:`~tp_logprob.suite.allocations.track_allocations`: outputs of
     aten ops, not memory inside a kernel (a BLAS workspace). Widths up to 8 (per-row
     partials hold 3-4 fp32 fields) and the hidden size (``d hidden`` is ``[N, H]`` fp32)
     are not watched; the property draws vocabularies wide enough to have other widths.
     """
     import torch
 
-    from tp_logprob.properties.allocations import track_allocations
+    from tp_logprob.suite.allocations import track_allocations
 
     case = fused_only(case)
     big = fused_only(sub_batch(case, np.arange(MEMORY_ROWS) % case.contract.num_tokens))
@@ -359,7 +352,7 @@ def test_fused_never_materializes_the_logits(
     """384 rows, forward and (train) backward: no fp32 tensor the op allocates is a
     shard's width with every row, i.e. the ``[N, local_vocab]`` logits never exist."""
     backend = tp_logprob_backend
-    case = draw_hidden_case(
+    case = draw_fused_case(
         data, backend, tp_logprob_suite, max_num_tokens=4, min_padded_vocab_size=32
     )
     run_property("fused_memory", backend, case)

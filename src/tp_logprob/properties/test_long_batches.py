@@ -4,7 +4,7 @@ Real kernels walk the rows in tiles or chunks of 64 to 256 (a Triton ``BLOCK_M``
 Liger's row chunks); a wrong row offset, a wrong target stride or a dropped last
 partial chunk lives past the first boundary, where the other properties' 16 rows
 never reach. Each example draws a small case and a length (never a multiple of
-64) and builds the long batch from it (:func:`~tp_logprob.properties.running.expanded_batch`:
+64) and builds the long batch from it (:func:`~tp_logprob.suite.running.expanded_batch`:
 random copies of its rows, their own targets, permuted live columns), then judges
 every row against the exact oracle and, for role ``train``, the exact gradient.
 """
@@ -17,25 +17,25 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.properties.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import (
+from tp_logprob.judging.fused import expect_fused_gradients
+from tp_logprob.judging.gradients import expect_gradient
+from tp_logprob.judging.measuring import expect_exact
+from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import (
     draw_case,
-    draw_hidden_case,
+    draw_fused_case,
     long_lengths,
     max_batch_rows,
     max_batch_vocab,
 )
-from tp_logprob.properties.gradients import expect_gradient
-from tp_logprob.properties.lm_head import expect_fused_gradients
-from tp_logprob.properties.measuring import expect_exact
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.running import expanded_batch
-from tp_logprob.properties.suite import Suite
-from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.running import expanded_batch
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 
 @suite_property("long_batch", params={"length": "int", "seed": "int"})
@@ -93,5 +93,5 @@ def test_fused_long_batches(
     the dot-product room), and d hidden, d weight and d bias for train."""
     backend = tp_logprob_backend
     vocab = max_batch_vocab(backend, 40)
-    case = draw_hidden_case(data, backend, tp_logprob_suite, max_padded_vocab_size=vocab)
+    case = draw_fused_case(data, backend, tp_logprob_suite, max_padded_vocab_size=vocab)
     run_property("long_batch", backend, case, _long_params(data, backend))

@@ -18,28 +18,29 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import LogprobDType, MaskSpec
-from tp_logprob.properties.applicability import EXPLICIT_MASK, LOGITS_INPUT, applies_to
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import draw_case
-from tp_logprob.properties.expected import exact_outputs
-from tp_logprob.properties.measuring import (
+from tp_logprob.judging.expected import exact_outputs
+from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_room,
     expect_bitwise,
     expect_close,
 )
-from tp_logprob.properties.params import (
+from tp_logprob.strategies import LogprobCase, logits, round_to_dtype
+from tp_logprob.suite.applicability import EXPLICIT_MASK, LOGITS_INPUT, applies_to
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import draw_case
+from tp_logprob.suite.params import (
     ArraySpec,
     PropertyInputError,
     live_columns,
     padding_columns,
     per_row,
 )
-from tp_logprob.properties.report import SuiteStats, violation
-from tp_logprob.properties.running import Outputs, execute, select_rows, sub_batch
-from tp_logprob.properties.suite import Suite
-from tp_logprob.strategies import LogprobCase, logits, round_to_dtype
+from tp_logprob.suite.running import Outputs, execute, select_rows, sub_batch
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import violation
 
 
 @suite_property("padding_ignored", arrays={"padding": ArraySpec("float32", padding_columns)})

@@ -23,14 +23,14 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
-from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.gradients import expect_gradient
-from tp_logprob.properties.measuring import expect_exact
-from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.suite import Suite
+from tp_logprob.judging.gradients import expect_gradient
+from tp_logprob.judging.measuring import expect_exact
 from tp_logprob.strategies import DTYPE_MAX, LogprobCase
+from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 _INF = float("inf")
 _F32_MAX = DTYPE_MAX[LogprobDType.FP32]

@@ -7,7 +7,7 @@ value, masses on and one ulp around ``top_p``, ``min_p`` at a token's
 subsets), drawn from the support modes the backend claims; a backend that claims
 none skips this module, with the reason. Each output is judged on the support the
 backend used, once that support is shown admissible
-(:mod:`tp_logprob.properties.processed`); a fused LM-head backend is judged on
+(:mod:`tp_logprob.judging.processed`); a fused LM-head backend is judged on
 its hidden-state cases (exact products with a recomputed support). Batch
 invariance and run-to-run bits reuse their properties of ``test_determinism.py``
 on processed cases, which compare the support's outputs too.
@@ -25,40 +25,43 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
+from tp_logprob.contract import DeterminismScope, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.applicability import (
-    RECOMPUTED_SUPPORT,
-    SEVERAL_LAYOUTS,
-    SEVERAL_RANKS,
-    applies_to,
-)
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import (
-    batch_rows,
-    claims_batch_invariance,
-    draw_case,
-    draw_hidden_case,
-    draw_processed_case,
-    drawing_capability,
-    relayouts,
-    support_modes_served,
-)
-from tp_logprob.properties.measuring import expect_bitwise
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.processed import (
+from tp_logprob.judging.measuring import expect_bitwise
+from tp_logprob.judging.processed import (
     backend_support,
     expect_processed_exact,
     expect_processed_gradient,
     judge_support,
 )
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import Outputs, execute, select_rows
-from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.strategies.supports import RULES
+from tp_logprob.suite.applicability import (
+    RECOMPUTED_SUPPORT,
+    SEVERAL_LAYOUTS,
+    SEVERAL_RANKS,
+    applies_to,
+)
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.case_kinds import (
+    check_across_layouts,
+    check_run_to_run_and_batch_invariance,
+    relaid,
+)
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import (
+    draw_case,
+    draw_fused_case,
+    draw_processed_case,
+    drawing_capability,
+    support_modes_served,
+)
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.running import Outputs, execute, select_rows
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 _RECOMPUTED = (SupportMode.SAMPLING_PARAMS,)
@@ -284,7 +287,7 @@ def test_rules_off_is_the_raw_logprob(
     if capability.serves("input_kind", LogprobInputKind.LOGITS):
         case = draw_case(data, backend, tp_logprob_suite, special_values=True)
     else:  # exact products: the threshold is read on the backend's x, which is then the case's
-        case = draw_hidden_case(data, backend, tp_logprob_suite, small_integers=True)
+        case = draw_fused_case(data, backend, tp_logprob_suite, small_integers=True)
     real = case.contract.sharding.real_vocab_size
     params = {
         "rules_off": data.draw(st.sampled_from(RULES_OFF), label="rules off"),
@@ -309,25 +312,7 @@ def processed_tp_consistency(
     contract = case.contract
     if contract.support is None:
         raise PropertyInputError("this check takes a case with a sampling support")
-    sharding = contract.sharding
-    bounds = tuple(tuple(pair) for pair in params["vocab_shard_bounds"])
-    try:
-        relaid = ShardingSpec(
-            params["tp_rank"],
-            len(bounds),
-            bounds,
-            sharding.real_vocab_size,
-            sharding.padded_vocab_size,
-        )
-    except LogprobContractError as error:
-        raise PropertyInputError(
-            f"params: not a layout of the case's vocabulary: {error}"
-        ) from None
-    other = case.replace(contract=dataclasses.replace(contract, sharding=relaid))
-    layouts = (
-        f"tp={sharding.tp_world_size} {list(sharding.vocab_shard_bounds)}",
-        f"tp={relaid.tp_world_size} {list(relaid.vocab_shard_bounds)}",
-    )
+    other, layouts = relaid(case, params)
     if contract.reduction.determinism_scope.satisfies(DeterminismScope.CROSS_TP_BITWISE):
         expect_bitwise(
             f"processed cross-TP bitwise: layouts {layouts[0]} and {layouts[1]} differ",
@@ -352,11 +337,9 @@ def test_processed_tp_consistency(
 ) -> None:
     """Another TP degree and shard layout: bitwise (the support too) for cross_tp_bitwise,
     else admissible and within tolerance at both layouts."""
-    backend = tp_logprob_backend
-    capability = backend.capability
-    case = draw_processed_case(data, backend, tp_logprob_suite)
-    layout = data.draw(relayouts(case.contract.sharding, capability), label="second layout")
-    run_property("processed_tp_consistency", backend, case, layout)
+    check_across_layouts(
+        data, tp_logprob_backend, tp_logprob_suite, "processed", "processed_tp_consistency"
+    )
 
 
 @suite_property("processed_gradients")
@@ -394,10 +377,4 @@ def test_processed_run_to_run_and_batch_invariance(
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits (unless
     the backend claims run_to_run only): support_lse, support_size and the threshold too."""
-    backend = tp_logprob_backend
-    case = draw_processed_case(data, backend, tp_logprob_suite)
-    run_property("run_to_run", backend, case)
-    if not claims_batch_invariance(backend):
-        return
-    rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
-    run_property("batch_invariance", backend, case, {"rows": rows})
+    check_run_to_run_and_batch_invariance(data, tp_logprob_backend, tp_logprob_suite, "processed")

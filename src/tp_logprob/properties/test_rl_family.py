@@ -18,25 +18,25 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import MaskSpec, ShardingSpec
-from tp_logprob.properties.applicability import LOGITS_INPUT, applies_to
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import run_property, suite_property
-from tp_logprob.properties.draws import draw_case
-from tp_logprob.properties.expected import exact_outputs
-from tp_logprob.properties.gradients import expect_gradient
-from tp_logprob.properties.measuring import (
+from tp_logprob.judging.expected import exact_outputs
+from tp_logprob.judging.gradients import expect_gradient
+from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_room,
     expect_bitwise,
     expect_close,
     expect_exact,
 )
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.profiles import scaled
-from tp_logprob.properties.report import SuiteStats
-from tp_logprob.properties.running import execute
-from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.draws import draw_case
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.running import execute
+from tp_logprob.suite.session import Suite
+from tp_logprob.suite.summary import SuiteStats
 
 
 @suite_property("entropy_nan_free")

@@ -32,12 +32,13 @@ from tp_logprob.contract import (
     ShardingSpec,
     even_shard_bounds,
 )
-from tp_logprob.properties.applicability import CROSS_TP_BITWISE, LOGITS_INPUT, applies_to
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.expected import exact_outputs
-from tp_logprob.properties.measuring import expect_bitwise, expect_close
-from tp_logprob.properties.running import execute, real_group, select_rows
+from tp_logprob.judging.expected import exact_outputs
+from tp_logprob.judging.measuring import expect_bitwise, expect_close
+from tp_logprob.real_group.group import Launch, launched_by_torchrun
 from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.applicability import CROSS_TP_BITWISE, LOGITS_INPUT, applies_to
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.running import execute, select_rows
 
 ROWS = 64
 SWEEP_TEMPERATURE = 0.7
@@ -55,11 +56,13 @@ LAYOUTS = {
 
 def group_layout() -> tuple[str, tuple[tuple[int, int], ...]] | None:
     """The uneven layout a real process group of N ranks runs, and its name: one of
-    :data:`LAYOUTS` with N uneven shards, else ``tpN-uneven``; None off a real group."""
-    group = real_group()
-    if group is None:
+    :data:`LAYOUTS` with N uneven shards, else ``tpN-uneven``; None off a real group.
+
+    Read from torchrun's variables: the parametrization below is fixed at import, and the
+    session joins the group of that size before it collects."""
+    if not launched_by_torchrun():
         return None
-    world = group.world_size
+    world = Launch.from_environ().world_size
     for name, bounds in LAYOUTS.items():
         if len(bounds) == world and not name.endswith("-even"):
             return name, bounds

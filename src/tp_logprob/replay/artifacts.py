@@ -6,7 +6,7 @@ artifact, and a tampered one no longer matches its name. Writes go through a
 temporary file and an atomic :func:`os.replace`; the ``.json`` is written last.
 
 A fused LM-head case (``input_kind="hidden"``) also stores its operands
-``hidden``, ``weight`` and ``bias``; :mod:`tp_logprob.replay.hidden` says what is
+``hidden``, ``weight`` and ``bias``; :mod:`tp_logprob.replay.fused` says what is
 checked before it is rebuilt. A case whose contract replays a sampling mask stores
 its ``kept_offsets`` and ``kept_ids`` (:mod:`tp_logprob.replay.support`); sampling
 parameters live in the contract's JSON. Schema version 2 added the operands, 3
@@ -22,6 +22,7 @@ never unpickles, and it never imports a module named inside an artifact.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -39,19 +40,19 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.catalogue import SuiteProperty
-from tp_logprob.properties.params import PropertySpec
 from tp_logprob.replay.bits import decode_bits, encode_bits, observed_bits
-from tp_logprob.replay.hidden import (
-    HIDDEN_ARRAYS,
-    load_hidden_case,
+from tp_logprob.replay.fused import (
+    FUSED_ARRAYS,
+    load_fused_case,
     operand_arrays,
     operand_names,
 )
 from tp_logprob.replay.schema import ArtifactError, check_document
 from tp_logprob.replay.support import SUPPORT_ARRAYS, kept_arrays, support_arrays, support_names
 from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.catalogue import SuiteProperty
+from tp_logprob.suite.params import PropertySpec
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -191,7 +192,7 @@ def write_artifact(
     if prop not in properties:
         raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(properties)})")
     scalars, extra = _split_params(params)
-    reserved = _CASE_ARRAYS + HIDDEN_ARRAYS + SUPPORT_ARRAYS
+    reserved = _CASE_ARRAYS + FUSED_ARRAYS + SUPPORT_ARRAYS
     if set(extra) & set(reserved):
         raise ValueError(f"params: array names {sorted(extra)} collide with {reserved}")
     arrays = {**_case_arrays(case), **extra}
@@ -241,8 +242,8 @@ def _recorded_bits(backend: BackendUnderTest, case: LogprobCase) -> dict[str, An
     """The outputs' bits of one more run, or None where the run cannot give them."""
     if backend.capability.real_group_only:
         return None  # runs on a real group only: nothing to rerun here
-    try:
-        return observed_bits(backend, case)
+    try:  # on the emulated group, as replay runs it (not the real group's other ranks)
+        return observed_bits(dataclasses.replace(backend, group=None), case)
     except Exception:  # the failure may be that the op raises: then there are no bits
         return None
 
@@ -423,8 +424,8 @@ def _case(
 ) -> LogprobCase:
     """The case: a fused one from its operands, else logits of the contract dtype."""
     if contract.input_kind is LogprobInputKind.HIDDEN:
-        return load_hidden_case(path, schema_version, contract, arrays)
-    stray = sorted(set(HIDDEN_ARRAYS) & set(arrays))
+        return load_fused_case(path, schema_version, contract, arrays)
+    stray = sorted(set(FUSED_ARRAYS) & set(arrays))
     if stray:
         raise ArtifactError(
             path,

@@ -22,10 +22,10 @@ import numpy.typing as npt
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import DeterminismScope, LogprobContract
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.running import execute
 from tp_logprob.replay.schema import MAX_RECORDED_ELEMENTS, OUTPUT_FIELDS, bits_problems
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.running import execute
 
 __all__ = [
     "MAX_RECORDED_ELEMENTS",

@@ -4,7 +4,7 @@ Errors are measured the way the property suite measures them: in fp32 ulps at
 ``max(|exact|, |lse|, |row max|)`` (the magnitude the computation works at), and
 the tolerance is the suite's tolerance table converted to the same ulps. A
 processed case (a contract with a support) is measured on the support the backend
-used (``properties/processed.py``), ``support_lse`` included.
+used (``judging/processed.py``), ``support_lse`` included.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.judging.expected import exact_outputs
+from tp_logprob.judging.measuring import allowed_error, fp32_ulp, ulps, working_scale
+from tp_logprob.judging.processed import backend_support, masked_case, processed_expected
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.expected import exact_outputs
-from tp_logprob.properties.measuring import allowed_error, fp32_ulp, ulps, working_scale
-from tp_logprob.properties.processed import backend_support, masked_case, processed_expected
-from tp_logprob.properties.running import execute as execute_case
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.running import execute as execute_case
 
 __all__ = ["RowErrors", "measure"]
 

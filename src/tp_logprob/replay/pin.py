@@ -6,13 +6,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tp_logprob.properties.catalogue import SuiteProperty
 from tp_logprob.replay.artifacts import (
     FailureArtifact,
     artifact_paths,
     atomic_write,
     load_artifact,
 )
+from tp_logprob.suite.catalogue import SuiteProperty
 
 __all__ = ["DEFAULT_REGRESSIONS_DIR", "pin"]
 

@@ -41,6 +41,7 @@ from tp_logprob.contract import (
 )
 from tp_logprob.engine_formats import EngineRollout
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.judging.measuring import fp32_ulp
 from tp_logprob.oracle import (
     admissible_support,
     classify_support,
@@ -50,7 +51,6 @@ from tp_logprob.oracle import (
     support_margins,
     tolerance,
 )
-from tp_logprob.properties.measuring import fp32_ulp
 
 __all__ = ["CAUSES", "RolloutCheck", "check_rollout", "plot_rollout"]
 

@@ -17,10 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from tp_logprob.properties.backends import BackendSpecError, BackendUnderTest, resolve_backends
-from tp_logprob.properties.catalogue import SuiteProperty
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.report import PropertyViolation
 from tp_logprob.replay.artifacts import (
     ArtifactError,
     FailureArtifact,
@@ -29,7 +25,11 @@ from tp_logprob.replay.artifacts import (
 )
 from tp_logprob.replay.bits import compare_bits, observed_bits, promises_bits
 from tp_logprob.replay.drift import format_rows, measure, worst_rows
-from tp_logprob.replay.hidden import describe_operands
+from tp_logprob.replay.fused import describe_operands
+from tp_logprob.suite.backends import BackendSpecError, BackendUnderTest, resolve_backends
+from tp_logprob.suite.catalogue import SuiteProperty
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.violation import PropertyViolation
 
 __all__ = ["Outcome", "ReplayResult", "replay", "replay_paths", "select_backends"]
 

@@ -25,7 +25,7 @@ from tp_logprob.strategies.contracts import (
     shard_bounds,
     temperatures,
 )
-from tp_logprob.strategies.hidden import (
+from tp_logprob.strategies.fused import (
     HIDDEN_ROW_KINDS,
     WEIGHT_ROW_KINDS,
     HiddenCase,
@@ -47,7 +47,7 @@ from tp_logprob.strategies.targets import (
     targets,
 )
 from tp_logprob.strategies.wide import WIDE_ROW_KINDS, wide_cases
-from tp_logprob.strategies.wide_hidden import wide_hidden_cases
+from tp_logprob.strategies.wide_fused import wide_hidden_cases
 
 __all__ = [
     "ACTIVE_TARGET_KINDS",

@@ -2,10 +2,10 @@
 
 The call becomes the suite's case (:mod:`tp_logprob.testing._case`), the exact values
 come from the oracle, the bounds from the suite's tolerance table
-(:func:`~tp_logprob.properties.measuring.suite_tolerance`: sums in any order, an online
+(:func:`~tp_logprob.judging.measuring.suite_tolerance`: sums in any order, an online
 softmax over blocks of 16 columns or more, the shard merge, ``docs/tolerances.md``) and
-the verdict from :func:`~tp_logprob.properties.measuring.expect_close` and
-:func:`~tp_logprob.properties.gradients.judge_gradient`, so a failure reads like the
+the verdict from :func:`~tp_logprob.judging.measuring.expect_close` and
+:func:`~tp_logprob.judging.gradients.judge_gradient`, so a failure reads like the
 suite's and its artifact replays like the suite's.
 """
 
@@ -20,19 +20,19 @@ import numpy as np
 
 from tp_logprob.contract import LogprobRole
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.oracle.exact import exact_logprob_grad
-from tp_logprob.properties.backends import BackendSpecError, BackendUnderTest, resolve_backends
-from tp_logprob.properties.expected import exact_outputs
-from tp_logprob.properties.gradients import Backward, gradient_bound, judge_gradient
-from tp_logprob.properties.measuring import expect_close
-from tp_logprob.properties.processed import (
+from tp_logprob.judging.expected import exact_outputs
+from tp_logprob.judging.gradients import Backward, gradient_bound, judge_gradient
+from tp_logprob.judging.measuring import expect_close
+from tp_logprob.judging.processed import (
     BackendSupport,
     expect_processed_close,
     judge_processed_gradient,
 )
-from tp_logprob.properties.report import LABEL_WIDTH, PropertyViolation
-from tp_logprob.properties.running import Outputs
+from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.backends import BackendSpecError, BackendUnderTest, resolve_backends
+from tp_logprob.suite.running import Outputs
+from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.support import SupportMode, SupportSpec
 from tp_logprob.testing._arrays import Floats, gradient, per_row
 from tp_logprob.testing._case import build_case, full_logits

@@ -2,7 +2,7 @@
 
 Min-p and top-p compare masses, and any fp32 computation of them may keep or drop a
 token within its rounding error of a boundary. The set is judged as the suite judges
-a backend's support (:func:`~tp_logprob.properties.processed.support_margins_of`,
+a backend's support (:func:`~tp_logprob.judging.processed.support_margins_of`,
 :func:`~tp_logprob.oracle.classify_support`, :func:`~tp_logprob.oracle.admissible_support`):
 every certainly-in token kept, no certainly-out token kept, an upper set of ``z``
 closed under ties. A failure names the borderline tokens of the row, the ones a
@@ -19,9 +19,9 @@ import numpy.typing as npt
 
 from tp_logprob.contract import LogprobRole
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.judging.processed import support_margins_of
 from tp_logprob.oracle import SupportClassification, admissible_support, classify_support
-from tp_logprob.properties.processed import support_margins_of
-from tp_logprob.properties.report import LABEL_WIDTH, PropertyViolation
+from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.support import SupportSpec
 from tp_logprob.testing._arrays import as_numpy, is_tensor
 from tp_logprob.testing._case import build_case, full_logits

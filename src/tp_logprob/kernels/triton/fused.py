@@ -16,7 +16,7 @@ read ``w H b / BLOCK_M`` (the live ``W`` rows, once per row block) + ``ceil(w / 
 active flag); written 12 to the partial (16 with entropy); then the merge's.
 
 Role ``train`` (``TritonFusedFunction``): the backward walks rows in chunks of
-``lm_head.chunk_rows(contract)`` rows (it depends on the shard's live width,
+``fused_chunks.chunk_rows(contract)`` rows (it depends on the shard's live width,
 never on N). Per chunk it materializes exactly one fp32 ``[chunk_rows, live]``
 buffer: ``fused_logits_kernel`` writes the recomputed ``x`` (the forward's bits),
 ``logprob_grad_kernel`` (the logits backends' backward) overwrites it in place
@@ -47,7 +47,7 @@ this module's front (``run_fused_op``) and backward.
 A processed op (``docs/semantics.md``, "Processed logprobs"; ``docs/fused-lm-head.md``,
 "Sampling supports"): the support comes first (``fused_support``: a replayed mask's
 packed bits, one int32 word per 32 columns and row; or each row's threshold, found on
-chunks of ``lm_head.shared_chunk_rows`` rows of logits so that every rank's collectives
+chunks of ``fused_chunks.shared_chunk_rows`` rows of logits so that every rank's collectives
 line up), and ``fused_partial_kernel`` keeps ``z >= tau`` or the mask's bits per logits
 tile, writing ``S``'s partial and the full one for ``lse`` as ``triton_online`` does.
 The backward applies the same support per chunk: ``G`` is 0 outside ``S``.
@@ -63,7 +63,7 @@ import triton
 
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
-from tp_logprob.kernels.lm_head import chunk_rows, row_chunks
+from tp_logprob.kernels.fused_chunks import chunk_rows, row_chunks
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul

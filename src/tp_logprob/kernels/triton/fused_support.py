@@ -9,10 +9,10 @@ partials run, and the threshold needs the rank's live ``z``:
 tiles, so the forward's bits; then ``z = x / T`` in torch, one IEEE division as in
 the kernels) and runs the shared ``support_threshold`` on each chunk. Its
 collectives run per chunk, so every rank walks the chunks of
-``lm_head.shared_chunk_rows`` (the group's widest live shard), as torch_native_fused
+``fused_chunks.shared_chunk_rows`` (the group's widest live shard), as torch_native_fused
 does: the same number of collectives on every rank, a rank without live columns
 included. Memory: one fp32 ``[shared_chunk_rows, live]`` buffer (at most
-``lm_head.CHUNK_ELEMENTS`` elements) and the threshold's temporaries of that size,
+``fused_chunks.CHUNK_ELEMENTS`` elements) and the threshold's temporaries of that size,
 never ``[N, live]``. Cost: one more pass of the LM-head matmul over the rank's
 columns, and the threshold's collectives per chunk.
 """
@@ -23,7 +23,7 @@ import torch
 
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
-from tp_logprob.kernels.lm_head import row_chunks, shared_chunk_rows
+from tp_logprob.kernels.fused_chunks import row_chunks, shared_chunk_rows
 from tp_logprob.kernels.partials import scaled_logits
 from tp_logprob.kernels.support_threshold import support_threshold
 from tp_logprob.kernels.triton.fused_logits import fused_logits

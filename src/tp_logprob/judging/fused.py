@@ -2,7 +2,7 @@
 view of it, and the exact gradients of ``hidden``, ``weight`` and ``bias`` with their bounds.
 
 The oracle, special-value, determinism and TP-consistency properties take fused
-cases as they are (their bounds add :func:`~tp_logprob.properties.measuring.input_error`).
+cases as they are (their bounds add :func:`~tp_logprob.judging.measuring.input_error`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from tp_logprob.contract import (
     LogprobInputKind,
     ReductionSpec,
 )
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
+from tp_logprob.judging.gradients import entropy_weights, gradient_bound, upstream_weights
+from tp_logprob.judging.measuring import input_error
 from tp_logprob.oracle import (
     apply_temperature,
     exact_entropy_grad,
@@ -31,14 +34,12 @@ from tp_logprob.oracle import (
 )
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.formats import U32, unit_roundoff
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
-from tp_logprob.properties.gradients import entropy_weights, gradient_bound, upstream_weights
-from tp_logprob.properties.measuring import input_error
-from tp_logprob.properties.params import PropertyInputError
-from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import Outputs, execute, gathered_grad, summed_grad
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.running import Outputs, execute, gathered_grad, summed_grad
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 
 __all__ = ["expect_fused_gradients", "fused_only", "logits_contract"]
 
@@ -103,9 +104,12 @@ def expect_fused_gradients(
     if isinstance(total, torch.Tensor) and total.requires_grad:
         torch.autograd.backward(total)
     # On a real process group each rank holds its partial d hidden and its own weight rows.
-    grads = [summed_grad(hidden, contract), gathered_grad(weight, contract, dim=0)]
+    grads = [
+        summed_grad(hidden, contract, backend),
+        gathered_grad(weight, contract, backend, dim=0),
+    ]
     if bias is not None:
-        grads.append(gathered_grad(bias, contract, dim=0))
+        grads.append(gathered_grad(bias, contract, backend, dim=0))
     observed = [
         np.zeros(t.shape) if grad is None else grad.detach().double().cpu().numpy()
         for t, grad in zip(leaves, grads, strict=True)

@@ -1,7 +1,7 @@
 """What the properties draw for a backend: cases from the contracts it claims.
 
 A property test declares what it needs of a backend
-(:mod:`tp_logprob.properties.applicability`) and is not collected for one that does
+(:mod:`tp_logprob.suite.applicability`) and is not collected for one that does
 not claim it; a draw that still finds no contract (filters narrower than that, or no
 contract of a real group's TP degree) skips with the reason, never fails. On a real
 process group of N ranks the contracts drawn are those of TP degree N
@@ -20,9 +20,6 @@ from hypothesis.errors import InvalidArgument
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, ShardingSpec
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.running import real_group
-from tp_logprob.properties.suite import Suite
 from tp_logprob.strategies import (
     HiddenCase,
     LogprobCase,
@@ -31,6 +28,8 @@ from tp_logprob.strategies import (
     hidden_cases,
     shard_bounds,
 )
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.session import Suite
 from tp_logprob.support import SupportMode
 
 __all__ = [
@@ -42,7 +41,7 @@ __all__ = [
     "cases_for",
     "claims_batch_invariance",
     "draw_case",
-    "draw_hidden_case",
+    "draw_fused_case",
     "draw_positions",
     "draw_processed_case",
     "drawing_capability",
@@ -60,7 +59,7 @@ def drawing_capability(backend: BackendUnderTest) -> LogprobBackendCapability:
     """What the properties draw ``backend``'s contracts from: its capability, and on a real
     process group of N ranks that capability at TP degree N only (every strategy that
     takes a capability then draws for the group); skips the test if it serves no TP N."""
-    group = real_group()
+    group = backend.group
     capability: LogprobBackendCapability = backend.capability
     if group is None:
         return capability
@@ -97,7 +96,7 @@ def draw_case(data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any
     return case
 
 
-def draw_hidden_case(
+def draw_fused_case(
     data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any
 ) -> HiddenCase:
     """A fused case from the contracts ``backend`` claims; skips backends that take logits."""
@@ -127,7 +126,7 @@ def draw_processed_case(
     **filters: Any,
 ) -> LogprobCase:
     """A case with a sampling support (one of ``modes`` the backend claims), drawn as
-    :func:`draw_case` or :func:`draw_hidden_case` for what the backend takes; skips a
+    :func:`draw_case` or :func:`draw_fused_case` for what the backend takes; skips a
     backend that claims none of ``modes``. A fused case with a recomputed support has
     small-integer operands (exact products: the backend's ``x`` is the oracle's)."""
     served = [mode for mode in support_modes_served(backend) if mode in modes]
@@ -143,7 +142,7 @@ def draw_processed_case(
         return draw_case(data, backend, suite, support_modes={mode}, **filters)
     filters.pop("special_values", None)
     exact = mode is SupportMode.SAMPLING_PARAMS
-    return draw_hidden_case(
+    return draw_fused_case(
         data, backend, suite, support_modes={mode}, small_integers=exact, **filters
     )
 

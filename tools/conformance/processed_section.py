@@ -1,6 +1,6 @@
 """The conformance report's processed-logprob section, rendered from one run's results.
 
-Each processed peer (:data:`~tp_logprob.peers._catalog.PROCESSED_PEERS`) has a
+Each processed peer (:data:`~tools.conformance.catalog.PROCESSED_PEERS`) has a
 subsection of its own, headed ``### `name```: its capability, one row per test of
 :data:`PROCESSED_MODULE` (pass, the reason of a skip, or fail with the findings
 that list that test, or **UNEXPLAINED** when none does), each failing test's
@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tp_logprob.peers._catalog import PROCESSED_PEERS, UNAVAILABLE, Finding, ProcessedPeer
-from tp_logprob.peers._records import Record, headline
+from tools.conformance.catalog import PROCESSED_PEERS, UNAVAILABLE, Finding, ProcessedPeer
+from tools.conformance.records import Record, headline
 
 __all__ = [
     "HEADING",
@@ -159,7 +159,7 @@ def _cause(peer: ProcessedPeer, result: PropertyResult) -> str:
         return ""
     findings = peer.findings_for(result.test)
     if not findings:
-        return "**UNEXPLAINED**: no finding lists this test (tp_logprob/peers/_catalog.py)"
+        return "**UNEXPLAINED**: no finding lists this test (tools/conformance/catalog.py)"
     links = ", ".join(f"[{finding.rule}](#{_anchor(peer, finding)})" for finding in findings)
     return links if len(findings) == 1 else f"one of {links} (the example tells which)"
 

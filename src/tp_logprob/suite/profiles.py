@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, settings
 
-from tp_logprob.properties.databases import example_database
+from tp_logprob.suite.databases import example_database
 
 __all__ = [
     "CI_SEED",
@@ -73,7 +73,7 @@ def register_profiles() -> None:
 
     The database is the local directory one, multiplexed with a shared one when
     ``TP_LOGPROB_SHARED_DB`` or ``TP_LOGPROB_HYPOTHESIS_REDIS`` is set (see
-    :mod:`tp_logprob.properties.databases`).
+    :mod:`tp_logprob.suite.databases`).
     """
     database = example_database()
     settings.register_profile(

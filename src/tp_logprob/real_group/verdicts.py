@@ -1,6 +1,6 @@
 """How the ranks of a real process group agree on what happened: one decision from all reports.
 
-At every exchange (:mod:`tp_logprob.properties.lockstep`) each rank sends a
+At every exchange (:mod:`tp_logprob.real_group.lockstep`) each rank sends a
 :class:`Report` of where it is (its :class:`Phase` and step within the example) and
 how its part went (its :class:`Status`); every rank receives all of them and
 :func:`settle` turns that list into one :class:`Settlement`. The list is the same

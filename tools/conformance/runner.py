@@ -1,11 +1,11 @@
 """Run the property suite against every peer adapter and its variants; write the report.
 
-``python -m tp_logprob.peers.conformance`` (what ``nox -s conformance`` runs)
+``python -m tools.conformance`` (what ``nox -s conformance`` runs)
 starts one pytest session per peer with all of that peer's variants, and one
 ``torchrun`` session per peer whose honest backend runs on a real process group
-(the real-group column: gloo, :data:`~tp_logprob.peers._catalog.REAL_GROUP_RANKS`
+(the real-group column: gloo, :data:`~tools.conformance.catalog.REAL_GROUP_RANKS`
 ranks, the library's own communication), records every property's outcome
-through :mod:`tp_logprob.peers._collect`, and writes ``docs/conformance.md``: a
+through :mod:`tools.conformance.collect`, and writes ``docs/conformance.md``: a
 matrix of peer x contract feature, then each failing cell's first failing
 property, its cause, and a command that replays it. The first failing example of
 each failing cell is copied next to the report (``docs/conformance/<backend>.json``)
@@ -17,7 +17,7 @@ subsection shows each property's outcome, the findings that explain each failing
 one, the first failing examples (copied next to the report as well), and each
 finding with the outcome of its reproducer, run here (``docs/repro_*.py`` exits 1
 while the library differs from the exact rules); then the libraries that cannot
-run on CPU and why (:mod:`tp_logprob.peers.processed_section`).
+run on CPU and why (:mod:`tools.conformance.processed_section`).
 
 ``--peer`` runs some of the peers. Where the report already exists, the
 processed peers not run keep their subsections, and the matrix part stays as it
@@ -25,7 +25,7 @@ stands when no matrix peer is chosen (with one, the matrix is rewritten with the
 chosen matrix peers only); the examples next to the report are those it still
 refers to. So ``--peer vllm_sampler`` regenerates that peer's subsection alone.
 
-Exit status 1 when a failure has no explanation in :mod:`tp_logprob.peers._catalog`
+Exit status 1 when a failure has no explanation in :mod:`tools.conformance.catalog`
 (a new bug, in a peer, an adapter or the suite) or a reproducer crashes, 2 when a
 pytest session could not run at all.
 """
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import shlex
 import shutil
 import subprocess
@@ -45,8 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tp_logprob.peers import processed_section as processed
-from tp_logprob.peers._catalog import (
+from tools.conformance import processed_section as processed
+from tools.conformance.catalog import (
     COLUMNS,
     PEERS,
     PROCESSED_PEERS,
@@ -58,9 +57,9 @@ from tp_logprob.peers._catalog import (
     Peer,
     ProcessedPeer,
 )
-from tp_logprob.peers._collect import RECORD_ENV
-from tp_logprob.peers._records import Outcome, outcomes, read_records
-from tp_logprob.peers.processed_section import PropertyResult, Reproduction
+from tools.conformance.collect import recording_env
+from tools.conformance.processed_section import PropertyResult, Reproduction
+from tools.conformance.records import Outcome, outcomes, read_records
 
 __all__ = ["main"]
 
@@ -91,13 +90,13 @@ def _pytest(
     record = scratch / f"{name}.jsonl"
     command = [
         sys.executable, "-m", "pytest", "--pyargs", suite,
-        "-p", "no:cacheprovider", "-p", "tp_logprob.peers._collect", "-q", "--no-header",
+        "-p", "no:cacheprovider", "-p", "tools.conformance.collect", "-q", "--no-header",
         f"--tp-logprob-profile={args.profile}",
         f"--tp-logprob-artifacts={scratch / name}",
         "-n", str(args.workers),
         *(f"--tp-logprob-backend={spec}" for spec in specs),
     ]  # fmt: skip
-    env = {**os.environ, RECORD_ENV: str(record)}
+    env = recording_env(record)
     if "TRITON_INTERPRET" not in env and not _has_gpu():
         env["TRITON_INTERPRET"] = "1"  # Liger's Triton kernel on CPU tensors
     print(f"conformance: {name}: {shlex.join(command[2:])}", flush=True)
@@ -147,8 +146,8 @@ def _run_processed(
 
 def _case_line(artifact: str) -> str | None:
     """The failing example in one line (contract, then what its logits hold), if it loads."""
-    from tp_logprob.properties.catalogue import suite_properties
     from tp_logprob.replay.artifacts import ArtifactError, load_artifact
+    from tp_logprob.suite.catalogue import suite_properties
 
     try:
         return load_artifact(artifact, suite_properties()).case.describe()
@@ -178,13 +177,13 @@ def _run_real_group(
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={args.real_group_ranks}",
         "-m", "pytest", "--pyargs", "tp_logprob.properties",
-        "-p", "no:cacheprovider", "-p", "tp_logprob.peers._collect", "-q", "--no-header",
+        "-p", "no:cacheprovider", "-p", "tools.conformance.collect", "-q", "--no-header",
         f"--tp-logprob-profile={args.profile}",
         f"--tp-logprob-artifacts={scratch / name}",
         f"--tp-logprob-rank-logs={scratch / name / 'ranks'}",
         f"--tp-logprob-backend={peer.spec(cell.attr)}",
     ]  # fmt: skip
-    env = {**os.environ, RECORD_ENV: str(record), "OMP_NUM_THREADS": "1"}
+    env = recording_env(record, OMP_NUM_THREADS="1")
     if "TRITON_INTERPRET" not in env and not _has_gpu():
         env["TRITON_INTERPRET"] = "1"  # Liger's Triton kernels on CPU tensors
     print(f"conformance: {name}: {shlex.join(command[2:])}", flush=True)
@@ -258,7 +257,7 @@ def _render_row(
 
 def _describe(cause: Explanation | None) -> str:
     if cause is None:
-        return "**UNEXPLAINED**: add an explanation to tp_logprob/peers/_catalog.py"
+        return "**UNEXPLAINED**: add an explanation to tools/conformance/catalog.py"
     text = f"{cause.kind}: {cause.cause}"
     if cause.reproducer:
         link = cause.reproducer.removeprefix("docs/")
@@ -316,7 +315,7 @@ def _markdown(
         [
             "# Conformance of the kernels RL teams run",
             "",
-            "Generated by `nox -s conformance` (`python -m tp_logprob.peers.conformance`); do not "
+            "Generated by `nox -s conformance` (`python -m tools.conformance`); do not "
             "edit by hand. Each adapter in `tp_logprob.peers` wraps a library's real code; each "
             "column runs the property suite against the adapter's honest capability, or against "
             "the same op claiming one more contract feature, as a user might assume it has, on "
@@ -369,7 +368,7 @@ def _reproduce(peer: ProcessedPeer, finding: Finding, root: Path) -> Reproductio
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the conformance matrix and write the report; see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m tp_logprob.peers.conformance")
+    parser = argparse.ArgumentParser(prog="python -m tools.conformance")
     parser.add_argument("--output", default="docs/conformance.md", type=Path)
     parser.add_argument("--peer", action="append", default=[], help="only these peers")
     parser.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"))
@@ -455,7 +454,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unexplained:
         print(f"conformance: {unexplained} failures have no explanation", file=sys.stderr)
     return 1 if unexplained or broken else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

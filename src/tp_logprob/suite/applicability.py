@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from tp_logprob.contract import DeterminismScope, LogprobInputKind, MaskMode
-from tp_logprob.properties.backends import BackendUnderTest
+from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.support import SupportMode
 
 __all__ = [

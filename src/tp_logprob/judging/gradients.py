@@ -19,16 +19,17 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.contract import LogprobContract
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
+from tp_logprob.judging.measuring import allowed_error, entropy_error, row_summary
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.formats import U32
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs
-from tp_logprob.properties.measuring import allowed_error, entropy_error, row_summary
-from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import Outputs, execute, gathered_grad
 from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.running import Outputs, execute, gathered_grad
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 
 __all__ = [
     "Backward",
@@ -210,7 +211,7 @@ def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backwar
             backend.backend_id,
             [("problem", f"{dtype}, expected {logits.dtype}")],
         )
-    grad = gathered_grad(logits, contract)
+    grad = gathered_grad(logits, contract, backend)
     observed = (
         np.zeros(case.logits.shape)
         if grad is None

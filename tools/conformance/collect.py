@@ -1,6 +1,6 @@
 """A pytest plugin the conformance runner loads: one JSON line per finished property test.
 
-``pytest -p tp_logprob.peers._collect`` with ``TP_LOGPROB_CONFORMANCE_RECORD=FILE``
+``pytest -p tools.conformance.collect`` with ``TP_LOGPROB_CONFORMANCE_RECORD=FILE``
 appends ``{"nodeid", "outcome", "text", "duration"}`` for every test's call phase (and any
 failing or skipping setup), where ``text`` is the failure report with the
 plugin's replay and artifact lines, or the reason of a skip; and, outcome ``not
@@ -15,9 +15,20 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 RECORD_ENV = "TP_LOGPROB_CONFORMANCE_RECORD"
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The checkout that holds ``tools/``: not installed, so a pytest run elsewhere needs it on
+its path to load this plugin."""
+
+
+def recording_env(record: Path, **extra: str) -> dict[str, str]:
+    """The environment of a pytest run that loads this plugin and appends to ``record``."""
+    path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, RECORD_ENV: str(record), "PYTHONPATH": path, **extra}
 
 
 def _write(path: str, record: dict[str, Any]) -> None:
@@ -30,7 +41,7 @@ def pytest_deselected(items: Any) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     if not path or worker != "gw0" or os.environ.get("RANK", "0") != "0":
         return
-    from tp_logprob.properties.applicability import unclaimed
+    from tp_logprob.suite.applicability import unclaimed
 
     for item in items:
         params = dict(getattr(getattr(item, "callspec", None), "params", {}))

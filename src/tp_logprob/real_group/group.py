@@ -3,8 +3,8 @@
 Under ``torchrun`` every process is one TP rank. :meth:`RealGroup.start` joins the
 default process group (gloo on CPU; NCCL on CUDA or ROCm, one device per rank,
 ``LOCAL_RANK``'s) and a separate gloo *control* group, on which the ranks keep in
-lockstep (:mod:`tp_logprob.properties.lockstep`). A case whose TP degree is the
-group's runs here (:func:`~tp_logprob.properties.running.execute` sends it): each
+lockstep (:mod:`tp_logprob.real_group.lockstep`). A case whose TP degree is the
+group's runs here (:func:`~tp_logprob.suite.running.execute` sends it): each
 rank calls ``op(local_shard, targets, contract.with_rank(rank), group=TorchGroup())``
 on its own shard only, and every rank's outputs come back over the control group,
 where each rank checks them bit for bit as ``run_tp`` checks its threads'.
@@ -26,13 +26,16 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tp_logprob.comm import TorchGroup
 from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.emulate import as_result, check_replicated
-from tp_logprob.properties.lockstep import Lockstep, error_fields, log_file
-from tp_logprob.properties.verdicts import Phase, Report
+from tp_logprob.real_group.lockstep import Lockstep, error_fields, lockstep_settings, log_file
+from tp_logprob.real_group.verdicts import Phase, Report
+
+if TYPE_CHECKING:
+    from hypothesis import settings
 
 __all__ = [
     "CONTROL_TIMEOUT_FACTOR",
@@ -160,6 +163,11 @@ class RealGroup:
             timeout=control_timeout,
         )
         return cls(tp, lockstep, control, log, backend=str(dist.get_backend()))
+
+    def settings_for(self, base: settings) -> settings:
+        """``base`` with nothing left to the clock or the process, so every rank runs the
+        same examples (:func:`~tp_logprob.real_group.lockstep.lockstep_settings`)."""
+        return lockstep_settings(base)
 
     def describe(self) -> str:
         """``3 ranks, gloo``."""

@@ -7,8 +7,8 @@ import numpy.typing as npt
 
 from tp_logprob.oracle import apply_temperature, exact_entropy
 from tp_logprob.oracle.exact import exact_selected_logprob
-from tp_logprob.properties.running import Floats
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.running import Floats
 
 __all__ = ["exact_entropy_of", "exact_outputs", "row_max_of_z"]
 

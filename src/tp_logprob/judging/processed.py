@@ -36,6 +36,17 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.contract import LogprobContract
+from tp_logprob.judging.fused import expect_fused_gradients
+from tp_logprob.judging.gradients import Backward, backward, gradient_bound, judge_gradient
+from tp_logprob.judging.measuring import (
+    MIN_ONLINE_BLOCK,
+    Compared,
+    allowed_error,
+    entropy_error,
+    expect_within,
+    input_error,
+    working_scale,
+)
 from tp_logprob.oracle import (
     SupportClassification,
     SupportMargins,
@@ -50,21 +61,11 @@ from tp_logprob.oracle import (
     support_margins,
     support_masked_logits,
 )
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.gradients import Backward, backward, gradient_bound, judge_gradient
-from tp_logprob.properties.lm_head import expect_fused_gradients
-from tp_logprob.properties.measuring import (
-    MIN_ONLINE_BLOCK,
-    Compared,
-    allowed_error,
-    entropy_error,
-    expect_within,
-    input_error,
-    working_scale,
-)
-from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import Outputs, execute
 from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.running import Outputs, execute
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [
@@ -92,7 +93,7 @@ _SHOWN_IDS = 8
 def support_margins_of(contract: LogprobContract) -> SupportMargins:
     """The support's error bounds for ``contract``: its dtype, live vocabulary, shard count
     and widest live shard, sums in any order, and the rescalings the tolerance table
-    allows (:data:`~tp_logprob.properties.measuring.MIN_ONLINE_BLOCK`)."""
+    allows (:data:`~tp_logprob.judging.measuring.MIN_ONLINE_BLOCK`)."""
     sharding = contract.sharding
     widest = max(
         end - start
@@ -326,7 +327,7 @@ def processed_expected(case: LogprobCase, found: BackendSupport) -> ProcessedExp
 
 def _support_room(case: LogprobCase, found: BackendSupport) -> tuple[Floats, Floats, Floats]:
     """Extra ``(selected_logp, support_lse, entropy)`` room for a fused backend's own ``x``
-    on ``S`` (:func:`~tp_logprob.properties.measuring.input_error` on the support's columns)."""
+    on ``S`` (:func:`~tp_logprob.judging.measuring.input_error` on the support's columns)."""
     rows = case.contract.num_tokens
     if not isinstance(case, HiddenCase):
         zero = np.zeros(rows)
@@ -453,7 +454,7 @@ def expect_processed_gradient(
 ) -> None:
     """The gradient of ``w selected_logp + v entropy`` on the backend's support: exactly 0 on
     every column outside ``S`` (the target's too), and within the gradient bounds of the
-    exact one on ``S`` (:func:`~tp_logprob.properties.gradients.gradient_bound` on the
+    exact one on ``S`` (:func:`~tp_logprob.judging.gradients.gradient_bound` on the
     problem whose columns outside ``S`` are ``-inf``); a fused backend's ``d hidden``,
     ``d weight`` and ``d bias`` from it."""
     if isinstance(case, HiddenCase):

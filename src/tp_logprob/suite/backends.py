@@ -10,7 +10,9 @@
 
 A third-party backend is registered into a private :class:`KernelRegistry`, never
 into the default one, and reached through ordinary dispatch, so the suite checks
-exactly what a caller would get.
+exactly what a caller would get. On a real process group the session hands every
+backend out bound to the group (:attr:`BackendUnderTest.group`), and a case of the
+group's TP degree runs there.
 """
 
 from __future__ import annotations
@@ -23,14 +25,45 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import LogprobContract
+from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.registry import KernelRegistry
 from tp_logprob.registry import registry as default_registry
 
-__all__ = ["BackendSpecError", "BackendUnderTest", "resolve_backends"]
+if TYPE_CHECKING:
+    from hypothesis import settings
+
+__all__ = ["BackendSpecError", "BackendUnderTest", "RankGroup", "resolve_backends"]
+
+
+class RankGroup(Protocol):
+    """The real process group this process is one rank of, as the engine runs cases on it
+    (:class:`tp_logprob.real_group.group.RealGroup` is the one the plugin starts)."""
+
+    world_size: int
+
+    def run(
+        self,
+        call: Callable[[int, LogprobContract, Any], Any],
+        contract: LogprobContract,
+        device: Any,
+    ) -> list[LogprobResult]:
+        """``call(rank, rank_contract, handle)`` on this rank; every rank's results."""
+        ...
+
+    def assemble(self, leaf: Any, bounds: Sequence[tuple[int, int]], dim: int) -> Any:
+        """``leaf.grad`` with every rank's ``bounds`` slice along ``dim`` from that rank."""
+        ...
+
+    def sum_partials(self, leaf: Any) -> Any:
+        """Every rank's ``leaf.grad`` summed in rank order."""
+        ...
+
+    def settings_for(self, base: settings) -> settings:
+        """``base`` as the ranks can keep it in lockstep."""
+        ...
 
 
 class BackendSpecError(ValueError):
@@ -45,6 +78,8 @@ class BackendUnderTest:
     capability: LogprobBackendCapability
     registry: KernelRegistry
     platform: str
+    group: RankGroup | None = None
+    """The real process group a case of its TP degree runs on; None: the emulated group."""
 
     @property
     def backend_id(self) -> str:

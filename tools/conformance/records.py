@@ -1,4 +1,4 @@
-"""Reading what :mod:`tp_logprob.peers._collect` wrote: one record per property test.
+"""Reading what :mod:`tools.conformance.collect` wrote: one record per property test.
 
 A record's node id ends in ``test_name[backend_id]``; its text is the failure
 report (a violation's report or a traceback, then the plugin's replay and

@@ -1,14 +1,14 @@
 """The property suite on a real process group: ``torchrun ... -m pytest --pyargs ...``.
 
 :mod:`tp_logprob.pytest_plugin` calls :func:`start` from ``pytest_configure`` when
-``torchrun`` started the process (:func:`~tp_logprob.properties.real_group.launched_by_torchrun`)
+``torchrun`` started the process (:func:`~tp_logprob.real_group.group.launched_by_torchrun`)
 and the suite is requested; otherwise nothing here runs. :func:`start` refuses
 pytest-xdist and plugins that reorder tests per process, joins the process group
-(gloo on CPU, NCCL on GPUs, see :class:`~tp_logprob.properties.real_group.RealGroup`),
+(gloo on CPU, NCCL on GPUs, see :class:`~tp_logprob.real_group.group.RealGroup`),
 gives every rank rank 0's seed, sends the non-zero ranks' output to their logs, and
 registers :class:`RealGroupPlugin`, which checks that every rank collected the same
 tests, runs every property test in lockstep
-(:mod:`tp_logprob.properties.lockstep`) under settings with nothing left to the
+(:mod:`tp_logprob.real_group.lockstep`) under settings with nothing left to the
 clock, and stops the session cleanly when the ranks abort.
 """
 
@@ -23,13 +23,12 @@ from typing import Any
 
 import pytest
 
-from tp_logprob.properties.lockstep import (
+from tp_logprob.real_group.group import Launch, RealGroup, RealGroupError
+from tp_logprob.real_group.lockstep import (
     RealGroupAbort,
     suspend_shrink_time_limit,
 )
-from tp_logprob.properties.real_group import Launch, RealGroup, RealGroupError
-from tp_logprob.properties.running import use_real_group
-from tp_logprob.properties.suite import Suite
+from tp_logprob.suite.session import Suite
 
 __all__ = [
     "REORDERING_PLUGINS",
@@ -80,7 +79,7 @@ def start(
             "backends): every rank must run the same suite"
         )
     suite.seed = agreed[0][0]  # every rank draws from rank 0's seed
-    suite.group = group  # its properties run under lockstep settings
+    suite.join(group)  # its properties run under lockstep settings, its cases on the group
     plugin = RealGroupPlugin(config, suite, group, is_property)
     config.pluginmanager.register(plugin, "tp_logprob_real_group")
     return plugin
@@ -173,8 +172,6 @@ class RealGroupPlugin:
         self.log_dir = Path(config.getoption("--tp-logprob-rank-logs"))
         self._stack = ExitStack()
         self._stack.enter_context(suspend_shrink_time_limit())
-        use_real_group(group)
-        self._stack.callback(use_real_group, None)
         suite.launcher = ["torchrun", "--standalone", f"--nproc-per-node={self.world_size}", "-m"]
         suite.writes_artifacts = self.rank == 0
 
@@ -192,7 +189,7 @@ class RealGroupPlugin:
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         """Every property test runs in lockstep (under the settings
-        :meth:`~tp_logprob.properties.suite.Suite.settings_for` gives on a real group)."""
+        :meth:`~tp_logprob.suite.session.Suite.settings_for` gives on a real group)."""
         lockstep = self.group.lockstep
         for item in items:
             if not self.is_property(item):

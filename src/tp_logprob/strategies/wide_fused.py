@@ -35,7 +35,7 @@ from tp_logprob.contract import (
 )
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.oracle import exact_hidden_logits
-from tp_logprob.strategies.hidden import HiddenCase
+from tp_logprob.strategies.fused import HiddenCase
 from tp_logprob.strategies.logits import round_to_dtype
 from tp_logprob.strategies.wide import block_cut_bounds
 

@@ -2,7 +2,7 @@
 
 :func:`expect_close` compares outputs with expected values under the tolerance
 table (``docs/tolerances.md``), row by row, and raises a
-:class:`~tp_logprob.properties.report.PropertyViolation` naming the worst row;
+:class:`~tp_logprob.suite.violation.PropertyViolation` naming the worst row;
 :func:`expect_bitwise` demands identical fp32 bits. The bounds come from
 :func:`suite_tolerance` at the case's exact values (:func:`allowed_error`,
 :func:`entropy_error`), widened by :func:`input_error` for a fused LM head's own
@@ -21,17 +21,18 @@ import numpy.typing as npt
 from hypothesis import currently_in_test_context, target
 
 from tp_logprob.contract import LogprobContract
+from tp_logprob.judging.expected import exact_entropy_of, exact_outputs, row_max_of_z
 from tp_logprob.oracle import fused_extra_bounds
 from tp_logprob.oracle.reference import reference_error_bounds, reference_selected_logprob
 from tp_logprob.oracle.reference_entropy import reference_entropy, reference_entropy_error_bounds
 from tp_logprob.oracle.tolerance import tolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.expected import exact_entropy_of, exact_outputs, row_max_of_z
-from tp_logprob.properties.report import SuiteStats, format_value, violation
-from tp_logprob.properties.running import Floats, Outputs, execute
 from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.running import Floats, Outputs, execute
+from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.violation import format_value, violation
 
 __all__ = [
     "MIN_ONLINE_BLOCK",

@@ -30,15 +30,15 @@ from tp_logprob.replay.schema import ArtifactError
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 
 __all__ = [
-    "HIDDEN_ARRAYS",
+    "FUSED_ARRAYS",
     "MAX_EXACT_LOGITS",
     "describe_operands",
-    "load_hidden_case",
+    "load_fused_case",
     "operand_arrays",
     "operand_names",
 ]
 
-HIDDEN_ARRAYS = ("hidden", "weight", "bias")
+FUSED_ARRAYS = ("hidden", "weight", "bias")
 MAX_EXACT_LOGITS = 1 << 18
 """At most this many logits are recomputed exactly on load (about 10 us each)."""
 
@@ -52,7 +52,7 @@ def operand_names(contract: LogprobContract) -> tuple[str, ...]:
     """The operand arrays an artifact of ``contract`` holds: none for logits input."""
     if contract.input_kind is not LogprobInputKind.HIDDEN:
         return ()
-    return HIDDEN_ARRAYS if contract.has_bias else HIDDEN_ARRAYS[:2]
+    return FUSED_ARRAYS if contract.has_bias else FUSED_ARRAYS[:2]
 
 
 def operand_arrays(case: LogprobCase) -> dict[str, Array]:
@@ -84,7 +84,7 @@ def describe_operands(case: LogprobCase) -> str | None:
     )
 
 
-def load_hidden_case(
+def load_fused_case(
     path: Path,
     schema_version: int,
     contract: LogprobContract,
@@ -145,7 +145,7 @@ def _check_names_and_shapes(
         "weight": (padded, size),
         "bias": (padded,),
     }
-    for name in HIDDEN_ARRAYS:
+    for name in FUSED_ARRAYS:
         wanted = name in operand_names(contract)
         if name not in arrays:
             if wanted:

@@ -1,9 +1,9 @@
 """Every property of the suite, declared once where its test is, and runnable outside Hypothesis.
 
 A property's body is ``body(backend, case, params, **context)``: it raises
-:class:`~tp_logprob.properties.report.PropertyViolation` when the property does
+:class:`~tp_logprob.suite.violation.PropertyViolation` when the property does
 not hold for ``case``. ``params`` holds what the property drew besides the case
-(scalars, short lists, numpy arrays), as its :class:`~tp_logprob.properties.params.PropertySpec`
+(scalars, short lists, numpy arrays), as its :class:`~tp_logprob.suite.params.PropertySpec`
 declares, so a failure can be stored as data and replayed. The body sits in the
 property's test module, declared with :func:`suite_property`::
 
@@ -29,16 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.params import ArraySpec, PropertySpec
 from tp_logprob.strategies import LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.params import ArraySpec, PropertySpec
 
 __all__ = [
     "FAILURE_ATTRIBUTE",
     "SUITE_PROPERTIES",
     "FailureRecord",
     "PropertyBody",
-    "PropertyRegistry",
+    "PropertyCatalogue",
     "PropertyRun",
     "SuiteProperty",
     "failure_record",
@@ -73,7 +73,7 @@ class SuiteProperty:
         self.body(backend, case, params, **context)
 
 
-class PropertyRegistry(Mapping[str, SuiteProperty]):
+class PropertyCatalogue(Mapping[str, SuiteProperty]):
     """Properties by name. A name is declared once; declaring it again with another body
     is an error (re-importing the same module is not)."""
 
@@ -101,7 +101,7 @@ class PropertyRegistry(Mapping[str, SuiteProperty]):
         return len(self._properties)
 
     def __repr__(self) -> str:
-        return f"PropertyRegistry({sorted(self._properties)})"
+        return f"PropertyCatalogue({sorted(self._properties)})"
 
 
 def _origin(body: PropertyBody) -> str:
@@ -111,7 +111,7 @@ def _origin(body: PropertyBody) -> str:
     return f"{where}:{getattr(body, '__qualname__', body)}"
 
 
-SUITE_PROPERTIES = PropertyRegistry()
+SUITE_PROPERTIES = PropertyCatalogue()
 """The suite's properties, filled as its modules are imported (see :func:`suite_properties`)."""
 
 
@@ -125,7 +125,7 @@ def suite_property(
     """Declare ``body`` as the property ``name`` in :data:`SUITE_PROPERTIES`.
 
     ``params`` maps each scalar param to its kind (see
-    :data:`~tp_logprob.properties.params.PARAM_KINDS`), ``optional`` names those that
+    :data:`~tp_logprob.suite.params.PARAM_KINDS`), ``optional`` names those that
     may be absent, ``arrays`` declares the array params. Returns ``body`` unchanged.
     """
     spec = PropertySpec(dict(params or {}), frozenset(optional), dict(arrays or {}))
@@ -137,20 +137,22 @@ def suite_property(
     return declare
 
 
-_SUITE_DIR = Path(__file__).resolve().parent
+PROPERTIES_PACKAGE = "tp_logprob.properties"
+"""Where the property bodies live: every ``test_*`` module of this package."""
+_PROPERTIES_DIR = Path(__file__).resolve().parents[1] / "properties"
 _IMPORTED: list[bool] = []
 
 
-def suite_properties() -> PropertyRegistry:
+def suite_properties() -> PropertyCatalogue:
     """:data:`SUITE_PROPERTIES` with every property module of the suite imported.
 
     Import it outside a running Hypothesis test (the plugin does, at collection):
     the modules apply ``@given``, which Hypothesis refuses inside another test.
     """
     if not _IMPORTED:
-        for module in sorted(pkgutil.iter_modules([str(_SUITE_DIR)]), key=lambda m: m.name):
+        for module in sorted(pkgutil.iter_modules([str(_PROPERTIES_DIR)]), key=lambda m: m.name):
             if module.name.startswith("test_"):
-                importlib.import_module(f"{__package__}.{module.name}")
+                importlib.import_module(f"{PROPERTIES_PACKAGE}.{module.name}")
         _IMPORTED.append(True)
     return SUITE_PROPERTIES
 
@@ -188,7 +190,7 @@ def recording_runs() -> Iterator[list[PropertyRun]]:
     """Collect every :func:`run_property` call made inside the block, in order.
 
     The ranks of a real process group compare what they ran (see
-    :mod:`tp_logprob.properties.lockstep`); a rank whose peer failed finds there the
+    :mod:`tp_logprob.real_group.lockstep`); a rank whose peer failed finds there the
     case and params of the failing property, to write its artifact.
     """
     runs: list[PropertyRun] = []

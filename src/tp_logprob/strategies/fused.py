@@ -42,7 +42,7 @@ from hypothesis.errors import InvalidArgument
 
 from tp_logprob.contract import LogprobContract, LogprobDType, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.oracle.hidden import dot_product_error_bound, exact_hidden_logits
+from tp_logprob.oracle.fused import dot_product_error_bound, exact_hidden_logits
 from tp_logprob.strategies.cases import LogprobCase
 from tp_logprob.strategies.contracts import contracts as contracts_strategy
 from tp_logprob.strategies.logits import round_to_dtype

@@ -9,23 +9,23 @@ neither torch nor triton.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
 
-from tp_logprob.properties.profiles import (
+from tp_logprob.suite.profiles import (
     PROFILES,
     profile_name,
     property_settings,
     register_profiles,
 )
-from tp_logprob.properties.report import NotClaimed, SuiteStats
+from tp_logprob.suite.summary import NotClaimed, SuiteStats
 
 if TYPE_CHECKING:
-    from tp_logprob.properties.backends import BackendUnderTest
-    from tp_logprob.properties.real_group import RealGroup
+    from tp_logprob.suite.backends import BackendUnderTest, RankGroup
 
 __all__ = ["DEFAULT_ARTIFACTS_DIR", "Suite"]
 
@@ -48,7 +48,7 @@ class Suite:
     launcher: list[str] = field(default_factory=list)
     writes_artifacts: bool = True
     not_claimed: NotClaimed = field(default_factory=NotClaimed)
-    group: RealGroup | None = None
+    group: RankGroup | None = None
     _backends: list[BackendUnderTest] | None = None
     _platform: str | None = None
 
@@ -62,23 +62,27 @@ class Suite:
 
     def backends(self) -> list[BackendUnderTest]:
         if self._backends is None:
-            from tp_logprob.properties.backends import BackendSpecError, resolve_backends
+            from tp_logprob.suite.backends import BackendSpecError, resolve_backends
 
             try:
-                self._backends = resolve_backends(self.specs, self.platform)
+                backends = resolve_backends(self.specs, self.platform)
             except BackendSpecError as error:
                 raise pytest.UsageError(str(error)) from None
+            self._backends = [dataclasses.replace(b, group=self.group) for b in backends]
         return self._backends
+
+    def join(self, group: RankGroup) -> None:
+        """Run on ``group`` from now on: every property under its settings, every backend
+        handed out bound to it (a case of its TP degree runs there)."""
+        self.group = group
+        if self._backends is not None:
+            self._backends = [dataclasses.replace(b, group=group) for b in self._backends]
 
     def settings_for(self, test: object) -> settings:
         """The settings property ``test`` runs under: the profile scaled by its mark and, on
         a real process group, with nothing left to the clock or the process."""
         chosen = property_settings(self.profile, test)
-        if self.group is None:
-            return chosen
-        from tp_logprob.properties.lockstep import lockstep_settings
-
-        return lockstep_settings(chosen)
+        return chosen if self.group is None else self.group.settings_for(chosen)
 
     def activate(self) -> None:
         """The suite was requested: register its profiles (once); with the project's

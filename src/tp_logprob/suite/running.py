@@ -9,12 +9,12 @@ op's ``support_lse``, ``support_size`` and ``support_threshold`` included).
 too) and its outputs to some rows.
 
 On a real process group (the suite under ``torchrun``, see
-:mod:`tp_logprob.properties.real_group`), the plugin hands the group to
-:func:`use_real_group`: from then on a case whose TP degree is the group's runs on
-it, this process running its own rank only (:func:`run_logits`, :func:`run_hidden`),
-and a case of another TP degree still runs on the emulated group. A gradient then
-holds only this rank's shard until :func:`gathered_grad` (or :func:`summed_grad`,
-for the partial ``d hidden``) brings in the others'.
+:mod:`tp_logprob.real_group`), the session binds every backend to the group
+(:attr:`~tp_logprob.suite.backends.BackendUnderTest.group`): a case whose TP degree is
+the group's runs on it, this process running its own rank only (:func:`run_logits`,
+:func:`run_hidden`), and a case of another TP degree still runs on the emulated group.
+A gradient then holds only this rank's shard until :func:`gathered_grad` (or
+:func:`summed_grad`, for the partial ``d hidden``) brings in the others'.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,13 +31,10 @@ import pytest
 
 from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
 from tp_logprob.contract import LogprobContract, LogprobResult, MaskSpec
-from tp_logprob.properties.backends import BackendUnderTest
-from tp_logprob.properties.report import violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest, RankGroup
+from tp_logprob.suite.violation import violation
 from tp_logprob.support import SupportMode, SupportSpec
-
-if TYPE_CHECKING:
-    from tp_logprob.properties.real_group import RealGroup
 
 __all__ = [
     "GARBAGE_TARGETS",
@@ -47,13 +44,11 @@ __all__ = [
     "expanded_batch",
     "gathered_grad",
     "outputs_of",
-    "real_group",
     "run_hidden",
     "run_logits",
     "select_rows",
     "sub_batch",
     "summed_grad",
-    "use_real_group",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -118,25 +113,10 @@ def execute(
     return outputs_of(results, case, backend.backend_id)
 
 
-_REAL_GROUP: list[RealGroup] = []
-
-
-def use_real_group(group: RealGroup | None) -> None:
-    """Run every case of ``group``'s TP degree on ``group`` (None: only the emulated group)."""
-    _REAL_GROUP.clear()
-    if group is not None:
-        _REAL_GROUP.append(group)
-
-
-def real_group() -> RealGroup | None:
-    """The real process group the suite runs on, or None (the emulated group only)."""
-    return _REAL_GROUP[0] if _REAL_GROUP else None
-
-
-def _group_for(backend: BackendUnderTest, contract: LogprobContract) -> Any:
+def _group_for(backend: BackendUnderTest, contract: LogprobContract) -> RankGroup | None:
     """The real group if ``contract`` runs on it; None for the emulated group; a skip when
     the backend cannot run on the emulated group."""
-    group = real_group()
+    group = backend.group
     world = contract.sharding.tp_world_size
     if group is not None and world == group.world_size:
         return group
@@ -220,22 +200,24 @@ def run_hidden(
     return list(group.run(call, contract, backend.device))
 
 
-def gathered_grad(leaf: Any, contract: LogprobContract, *, dim: int = 1) -> Any:
+def gathered_grad(
+    leaf: Any, contract: LogprobContract, backend: BackendUnderTest, *, dim: int = 1
+) -> Any:
     """``leaf.grad`` as every rank's backward filled it: on the emulated group the threads
     share ``leaf``; on a real group each rank's shard (along ``dim``) comes from that rank.
 
     Every rank calls it at the same point (it is a collective on a real group).
     """
-    group = real_group()
+    group = backend.group
     if group is None or contract.sharding.tp_world_size != group.world_size:
         return leaf.grad
     return group.assemble(leaf, contract.sharding.vocab_shard_bounds, dim)
 
 
-def summed_grad(leaf: Any, contract: LogprobContract) -> Any:
+def summed_grad(leaf: Any, contract: LogprobContract, backend: BackendUnderTest) -> Any:
     """``leaf.grad`` summed over the ranks (the partial ``d hidden`` of each rank), in rank
     order on a real group; on the emulated group autograd already summed it into ``leaf``."""
-    group = real_group()
+    group = backend.group
     if group is None or contract.sharding.tp_world_size != group.world_size:
         return leaf.grad
     return group.sum_partials(leaf)

@@ -5,13 +5,13 @@ ranks meet in the backend's collectives. Hypothesis decides what to run next fro
 what the last example did, so the ranks stay together only if every rank sees
 every example end the same way. :class:`Lockstep` makes sure of it: each example
 (each call of a property test's body) ends with an exchange of
-:class:`~tp_logprob.properties.verdicts.Report` s over a separate gloo *control*
+:class:`~tp_logprob.real_group.verdicts.Report` s over a separate gloo *control*
 group, and every rank then takes the one
-:func:`~tp_logprob.properties.verdicts.settle` decision: pass, re-raise (a skip),
+:func:`~tp_logprob.real_group.verdicts.settle` decision: pass, re-raise (a skip),
 raise the one agreed :class:`LockstepFailure` from one line (so Hypothesis sees the
 same failure, at the same place, on every rank, and shrinks it the same way), or
 abort (:class:`RealGroupAbort`). The op's runs on a rank's shard exchange the
-same way (:mod:`tp_logprob.properties.real_group`), so a rank that left an example
+same way (:mod:`tp_logprob.real_group.group`), so a rank that left an example
 early is noticed at the next collective instead of leaving its peers waiting.
 
 What Hypothesis must not decide by the clock or by the process is switched off by
@@ -40,9 +40,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import HypothesisException
 
 from tp_logprob.comm import CollectiveError
-from tp_logprob.properties.catalogue import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
-from tp_logprob.properties.report import LABEL_WIDTH, PropertyViolation
-from tp_logprob.properties.verdicts import Phase, Report, Settlement, Status, settle
+from tp_logprob.real_group.verdicts import Phase, Report, Settlement, Status, settle
+from tp_logprob.suite.catalogue import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
+from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 
 __all__ = [
     "AllGather",
@@ -68,7 +68,7 @@ class RealGroupAbort(BaseException):
 
     A BaseException, so that neither a property nor Hypothesis takes it for a failing
     example; the plugin stops the session. Like a failure, it carries the property
-    run in progress (:data:`~tp_logprob.properties.catalogue.FAILURE_ATTRIBUTE`), if
+    run in progress (:data:`~tp_logprob.suite.catalogue.FAILURE_ATTRIBUTE`), if
     any, so that its case is written as an artifact.
     """
 
@@ -332,7 +332,7 @@ def _status_of(error: BaseException | None, runs: Sequence[PropertyRun]) -> dict
     """The report fields that say how an example ended on this rank.
 
     ``run_index`` names the property run that raised (the last one), when the
-    exception came out of :func:`~tp_logprob.properties.catalogue.run_property`.
+    exception came out of :func:`~tp_logprob.suite.catalogue.run_property`.
     """
     if error is None:
         return {}
