@@ -9,20 +9,20 @@ in the Triton wheel) or an hsaco (AMD ``gfx942``, ``gfx950``; LLVM and lld are
 linked into Triton). Equal specializations are compiled once; Triton's cache
 (``TRITON_CACHE_DIR``) makes reruns cheap. :mod:`.resources` reads each binary.
 
-Where the time goes (Triton 3.9, 2 shared cores, ``--estimate``): first the
-recording, one op call per backend x platform x layout x TP view x target dtype x
-contract variant (the full matrix crosses 1728 logits and 6912 hidden-input
-variants: about 0.8 M op calls); torch on one thread and the options described once
-per call made it 5.4x faster (``recorder.record(["cuda"], ["aligned"], (torch.int64,))``:
-366 s on main, 68 s here, back to back), and it is split over the workers. Then one
-compile per distinct specialization and target (launches that bind to the same
-signature, constexprs, attributes and options share it; a hash of the source TTIR
-merges none further): the CI matrix has 1347 (249 per NVIDIA target, 300 per AMD
-one), about 2.3 s each cold on NVIDIA and 1.2 s on AMD, 0.03-0.06 s from Triton's
-cache. The full matrix's specializations are several times that (1266 per NVIDIA
-target in ``aligned`` alone, 2478 per AMD target in ``unaligned``): hours from a
-cold cache, minutes from a warm one, which is how ``nox -s compile`` is meant to be
-rerun (``TRITON_CACHE_DIR``).
+Where the time goes (Triton 3.9, 2 shared cores): first the recording, one op call
+per backend x platform x layout x TP view x target dtype x contract variant (the full
+matrix crosses 1728 logits and 6912 hidden-input variants: about 0.8 M op calls);
+torch on one thread and the options described once per call made it 5.4x faster
+(``recorder.record(["cuda"], ["aligned"], (torch.int64,))``: 366 s on main, 68 s here,
+back to back), and it is split over the workers. Then one compile per distinct
+specialization and target (launches that bind to the same signature, constexprs,
+attributes and options share it; a hash of the source TTIR merges none further).
+The CI matrix has 1683 (311 per NVIDIA target, 375 per AMD one): ``--estimate 6``
+measured about 2.3 s each cold on NVIDIA and 1.2 s on AMD, 0.03-0.06 s from Triton's
+cache, and ``--matrix ci --jobs 2`` ran in 843 s with a partly warm cache, every gate
+passing. The full matrix has several times as many (1266 per NVIDIA target in
+``aligned`` alone, 2478 per AMD target in ``unaligned``): hours from a cold cache,
+minutes from a warm one (``TRITON_CACHE_DIR``), which is how ``nox -s compile`` reruns.
 
 This module needs the real compiler: run it where ``TRITON_INTERPRET`` is unset
 (under the interpreter ``@triton.jit`` yields objects that cannot be compiled).
