@@ -5,7 +5,8 @@
 # per GPU found (torchrun; 1 on a single-GPU machine), benchmark the kernels (torch baseline
 # and, when installed, Liger-Kernel side by side), the fused LM head's peak memory and time
 # against the logits path, and what a sampling support costs over the raw logprob on every
-# backend, and write one JSON and one markdown report. Exits nonzero when
+# backend, write the platform corpus's output bits and compare the committed CPU bits with this
+# GPU's, and write one JSON and one markdown report. Exits nonzero when
 # any step fails (a kernel that does not compile, a failing test or property, a timeout).
 #
 # Usage: benchmarks/gpu_check.sh [--dry-run] [--out DIR]
@@ -132,6 +133,15 @@ step bench-fused 300 env -u TRITON_INTERPRET "$PY" benchmarks/bench_fused.py --g
 # JSON is written after every backend and role.
 step bench-processed 600 env -u TRITON_INTERPRET "$PY" benchmarks/bench_processed.py --gpu-shapes \
     --repeats 3 --json "$OUT/bench-processed.json"
+# Cross-platform bits on the fixed corpus (tools/platform_bits.py): this GPU's bits for every
+# backend claiming cross_platform_bitwise here (cross_tp_bitwise until one does), to commit to
+# benchmarks/platform_corpus/bits/ (CPU CI then compares its own with them:
+# tests/test_platform_bits.py); and the committed CPU bits rerun here, which fails where a
+# backend claims the same bits on both platforms.
+step platform-bits 300 env -u TRITON_INTERPRET "$PY" -m tools.platform_bits write \
+    --platform "$PLATFORM" --out "$OUT/platform-bits"
+step platform-bits-vs-cpu 300 env -u TRITON_INTERPRET "$PY" -m tools.platform_bits compare \
+    --platform "$PLATFORM" benchmarks/platform_corpus/bits/cpu-*.json
 
 if [ "$DRY_RUN" = 1 ]; then
     echo "==> dry run: the tiny interpreted bench shape, with $PYTHON"

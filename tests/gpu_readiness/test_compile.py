@@ -39,6 +39,7 @@ _GATES = (
     "fp64 in loop",
     "approximate fp32 division",
     "IEEE fp32 division",
+    "cross-platform bits",
 )
 
 

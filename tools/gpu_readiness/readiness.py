@@ -15,10 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.gpu_readiness import traffic
+from tools.gpu_readiness import bitwise, traffic
 from tools.gpu_readiness.recorder import LAYOUTS
 
-__all__ = ["Report", "headline", "summary", "write_json", "write_markdown"]
+__all__ = [
+    "Report",
+    "bitwise_rules_markdown",
+    "headline",
+    "summary",
+    "write_json",
+    "write_markdown",
+]
 
 _MAX_LISTED_FAILURES = 40
 
@@ -88,9 +95,14 @@ def headline(report: Report) -> str:
     ]
     kernels = len({row.kernel for row in report.rows})
     specializations = len(report.rows)
+    compiles = {
+        target: len({r.job for r in report.rows if r.target == target}) for target in report.targets
+    }
     lines = [
         f"{kernels} kernels, {specializations} launch x target rows "
         f"({report.matrix.name} matrix) in {report.elapsed_s:.0f} s",
+        f"distinct compiles (one per specialization and target): {sum(compiles.values())} "
+        f"({', '.join(f'{target} {count}' for target, count in compiles.items())})",
         f"max registers/thread: NVIDIA {max(nvidia, default=0)}, AMD {max(amd, default=0)} VGPRs; "
         f"rows with spills: {spilled}",
         f"128-bit loads in the aligned layouts: {', '.join(vector) or 'none'}"
@@ -175,7 +187,13 @@ def _markdown(report: Report) -> str:
         "  - no fp64 instruction in their loops (fp64 is fine in the per-row merges);",
         "  - no approximate fp32 division (`div.full.f32`) in them, and with a temperature "
         "(`SCALE`) at least one `div.rn.f32`: the contract's `fp32(x) / T` is IEEE "
-        "(NVIDIA; AMD not checked).",
+        "(NVIDIA; AMD not checked);",
+        "- cross-platform bits: every launch made for a `cross_platform_bitwise` contract "
+        "breaks no rule of its target's table (below), every backend whose capability claims "
+        "the scope on a platform is compiled under it there, and the gate's probes "
+        "(`tools.gpu_readiness.probes`) are judged as they must be on every target: "
+        "`vendor_math_probe_kernel` (`tl.exp`, fp fusion on) flagged, `ieee_probe_kernel` "
+        "(`div_rn`, `sqrt_rn`, fp fusion off) clean.",
         "",
     ]
     if not report.failures:
@@ -186,10 +204,75 @@ def _markdown(report: Report) -> str:
         if len(report.failures) > _MAX_LISTED_FAILURES:
             out.append(f"- ... and {len(report.failures) - _MAX_LISTED_FAILURES} more")
         out.append("")
+    out += _bitwise_section(report)
     out += _layouts_section()
     out += _resources_section(report)
     out += _roofline_section(report)
     return "\n".join(out)
+
+
+def bitwise_rules_markdown() -> str:
+    """The cross-platform-bits rule tables (:data:`.bitwise.RULES`) as markdown."""
+    tables: dict[tuple[bitwise.Rule, ...], list[str]] = {}
+    for target, rules in bitwise.RULES.items():
+        tables.setdefault(rules, []).append(target)
+    lines = [
+        "## Cross-platform bits: the instruction rules",
+        "",
+        "A kernel launched for a `cross_platform_bitwise` contract may use only what IEEE 754 "
+        "rounds correctly on every conforming unit (`+ - * /`, `sqrt`, `fma`), in the order "
+        "its source wrote, on unflushed subnormals. `tools.gpu_readiness.bitwise` reads the "
+        "code each compile already produced (no extra compile) and names what breaks that. "
+        "NVIDIA is judged on the PTX: ptxas expands the correctly rounded `div.rn`, "
+        "`sqrt.rn` and `rcp.rn` into SASS with `MUFU.RCP`, `FFMA` and `.FTZ` compares of its "
+        "own, correct by the PTX ISA, so the SASS cannot be held to the same table. AMDGCN is "
+        "the final ISA, where LLVM's correctly rounded f32 division and square root use the "
+        "approximate instructions as seeds: each `v_div_fixup_f32` (`_f64`) allows one "
+        "`v_rcp_f32` (`_f64`) and five fmas, each `v_sqrt_f32` two residual fmas, and each "
+        "`v_fma_f32` by -2^32 is the exact remainder of an f32 -> 64-bit integer conversion; "
+        "fewer fmas than the expansions need is an approximate expansion. An fma rule is "
+        "lifted when the source wrote `tl.fma` (TTIR `math.fma`), and then the compile must "
+        "have `enable_fp_fusion=False`.",
+        "",
+    ]
+    for rules, targets in tables.items():
+        lines += [
+            f"Targets {', '.join(f'`{target}`' for target in targets)}:",
+            "",
+            "| rule | opcodes (regex) | why it breaks the bits |",
+            "|---|---|---|",
+        ]
+        for rule in rules:
+            asked = " (lifted by `tl.fma`)" if rule.unless_asked else ""
+            pattern = rule.opcode.pattern.replace("|", "\\|")
+            lines.append(f"| {rule.name}{asked} | `{pattern}` | {rule.why} |")
+        lines.append("")
+    lines += [
+        "Beside the tables: on AMD, `incomplete IEEE expansion` (fewer fmas than the "
+        "divisions and square roots need: an approximate `v_sqrt_f32` or division) and "
+        "`denormals flushed` (a kernel descriptor's `.amdhsa_float_denorm_mode_32` or "
+        "`_16_64` other than 3, which keeps them); on every target, `fp fusion beside tl.fma` "
+        "(the source asks for fma and the compile has `enable_fp_fusion=True`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _bitwise_section(report: Report) -> list[str]:
+    promised: dict[tuple[str, str], list[Any]] = {}
+    for row in report.rows:
+        if row.promises_bits:
+            promised.setdefault((row.backend, row.kernel), []).append(row)
+    lines = [
+        *bitwise_rules_markdown().splitlines(),
+        "Covered kernels (launches promised bits, and the gate's probes):",
+        "",
+    ]
+    for (backend, kernel), members in sorted(promised.items()):
+        broken = sorted({t.target for t in members if t.resources and t.resources.bitwise_findings})
+        status = f"rules broken on {', '.join(broken)}" if broken else "no rule broken"
+        lines.append(f"- {backend}: `{kernel}`, {len(members)} launch x target rows: {status}")
+    return [*lines, ""]
 
 
 def _layouts_section() -> list[str]:

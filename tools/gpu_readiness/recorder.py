@@ -30,6 +30,7 @@ widths, hidden size and offsets).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import itertools
@@ -146,6 +147,7 @@ class KernelLaunch:
     layout: str
     dtype: str  # the contract's input dtype (logits, or hidden states and weight)
     contract: str  # the contract options that differ from the defaults
+    promises_bits: bool = False  # launched for a cross_platform_bitwise contract
 
     @property
     def name(self) -> str:
@@ -241,19 +243,34 @@ def record(
     ``exhaustive`` is passed to :func:`contract_variants`.
     """
     launches: list[KernelLaunch] = []
-    for platform in platforms:
-        for backend, kind in _triton_ops(platform):
-            for name in layouts:
-                layout = LAYOUTS[name]
-                for tp_index, bounds in enumerate(layout.bounds):
-                    for rank in range(len(bounds)):
-                        base = _base_contract(layout, tp_index, rank, kind)
-                        for contract in contract_variants(base, exhaustive=exhaustive):
-                            for target_dtype in target_dtypes:
-                                launches += _record_one(
-                                    backend, platform, layout, contract, target_dtype
-                                )
+    with _one_thread():
+        for platform in platforms:
+            for backend, kind in _triton_ops(platform):
+                for name in layouts:
+                    layout = LAYOUTS[name]
+                    for tp_index, bounds in enumerate(layout.bounds):
+                        for rank in range(len(bounds)):
+                            base = _base_contract(layout, tp_index, rank, kind)
+                            for contract in contract_variants(base, exhaustive=exhaustive):
+                                for target_dtype in target_dtypes:
+                                    launches += _record_one(
+                                        backend, platform, layout, contract, target_dtype
+                                    )
     return launches
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread while recording: the torch code around the launches works on
+    tiny tensors, where a thread pool's start-up costs more than the work (a fused
+    backward's 4096-row chunk matmul took 21 ms on 2 threads, 0.7 ms on one, on 2 busy
+    cores), and the compile workers run beside it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _record_one(
@@ -288,8 +305,14 @@ def _record_one(
         outputs = [out for out in result if isinstance(out, torch.Tensor) and out.requires_grad]
         if outputs:
             sum(out.float().sum() for out in outputs).backward()  # type: ignore[union-attr]
+    options = _options(contract)
+    if contract.sharding.tp_world_size > 1:
+        options.insert(0, f"tp={contract.sharding.tp_world_size}")
+    if target_dtype != torch.int64:
+        options.append(f"targets={str(target_dtype).removeprefix('torch.')}")
+    described = ", ".join(options) or "defaults"
     return [
-        _describe(entry, inputs, layout, backend, platform, contract, target_dtype) for entry in raw
+        _describe(entry, inputs, layout, backend, platform, contract, described) for entry in raw
     ]
 
 
@@ -300,14 +323,9 @@ def _describe(
     backend: str,
     platform: str,
     contract: LogprobContract,
-    target_dtype: torch.dtype,
+    described: str,
 ) -> KernelLaunch:
     kernel, grid, args, constexprs, config = entry
-    options = _options(contract)
-    if contract.sharding.tp_world_size > 1:
-        options.insert(0, f"tp={contract.sharding.tp_world_size}")
-    if target_dtype != torch.int64:
-        options.append(f"targets={str(target_dtype).removeprefix('torch.')}")
     return KernelLaunch(
         kernel=kernel,
         args=tuple(_arg(value, inputs, layout) for value in args),
@@ -318,7 +336,9 @@ def _describe(
         platform=platform,
         layout=layout.name,
         dtype=contract.dtype.value,
-        contract=", ".join(options) or "defaults",
+        contract=described,
+        promises_bits=contract.reduction.determinism_scope
+        is tpl.DeterminismScope.CROSS_PLATFORM_BITWISE,
     )
 
 

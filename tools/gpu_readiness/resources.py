@@ -14,7 +14,10 @@ memory) or AMD (the AMDGCN text and its metadata notes):
   there), ``global_load_dwordx4`` (or ``buffer_load_dwordx4``, the same
   width through AMD's buffer ops) in AMDGCN;
 - fp64 instructions in loop bodies, and fp32 divisions in the element code by kind
-  (PTX's IEEE ``div.rn.f32`` against the approximate ``div.full.f32``/``div.approx``).
+  (PTX's IEEE ``div.rn.f32`` against the approximate ``div.full.f32``/``div.approx``);
+- what in the whole kernel breaks cross-platform bits (:func:`.bitwise.findings`:
+  approximate exp/log/rcp/div/sqrt, flushed subnormals, contractions), read from the
+  same PTX or AMDGCN, for every kernel; the gate holds only the promised ones to it.
 
 Loop bodies are the basic blocks LLVM's asm printer annotates as loop members
 (``=>This Inner Loop Header`` / ``in Loop: Header=...`` on the block label, or, in
@@ -30,6 +33,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from tools.gpu_readiness import bitwise
 
 __all__ = ["Resources", "analyze", "element_lines", "loop_lines"]
 
@@ -67,6 +72,7 @@ class Resources:
     fp64_in_loop: tuple[str, ...]  # the fp64 opcodes found in loop bodies
     approx_div_f32: int  # approximate fp32 divisions in the element code (NVIDIA)
     ieee_div_f32: int  # IEEE fp32 divisions in the element code (NVIDIA)
+    bitwise_findings: tuple[str, ...]  # what breaks cross-platform bits (bitwise.findings)
 
     @property
     def vectorized(self) -> bool:
@@ -80,11 +86,18 @@ class Resources:
         return {**asdict(self), "vectorized": self.vectorized, "spills": self.spills}
 
 
-def analyze(compiled: Any, backend: str) -> Resources:
-    """The :class:`Resources` of ``compiled`` (a ``triton.compile`` result) for ``backend``."""
-    if backend == "cuda":
-        return _analyze_nvidia(compiled)
-    return _analyze_amd(compiled)
+def analyze(compiled: Any, target: str) -> Resources:
+    """The :class:`Resources` of ``compiled`` (a ``triton.compile`` result) for ``target``."""
+    code = compiled.asm["ptx"] if target.startswith("sm_") else compiled.asm["amdgcn"]
+    found = bitwise.findings(
+        code,
+        target,
+        asked_fma=bitwise.asks_for_fma(compiled.asm["ttir"]),
+        fp_fusion=getattr(compiled.metadata, "enable_fp_fusion", None),
+    )
+    if target.startswith("sm_"):
+        return _analyze_nvidia(compiled, found)
+    return _analyze_amd(compiled, found)
 
 
 def loop_lines(lines: list[str], block: re.Pattern[str]) -> list[str]:
@@ -109,7 +122,7 @@ def element_lines(lines: list[str], block: re.Pattern[str]) -> list[str]:
     return loop_lines(lines, block) or lines
 
 
-def _analyze_nvidia(compiled: Any) -> Resources:
+def _analyze_nvidia(compiled: Any, bitwise_findings: tuple[str, ...]) -> Resources:
     ptx = compiled.asm["ptx"].splitlines()
     registers, stack, local = _res_usage(compiled.asm["cubin"], compiled.metadata.name)
     name = compiled.metadata.name
@@ -129,10 +142,11 @@ def _analyze_nvidia(compiled: Any) -> Resources:
         fp64_in_loop=tuple(sorted({op for op in loop_opcodes if ".f64" in op})),
         approx_div_f32=sum(bool(_PTX_APPROX_DIV.match(op)) for op in opcodes),
         ieee_div_f32=sum(bool(_PTX_IEEE_DIV.match(op)) for op in opcodes),
+        bitwise_findings=bitwise_findings,
     )
 
 
-def _analyze_amd(compiled: Any) -> Resources:
+def _analyze_amd(compiled: Any, bitwise_findings: tuple[str, ...]) -> Resources:
     text = compiled.asm["amdgcn"]
     lines = text.splitlines()
     notes = {key: int(value) for key, value in re.findall(r"^\s+\.(\w+):\s+(\d+)\s*$", text, re.M)}
@@ -153,6 +167,7 @@ def _analyze_amd(compiled: Any) -> Resources:
         fp64_in_loop=tuple(sorted({op for op in loop_ops if "f64" in op.split("_")})),
         approx_div_f32=0,
         ieee_div_f32=0,
+        bitwise_findings=bitwise_findings,
     )
 
 

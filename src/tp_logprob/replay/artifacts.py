@@ -9,8 +9,10 @@ A fused LM-head case (``input_kind="hidden"``) also stores its operands
 ``hidden``, ``weight`` and ``bias``; :mod:`tp_logprob.replay.fused` says what is
 checked before it is rebuilt. A case whose contract replays a sampling mask stores
 its ``kept_offsets`` and ``kept_ids`` (:mod:`tp_logprob.replay.support`); sampling
-parameters live in the contract's JSON. Schema version 2 added the operands and 3
-the kept ids; version 1 and 2 artifacts still load.
+parameters live in the contract's JSON. Schema version 2 added the operands, 3
+the kept ids and 4 the bits of the outputs the backend returned on the case
+(``output_bits``, :mod:`tp_logprob.replay.bits`), so a failure recorded on a GPU
+replays bit for bit elsewhere; version 1 to 3 artifacts still load (without bits).
 
 Artifacts are data only. :func:`load_artifact` refuses anything that does not
 fit the schema (sizes, types, ranges, array dtypes and shapes against the
@@ -20,6 +22,7 @@ never unpickles, and it never imports a module named inside an artifact.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -37,6 +40,7 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.replay.bits import decode_bits, encode_bits, observed_bits
 from tp_logprob.replay.fused import (
     FUSED_ARRAYS,
     load_fused_case,
@@ -64,10 +68,11 @@ __all__ = [
 ]
 
 ARTIFACT_FORMAT = "tp-logprob-failure"
-SCHEMA_VERSION = 3
-"""Version 3 added a replayed support's kept ids (``kept_offsets``, ``kept_ids``); version 2
-the fused LM head's operands (``hidden``, ``weight``, ``bias``)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+"""Version 4 added the outputs' bits (``output_bits``); 3 a replayed support's kept ids
+(``kept_offsets``, ``kept_ids``); 2 the fused LM head's operands (``hidden``, ``weight``,
+``bias``)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 MAX_JSON_BYTES = 1 << 20
 MAX_NPZ_BYTES = 256 << 20
 _CASE_ARRAYS = ("logits", "targets", "mask")
@@ -87,6 +92,8 @@ class FailureArtifact:
     params: dict[str, Any]
     document: dict[str, Any]
     json_path: Path
+    output_bits: dict[str, Any] | None = None  # field -> uint32 bits, as recorded
+    platform: str = "cpu"  # where it was recorded
 
     @property
     def npz_path(self) -> Path:
@@ -172,10 +179,16 @@ def write_artifact(
     failure: BaseException | str,
     seed: int | str | None = None,
     test: str | None = None,
+    output_bits: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write one failing example of property ``prop`` (one of ``properties``: the catalogue, or
     the names a caller may record); return the ``.json`` path (the existing one if already
-    written)."""
+    written).
+
+    ``output_bits`` (field -> uint32 bits) are the outputs ``backend`` returned on
+    ``case``; by default the case is run once more to take them
+    (:func:`~tp_logprob.replay.bits.observed_bits`), and none are recorded if that raises.
+    """
     if prop not in properties:
         raise ValueError(f"prop={prop!r}: not a replayable property ({sorted(properties)})")
     scalars, extra = _split_params(params)
@@ -190,6 +203,7 @@ def write_artifact(
     if json_path.exists():
         return json_path  # same name, same content: keep the first
     message = str(failure) if isinstance(failure, str) else _failure_text(failure)
+    bits = _recorded_bits(backend, case) if output_bits is None else dict(output_bits)
     document = {
         "format": ARTIFACT_FORMAT,
         "schema_version": SCHEMA_VERSION,
@@ -214,6 +228,7 @@ def write_artifact(
             "type": "str" if isinstance(failure, str) else type(failure).__name__,
             "summary": message[:20_000],
         },
+        "output_bits": None if bits is None else encode_bits(bits),
     }
     buffer = io.BytesIO()
     np.savez(buffer, allow_pickle=False, **arrays)
@@ -221,6 +236,16 @@ def write_artifact(
     text = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
     atomic_write(json_path, text.encode())
     return json_path
+
+
+def _recorded_bits(backend: BackendUnderTest, case: LogprobCase) -> dict[str, Any] | None:
+    """The outputs' bits of one more run, or None where the run cannot give them."""
+    if backend.capability.real_group_only:
+        return None  # runs on a real group only: nothing to rerun here
+    try:  # on the emulated group, as replay runs it (not the real group's other ranks)
+        return observed_bits(dataclasses.replace(backend, group=None), case)
+    except Exception:  # the failure may be that the op raises: then there are no bits
+        return None
 
 
 def _failure_text(error: BaseException) -> str:
@@ -384,6 +409,10 @@ def load_artifact(
         params={**scalars, **extras},
         document=document,
         json_path=json_path,
+        output_bits=None
+        if document.get("output_bits") is None
+        else decode_bits(document["output_bits"]),
+        platform=document["platform"],
     )
 
 

@@ -3,6 +3,11 @@
 A backend recorded as a registered id is looked up in the registry; one recorded
 as ``module:attr`` must be named again with ``--backend``, because replay never
 imports a module named inside an artifact.
+
+An artifact that recorded its outputs' bits (schema 4) is also compared bit for bit
+on the recorded backend (:mod:`tp_logprob.replay.bits`): a difference fails the
+replay where the contract asks for ``cross_platform_bitwise`` and the capability
+claims it on both platforms, and is printed as information elsewhere.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from tp_logprob.replay.artifacts import (
     artifact_paths,
     load_artifact,
 )
+from tp_logprob.replay.bits import compare_bits, observed_bits, promises_bits
 from tp_logprob.replay.drift import format_rows, measure, worst_rows
 from tp_logprob.replay.fused import describe_operands
 from tp_logprob.suite.backends import BackendSpecError, BackendUnderTest, resolve_backends
@@ -46,6 +52,7 @@ class ReplayResult:
     backend_id: str
     outcome: Outcome
     detail: str = ""
+    bits: str = ""  # recorded against replayed output bits, when the artifact has them
 
 
 class BackendChoiceError(ValueError):
@@ -97,17 +104,36 @@ def replay(
     failure = backend.load_failure()
     if failure is not None:
         return ReplayResult(artifact, backend.backend_id, Outcome.FAILED, f"not loaded: {failure}")
+    outcome, detail = Outcome.PASSED, ""
     try:
         properties[artifact.prop](backend, artifact.case, artifact.params)
     except PropertyInputError as error:
         raise ArtifactError(artifact.json_path, str(error)) from None
     except PropertyViolation as violation:
-        return ReplayResult(artifact, backend.backend_id, Outcome.FAILED, str(violation))
+        outcome, detail = Outcome.FAILED, str(violation)
     except Exception as error:
-        return ReplayResult(
-            artifact, backend.backend_id, Outcome.FAILED, f"{type(error).__name__}: {error}"
-        )
-    return ReplayResult(artifact, backend.backend_id, Outcome.PASSED)
+        outcome, detail = Outcome.FAILED, f"{type(error).__name__}: {error}"
+    bound, bits = _bits(artifact, backend)
+    if bound and not bits.startswith("identical"):
+        outcome = Outcome.FAILED
+        detail = "\n".join(line for line in (detail, f"cross_platform_bitwise: {bits}") if line)
+    return ReplayResult(artifact, backend.backend_id, outcome, detail, bits)
+
+
+def _bits(artifact: FailureArtifact, backend: BackendUnderTest) -> tuple[bool, str]:
+    """Whether the recorded bits bind ``backend`` here, and how they compare (or "")."""
+    if artifact.output_bits is None or backend.backend_id != artifact.backend_id:
+        return False, ""
+    bound = promises_bits(
+        backend.capability, artifact.case.contract, artifact.platform, backend.platform
+    )
+    try:
+        observed = observed_bits(backend, artifact.case)
+    except Exception as error:
+        return bound, f"unavailable: {type(error).__name__}: {error}".splitlines()[0]
+    comparison = compare_bits(artifact.output_bits, observed, artifact.platform)
+    note = "" if bound or comparison.identical else " (information only: no bits are promised)"
+    return bound, comparison.detail + note
 
 
 def drift_report(artifact: FailureArtifact, backend: BackendUnderTest) -> list[str]:
@@ -165,6 +191,8 @@ def replay_paths(
             )
             if result.outcome is Outcome.SKIPPED:
                 print(f"      not applicable: {result.detail}", file=out)
+            if result.bits:
+                print(f"      output bits: {result.bits}", file=out)
             if result.outcome is Outcome.FAILED:
                 lines = [*case_lines(artifact), *result.detail.splitlines()]
                 for line in [*lines, *drift_report(artifact, backend)]:

@@ -11,7 +11,14 @@ from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.registry import PLATFORMS
 
-__all__ = ["ArtifactError", "capability_from_dict", "check_document"]
+__all__ = [
+    "MAX_RECORDED_ELEMENTS",
+    "OUTPUT_FIELDS",
+    "ArtifactError",
+    "bits_problems",
+    "capability_from_dict",
+    "check_document",
+]
 
 MAX_ELEMENTS = 1 << 24
 """At most this many elements in one artifact's arrays together."""
@@ -31,6 +38,13 @@ _TOP_KEYS = {
     "environment",
     "failure",
 }
+_BITS_KEY = "output_bits"  # schema 4: the recorded outputs' bits (tp_logprob.replay.bits)
+_FIRST_WITH_BITS = 4
+OUTPUT_FIELDS = ("selected_logp", "lse", "entropy", "support_lse", "support_threshold")
+"""The fp32 outputs of a :class:`~tp_logprob.contract.LogprobResult` whose bits are recorded."""
+MAX_RECORDED_ELEMENTS = 1 << 15
+"""Bits are recorded for at most this many elements in all (8 hex digits each)."""
+_HEX = re.compile(r"[0-9a-f]*")
 _DTYPES = ("float32", "int64", "bool")
 _NAME = re.compile(r"[0-9a-f]{64}")
 _ARRAY_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
@@ -89,6 +103,8 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         mask_modes=frozenset(_MASK_MODE_NAMES.get(mode, mode) for mode in data["mask_modes"]),
         # Recorded before sampling supports: the backend served the full vocabulary only.
         support_modes=frozenset(data.get("support_modes", ["full"])),
+        # Recorded before cross_platform_bitwise: no platform's bits were claimed.
+        bitwise_platforms=frozenset(data.get("bitwise_platforms", [])),
     )
 
 
@@ -166,6 +182,41 @@ def _arrays_problems(arrays: object) -> list[str]:
     return problems
 
 
+def bits_problems(recorded: object) -> list[str]:
+    """Every way a document's ``output_bits`` (null or the :func:`encode_bits` form) is wrong."""
+    if recorded is None:
+        return []
+    if not isinstance(recorded, dict):
+        return ["output_bits: expected an object or null"]
+    problems = []
+    for field, entry in recorded.items():
+        where = f"output_bits.{field}"
+        if field not in OUTPUT_FIELDS:
+            problems.append(f"{where}: not one of {OUTPUT_FIELDS}")
+            continue
+        if not isinstance(entry, dict) or set(entry) != {"shape", "hex"}:
+            problems.append(f"{where}: expected an object with keys hex, shape")
+            continue
+        shape, text = entry["shape"], entry["hex"]
+        sizes = isinstance(shape, list) and len(shape) <= 2
+        if not (sizes and all(_is_int(s, 0, MAX_RECORDED_ELEMENTS) for s in shape)):
+            problems.append(f"{where}.shape={shape!r}: expected up to 2 sizes")
+            continue
+        count = _count(shape)
+        if not (isinstance(text, str) and len(text) == 8 * count and _HEX.fullmatch(text)):
+            problems.append(
+                f"{where}.hex: expected {8 * count} lowercase hex digits (shape {shape})"
+            )
+    return problems
+
+
+def _count(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
 def check_document(
     path: Path,
     document: Mapping[str, Any],
@@ -173,20 +224,24 @@ def check_document(
     fmt: str,
     versions: tuple[int, ...],
 ) -> None:
-    """Raise :class:`ArtifactError` listing every way ``document`` breaks the schema."""
-    keys = set(document)
-    if keys != _TOP_KEYS:
-        extra, missing = sorted(keys - _TOP_KEYS), sorted(_TOP_KEYS - keys)
-        raise ArtifactError(path, f"keys: unexpected {extra}, missing {missing}")
-    if document["format"] != fmt:
-        raise ArtifactError(path, f"format={document['format']!r}: expected {fmt!r}")
-    version = document["schema_version"]
+    """Raise :class:`ArtifactError` listing every way ``document`` breaks the schema.
+
+    Schema 4 added ``output_bits``; older versions are read without it.
+    """
+    if document.get("format") != fmt:
+        raise ArtifactError(path, f"format={document.get('format')!r}: expected {fmt!r}")
+    version = document.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
         raise ArtifactError(
             path,
             f"schema_version={version!r}: this version reads {', '.join(str(v) for v in versions)}",
         )
-    problems = []
+    expected = _TOP_KEYS | ({_BITS_KEY} if version >= _FIRST_WITH_BITS else set())
+    keys = set(document)
+    if keys != expected:
+        extra, missing = sorted(keys - expected), sorted(expected - keys)
+        raise ArtifactError(path, f"keys: unexpected {extra}, missing {missing}")
+    problems = bits_problems(document.get(_BITS_KEY))
     if not (isinstance(document["name"], str) and _NAME.fullmatch(document["name"])):
         problems.append(f"name={document['name']!r}: expected 64 lowercase hex digits")
     if document["property"] not in properties:
