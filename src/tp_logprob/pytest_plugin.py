@@ -314,6 +314,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if is_property(item):
             _give_settings(test, suite.settings_for(test))
         if is_property(item) or (suite.everywhere and suite.profile == "ci"):
+            # Hypothesis' public seed() also turns the example database off; the suite
+            # keeps the database, so it sets the attribute seed() would set.
             test._hypothesis_internal_use_seed = suite.seed
 
 
