@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.strategies import HiddenCase, LogprobCase
-from tp_logprob.suite.applicability import LEAVES_INPUTS, LOGITS_INPUT, applies_to
+from tp_logprob.suite.applicability import (
+    LEAVES_INPUTS,
+    LOGITS_INPUT,
+    REPLAYED_SUPPORT,
+    applies_to,
+)
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case, draw_processed_case
@@ -293,6 +298,7 @@ def test_rejects_bad_inputs(
     run_property("bad_inputs", backend, case, _draw_bad_input(data, case, kind))
 
 
+@applies_to(REPLAYED_SUPPORT)
 @given(data=st.data())
 def test_rejects_targets_outside_replayed_support(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any

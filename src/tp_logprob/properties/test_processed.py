@@ -37,7 +37,10 @@ from tp_logprob.judging.processed import (
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.strategies.supports import RULES
 from tp_logprob.suite.applicability import (
+    RAW_LOGPROB,
     RECOMPUTED_SUPPORT,
+    REPLAYED_SUPPORT,
+    SAMPLING_SUPPORT,
     SEVERAL_LAYOUTS,
     SEVERAL_RANKS,
     applies_to,
@@ -54,7 +57,6 @@ from tp_logprob.suite.draws import (
     draw_fused_case,
     draw_processed_case,
     drawing_capability,
-    support_modes_served,
 )
 from tp_logprob.suite.params import PropertyInputError
 from tp_logprob.suite.profiles import scaled
@@ -83,6 +85,7 @@ def processed_oracle(
     expect_processed_exact("processed oracle", backend, case, stats)
 
 
+@applies_to(SAMPLING_SUPPORT)
 @given(data=st.data())
 def test_processed_matches_exact_oracle_on_its_support(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
@@ -184,6 +187,7 @@ def processed_replayed_bits(
     )
 
 
+@applies_to(RECOMPUTED_SUPPORT, REPLAYED_SUPPORT)
 @scaled(0.4)
 @given(data=st.data())
 def test_replayed_own_support_gives_the_same_bits(
@@ -191,8 +195,6 @@ def test_replayed_own_support_gives_the_same_bits(
 ) -> None:
     """Sampling parameters, then the support they gave replayed as a mask: the same bits."""
     backend = tp_logprob_backend
-    if SupportMode.REPLAYED_MASK not in support_modes_served(backend):
-        pytest.skip(f"{backend.backend_id} serves no replayed mask: nothing to replay into")
     case = draw_processed_case(data, backend, tp_logprob_suite, modes=_RECOMPUTED)
     run_property("processed_replayed_bits", backend, case)
 
@@ -272,6 +274,7 @@ def processed_rules_off(
         )
 
 
+@applies_to(RECOMPUTED_SUPPORT, RAW_LOGPROB)
 @scaled(0.4)
 @given(data=st.data())
 def test_rules_off_is_the_raw_logprob(
@@ -279,12 +282,7 @@ def test_rules_off_is_the_raw_logprob(
 ) -> None:
     """top_k >= live, top_p = 1, min_p = 0: bitwise the op without a support."""
     backend = tp_logprob_backend
-    capability = backend.capability
-    if not capability.serves("support_mode", SupportMode.SAMPLING_PARAMS):
-        pytest.skip(f"{backend.backend_id} serves no sampling parameters")
-    if not capability.serves("support_mode", SupportMode.FULL):
-        pytest.skip(f"{backend.backend_id} serves no raw logprob to compare with")
-    if capability.serves("input_kind", LogprobInputKind.LOGITS):
+    if backend.capability.serves("input_kind", LogprobInputKind.LOGITS):
         case = draw_case(data, backend, tp_logprob_suite, special_values=True)
     else:  # exact products: the threshold is read on the backend's x, which is then the case's
         case = draw_fused_case(data, backend, tp_logprob_suite, small_integers=True)
@@ -329,7 +327,7 @@ def processed_tp_consistency(
         )
 
 
-@applies_to(SEVERAL_LAYOUTS)
+@applies_to(SAMPLING_SUPPORT, SEVERAL_LAYOUTS)
 @scaled(0.5)
 @given(data=st.data())
 def test_processed_tp_consistency(
@@ -358,6 +356,7 @@ def processed_gradients(
     expect_processed_gradient("processed gradients", case, backend, stats)
 
 
+@applies_to(SAMPLING_SUPPORT)
 @scaled(0.5)
 @given(data=st.data())
 def test_processed_gradients(
@@ -370,6 +369,7 @@ def test_processed_gradients(
     run_property("processed_gradients", backend, case, stats=tp_logprob_suite.stats)
 
 
+@applies_to(SAMPLING_SUPPORT)
 @scaled(0.3)
 @given(data=st.data())
 def test_processed_run_to_run_and_batch_invariance(

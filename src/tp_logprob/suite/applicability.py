@@ -28,7 +28,10 @@ __all__ = [
     "HIDDEN_INPUT",
     "LEAVES_INPUTS",
     "LOGITS_INPUT",
+    "RAW_LOGPROB",
     "RECOMPUTED_SUPPORT",
+    "REPLAYED_SUPPORT",
+    "SAMPLING_SUPPORT",
     "SEVERAL_LAYOUTS",
     "SEVERAL_RANKS",
     "Requirement",
@@ -83,6 +86,20 @@ BATCH_INVARIANT = claims("determinism_scope", DeterminismScope.FIXED_TOPOLOGY)
 """A scope with batch invariance (``fixed_topology`` or stronger), not run-to-run bits only."""
 EXPLICIT_MASK = claims("mask_mode", MaskMode.EXPLICIT_ACTIVE_MASK)
 RECOMPUTED_SUPPORT = claims("support_mode", SupportMode.SAMPLING_PARAMS)
+REPLAYED_SUPPORT = claims("support_mode", SupportMode.REPLAYED_MASK)
+RAW_LOGPROB = claims("support_mode", SupportMode.FULL)
+"""The logprob over the full vocabulary, without a sampling support."""
+
+
+def _sampling_support(backend: BackendUnderTest, params: Mapping[str, Any]) -> str | None:
+    """The backend serves some sampling support: sampling parameters or a replayed mask."""
+    modes = (SupportMode.SAMPLING_PARAMS, SupportMode.REPLAYED_MASK)
+    if any(backend.capability.serves("support_mode", mode) for mode in modes):
+        return None
+    return "support_mode 'sampling_params' or 'replayed_mask'"
+
+
+SAMPLING_SUPPORT: Requirement = _sampling_support
 
 
 def _leaves_inputs(backend: BackendUnderTest, params: Mapping[str, Any]) -> str | None:
