@@ -38,7 +38,7 @@ def test_every_cell_names_a_backend_or_says_why_not(peer, key, cell) -> None:  #
     op, capability = _pair(peer.module, cell.attr)
     assert callable(op) and isinstance(capability, LogprobBackendCapability)
     assert capability.backend_id.split(".")[0] == peer.name
-    for explanation in [cell.explanation, *dict(cell.by_property).values()]:
+    for explanation in [cell.explanation, cell.crash, *dict(cell.by_property).values()]:
         if explanation is not None and explanation.reproducer is not None:
             assert (ROOT / explanation.reproducer).is_file(), explanation.reproducer
 

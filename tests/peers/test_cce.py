@@ -187,3 +187,16 @@ def test_the_adapter_runs_the_library_again_after_a_call_under_a_dispatch_mode()
     logp = torch.log_softmax(hidden.double() @ weight.double().T, dim=1)
     expected = logp.gather(1, targets[:, None])[:, 0]
     torch.testing.assert_close(result.selected_logp.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_out_of_range_target_kills_the_process_with_two_threads() -> None:
+    """docs/repro_cce_out_of_range_target_aborts.py: SIGABRT with two threads, an exception
+    with one (each call in a process of its own)."""
+    pytest.importorskip("cut_cross_entropy", reason="cut-cross-entropy is not installed here")
+    script = (
+        Path(__file__).resolve().parents[2] / "docs" / "repro_cce_out_of_range_target_aborts.py"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "2 thread(s): the process died of signal 6" in run.stdout
+    assert "1 thread(s): RuntimeError:" in run.stdout

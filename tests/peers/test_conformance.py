@@ -56,7 +56,9 @@ def test_records_are_grouped_by_backend(tmp_path: Path) -> None:
     assert (failure.test, failure.artifact) == ("test_a", "x.json")
 
 
-def _fake_run(failing: dict[str, str], artifact: Path) -> Any:
+def _fake_run(
+    failing: dict[str, str], artifact: Path | None, headline: str = "oracle agreement: out"
+) -> Any:
     def run(peer: Any, args: Any, scratch: Path) -> tuple[dict[str, Any], float]:
         outcomes = {}
         for cell in peer.cells.values():
@@ -65,9 +67,8 @@ def _fake_run(failing: dict[str, str], artifact: Path) -> Any:
             backend = conformance._backend_id(peer, cell.attr)
             outcome = _records.Outcome(passed=5)
             if backend in failing:
-                outcome.failures.append(
-                    _records.Failure(failing[backend], "oracle agreement: out", str(artifact))
-                )
+                where = None if artifact is None else str(artifact)
+                outcome.failures.append(_records.Failure(failing[backend], headline, where))
             outcomes[backend] = outcome
         return outcomes, 1.0
 
@@ -100,6 +101,30 @@ def test_report_explains_each_failure_or_fails(
     assert sorted(path.name for path in kept.iterdir()) == ["abc.json", "abc.npz"]
     assert ("UNEXPLAINED" in report) == (status == 1)
     assert "replay docs/conformance/abc.json --backend tp_logprob.peers.liger:" in report
+
+
+@pytest.mark.parametrize(
+    ("backend", "status"),
+    [("cce_linear_cross_entropy.assume_inactive_tokens", 0), ("cce_linear_cross_entropy", 1)],
+    ids=["explained", "unexplained"],
+)
+def test_a_crash_is_explained_only_by_its_cells_crash_explanation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, status: int
+) -> None:
+    """A test the library killed the process in is explained by the cell's ``crash``, never
+    by the explanation of its ordinary failures."""
+    headline = f"{_records.CRASHED} the test process died of signal 6 (SIGABRT) in this test"
+    failing = {backend: "test_fused_matches_exact_oracle"}
+    monkeypatch.setattr(conformance, "_run_peer", _fake_run(failing, None, headline))
+    monkeypatch.setattr(conformance, "_run_real_group", lambda *_: ({}, 0.0))
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "conformance.md"
+    assert (
+        conformance.main(["--output", str(output), "--peer", "cce_linear_cross_entropy"]) == status
+    )
+    report = output.read_text()
+    assert "died of signal 6 (SIGABRT)" in report
+    assert ("repro_cce_out_of_range_target_aborts.py" in report) == (status == 0)
 
 
 def test_column_selection_runs_only_those_backends(
@@ -236,6 +261,45 @@ def test_the_collector_records_outcomes_and_the_reasons_of_skips(tmp_path: Path)
     assert found["test_skips_in_setup"] == ("skipped", "no such layout")
     assert found["test_fails"][0] == "failed" and "assert 1 == 2" in found["test_fails"][1]
     assert len(records) == 4
+
+
+def test_a_test_that_kills_pytest_is_recorded_and_the_session_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library that aborts the process (a signal, not an exception) fails the test it died
+    in, with the signal named, and the tests after it still run; the finished ones once."""
+    (tmp_path / "crashing_suite.py").write_text(
+        "import os\n"
+        "import pytest\n\n"
+        "@pytest.mark.parametrize('backend', ['peer'])\n"
+        "def test_before(backend):\n"
+        "    pass\n\n"
+        "@pytest.mark.parametrize('backend', ['peer'])\n"
+        "def test_aborts(backend):\n"
+        "    os.abort()\n\n"
+        "@pytest.mark.parametrize('backend', ['peer'])\n"
+        "def test_after(backend):\n"
+        "    assert 1 == 2\n"
+    )
+    for name in [name for name in __import__("os").environ if name.startswith("PYTEST_XDIST")]:
+        monkeypatch.delenv(name)  # this test's own worker would write nothing
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    args = conformance.argparse.Namespace(profile="ci", workers="0")
+    record, _ = conformance._pytest("crashing", "crashing_suite", [], args, tmp_path)
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(row["nodeid"].split("::")[1], row["outcome"]) for row in rows] == [
+        ("test_before[peer]", "passed"),
+        ("test_aborts[peer]", "failed"),
+        ("test_after[peer]", "failed"),
+    ]
+    outcome = _records.outcomes(record)["peer"]
+    assert outcome.passed == 1
+    assert [failure.test for failure in outcome.failures] == ["test_aborts", "test_after"]
+    assert outcome.failures[0].headline.startswith(
+        "Crashed: the test process died of signal 6 (SIGABRT)"
+    )
+    assert not collect.running_file(record).exists()
 
 
 def test_the_collector_records_what_a_backend_does_not_claim(tmp_path: Path) -> None:

@@ -71,16 +71,21 @@ class Cell:
     """One matrix cell: a backend to run (``attr`` in the peer's module), or a note.
 
     ``explanation`` explains every failing property of the backend;
-    ``by_property`` overrides it for the named property tests.
+    ``by_property`` overrides it for the named property tests; ``crash`` explains a test
+    in which the library killed the test process (a signal, which the runner records).
     """
 
     attr: str | None = None
     note: str = ""
     explanation: Explanation | None = None
     by_property: tuple[tuple[str, Explanation], ...] = ()
+    crash: Explanation | None = None
 
-    def explain(self, test: str) -> Explanation | None:
-        """Why property test ``test`` fails for this cell's backend, if known."""
+    def explain(self, test: str, *, crashed: bool = False) -> Explanation | None:
+        """Why property test ``test`` fails for this cell's backend, if known; ``crashed``:
+        the library killed the test process there (``crash`` explains that, and only that)."""
+        if crashed:
+            return self.crash
         return dict(self.by_property).get(test, self.explanation)
 
     @property
@@ -357,6 +362,15 @@ PEERS = (
                     "of range, trips the compiled kernel's index check (RuntimeError)",
                 ),
                 by_property=_CCE_WATCHED,
+                crash=Explanation(
+                    PEER_BUG,
+                    "with more than one CPU thread an inactive row's out-of-range target kills "
+                    "the process (SIGABRT) instead of raising: Inductor's C++ kernel for the "
+                    "compiled F.cross_entropy throws its index check inside an OpenMP parallel "
+                    "region, and the C++ runtime terminates (with one thread it raises "
+                    "RuntimeError)",
+                    "docs/repro_cce_out_of_range_target_aborts.py",
+                ),
             ),
             "batch": Cell(
                 "assume_batch_invariant",

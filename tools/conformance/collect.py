@@ -9,6 +9,10 @@ what it needs, with the capability field as the text. Under pytest-xdist only th
 controller writes test reports (only the first worker the deselections: every worker
 deselects the same), under ``torchrun`` only rank 0 (every rank reaches the same
 outcomes).
+
+While a test runs, the file :func:`running_file` beside the record holds its node id, so
+that a process killed inside a library (a signal, not an exception) still says which
+test it was in.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def recording_env(record: Path, **extra: str) -> dict[str, str]:
     """The environment of a pytest run that loads this plugin and appends to ``record``."""
     path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
     return {**os.environ, RECORD_ENV: str(record), "PYTHONPATH": path, **extra}
+
+
+def running_file(record: Path) -> Path:
+    """The file that names the test in progress, beside ``record``."""
+    return record.with_name(f"{record.name}.running")
 
 
 def _write(path: str, record: dict[str, Any]) -> None:
@@ -54,9 +63,29 @@ def pytest_deselected(items: Any) -> None:
         )
 
 
-def pytest_runtest_logreport(report: Any) -> None:
+def _recording() -> str | None:
+    """The record file, in the one process that writes it (see the module docstring)."""
     path = os.environ.get(RECORD_ENV)
     if not path or "PYTEST_XDIST_WORKER" in os.environ or os.environ.get("RANK", "0") != "0":
+        return None
+    return path
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    path = _recording()
+    if path:
+        running_file(Path(path)).write_text(nodeid, encoding="utf-8")
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    path = _recording()
+    if path:
+        running_file(Path(path)).unlink(missing_ok=True)
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    path = _recording()
+    if not path:
         return
     if report.when != "call" and not (report.failed or report.skipped):
         return

@@ -12,7 +12,19 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Failure", "Outcome", "Record", "headline", "outcomes", "read_records"]
+__all__ = [
+    "CRASHED",
+    "Failure",
+    "Outcome",
+    "Record",
+    "headline",
+    "outcomes",
+    "read_records",
+    "recorded_nodeids",
+]
+
+CRASHED = "Crashed:"
+"""How the text of a test the library killed the process in begins (the runner writes it)."""
 
 _ARTIFACT = re.compile(r"artifact\s+python -m tp_logprob replay (\S+\.json)")
 _EXCEPTION = re.compile(r"^E\s+((?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\w*:.*)$", re.MULTILINE)
@@ -45,10 +57,12 @@ class Record:
 
 
 def read_records(path: Path) -> list[Record]:
-    """The records of ``path`` in the order they were written (none if it does not exist)."""
+    """The records of ``path`` in the order they were first written, the last one of each
+    test counting (a session resumed after a crash records its deselections again); none
+    if it does not exist."""
     if not path.exists():
         return []
-    records = []
+    records: dict[str, Record] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         match = _PARAM.search(record["nodeid"])
@@ -57,8 +71,16 @@ def read_records(path: Path) -> list[Record]:
             # The backend is the first parameter: ``test_pinned_case[liger_ce-eight width-1
             # shards]`` is liger_ce's (the peers' ids are snake_case, never hyphenated).
             backend = params.split("-", 1)[0]
-            records.append(Record(test, backend, record["outcome"], record["text"]))
-    return records
+            records[record["nodeid"]] = Record(test, backend, record["outcome"], record["text"])
+    return list(records.values())
+
+
+def recorded_nodeids(path: Path) -> list[str]:
+    """The node ids ``path`` has a record of, in the order they were first written."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return list(dict.fromkeys(json.loads(line)["nodeid"] for line in lines))
 
 
 @dataclass

@@ -25,6 +25,11 @@ stands when no matrix peer is chosen (with one, the matrix is rewritten with the
 chosen matrix peers only); the examples next to the report are those it still
 refers to. So ``--peer vllm_sampler`` regenerates that peer's subsection alone.
 
+A peer whose library kills the pytest process (a signal such as SIGABRT from its
+compiled code, not an exception) does not end the run: the test it died in is
+recorded as failed with the signal named, and the session resumes without the tests
+already recorded, so the rest of that peer's cells still run.
+
 Exit status 1 when a failure has no explanation in :mod:`tools.conformance.catalog`
 (a new bug, in a peer, an adapter or the suite) or a reproducer crashes, 2 when a
 pytest session could not run at all.
@@ -34,8 +39,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,9 +64,15 @@ from tools.conformance.catalog import (
     Peer,
     ProcessedPeer,
 )
-from tools.conformance.collect import recording_env
+from tools.conformance.collect import recording_env, running_file
 from tools.conformance.processed_section import PropertyResult, Reproduction
-from tools.conformance.records import Outcome, outcomes, read_records
+from tools.conformance.records import (
+    CRASHED,
+    Outcome,
+    outcomes,
+    read_records,
+    recorded_nodeids,
+)
 
 __all__ = ["main"]
 
@@ -100,17 +113,44 @@ def _pytest(
     if "TRITON_INTERPRET" not in env and not _has_gpu():
         env["TRITON_INTERPRET"] = "1"  # Liger's Triton kernel on CPU tensors
     print(f"conformance: {name}: {shlex.join(command[2:])}", flush=True)
-    started = time.monotonic()
-    finished = subprocess.run(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    started, logs = time.monotonic(), []
+    while True:
+        done = recorded_nodeids(record)
+        finished = subprocess.run(
+            [*command, *(f"--deselect={nodeid}" for nodeid in done)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        logs.append(finished.stdout)
+        if finished.returncode in (0, 1) or not _record_crash(record, finished.returncode):
+            break
     elapsed = time.monotonic() - started
-    (scratch / f"{name}.log").write_text(finished.stdout, encoding="utf-8")
+    (scratch / f"{name}.log").write_text("\n".join(logs), encoding="utf-8")
     if finished.returncode not in (0, 1):
         tail = "\n".join(finished.stdout.splitlines()[-30:])
         raise SystemExit(f"conformance: pytest for {name} exited {finished.returncode}:\n{tail}")
     print(f"conformance: {name}: {elapsed:.0f} s", flush=True)
     return record, elapsed
+
+
+def _record_crash(record: Path, returncode: int) -> bool:
+    """Record the test a signal killed pytest in as failed, so that the session resumes
+    without it (and without the tests it finished); False when no signal killed it or
+    no test was running (then nothing can resume)."""
+    running = running_file(record)
+    if returncode >= 0 or not running.exists():
+        return False
+    nodeid = running.read_text(encoding="utf-8")
+    running.unlink()
+    died = signal.Signals(-returncode).name
+    text = (
+        f"{CRASHED} the test process died of signal {-returncode} ({died}) in this test; "
+        "the session resumed without it"
+    )
+    line = {"nodeid": nodeid, "outcome": "failed", "text": text, "duration": 0.0}
+    with record.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+    print(f"conformance: {nodeid}: {died}; resuming without it", flush=True)
+    return True
 
 
 def _processed_command(peer: ProcessedPeer, args: argparse.Namespace) -> str:
@@ -244,7 +284,10 @@ def _render_row(
             if cell.expects_failure:
                 row.stale.append(backend)
             continue
-        causes = [cell.explain(failure.test) for failure in outcome.failures]
+        causes = [
+            cell.explain(failure.test, crashed=failure.headline.startswith(CRASHED))
+            for failure in outcome.failures
+        ]
         row.unexplained += sum(cause is None for cause in causes)
         kinds = sorted({cause.kind if cause else "UNEXPLAINED" for cause in causes})
         number = len(args.footnotes) + 1
