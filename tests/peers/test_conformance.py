@@ -6,6 +6,8 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,36 @@ def test_a_crash_is_explained_only_by_its_cells_crash_explanation(
     report = output.read_text()
     assert "died of signal 6 (SIGABRT)" in report
     assert ("repro_cce_out_of_range_target_aborts.py" in report) == (status == 0)
+
+
+def test_sessions_run_side_by_side_and_rows_keep_the_catalogues_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--jobs 2`` two peers' sessions overlap; the later one ending first changes
+    nothing in the report."""
+    first, second = PEERS[0], PEERS[1]
+    running: list[str] = []
+    overlapped = threading.Event()
+    fake = _fake_run({}, None)
+
+    def run(peer: Any, args: Any, scratch: Path) -> tuple[dict[str, Any], float]:
+        running.append(peer.name)
+        if len(running) == 2:
+            overlapped.set()
+        assert overlapped.wait(10), "the sessions ran one after the other"
+        if peer.name == first.name:
+            time.sleep(0.2)  # the first peer in the catalogue ends last
+        return fake(peer, args, scratch)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(conformance, "_run_peer", run)
+    monkeypatch.setattr(conformance, "_run_real_group", lambda *_: ({}, 0.0))
+    monkeypatch.chdir(tmp_path)
+    output = tmp_path / "conformance.md"
+    arguments = ["--output", str(output), "--jobs", "2", "--peer", first.name]
+    assert conformance.main([*arguments, "--peer", second.name]) == 0
+    report = output.read_text()
+    assert report.index(f"| `{first.name}` |") < report.index(f"| `{second.name}` |")
+    assert "2 sessions at a time (`--jobs`)" in report
 
 
 def test_column_selection_runs_only_those_backends(

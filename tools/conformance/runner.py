@@ -19,6 +19,10 @@ finding with the outcome of its reproducer, run here (``docs/repro_*.py`` exits 
 while the library differs from the exact rules); then the libraries that cannot
 run on CPU and why (:mod:`tools.conformance.processed_section`).
 
+The sessions run side by side, one per CPU core (``--jobs``): each is one pytest
+process (``-n 0``), so on two cores two of them halve the run's wall time; the
+report lists them in the catalogue's order whatever order they end in.
+
 ``--peer`` runs some of the peers. Where the report already exists, the
 processed peers not run keep their subsections, and the matrix part stays as it
 stands when no matrix peer is chosen (with one, the matrix is rewritten with the
@@ -38,8 +42,10 @@ pytest session could not run at all.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -387,7 +393,9 @@ def _markdown(
             "",
             f"Profile `{args.profile}` (fixed seed), `-n {args.workers}`; suite time "
             + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items())
-            + f"; {total:.0f} s in all on this run's machine.",
+            + f"; {total:.0f} s in all on this run's machine, {args.jobs} sessions at a time "
+            + f"(`--jobs`): {args.wall_seconds:.0f} s from the first session's start to the "
+            + "last one's end, the processed peers' sessions included.",
             "",
         ]
     ).replace("\n\n\n", "\n\n")
@@ -417,6 +425,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", default="ci", choices=("dev", "ci", "thorough"))
     parser.add_argument("--workers", default="0", help="pytest-xdist workers per session")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="pytest sessions run at once (default: one per CPU core)",
+    )
+    parser.add_argument(
         "--real-group-ranks",
         type=int,
         default=REAL_GROUP_RANKS,
@@ -427,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--column", action="append", default=[], choices=keys, help="only these columns"
     )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs={args.jobs}: expected at least 1")
     if args.real_group_ranks < 1:
         parser.error(f"--real-group-ranks={args.real_group_ranks}: expected at least 1")
     known = [peer.name for peer in (*PEERS, *PROCESSED_PEERS)]
@@ -445,22 +461,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     timings: dict[str, float] = {}
     results: dict[str, list[PropertyResult]] = {}
     subsections: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="tp-logprob-conformance-") as scratch_dir:
-        scratch = Path(scratch_dir)
-        for peer in chosen:
-            found, seconds = _run_peer(peer, args, scratch)
-            real, real_seconds = _run_real_group(peer, args, scratch)
+    with (
+        tempfile.TemporaryDirectory(prefix="tp-logprob-conformance-") as scratch_dir,
+        concurrent.futures.ThreadPoolExecutor(args.jobs) as pool,
+    ):
+        scratch, started = Path(scratch_dir), time.monotonic()
+        # Each session is a process of its own: ``--jobs`` of them run at once, and the
+        # report is put together in the catalogue's order once they are done.
+        runs = [
+            (
+                peer,
+                pool.submit(_run_peer, peer, args, scratch),
+                pool.submit(_run_real_group, peer, args, scratch),
+            )
+            for peer in chosen
+        ]
+        processed_runs = [
+            (
+                sampler,
+                pool.submit(_run_processed, sampler, args, scratch),
+                [
+                    pool.submit(_reproduce, sampler, finding, args.root)
+                    for finding in sampler.findings
+                ],
+            )
+            for sampler in chosen_processed
+        ]
+        for peer, emulated, real_group in runs:
+            found, seconds = emulated.result()
+            real, real_seconds = real_group.result()
             if seconds:
                 timings[peer.name] = seconds
             if real_seconds:
                 timings[f"{peer.name} (real group)"] = real_seconds
             rows.append((peer, _render_row(peer, found, args, real)))
-        reproductions = {
-            peer.name: [_reproduce(peer, finding, args.root) for finding in peer.findings]
-            for peer in chosen_processed
-        }
-        for sampler in chosen_processed:
-            results[sampler.name], seconds = _run_processed(sampler, args, scratch)
+        reproductions = {}
+        for sampler, session, reproducing in processed_runs:
+            results[sampler.name], seconds = session.result()
+            reproductions[sampler.name] = [run.result() for run in reproducing]
             subsections[sampler.name] = processed.peer_subsection(
                 sampler,
                 results[sampler.name],
@@ -468,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _processed_command(sampler, args),
                 seconds,
             )
+    args.wall_seconds = time.monotonic() - started
     keep_matrix = not chosen and kept_matrix.strip()
     matrix = kept_matrix.rstrip("\n") + "\n" if keep_matrix else _markdown(rows, timings, args)
     section = processed.section(processed.merge(kept_processed, subsections))
