@@ -495,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if real_seconds:
                 timings[f"{peer.name} (real group)"] = real_seconds
             rows.append((peer, _render_row(peer, found, args, real)))
-        reproductions = {}
+        reproductions: dict[str, list[Reproduction]] = {}
         for sampler, session, reproducing in processed_runs:
             results[sampler.name], seconds = session.result()
             reproductions[sampler.name] = [run.result() for run in reproducing]
@@ -525,13 +525,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"conformance: {sampler.name}: {test} failed and no finding lists it")
             unexplained += 1
     broken = 0
-    for runs in reproductions.values():
-        for run in runs:
-            script = run.finding.explanation.reproducer
-            if run.outcome == "agrees":
+    for reproduced in reproductions.values():
+        for reproduction in reproduced:
+            script = reproduction.finding.explanation.reproducer
+            if reproduction.outcome == "agrees":
                 print(f"conformance: {script} no longer differs from the exact rules")
-            if run.failed:
-                print(f"conformance: {script}: {run.outcome}", file=sys.stderr)
+            if reproduction.failed:
+                print(f"conformance: {script}: {reproduction.outcome}", file=sys.stderr)
                 broken += 1
     if unexplained:
         print(f"conformance: {unexplained} failures have no explanation", file=sys.stderr)
