@@ -20,12 +20,16 @@ no LSE. Three pieces of glue turn that into ``(selected_logp, lse)``:
 The adapters that take hidden states share their argument checks
 (:func:`check_hidden_inputs`), and the TP=1 adapters of a torch logprob helper
 share their capability and "what users assume" variants (:func:`torch_helper_backends`).
+Every adapter imports its library on its first call (:func:`imported_once`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -47,11 +51,36 @@ __all__ = [
     "argmax_logits",
     "check_hidden_inputs",
     "claiming",
+    "imported_once",
     "lse_from_max",
     "private_copy",
     "selected_from_loss",
     "torch_helper_backends",
 ]
+
+
+_T = TypeVar("_T")
+
+
+def imported_once(loader: Callable[[], _T]) -> Callable[[], _T]:
+    """``loader``, run by the first call only; every later call returns what it returned.
+
+    An adapter imports its library on its first call, not when the adapter is imported
+    (the catalogue imports every adapter, installed or not), and the emulated ranks are
+    threads that may make that first call together: a lock lets one of them load. A
+    loader that raises is run again by the next call.
+    """
+    lock = threading.Lock()
+    loaded: list[_T] = []
+
+    @functools.wraps(loader)
+    def once() -> _T:
+        with lock:
+            if not loaded:
+                loaded.append(loader())
+        return loaded[0]
+
+    return once
 
 
 def selected_from_loss(loss: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,6 @@ Variants ("what users assume", each the same op): ``assume_padding``,
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -72,6 +71,7 @@ from tp_logprob.peers._glue import (
     argmax_logits,
     check_hidden_inputs,
     claiming,
+    imported_once,
     lse_from_max,
     selected_from_loss,
 )
@@ -111,17 +111,12 @@ _RECOMPILE_LIMIT = 256
 _SKIPPED_FRAME = "found no compiled frames"
 """What Dynamo's error says when ``fullgraph=True`` meets a frame it did not compile."""
 
-_IMPORT_LOCK = threading.Lock()
-_CCE: dict[str, Any] = {}
 
-
+@imported_once
 def _linear_cross_entropy() -> Any:
-    with _IMPORT_LOCK:
-        if not _CCE:
-            from cut_cross_entropy import linear_cross_entropy
+    from cut_cross_entropy import linear_cross_entropy
 
-            _CCE["function"] = linear_cross_entropy
-    return _CCE["function"]
+    return linear_cross_entropy
 
 
 def _loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore: int) -> Any:

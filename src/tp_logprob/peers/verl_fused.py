@@ -60,7 +60,6 @@ is the assumption): ``assume_padding``, ``assume_16bit``, ``assume_inactive_toke
 from __future__ import annotations
 
 import dataclasses
-import threading
 import warnings
 from typing import Any
 
@@ -77,7 +76,13 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.rowwise import full_fp32_matmul
-from tp_logprob.peers._glue import argmax_logits, check_hidden_inputs, claiming, lse_from_max
+from tp_logprob.peers._glue import (
+    argmax_logits,
+    check_hidden_inputs,
+    claiming,
+    imported_once,
+    lse_from_max,
+)
 
 __all__ = [
     "CAPABILITY",
@@ -108,19 +113,14 @@ CAPABILITY = LogprobBackendCapability(
     exports_entropy=True,
 )
 
-_IMPORT_LOCK = threading.Lock()
-_VERL: dict[str, Any] = {}
 
-
+@imported_once
 def _verl() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _VERL:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
-                from verl.utils.experimental.torch_functional import FusedLinearForPPO
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
+        from verl.utils.experimental.torch_functional import FusedLinearForPPO
 
-            _VERL["torch"] = FusedLinearForPPO()  # impl_backend="torch", chunk_size=512
-    return _VERL
+    return {"torch": FusedLinearForPPO()}  # impl_backend="torch", chunk_size=512
 
 
 def triton_linear_cross_entropy() -> Any:
