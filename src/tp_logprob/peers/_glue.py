@@ -18,8 +18,9 @@ no LSE. Three pieces of glue turn that into ``(selected_logp, lse)``:
   untouched, at the cost of one extra logits-sized buffer.
 
 The adapters that take hidden states share their argument checks
-(:func:`check_hidden_inputs`), and the TP=1 adapters of a torch logprob helper
-share their capability and "what users assume" variants (:func:`torch_helper_backends`).
+(:func:`check_hidden_inputs`) and, at TP=1, the shape of their capability
+(:func:`fused_peer_capability`); the TP=1 adapters of a torch logprob helper share
+their capability and "what users assume" variants (:func:`torch_helper_backends`).
 Every adapter imports its library on its first call (:func:`imported_once`).
 """
 
@@ -51,6 +52,7 @@ __all__ = [
     "argmax_logits",
     "check_hidden_inputs",
     "claiming",
+    "fused_peer_capability",
     "imported_once",
     "lse_from_max",
     "private_copy",
@@ -187,6 +189,31 @@ def check_hidden_inputs(
         if value.device != hidden.device:
             raise LogprobContractError(f"{name}.device={value.device} != {hidden.device}")
     check_hidden_op_targets(targets, contract, group, hidden.device)
+
+
+def fused_peer_capability(
+    backend_id: str, mask_mode: MaskMode, **claims: Any
+) -> LogprobBackendCapability:
+    """The capability of a library's TP=1 hidden-input op (verl's, Liger's, CCE's).
+
+    What those ops share: hidden states in, the whole vocabulary of a row (TP=1, no
+    padding), fp32 only, train and infer, an LSE, and bits that hold from run to run
+    only (a row's matmul shape follows the batch). ``mask_mode`` is how the library leaves
+    rows out; ``claims`` adds its own (temperature, entropy, bias).
+    """
+    return LogprobBackendCapability(
+        backend_id=backend_id,
+        roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+        dtypes=frozenset({LogprobDType.FP32}),
+        tp_world_sizes=frozenset({1}),
+        cp_world_sizes=frozenset({1}),
+        supports_vocab_padding=False,
+        mask_modes=frozenset({mask_mode}),
+        exports_vocab_lse=True,
+        determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
+        input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+        **claims,
+    )
 
 
 class TorchHelperBackends(NamedTuple):

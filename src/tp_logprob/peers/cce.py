@@ -56,14 +56,11 @@ from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobInputKind,
     LogprobResult,
-    LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.rowwise import full_fp32_matmul
@@ -71,6 +68,7 @@ from tp_logprob.peers._glue import (
     argmax_logits,
     check_hidden_inputs,
     claiming,
+    fused_peer_capability,
     imported_once,
     lse_from_max,
     selected_from_loss,
@@ -89,18 +87,7 @@ __all__ = [
 
 VERIFIED_VERSIONS = "cut-cross-entropy>=24.11.4,<25.2"
 
-CAPABILITY = LogprobBackendCapability(
-    backend_id="cce_linear_cross_entropy",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
-    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
-)
+CAPABILITY = fused_peer_capability("cce_linear_cross_entropy", MaskMode.IGNORE_INDEX)
 
 _NEVER_IGNORED = -1
 """``ignore_index`` for the LSE call, whose targets are argmaxes (``>= 0``)."""

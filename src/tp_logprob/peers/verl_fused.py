@@ -65,14 +65,11 @@ from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobInputKind,
     LogprobResult,
-    LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.rowwise import full_fp32_matmul
@@ -80,6 +77,7 @@ from tp_logprob.peers._glue import (
     argmax_logits,
     check_hidden_inputs,
     claiming,
+    fused_peer_capability,
     imported_once,
     lse_from_max,
 )
@@ -98,17 +96,9 @@ __all__ = [
 
 VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
 
-CAPABILITY = LogprobBackendCapability(
-    backend_id="verl_fused_linear_for_ppo",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
-    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+CAPABILITY = fused_peer_capability(
+    "verl_fused_linear_for_ppo",
+    MaskMode.ALL_ACTIVE,
     supports_temperature=True,
     exports_entropy=True,
 )
