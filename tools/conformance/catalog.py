@@ -114,6 +114,17 @@ _PADDING = Explanation(
     "the library normalizes over every column it is given; it has no notion of padding "
     "columns, so garbage (or even finite values) there changes the result",
 )
+
+
+def _gathers_every_label(library: str) -> Explanation:
+    """Why an inactive row fails in ``library``, which takes no ``ignore_index``."""
+    return Explanation(
+        PEER_LIMITATION,
+        f"{library} has no ignore_index: every label is gathered, so an inactive row's "
+        "out-of-range target raises an index error",
+    )
+
+
 _ONE_RANK = Cell(note="n/a: TP=1 only")
 _NO_XTP = Cell(note="n/a: TP=1 only")
 _REAL_GROUP_ONLY = Cell(note="n/a: real process group only")
@@ -237,11 +248,6 @@ _VERL_FUSED_16BIT = Explanation(
     "each chunk's logits are the matmul's output in the input dtype, divided by T there "
     "((hidden @ W.T) / T in bf16/fp16) before .float(), so they carry 8/11 bits before the "
     "fp32 softmax",
-)
-_VERL_FUSED_INACTIVE = Explanation(
-    PEER_LIMITATION,
-    "FusedLinearForPPO has no ignore_index: every label is gathered, so an inactive row's "
-    "out-of-range target raises an index error",
 )
 _VERL_FUSED_MEMORY = Explanation(
     PEER_LIMITATION,
@@ -589,14 +595,7 @@ PEERS = (
                 ),
                 by_property=(("test_special_values_match_oracle", _VERL_POS_INF),),
             ),
-            "inactive": Cell(
-                "assume_inactive_tokens",
-                explanation=Explanation(
-                    PEER_LIMITATION,
-                    "verl has no ignore_index: every label is gathered, so an inactive row's "
-                    "out-of-range target raises an index error",
-                ),
-            ),
+            "inactive": Cell("assume_inactive_tokens", explanation=_gathers_every_label("verl")),
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,
@@ -622,11 +621,7 @@ PEERS = (
             ),
             "inactive": Cell(
                 "assume_inactive_tokens",
-                explanation=Explanation(
-                    PEER_LIMITATION,
-                    "OpenRLHF has no ignore_index: every label is gathered, so an inactive "
-                    "row's out-of-range target raises an index error",
-                ),
+                explanation=_gathers_every_label("OpenRLHF"),
                 by_property=tuple(
                     (test, _OPENRLHF_POS_INF)
                     for test in (
@@ -676,7 +671,7 @@ PEERS = (
             ),
             "inactive": Cell(
                 "assume_inactive_tokens",
-                explanation=_VERL_FUSED_INACTIVE,
+                explanation=_gathers_every_label("FusedLinearForPPO"),
                 by_property=_VERL_FUSED_WATCHED,
             ),
             # Claimed away from the source (a chunk's matmul has min(512, rows left) rows);

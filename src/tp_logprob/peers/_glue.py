@@ -18,14 +18,19 @@ no LSE. Three pieces of glue turn that into ``(selected_logp, lse)``:
   untouched, at the cost of one extra logits-sized buffer.
 
 The adapters that take hidden states share their argument checks
-(:func:`check_hidden_inputs`), and the TP=1 adapters of a torch logprob helper
-share their capability and "what users assume" variants (:func:`torch_helper_backends`).
+(:func:`check_hidden_inputs`) and, at TP=1, the shape of their capability
+(:func:`fused_peer_capability`); the TP=1 adapters of a torch logprob helper share
+their capability and "what users assume" variants (:func:`torch_helper_backends`).
+Every adapter imports its library on its first call (:func:`imported_once`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -47,11 +52,37 @@ __all__ = [
     "argmax_logits",
     "check_hidden_inputs",
     "claiming",
+    "fused_peer_capability",
+    "imported_once",
     "lse_from_max",
     "private_copy",
     "selected_from_loss",
     "torch_helper_backends",
 ]
+
+
+_T = TypeVar("_T")
+
+
+def imported_once(loader: Callable[[], _T]) -> Callable[[], _T]:
+    """``loader``, run by the first call only; every later call returns what it returned.
+
+    An adapter imports its library on its first call, not when the adapter is imported
+    (the catalogue imports every adapter, installed or not), and the emulated ranks are
+    threads that may make that first call together: a lock lets one of them load. A
+    loader that raises is run again by the next call.
+    """
+    lock = threading.Lock()
+    loaded: list[_T] = []
+
+    @functools.wraps(loader)
+    def once() -> _T:
+        with lock:
+            if not loaded:
+                loaded.append(loader())
+        return loaded[0]
+
+    return once
 
 
 def selected_from_loss(loss: torch.Tensor) -> torch.Tensor:
@@ -158,6 +189,31 @@ def check_hidden_inputs(
         if value.device != hidden.device:
             raise LogprobContractError(f"{name}.device={value.device} != {hidden.device}")
     check_hidden_op_targets(targets, contract, group, hidden.device)
+
+
+def fused_peer_capability(
+    backend_id: str, mask_mode: MaskMode, **claims: Any
+) -> LogprobBackendCapability:
+    """The capability of a library's TP=1 hidden-input op (verl's, Liger's, CCE's).
+
+    What those ops share: hidden states in, the whole vocabulary of a row (TP=1, no
+    padding), fp32 only, train and infer, an LSE, and bits that hold from run to run
+    only (a row's matmul shape follows the batch). ``mask_mode`` is how the library leaves
+    rows out; ``claims`` adds its own (temperature, entropy, bias).
+    """
+    return LogprobBackendCapability(
+        backend_id=backend_id,
+        roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
+        dtypes=frozenset({LogprobDType.FP32}),
+        tp_world_sizes=frozenset({1}),
+        cp_world_sizes=frozenset({1}),
+        supports_vocab_padding=False,
+        mask_modes=frozenset({mask_mode}),
+        exports_vocab_lse=True,
+        determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
+        input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+        **claims,
+    )
 
 
 class TorchHelperBackends(NamedTuple):

@@ -52,19 +52,15 @@ Variants ("what users assume", each the same op): ``assume_padding``,
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobInputKind,
     LogprobResult,
-    LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.rowwise import full_fp32_matmul
@@ -72,6 +68,8 @@ from tp_logprob.peers._glue import (
     argmax_logits,
     check_hidden_inputs,
     claiming,
+    fused_peer_capability,
+    imported_once,
     lse_from_max,
     selected_from_loss,
 )
@@ -89,18 +87,7 @@ __all__ = [
 
 VERIFIED_VERSIONS = "cut-cross-entropy>=24.11.4,<25.2"
 
-CAPABILITY = LogprobBackendCapability(
-    backend_id="cce_linear_cross_entropy",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
-    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
-)
+CAPABILITY = fused_peer_capability("cce_linear_cross_entropy", MaskMode.IGNORE_INDEX)
 
 _NEVER_IGNORED = -1
 """``ignore_index`` for the LSE call, whose targets are argmaxes (``>= 0``)."""
@@ -111,17 +98,12 @@ _RECOMPILE_LIMIT = 256
 _SKIPPED_FRAME = "found no compiled frames"
 """What Dynamo's error says when ``fullgraph=True`` meets a frame it did not compile."""
 
-_IMPORT_LOCK = threading.Lock()
-_CCE: dict[str, Any] = {}
 
-
+@imported_once
 def _linear_cross_entropy() -> Any:
-    with _IMPORT_LOCK:
-        if not _CCE:
-            from cut_cross_entropy import linear_cross_entropy
+    from cut_cross_entropy import linear_cross_entropy
 
-            _CCE["function"] = linear_cross_entropy
-    return _CCE["function"]
+    return linear_cross_entropy
 
 
 def _loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore: int) -> Any:

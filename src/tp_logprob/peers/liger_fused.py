@@ -69,18 +69,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobInputKind,
     LogprobResult,
-    LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.rowwise import full_fp32_matmul
-from tp_logprob.peers._glue import check_hidden_inputs, claiming, lse_from_max, selected_from_loss
+from tp_logprob.peers._glue import (
+    check_hidden_inputs,
+    claiming,
+    fused_peer_capability,
+    lse_from_max,
+    selected_from_loss,
+)
 
 __all__ = [
     "CAPABILITY",
@@ -93,20 +96,7 @@ __all__ = [
 
 VERIFIED_VERSIONS = "liger-kernel>=0.8,<0.9"
 
-CAPABILITY = LogprobBackendCapability(
-    backend_id="liger_flce",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.IGNORE_INDEX}),
-    exports_vocab_lse=True,
-    # Its chunk size follows N, so a row's matmul shape (and bits) follow the batch.
-    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
-    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
-    supports_bias=True,
-)
+CAPABILITY = fused_peer_capability("liger_flce", MaskMode.IGNORE_INDEX, supports_bias=True)
 
 _NEVER_IGNORED = -1
 """``ignore_index`` for the LSE call, whose targets are argmaxes (``>= 0``)."""

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import warnings
 from typing import Any
 
@@ -65,7 +64,7 @@ from tp_logprob.contract import (
 )
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
+from tp_logprob.peers._glue import claiming, imported_once, lse_from_max, selected_from_loss
 
 __all__ = [
     "CAPABILITY",
@@ -91,8 +90,12 @@ CAPABILITY = LogprobBackendCapability(
     determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
 )
 
-_IMPORT_LOCK = threading.Lock()
-_LIGER: dict[str, Any] = {}
+
+@imported_once
+def _vocab_parallel_class() -> Any:
+    from liger_kernel.transformers import LigerVocabParallelCrossEntropy
+
+    return LigerVocabParallelCrossEntropy
 
 
 def _module(ignore_index: int, mode: str) -> Any:
@@ -103,12 +106,7 @@ def _module(ignore_index: int, mode: str) -> Any:
             "through the Triton interpreter; set TRITON_INTERPRET=1 before triton is "
             "first imported"
         )
-    with _IMPORT_LOCK:
-        if not _LIGER:
-            from liger_kernel.transformers import LigerVocabParallelCrossEntropy
-
-            _LIGER["class"] = LigerVocabParallelCrossEntropy
-    return _LIGER["class"](
+    return _vocab_parallel_class()(
         ignore_index=ignore_index,
         reduction="none",
         label_smoothing=0.0,

@@ -66,7 +66,6 @@ cannot say "tp divides the vocabulary".
 from __future__ import annotations
 
 import dataclasses
-import threading
 import warnings
 from typing import Any
 
@@ -84,7 +83,13 @@ from tp_logprob.contract import (
 )
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
-from tp_logprob.peers._glue import claiming, lse_from_max, private_copy, selected_from_loss
+from tp_logprob.peers._glue import (
+    claiming,
+    imported_once,
+    lse_from_max,
+    private_copy,
+    selected_from_loss,
+)
 
 __all__ = [
     "CAPABILITY",
@@ -114,30 +119,25 @@ CAPABILITY = LogprobBackendCapability(
     determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
 )
 
-_IMPORT_LOCK = threading.Lock()
-_MEGATRON: dict[str, Any] = {}
 
-
+@imported_once
 def _megatron() -> dict[str, Any]:
-    """Megatron's classes, imported once (rank threads may arrive together)."""
-    with _IMPORT_LOCK:
-        if not _MEGATRON:
-            with warnings.catch_warnings():
-                # "Transformer Engine and Apex are not installed", "absl.logging is not installed"
-                warnings.simplefilter("ignore")
-                from megatron.core import parallel_state
-                from megatron.core.tensor_parallel.cross_entropy import (
-                    VocabParallelCrossEntropy,
-                    vocab_parallel_cross_entropy,
-                )
-                from megatron.core.tensor_parallel.utils import VocabUtility
-            _MEGATRON.update(
-                pieces=VocabParallelCrossEntropy,
-                utility=VocabUtility,
-                function=vocab_parallel_cross_entropy,
-                parallel_state=parallel_state,
-            )
-    return _MEGATRON
+    """Megatron's classes."""
+    with warnings.catch_warnings():
+        # "Transformer Engine and Apex are not installed", "absl.logging is not installed"
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel.cross_entropy import (
+            VocabParallelCrossEntropy,
+            vocab_parallel_cross_entropy,
+        )
+        from megatron.core.tensor_parallel.utils import VocabUtility
+    return {
+        "pieces": VocabParallelCrossEntropy,
+        "utility": VocabUtility,
+        "function": vocab_parallel_cross_entropy,
+        "parallel_state": parallel_state,
+    }
 
 
 def _all_reduce_max(tensor: torch.Tensor, group: Any) -> torch.Tensor:

@@ -40,7 +40,6 @@ so ``lse = z_max - logprob``, with ``lse = z_max`` where ``z_max`` is ``+-inf``.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -49,6 +48,7 @@ from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import (
     TORCH_HELPER_VARIANTS,
+    imported_once,
     lse_from_max,
     private_copy,
     torch_helper_backends,
@@ -68,9 +68,6 @@ VERIFIED_VERSIONS = "openrlhf>=0.8.11,<0.12"
 DEFINITIONS = {"models/utils.py": ("_logsumexp_by_chunk", "log_probs_from_logits")}
 """The definitions the adapter runs, by file of the installed ``openrlhf`` package."""
 
-_IMPORT_LOCK = threading.Lock()
-_OPENRLHF: dict[str, Any] = {}
-
 
 def installed_definitions() -> dict[str, Any]:
     """:data:`DEFINITIONS`, compiled from the installed files unchanged."""
@@ -82,11 +79,9 @@ def installed_definitions() -> dict[str, Any]:
     return compile_installed("openrlhf", DEFINITIONS, namespace)
 
 
+@imported_once
 def _log_probs_from_logits() -> Any:
-    with _IMPORT_LOCK:
-        if not _OPENRLHF:
-            _OPENRLHF.update(installed_definitions())
-    return _OPENRLHF["log_probs_from_logits"]
+    return installed_definitions()["log_probs_from_logits"]
 
 
 def openrlhf_logprob(

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import typing
 import warnings
 from enum import IntEnum
@@ -79,7 +78,7 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import lse_from_max, private_copy
+from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
 from tp_logprob.peers._installed import installed_definitions as compile_installed
 from tp_logprob.support import SupportMode
 
@@ -113,27 +112,22 @@ _DEFINITIONS = {
 }
 """The definitions the adapter runs, by file of the installed ``sglang`` package."""
 
-_IMPORT_LOCK = threading.Lock()
-_SGLANG: dict[str, Any] = {}
 
-
+@imported_once
 def _sglang() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _SGLANG:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # import-time notices of SGLang's dependencies
-                try:
-                    from sglang.kernels.ops.sampling import softmax
-                except ImportError:  # before 0.5.22 the sampler calls torch.softmax itself
-                    softmax = functools.partial(torch.softmax, dim=-1)
-                from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
-            _SGLANG.update(
-                softmax=softmax,
-                SamplingParams=SamplingParams,
-                TOP_K_ALL=TOP_K_ALL,
-                **installed_definitions(),
-            )
-    return _SGLANG
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # import-time notices of SGLang's dependencies
+        try:
+            from sglang.kernels.ops.sampling import softmax
+        except ImportError:  # before 0.5.22 the sampler calls torch.softmax itself
+            softmax = functools.partial(torch.softmax, dim=-1)
+        from sglang.srt.sampling.sampling_params import TOP_K_ALL, SamplingParams
+    return {
+        "softmax": softmax,
+        "SamplingParams": SamplingParams,
+        "TOP_K_ALL": TOP_K_ALL,
+        **installed_definitions(),
+    }
 
 
 def installed_definitions() -> dict[str, Any]:

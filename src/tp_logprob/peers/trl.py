@@ -32,7 +32,6 @@ logprob``, with ``lse = z_max`` where ``z_max`` is ``+-inf``.
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
@@ -42,6 +41,7 @@ from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import (
     TORCH_HELPER_VARIANTS,
+    imported_once,
     lse_from_max,
     torch_helper_backends,
 )
@@ -56,21 +56,13 @@ __all__ = [
 
 VERIFIED_VERSIONS = "trl>=1.16,<1.17"
 
-_IMPORT_LOCK = threading.Lock()
-_TRL: dict[str, Any] = {}
 
-
+@imported_once
 def _trl() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _TRL:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # transformers' import-time notices
-                from trl.trainer.utils import (
-                    selective_log_softmax,
-                    selective_log_softmax_and_entropy,
-                )
-            _TRL.update(logprob=selective_log_softmax, both=selective_log_softmax_and_entropy)
-    return _TRL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' import-time notices
+        from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
+    return {"logprob": selective_log_softmax, "both": selective_log_softmax_and_entropy}
 
 
 def trl_logprob(

@@ -25,7 +25,6 @@ target, ``lse = z_max - logprob`` (``lse = z_max`` where ``z_max`` is ``+-inf``)
 from __future__ import annotations
 
 import re
-import threading
 import warnings
 from importlib import metadata
 from types import SimpleNamespace
@@ -43,7 +42,7 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import lse_from_max
+from tp_logprob.peers._glue import imported_once, lse_from_max
 
 __all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "trl_grpo_logprob"]
 
@@ -63,9 +62,6 @@ CAPABILITY = LogprobBackendCapability(
     supports_temperature=True,
 )
 
-_IMPORT_LOCK = threading.Lock()
-_METHOD: dict[str, Any] = {}
-
 
 def check_release(version: str) -> None:
     """Raise unless trl ``version`` has the four-argument ``_get_per_token_logps``."""
@@ -80,15 +76,13 @@ def check_release(version: str) -> None:
         )
 
 
+@imported_once
 def _method() -> Any:
-    with _IMPORT_LOCK:
-        if not _METHOD:
-            check_release(metadata.version("trl"))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # transformers' import-time notices
-                from trl.trainer.grpo_trainer import GRPOTrainer
-            _METHOD["logps"] = GRPOTrainer._get_per_token_logps
-    return _METHOD["logps"]
+    check_release(metadata.version("trl"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' import-time notices
+        from trl.trainer.grpo_trainer import GRPOTrainer
+    return GRPOTrainer._get_per_token_logps
 
 
 class _Harness:

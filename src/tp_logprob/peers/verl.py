@@ -36,7 +36,6 @@ is ``+-inf``.
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
@@ -46,6 +45,7 @@ from tp_logprob.contract import LogprobContract, LogprobResult
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import (
     TORCH_HELPER_VARIANTS,
+    imported_once,
     lse_from_max,
     torch_helper_backends,
 )
@@ -60,21 +60,16 @@ __all__ = [
 
 VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
 
-_IMPORT_LOCK = threading.Lock()
-_VERL: dict[str, Any] = {}
 
-
+@imported_once
 def _verl() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _VERL:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
-                from verl.utils import torch_functional
-            _VERL.update(
-                logprob=torch_functional.logprobs_from_logits,
-                entropy=torch_functional.entropy_from_logits,
-            )
-    return _VERL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
+        from verl.utils import torch_functional
+    return {
+        "logprob": torch_functional.logprobs_from_logits,
+        "entropy": torch_functional.entropy_from_logits,
+    }
 
 
 def verl_logprob(

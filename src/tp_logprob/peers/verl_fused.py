@@ -60,24 +60,27 @@ is the assumption): ``assume_padding``, ``assume_16bit``, ``assume_inactive_toke
 from __future__ import annotations
 
 import dataclasses
-import threading
 import warnings
 from typing import Any
 
 import torch
 
-from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobInputKind,
     LogprobResult,
-    LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.rowwise import full_fp32_matmul
-from tp_logprob.peers._glue import argmax_logits, check_hidden_inputs, claiming, lse_from_max
+from tp_logprob.peers._glue import (
+    argmax_logits,
+    check_hidden_inputs,
+    claiming,
+    fused_peer_capability,
+    imported_once,
+    lse_from_max,
+)
 
 __all__ = [
     "CAPABILITY",
@@ -93,34 +96,21 @@ __all__ = [
 
 VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
 
-CAPABILITY = LogprobBackendCapability(
-    backend_id="verl_fused_linear_for_ppo",
-    roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-    dtypes=frozenset({LogprobDType.FP32}),
-    tp_world_sizes=frozenset({1}),
-    cp_world_sizes=frozenset({1}),
-    supports_vocab_padding=False,
-    mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
-    exports_vocab_lse=True,
-    determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
-    input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+CAPABILITY = fused_peer_capability(
+    "verl_fused_linear_for_ppo",
+    MaskMode.ALL_ACTIVE,
     supports_temperature=True,
     exports_entropy=True,
 )
 
-_IMPORT_LOCK = threading.Lock()
-_VERL: dict[str, Any] = {}
 
-
+@imported_once
 def _verl() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _VERL:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
-                from verl.utils.experimental.torch_functional import FusedLinearForPPO
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
+        from verl.utils.experimental.torch_functional import FusedLinearForPPO
 
-            _VERL["torch"] = FusedLinearForPPO()  # impl_backend="torch", chunk_size=512
-    return _VERL
+    return {"torch": FusedLinearForPPO()}  # impl_backend="torch", chunk_size=512
 
 
 def triton_linear_cross_entropy() -> Any:

@@ -42,7 +42,6 @@ Glue: none; ``selected_logp`` is verl's ``-loss`` itself (``-0.0`` where the los
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
@@ -58,7 +57,7 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import private_copy
+from tp_logprob.peers._glue import imported_once, private_copy
 from tp_logprob.peers.megatron import tensor_parallel_state
 
 __all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "library", "verl_megatron_logprob"]
@@ -79,21 +78,16 @@ CAPABILITY = LogprobBackendCapability(
     real_group_only=True,
 )
 
-_IMPORT_LOCK = threading.Lock()
-_VERL: dict[str, Any] = {}
 
-
+@imported_once
 def _verl() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _VERL:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # verl's and Megatron's import-time notices
-                from verl.utils.megatron import tensor_parallel
-            _VERL.update(
-                logprob=tensor_parallel.vocab_parallel_log_probs_from_logits,
-                entropy=tensor_parallel.vocab_parallel_entropy,
-            )
-    return _VERL
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # verl's and Megatron's import-time notices
+        from verl.utils.megatron import tensor_parallel
+    return {
+        "logprob": tensor_parallel.vocab_parallel_log_probs_from_logits,
+        "entropy": tensor_parallel.vocab_parallel_entropy,
+    }
 
 
 def verl_megatron_logprob(

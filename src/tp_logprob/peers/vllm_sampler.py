@@ -44,7 +44,6 @@ of kept columns.
 
 from __future__ import annotations
 
-import threading
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -61,7 +60,7 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import lse_from_max, private_copy
+from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
 from tp_logprob.support import SupportMode
 
 __all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "honest", "vllm_processed_logprob"]
@@ -82,30 +81,25 @@ CAPABILITY = LogprobBackendCapability(
     support_modes=frozenset({SupportMode.SAMPLING_PARAMS}),
 )
 
-_IMPORT_LOCK = threading.Lock()
-_VLLM: dict[str, Any] = {}
 
-
+@imported_once
 def _vllm() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _VLLM:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
-                from vllm import SamplingParams
-                from vllm.v1.sample.logits_processor import LogitsProcessors
-                from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
-                from vllm.v1.sample.logits_processor.interface import BatchUpdate
-                from vllm.v1.sample.metadata import SamplingMetadata
-                from vllm.v1.sample.sampler import Sampler
-            _VLLM.update(
-                SamplingParams=SamplingParams,
-                LogitsProcessors=LogitsProcessors,
-                MinPLogitsProcessor=MinPLogitsProcessor,
-                BatchUpdate=BatchUpdate,
-                SamplingMetadata=SamplingMetadata,
-                Sampler=Sampler,
-            )
-    return _VLLM
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
+        from vllm import SamplingParams
+        from vllm.v1.sample.logits_processor import LogitsProcessors
+        from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+        from vllm.v1.sample.logits_processor.interface import BatchUpdate
+        from vllm.v1.sample.metadata import SamplingMetadata
+        from vllm.v1.sample.sampler import Sampler
+    return {
+        "SamplingParams": SamplingParams,
+        "LogitsProcessors": LogitsProcessors,
+        "MinPLogitsProcessor": MinPLogitsProcessor,
+        "BatchUpdate": BatchUpdate,
+        "SamplingMetadata": SamplingMetadata,
+        "Sampler": Sampler,
+    }
 
 
 def sampling_params(contract: LogprobContract) -> Any:

@@ -53,7 +53,6 @@ processed logit, or a NaN or ``+inf`` in ``z``; docs/semantics.md) gets NaN,
 from __future__ import annotations
 
 import re
-import threading
 import warnings
 from importlib import metadata
 from types import SimpleNamespace
@@ -71,7 +70,7 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import lse_from_max, private_copy
+from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
 from tp_logprob.support import SupportMode
 
 __all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "vllm_processed_logprob"]
@@ -98,9 +97,6 @@ CAPABILITY = LogprobBackendCapability(
     support_modes=frozenset({SupportMode.FULL, SupportMode.SAMPLING_PARAMS}),
 )
 
-_IMPORT_LOCK = threading.Lock()
-_VLLM: dict[str, Any] = {}
-
 
 def check_release(version: str) -> tuple[int, ...]:
     """The release of vllm ``version`` as numbers; raise unless it is a 0.10 release."""
@@ -116,46 +112,44 @@ def check_release(version: str) -> tuple[int, ...]:
     return release
 
 
+@imported_once
 def _vllm() -> dict[str, Any]:
-    with _IMPORT_LOCK:
-        if not _VLLM:
-            release = check_release(metadata.version("vllm"))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
-                from vllm import SamplingParams
-                from vllm.v1.sample.metadata import SamplingMetadata
-                from vllm.v1.sample.sampler import Sampler
+    release = check_release(metadata.version("vllm"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
+        from vllm import SamplingParams
+        from vllm.v1.sample.metadata import SamplingMetadata
+        from vllm.v1.sample.sampler import Sampler
 
-                if release < _PROCESSORS_PACKAGE:
-                    from vllm.v1.sample.logits_processor import (
-                        BatchUpdate,
-                        LogitsProcessorManager,
-                        MinPLogitsProcessor,
-                    )
-
-                    processors = LogitsProcessorManager
-                else:
-                    from vllm.v1.sample.logits_processor import LogitsProcessors
-                    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
-                    from vllm.v1.sample.logits_processor.interface import BatchUpdate
-
-                    processors = LogitsProcessors
-                mode: Any = "processed_logprobs"
-                if release >= _LOGPROBS_MODE_ENUM:
-                    from vllm.config import LogprobsMode
-
-                    mode = LogprobsMode.PROCESSED_LOGPROBS
-            _VLLM.update(
-                release=release,
-                SamplingParams=SamplingParams,
-                SamplingMetadata=SamplingMetadata,
-                Sampler=Sampler,
-                BatchUpdate=BatchUpdate,
-                MinPLogitsProcessor=MinPLogitsProcessor,
-                processors=processors,
-                mode=mode,
+        if release < _PROCESSORS_PACKAGE:
+            from vllm.v1.sample.logits_processor import (
+                BatchUpdate,
+                LogitsProcessorManager,
+                MinPLogitsProcessor,
             )
-    return _VLLM
+
+            processors = LogitsProcessorManager
+        else:
+            from vllm.v1.sample.logits_processor import LogitsProcessors
+            from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+            from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+            processors = LogitsProcessors
+        mode: Any = "processed_logprobs"
+        if release >= _LOGPROBS_MODE_ENUM:
+            from vllm.config import LogprobsMode
+
+            mode = LogprobsMode.PROCESSED_LOGPROBS
+    return {
+        "release": release,
+        "SamplingParams": SamplingParams,
+        "SamplingMetadata": SamplingMetadata,
+        "Sampler": Sampler,
+        "BatchUpdate": BatchUpdate,
+        "MinPLogitsProcessor": MinPLogitsProcessor,
+        "processors": processors,
+        "mode": mode,
+    }
 
 
 def sampling_params(contract: LogprobContract) -> Any:
