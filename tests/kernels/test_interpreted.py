@@ -93,6 +93,27 @@ def test_the_interpreter_is_restored_after_the_launch() -> None:
     assert tl.exp is exp  # the launch's patch of triton.language is undone too
 
 
+def test_numpy_dtypes_are_the_interpreters_own_and_restored_after_the_launch() -> None:
+    original = interpreter._get_np_dtype
+    types = [
+        tl.float32, tl.float16, tl.bfloat16, tl.float64, tl.int1, tl.int8, tl.uint8,
+        tl.int16, tl.int32, tl.uint32, tl.int64, tl.uint64,
+        tl.pointer_type(tl.float32), tl.pointer_type(tl.bfloat16),
+        tl.block_type(tl.float32, [4]), tl.block_type(tl.bfloat16, [2, 8]),
+        tl.block_type(tl.pointer_type(tl.int64), [8]), tl.block_type(tl.int1, [16]),
+    ]  # fmt: skip
+    with interpreting():
+        kept = interpreter._get_np_dtype
+        assert kept is not original
+        answers = [kept(tt_dtype) for tt_dtype in types * 2]  # the second pass from the kept
+        held = _run(torch.linspace(-3.0, 5.0, 21))
+    assert interpreter._get_np_dtype is original
+    assert answers == [original(tt_dtype) for tt_dtype in types * 2]
+    assert torch.equal(
+        held.view(torch.int32), _run(torch.linspace(-3.0, 5.0, 21)).view(torch.int32)
+    )
+
+
 def test_overflow_to_inf_is_silent_and_invalid_operations_still_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

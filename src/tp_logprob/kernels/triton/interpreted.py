@@ -12,6 +12,11 @@ in place and the helper's patch changes nothing. Within one launch,
 call small helpers per tile and per row, and under the interpreter that repeated
 patch was most of their running time. What runs, and so every bit the kernels
 produce, is unchanged.
+
+Each operation on a tile also asks the interpreter for the numpy dtype of a Triton
+type, and its ``_get_np_dtype`` builds a table of twenty numpy dtypes to answer
+(about a tenth of an interpreted kernel's time here). Within a launch the answer for
+each element type is kept (:func:`_np_dtypes_kept`): the same dtypes, so the same bits.
 """
 
 from __future__ import annotations
@@ -40,8 +45,39 @@ def interpreting() -> Iterator[None]:
     ignored here. Invalid operations (``inf - inf``) still warn: the kernels never
     perform one.
     """
-    with _LOCK, np.errstate(over="ignore"), _patching_once():
+    with _LOCK, np.errstate(over="ignore"), _patching_once(), _np_dtypes_kept():
         yield
+
+
+@contextlib.contextmanager
+def _np_dtypes_kept() -> Iterator[None]:
+    """Replace the interpreter's ``_get_np_dtype`` with one that answers each element type
+    from what the original answered; restored when the launch ends. A block type's answer
+    is its element type's; a pointer's (``uint64``) the original answers at once, unkept
+    (pointer types are not hashable)."""
+    original: Callable[[Any], Any] | None = getattr(interpreter, "_get_np_dtype", None)
+    block_type = getattr(tl, "block_type", None)
+    pointer_type = getattr(tl, "pointer_type", None)
+    if original is None or block_type is None or pointer_type is None:
+        yield
+        return
+    kept: dict[Any, Any] = {}
+
+    def np_dtype(tt_dtype: Any) -> Any:
+        if isinstance(tt_dtype, block_type):
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, pointer_type):
+            return original(tt_dtype)
+        found = kept.get(tt_dtype)
+        if found is None:
+            found = kept[tt_dtype] = original(tt_dtype)
+        return found
+
+    interpreter._get_np_dtype = np_dtype
+    try:
+        yield
+    finally:
+        interpreter._get_np_dtype = original
 
 
 @contextlib.contextmanager
