@@ -20,7 +20,12 @@ import numpy.typing as npt
 
 from tp_logprob.contract import LogprobContract
 from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
-from tp_logprob.judging.measuring import allowed_error, entropy_error, row_summary
+from tp_logprob.judging.measuring import (
+    allowed_error,
+    entropy_error,
+    expect_exact,
+    row_summary,
+)
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.formats import U32
@@ -35,6 +40,7 @@ __all__ = [
     "Backward",
     "backward",
     "entropy_weights",
+    "expect_exact_and_gradient",
     "expect_gradient",
     "gradient_bound",
     "judge_gradient",
@@ -142,15 +148,42 @@ def _entropy_term_bound(
     return np.where(p == 0.0, 0.0, np.nan_to_num(term * 1.01, nan=np.inf))
 
 
+def expect_exact_and_gradient(
+    prop: str,
+    gradient_prop: str,
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    stats: SuiteStats | None = None,
+    *,
+    count_ulps: bool = True,
+) -> None:
+    """The outputs within tolerance of the exact oracle (``prop``) and, for a ``train``
+    case, the gradient within its bound (``gradient_prop``), from one forward: a train
+    case's outputs are judged on the forward the gradient flows through, as a trainer
+    runs it, rather than on a second forward without grad."""
+    if case.contract.role.value != "train":
+        expect_exact(prop, backend, case, stats, count_ulps=count_ulps)
+        return
+    run = backward(gradient_prop, case, backend)
+    expect_exact(prop, backend, case, stats, count_ulps=count_ulps, outputs=run.outputs)
+    expect_gradient(gradient_prop, case, backend, stats, run=run)
+
+
 def expect_gradient(
-    prop: str, case: LogprobCase, backend: BackendUnderTest, stats: SuiteStats | None = None
+    prop: str,
+    case: LogprobCase,
+    backend: BackendUnderTest,
+    stats: SuiteStats | None = None,
+    *,
+    run: Backward | None = None,
 ) -> None:
     """Backprop every rank's (replicated) weighted loss, as TP training does; compare.
 
     The loss is ``sum(w * selected_logp)`` with :func:`upstream_weights`, so the
-    expected gradient is ``w[:, None] * exact``.
+    expected gradient is ``w[:, None] * exact``. ``run``: that backward, already made.
     """
-    run = backward(prop, case, backend)
+    if run is None:
+        run = backward(prop, case, backend)
     contract = case.contract
     real = contract.sharding.real_vocab_size
     exact = exact_logprob_grad(

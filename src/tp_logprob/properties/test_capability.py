@@ -29,7 +29,7 @@ from tp_logprob.contract import (
     ShardingSpec,
 )
 from tp_logprob.judging.fused import expect_fused_gradients
-from tp_logprob.judging.gradients import expect_gradient
+from tp_logprob.judging.gradients import expect_exact_and_gradient
 from tp_logprob.judging.measuring import expect_exact
 from tp_logprob.judging.processed import expect_processed_exact, expect_processed_gradient
 from tp_logprob.oracle import exact_hidden_logits
@@ -205,18 +205,15 @@ def claimed_contract(
         if train:
             expect_processed_gradient(f"{prop} (train)", case, backend)
         return
-    expect_exact(
-        "capability truthfulness: a claimed contract kind is served wrongly",
-        backend,
-        case,
-        count_ulps=False,
-    )
-    if not train:
+    served_wrongly = "capability truthfulness: a claimed contract kind is served wrongly"
+    if not isinstance(case, HiddenCase):
+        expect_exact_and_gradient(
+            served_wrongly, "capability truthfulness (train)", backend, case, count_ulps=False
+        )
         return
-    if isinstance(case, HiddenCase):
+    expect_exact(served_wrongly, backend, case, count_ulps=False)
+    if train:
         expect_fused_gradients(backend, case)
-    else:
-        expect_gradient("capability truthfulness (train)", case, backend)
 
 
 def test_serves_every_claimed_contract_kind(

@@ -23,8 +23,7 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
-from tp_logprob.judging.gradients import expect_gradient
-from tp_logprob.judging.measuring import expect_exact
+from tp_logprob.judging.gradients import expect_exact_and_gradient
 from tp_logprob.strategies import DTYPE_MAX, LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
@@ -141,9 +140,7 @@ def pinned(
 ) -> None:
     """The exact oracle's values (and gradient, for train) on a pinned case."""
     name = params["name"]
-    expect_exact(f"pinned case: {name}", backend, case, stats)
-    if case.contract.role.value == "train":
-        expect_gradient(f"pinned case: {name}", case, backend, stats)
+    expect_exact_and_gradient(f"pinned case: {name}", f"pinned case: {name}", backend, case, stats)
 
 
 def _claims_pinned_contract(backend: BackendUnderTest, params: Mapping[str, Any]) -> str | None:

@@ -19,13 +19,12 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import MaskSpec, ShardingSpec
 from tp_logprob.judging.expected import exact_outputs
-from tp_logprob.judging.gradients import expect_gradient
+from tp_logprob.judging.gradients import expect_exact_and_gradient
 from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_room,
     expect_bitwise,
     expect_close,
-    expect_exact,
 )
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
@@ -49,9 +48,13 @@ def entropy_nan_free(
 ) -> None:
     """Rows full of ``-inf`` logits and garbage padding: entropy and its gradient are finite
     (and within tolerance) wherever the exact values are finite."""
-    expect_exact("entropy NaN-freedom: -inf logits or padding broke entropy", backend, case, stats)
-    if case.contract.role.value == "train":
-        expect_gradient("entropy NaN-freedom (gradient)", case, backend, stats)
+    expect_exact_and_gradient(
+        "entropy NaN-freedom: -inf logits or padding broke entropy",
+        "entropy NaN-freedom (gradient)",
+        backend,
+        case,
+        stats,
+    )
 
 
 @applies_to(LOGITS_INPUT)
