@@ -201,6 +201,20 @@ def fused_peer_capability(
     only (a row's matmul shape follows the batch). ``mask_mode`` is how the library leaves
     rows out; ``claims`` adds its own (temperature, entropy, bias).
     """
+    return _whole_vocabulary_capability(
+        backend_id,
+        mask_mode,
+        DeterminismScope.RUN_TO_RUN,
+        input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+        **claims,
+    )
+
+
+def _whole_vocabulary_capability(
+    backend_id: str, mask_mode: MaskMode, scope: DeterminismScope, **claims: Any
+) -> LogprobBackendCapability:
+    """What every TP=1 library op here claims: the whole vocabulary of a row (no padding),
+    fp32 only, train and infer, an LSE; its mask mode, scope and ``claims`` besides."""
     return LogprobBackendCapability(
         backend_id=backend_id,
         roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
@@ -210,8 +224,7 @@ def fused_peer_capability(
         supports_vocab_padding=False,
         mask_modes=frozenset({mask_mode}),
         exports_vocab_lse=True,
-        determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
-        input_kinds=frozenset({LogprobInputKind.HIDDEN}),
+        determinism_scopes=frozenset({scope}),
         **claims,
     )
 
@@ -239,17 +252,8 @@ def torch_helper_backends(op: Any, backend_id: str, **claims: Any) -> TorchHelpe
     adapter's glue. ``claims`` adds the helper's own (temperature, entropy). The
     variants claim no entropy, so that what fails is their assumption.
     """
-    capability = LogprobBackendCapability(
-        backend_id=backend_id,
-        roles=frozenset({LogprobRole.TRAIN, LogprobRole.INFER}),
-        dtypes=frozenset({LogprobDType.FP32}),
-        tp_world_sizes=frozenset({1}),
-        cp_world_sizes=frozenset({1}),
-        supports_vocab_padding=False,
-        mask_modes=frozenset({MaskMode.ALL_ACTIVE}),
-        exports_vocab_lse=True,
-        determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-        **claims,
+    capability = _whole_vocabulary_capability(
+        backend_id, MaskMode.ALL_ACTIVE, DeterminismScope.FIXED_TOPOLOGY, **claims
     )
     base = (op, dataclasses.replace(capability, exports_entropy=False))
     return TorchHelperBackends(
