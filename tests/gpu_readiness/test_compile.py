@@ -9,6 +9,7 @@ matrix and writes docs/gpu-readiness.md. The fast tests below check the pieces
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pkgutil
@@ -98,7 +99,7 @@ def _jit_kernels() -> set[str]:
 
 
 def test_recorder_takes_configs_from_the_gpu_launch_table() -> None:
-    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), recorder.Coverage.SINGLES)
     row = launch.launch_config("cuda", launch.KernelKind.ROW, torch.bfloat16)
     partial = [x for x in launches if x.name == "online_partial_kernel" and x.dtype == "bf16"]
     assert partial
@@ -112,13 +113,13 @@ def test_recorder_takes_configs_from_the_gpu_launch_table() -> None:
 
 
 def test_recorder_launches_every_kernel() -> None:
-    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), recorder.Coverage.SINGLES)
     missing = _jit_kernels() - {x.name for x in launches}
     assert not missing, f"@triton.jit kernels no recorded backend launches: {sorted(missing)}"
 
 
 def test_recorder_records_hidden_input_backends_on_fused_contracts() -> None:
-    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), recorder.Coverage.SINGLES)
     hidden = {
         capability.backend_id
         for capability in tpl.registry.backends("cuda")
@@ -152,9 +153,9 @@ def test_recorder_records_hidden_input_backends_on_fused_contracts() -> None:
 
 
 def test_recorder_specializations_follow_the_layout() -> None:
-    aligned = recorder.record(["rocm"], ["aligned"], (torch.int64,), exhaustive=False)
-    unaligned = recorder.record(["rocm"], ["unaligned"], (torch.int64,), exhaustive=False)
-    wide = recorder.record(["rocm"], ["aligned-2gib"], (torch.int64,), exhaustive=False)
+    aligned = recorder.record(["rocm"], ["aligned"], (torch.int64,), recorder.Coverage.SINGLES)
+    unaligned = recorder.record(["rocm"], ["unaligned"], (torch.int64,), recorder.Coverage.SINGLES)
+    wide = recorder.record(["rocm"], ["aligned-2gib"], (torch.int64,), recorder.Coverage.SINGLES)
 
     def operand_args(launches: list[Any], operand: str) -> set[Any]:
         return {a for x in launches for a in x.args if getattr(a, "operand", None) == operand}
@@ -177,15 +178,42 @@ def test_contract_variants_cover_every_option(kind: LogprobInputKind) -> None:
     hidden_only = {"has_bias", "allow_tf32"}
     expected = hidden_only if kind is LogprobInputKind.HIDDEN else set()
     assert hidden_only & set(choices) == expected
-    for exhaustive in (True, False):
-        variants = list(recorder.contract_variants(base, exhaustive=exhaustive))
+    targets = (torch.int64, torch.int32)
+    for coverage in recorder.Coverage:
+        variants = list(recorder.contract_variants(base, coverage, targets))
         for key, values in choices.items():
-            seen = {recorder._lookup(variant, key) for variant in variants}
-            assert seen == set(values), (exhaustive, key)
-    total = 1
+            seen = {recorder._lookup(variant, key) for variant, _ in variants}
+            assert seen == set(values), (coverage, key)
+        assert {target for _, target in variants} == set(targets), coverage
+    total = 2
     for values in choices.values():
         total *= len(values)
-    assert len(list(recorder.contract_variants(base))) == total
+    assert len(list(recorder.contract_variants(base, target_dtypes=targets))) == total
+
+
+@pytest.mark.parametrize("kind", list(LogprobInputKind), ids=lambda kind: kind.value)
+def test_paired_variants_put_every_two_option_values_together(kind: LogprobInputKind) -> None:
+    base = recorder._base_contract(recorder.LAYOUTS["aligned"], 0, 0, kind)
+    choices = recorder._field_choices(base)
+    targets = (torch.int64, torch.int32)
+    variants = list(recorder.contract_variants(base, recorder.Coverage.PAIRS, targets))
+    options = [key for key in choices if key not in ("role", "dtype")]
+
+    def values(variant: Any, target: torch.dtype) -> dict[str, Any]:
+        return {"target": target, **{key: recorder._lookup(variant, key) for key in choices}}
+
+    rows = [values(variant, target) for variant, target in variants]
+    every = {"target": targets, **choices}
+    for a, b in itertools.combinations(["target", *options], 2):
+        for x in every[a]:
+            for y in every[b]:
+                assert any(row[a] == x and row[b] == y for row in rows), (a, x, b, y)
+    for role in choices["role"]:  # role x dtype crossed with each paired row
+        for dtype in choices["dtype"]:
+            mine = [row for row in rows if row["role"] == role and row["dtype"] == dtype]
+            assert len(mine) == len(rows) // 6
+    exhaustive = len(list(recorder.contract_variants(base, target_dtypes=targets)))
+    assert len(rows) * 10 < exhaustive
 
 
 _PTX = """\
@@ -277,7 +305,8 @@ def test_traffic_reads_the_logits_once_or_twice() -> None:
 
 def test_traffic_functions_name_the_launched_kernels() -> None:
     launched = {
-        x.name for x in recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+        x.name
+        for x in recorder.record(["cuda"], ["aligned"], (torch.int64,), recorder.Coverage.SINGLES)
     }
     for stages in traffic.TRAFFIC.values():
         assert {stage.kernel for stage in stages(traffic.BENCH_SHAPE)} <= launched

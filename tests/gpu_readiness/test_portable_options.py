@@ -16,7 +16,7 @@ pytestmark = pytest.mark.triton
 def test_portable_launches_are_recorded_without_fp_fusion() -> None:
     """The recorder hands ``enable_fp_fusion=False`` to the JIT's binder, which makes it
     the compile option (``aot._specialize``); only triton_portable's launches carry it."""
-    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), exhaustive=False)
+    launches = recorder.record(["cuda"], ["aligned"], (torch.int64,), recorder.Coverage.SINGLES)
     portable = [item for item in launches if item.backend == "triton_portable"]
     assert {item.name for item in portable} == set(portable_math.PORTABLE_KERNELS)
     for item in launches:

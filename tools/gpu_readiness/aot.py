@@ -79,34 +79,56 @@ PROBE_BACKEND = "gate probe"  # the rows of tools.gpu_readiness.probes
 
 
 @dataclass(frozen=True)
-class Matrix:
-    """Which recorded launches to compile: (layout, logits dtype) pairs and target-id dtypes."""
+class Part:
+    """Launches to record: (layout, logits dtype) cases, target-id dtypes, and how the
+    contract options and target dtype combine (a :class:`recorder.Coverage` name)."""
 
-    name: str
     cases: tuple[tuple[str, str], ...]
     target_dtypes: tuple[str, ...]
-    exhaustive: bool  # every combination of contract options, or each option alone
+    coverage: str
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """Which recorded launches to compile: the union of its parts' launches."""
+
+    name: str
+    parts: tuple[Part, ...]
     description: str
 
 
 _ALL_DTYPES = ("bf16", "fp16", "fp32")
+_ALL_CASES = tuple(
+    (layout, dtype)
+    for layout in ("aligned", "aligned-2gib", "padded", "unaligned")
+    for dtype in _ALL_DTYPES
+)
 MATRICES = {
     "full": Matrix(
         "full",
-        tuple(
-            (layout, dtype)
-            for layout in ("aligned", "aligned-2gib", "padded", "unaligned")
-            for dtype in _ALL_DTYPES
+        (
+            Part((("aligned", "bf16"),), ("int64",), "EXHAUSTIVE"),
+            Part(_ALL_CASES, ("int64", "int32"), "PAIRS"),
         ),
-        ("int64", "int32"),
-        True,
-        "every layout x logits dtype x combination of contract options, int64 and int32 targets",
+        "every combination of contract options in the aligned layout, for each logits dtype "
+        "(int64 targets: every constexpr combination each kernel can be launched with), and "
+        "every layout x logits dtype with every pair of option values, the target dtype (int64, "
+        "int32) among the options, together in some launch",
     ),
     "ci": Matrix(
         "ci",
-        (("aligned", "bf16"), ("aligned-2gib", "bf16"), ("padded", "bf16"), ("unaligned", "fp32")),
-        ("int64",),
-        False,
+        (
+            Part(
+                (
+                    ("aligned", "bf16"),
+                    ("aligned-2gib", "bf16"),
+                    ("padded", "bf16"),
+                    ("unaligned", "fp32"),
+                ),
+                ("int64",),
+                "SINGLES",
+            ),
+        ),
         "aligned and padded bf16 (4096-column tiles), unaligned fp32 (2048-column tiles), both "
         "roles, each other contract option changed alone, int64 targets: every kernel, launch "
         "config and constexpr on every target",
@@ -144,12 +166,12 @@ def plan_matrix(
     alignment attributes and options on one target: launches equal in all of them
     compile to one binary) and each launch x target with its job's key.
     """
-    layouts = sorted({layout for layout, _ in matrix.cases})
     platforms = sorted({_PLATFORM[TARGETS[name][0]] for name in targets})
     parts = [
-        (platform, layout, matrix.target_dtypes, matrix.exhaustive)
+        (platform, layout, dtypes, part.target_dtypes, part.coverage)
+        for part in matrix.parts
         for platform in platforms
-        for layout in layouts
+        for layout, dtypes in _dtypes_by_layout(part.cases).items()
     ]
     started = time.perf_counter()
     if jobs <= 1:
@@ -159,8 +181,6 @@ def plan_matrix(
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
             launches = [_resolved(item) for done in pool.map(_record_part, parts) for item in done]
     print(f"recorded in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    wanted = set(matrix.cases)
-    launches = [item for item in launches if (item.layout, item.dtype) in wanted]
     launches += [probe for platform in platforms for probe in _probe_launches(platform)]
     print(f"recorded {len(launches)} launches", file=sys.stderr)
     _check_compilable(launches)
@@ -255,15 +275,27 @@ def estimate_matrix(matrix: Matrix, targets: Sequence[str], jobs: int, sample: i
     return lines
 
 
-def _record_part(part: tuple[str, str, tuple[str, ...], bool]) -> list[Any]:
-    """The launches of one platform x layout (run in a worker: kernels named, not pickled)."""
+def _dtypes_by_layout(cases: Sequence[tuple[str, str]]) -> dict[str, tuple[str, ...]]:
+    found: dict[str, tuple[str, ...]] = {}
+    for layout, dtype in cases:
+        found[layout] = (*found.get(layout, ()), dtype)
+    return found
+
+
+def _record_part(part: tuple[str, str, tuple[str, ...], tuple[str, ...], str]) -> list[Any]:
+    """The launches of one platform x layout for some logits dtypes (run in a worker:
+    kernels named, not pickled)."""
     import torch
 
     from tools.gpu_readiness import recorder
 
-    platform, layout, target_dtypes, exhaustive = part
-    dtypes = tuple(getattr(torch, name) for name in target_dtypes)
-    launches = recorder.record([platform], [layout], dtypes, exhaustive=exhaustive)
+    platform, layout, dtypes, target_dtypes, coverage = part
+    targets = tuple(getattr(torch, name) for name in target_dtypes)
+    launches = [
+        launch
+        for launch in recorder.record([platform], [layout], targets, recorder.Coverage[coverage])
+        if launch.dtype in dtypes
+    ]
     if multiprocessing.parent_process() is None:
         return launches
     return [dataclasses.replace(item, kernel=_kernel_name(item.kernel)) for item in launches]

@@ -50,6 +50,7 @@ from tp_logprob.support import SupportSpec
 
 __all__ = [
     "LAYOUTS",
+    "Coverage",
     "PLATFORMS",
     "KernelLaunch",
     "Layout",
@@ -61,6 +62,7 @@ __all__ = [
 
 PLATFORMS = ("cuda", "rocm")
 _CROSSED = ("role", "dtype")  # which kernels run, and the logits dtype: always crossed
+_TARGETS = "target dtype"  # the targets' element type, varied beside the contract's options
 _PACKAGE = "tp_logprob.kernels.triton"
 _BEYOND_2GIB = 2**32  # bytes: past the 32-bit offsets of AMD buffer ops
 
@@ -197,50 +199,99 @@ def _triton_ops(platform: str) -> Iterator[tuple[str, LogprobInputKind]]:
                 yield capability.backend_id, kind
 
 
-def contract_variants(
-    base: LogprobContract, *, exhaustive: bool = True
-) -> Iterator[LogprobContract]:
-    """``base`` with its enum, flag and float options varied (invalid combinations skipped).
+class Coverage(enum.Enum):
+    """Which combinations of a contract's options (besides role x input dtype) are recorded."""
 
-    ``exhaustive``: every combination. Otherwise every role x input dtype, each with the
-    other options (the support's kind among them) changed one at a time: every kernel and
-    constexpr, fewer pairs.
+    EXHAUSTIVE = "every combination"
+    PAIRS = "every pair of option values together"
+    SINGLES = "each option changed alone"
+
+
+def contract_variants(
+    base: LogprobContract,
+    coverage: Coverage = Coverage.EXHAUSTIVE,
+    target_dtypes: Sequence[torch.dtype] = (torch.int64,),
+) -> Iterator[tuple[LogprobContract, torch.dtype]]:
+    """``base`` with its enum, flag and float options varied, with a target dtype each.
+
+    Every role x input dtype is recorded. ``coverage`` says how the other options and the
+    target dtype combine: every combination, every pair of values of any two of them in
+    at least one variant (:func:`_pairs`), or each changed alone from the default.
     """
     choices = _field_choices(base)
-    if exhaustive:
-        combos = [
-            dict(zip(choices, values, strict=True))
-            for values in itertools.product(*choices.values())
+    crossed = {key: choices[key] for key in _CROSSED if key in choices}
+    others = {key: values for key, values in choices.items() if key not in crossed}
+    others[_TARGETS] = tuple(target_dtypes)
+    if coverage is Coverage.EXHAUSTIVE:
+        rows = [
+            dict(zip(others, values, strict=True)) for values in itertools.product(*others.values())
         ]
+    elif coverage is Coverage.PAIRS:
+        rows = _pairs(others)
     else:
-        crossed = {key: choices[key] for key in _CROSSED if key in choices}
-        others = {key: values for key, values in choices.items() if key not in crossed}
-        singles: list[dict[str, Any]] = [{}] + [
-            {key: value} for key, values in others.items() for value in values[1:]
-        ]
-        combos = [
-            {**dict(zip(crossed, values, strict=True)), **single}
-            for values in itertools.product(*crossed.values())
-            for single in singles
-        ]
-    for changes in combos:
-        try:
-            yield _replace(base, changes)
-        except LogprobContractError:
-            continue
+        rows = [{}] + [{key: value} for key, values in others.items() for value in values[1:]]
+    for values in itertools.product(*crossed.values()):
+        for row in rows:
+            changes = {**dict(zip(crossed, values, strict=True)), **row}
+            target_dtype = changes.pop(_TARGETS, target_dtypes[0])
+            try:
+                yield _replace(base, changes), target_dtype
+            except LogprobContractError:
+                continue
+
+
+def _pairs(choices: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Rows assigning every option a value such that any two values of any two options
+    meet in some row (a covering array of strength 2), built greedily and deterministically:
+    each row starts from the first pair not yet covered, then gives every other option the
+    value covering most uncovered pairs (ties: the earlier value, so defaults first)."""
+    keys = list(choices)
+    index = {key: i for i, key in enumerate(keys)}
+    uncovered = {
+        ((a, i), (b, j))
+        for a, b in itertools.combinations(keys, 2)
+        for i in range(len(choices[a]))
+        for j in range(len(choices[b]))
+    }
+    rows: list[dict[str, Any]] = []
+    while uncovered:
+        (a, i), (b, j) = min(
+            uncovered,
+            key=lambda pair: (index[pair[0][0]], pair[0][1], index[pair[1][0]], pair[1][1]),
+        )
+        chosen = {a: i, b: j}
+        for key in keys:
+            if key in chosen:
+                continue
+            chosen[key] = max(
+                range(len(choices[key])),
+                key=lambda v: (
+                    sum(_pair(key, v, other, w, index) in uncovered for other, w in chosen.items()),
+                    -v,
+                ),
+            )
+        uncovered -= {
+            _pair(x, i, y, j, index) for (x, i), (y, j) in itertools.combinations(chosen.items(), 2)
+        }
+        rows.append({key: choices[key][v] for key, v in chosen.items()})
+    return rows or [{}]
+
+
+def _pair(a: str, i: int, b: str, j: int, index: dict[str, int]) -> tuple[Any, ...]:
+    """The pair (a=i, b=j) in :func:`_pairs`' canonical order (options in field order)."""
+    return ((a, i), (b, j)) if index[a] < index[b] else ((b, j), (a, i))
 
 
 def record(
     platforms: Sequence[str] = PLATFORMS,
     layouts: Sequence[str] = tuple(LAYOUTS),
     target_dtypes: Sequence[torch.dtype] = (torch.int64, torch.int32),
-    *,
-    exhaustive: bool = True,
+    coverage: Coverage = Coverage.EXHAUSTIVE,
 ) -> list[KernelLaunch]:
     """Every launch of every Triton backend, per contract variant, platform and layout.
 
     A backend is recorded on each input kind its capability lists (logits, hidden).
-    ``exhaustive`` is passed to :func:`contract_variants`.
+    ``coverage`` is passed to :func:`contract_variants`.
     """
     launches: list[KernelLaunch] = []
     with _one_thread():
@@ -251,11 +302,12 @@ def record(
                     for tp_index, bounds in enumerate(layout.bounds):
                         for rank in range(len(bounds)):
                             base = _base_contract(layout, tp_index, rank, kind)
-                            for contract in contract_variants(base, exhaustive=exhaustive):
-                                for target_dtype in target_dtypes:
-                                    launches += _record_one(
-                                        backend, platform, layout, contract, target_dtype
-                                    )
+                            for contract, target_dtype in contract_variants(
+                                base, coverage, target_dtypes
+                            ):
+                                launches += _record_one(
+                                    backend, platform, layout, contract, target_dtype
+                                )
     return launches
 
 
