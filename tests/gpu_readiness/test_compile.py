@@ -319,3 +319,23 @@ def test_readiness_doc_is_generated_from_the_full_matrix() -> None:
     assert "--matrix full" in text
     for target in aot.TARGETS:
         assert f"| {target} |" in text
+
+
+@pytest.mark.parametrize(("cached", "said"), [(0, "a cold Triton cache"), (7, "a warm Triton")])
+def test_the_headline_says_where_the_time_went(cached: int, said: str) -> None:
+    readiness = pytest.importorskip("tools.gpu_readiness.readiness")
+    timing = aot.Timing(recorded_s=75.0, compiled_s=1100.0, compiles=6538, workers=2, cached=cached)
+    report = readiness.Report(aot.MATRICES["full"], ("sm_90",), [], [], 1175.0, [], timing)
+    line = readiness.headline(report).splitlines()[2]
+    assert line.startswith("where the time went: 75 s recording and specializing, 1100 s ")
+    assert "6538 distinct compiles on 2 worker(s)" in line and said in line
+
+
+def test_the_full_matrix_records_every_case_and_both_target_dtypes() -> None:
+    full = aot.MATRICES["full"]
+    cases = {case for part in full.parts for case in part.cases}
+    assert cases == {
+        (layout, dtype) for layout in recorder.LAYOUTS for dtype in ("bf16", "fp16", "fp32")
+    }
+    assert {"EXHAUSTIVE", "PAIRS"} == {part.coverage for part in full.parts}
+    assert {"int64", "int32"} <= {name for part in full.parts for name in part.target_dtypes}

@@ -200,16 +200,31 @@ def plan_matrix(
     return pending, placed
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Where a compile run's time went, and whether Triton's cache was warm."""
+
+    recorded_s: float  # recording and specializing every launch
+    compiled_s: float  # the distinct compiles (Triton's cache answers the ones it holds)
+    compiles: int
+    workers: int
+    cached: int  # entries in Triton's cache when the run began: 0 is a cold cache
+
+
 def compile_matrix(
     matrix: Matrix, targets: Sequence[str] = tuple(TARGETS), jobs: int = 1
-) -> list[CompiledLaunch]:
+) -> tuple[list[CompiledLaunch], Timing]:
     """Record, specialize and compile ``matrix`` for ``targets``; one row per launch x target.
 
     The recording is split by platform x layout over ``jobs`` processes, as the compiles
     are; each distinct specialization is compiled once per target (:func:`plan_matrix`).
     """
+    cached = _cache_entries()
+    started = time.perf_counter()
     pending, placed = plan_matrix(matrix, targets, jobs)
+    recorded = time.perf_counter()
     results = dict(zip(pending, _run_jobs(list(pending.values()), jobs), strict=True))
+    timing = Timing(recorded - started, time.perf_counter() - recorded, len(pending), jobs, cached)
     seen: set[tuple[Any, ...]] = set()
     rows = []
     for launch, target, key in placed:
@@ -235,7 +250,15 @@ def compile_matrix(
         if identity not in seen:
             seen.add(identity)
             rows.append(row)
-    return rows
+    return rows, timing
+
+
+def _cache_entries() -> int:
+    """How many kernels Triton's cache holds (``TRITON_CACHE_DIR``, else its default)."""
+    from triton import knobs
+
+    found = knobs.cache.dir
+    return len(os.listdir(found)) if found and os.path.isdir(found) else 0
 
 
 def estimate_matrix(matrix: Matrix, targets: Sequence[str], jobs: int, sample: int) -> list[str]:
@@ -596,10 +619,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(estimate_matrix(matrix, args.targets, args.jobs, args.estimate)))
         return 0
     started = time.perf_counter()
-    rows = compile_matrix(matrix, args.targets, args.jobs)
+    rows, timing = compile_matrix(matrix, args.targets, args.jobs)
     elapsed = time.perf_counter() - started
     failures = gate_failures(rows)
-    report = readiness.Report(matrix, tuple(args.targets), rows, failures, elapsed, sys.argv)
+    report = readiness.Report(
+        matrix, tuple(args.targets), rows, failures, elapsed, sys.argv, timing
+    )
     if args.json:
         readiness.write_json(report, args.json)
     if args.markdown:

@@ -40,6 +40,7 @@ class Report:
     failures: Sequence[str]
     elapsed_s: float
     argv: Sequence[str]
+    timing: Any = None  # aot.Timing: recording against compiling, and the cache
 
 
 def summary(rows: Sequence[Any]) -> list[dict[str, Any]]:
@@ -109,7 +110,22 @@ def headline(report: Report) -> str:
         f" (of {len(readers)} kernels that read the logits or form them from hidden states)",
         f"gates: {'PASS' if not report.failures else f'{len(report.failures)} FAILED'}",
     ]
+    if report.timing is not None:
+        lines.insert(2, _time_line(report.timing))
     return "\n".join(lines)
+
+
+def _time_line(timing: Any) -> str:
+    cache = (
+        "a cold Triton cache"
+        if timing.cached == 0
+        else f"a warm Triton cache ({timing.cached} entries at the start)"
+    )
+    return (
+        f"where the time went: {timing.recorded_s:.0f} s recording and specializing, "
+        f"{timing.compiled_s:.0f} s for {timing.compiles} distinct compiles on "
+        f"{timing.workers} worker(s), from {cache}"
+    )
 
 
 def write_json(report: Report, path: str | Path) -> None:
@@ -156,7 +172,7 @@ def _markdown(report: Report) -> str:
         f"--matrix {report.matrix.name} --markdown docs/gpu-readiness.md`); do not edit by hand.",
         f"Triton {versions['triton']}, ptxas {versions['ptxas']}, on {versions['machine']}, "
         f"no GPU; {len(report.rows)} launch x target rows in {report.elapsed_s:.0f} s "
-        "(through Triton's cache, `TRITON_CACHE_DIR`: a cold cache takes longer).",
+        "(through Triton's cache, `TRITON_CACHE_DIR`: the headline says whether it was cold).",
         "",
         "Every launch comes from the backends' real launch path "
         "(`tools.gpu_readiness.recorder`): each Triton backend's forward and `train` "
