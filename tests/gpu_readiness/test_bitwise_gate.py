@@ -324,3 +324,19 @@ def test_amdgcn_exact_conversion_and_f64_division_pass() -> None:
     }
     short = code.replace("\tv_fmac_f64_e32 v[6:7], v[6:7], v[8:9]\n", "", 1)
     assert "incomplete IEEE expansion" in _rules(bitwise.findings(short, "gfx942", asked_fma=False))
+
+
+def test_amdgcn_fma_by_one_is_the_add_it_stands_for() -> None:
+    """LLVM folds ``fp32(x_f16) - s`` into ``v_fma_mix_f32 d, -s, 1.0, x``: one rounding of an
+    exact product, the add's bits; by any other multiplier, or rounded to f16, it is not."""
+    by_one = "\tv_fma_mix_f32 v11, -s4, 1.0, v5 op_sel_hi:[0,1,1]\n" + _GCN_DESCRIPTOR
+    assert bitwise.findings(by_one, "gfx942", asked_fma=False) == ()
+    plain = "\tv_fma_f32 v1, v2, -1.0, v3\n\tv_fmac_f32_e32 v1, 1.0, v3\n" + _GCN_DESCRIPTOR
+    assert bitwise.findings(plain, "gfx950", asked_fma=False) == ()
+    for other in (
+        by_one.replace("1.0", "2.0"),
+        by_one.replace("v_fma_mix_f32", "v_fma_mixlo_f16"),
+        by_one.replace("v_fma_mix_f32 v11, -s4, 1.0, v5", "v_fma_mix_f32 v11, -s4, v6, 1.0"),
+    ):
+        found = bitwise.findings(other, "gfx942", asked_fma=False)
+        assert _rules(found) == {"fused multiply-add the source did not ask for"}, other

@@ -41,7 +41,7 @@ def _division_seeds_f64(counts: Counter[str]) -> int:
 
 
 def _expansion_fmas(counts: Counter[str]) -> int:
-    return _ieee_fmas(counts) + counts[_EXACT_REMAINDERS]
+    return _ieee_fmas(counts) + counts[_EXACT_REMAINDERS] + counts[_UNIT_PRODUCTS]
 
 
 def _expansion_fmas_f64(counts: Counter[str]) -> int:
@@ -147,8 +147,10 @@ GCN_RULES: tuple[Rule, ...] = (
         "the compiler's contraction of a*b+c (rounds once where the source rounds twice); "
         "beyond the fmas of the correctly rounded division (five per v_div_fixup_f32), "
         "square root (two residuals per v_sqrt_f32) and f32 -> 64-bit integer conversion "
-        "(one v_fma_f32 by -2^32 per conversion, whose remainder is exact), only a tl.fma "
-        "the source wrote is the same everywhere",
+        "(one v_fma_f32 by -2^32 per conversion, whose remainder is exact), and an f32 fma "
+        "with a multiplicand of 1.0 or -1.0 (the product is exact, so it rounds as the "
+        "source's add: LLVM folds an f16 -> f32 conversion into such a v_fma_mix_f32), only "
+        "a tl.fma the source wrote is the same everywhere",
         unless_asked=True,
         allowed=_expansion_fmas,
     ),
@@ -182,6 +184,9 @@ _GCN_ENCODING = re.compile(r"_(?:e32|e64|sdwa|dpp|vop3)$")
 _GCN_DENORM_MODE = re.compile(r"^\s*\.amdhsa_float_denorm_mode_(\w+)\s+(\d+)", re.M)
 _GCN_KEEP_DENORMS = 3
 _EXACT_REMAINDERS = "(f32 -> i64 remainder fmas)"  # a count findings() adds, not an opcode
+_UNIT_PRODUCTS = "(f32 fmas by +-1.0)"  # likewise: fmas whose product is exact
+_GCN_F32_FMA_LINE = re.compile(r"^\s+(v_fma(?:c|_mix)?_f32)(?:_e32|_e64)?\s+(.*)$", re.M)
+_UNIT_PLAIN = "(v_fma_f32 and v_fmac_f32 by +-1.0)"  # of them, those _fma_count counts
 _MINUS_2_32 = "0xcf800000"  # -2^32 in f32: LLVM's f32 -> i64 takes x - floor(x 2^-32) 2^32
 _GCN_SCALAR_CONSTANT = re.compile(r"^\s+s_mov_b32\s+(s\d+),\s*(0x[0-9a-f]+)\s*$", re.M)
 _GCN_FMA_F32 = re.compile(
@@ -222,6 +227,9 @@ def findings(
     counts = Counter(opcodes(asm, target))
     if target.startswith("gfx"):
         counts[_EXACT_REMAINDERS] = _exact_remainder_fmas(asm)
+        unit = _unit_product_fmas(asm)
+        counts[_UNIT_PRODUCTS] = sum(unit.values())
+        counts[_UNIT_PLAIN] = unit["v_fma_f32"] + unit["v_fmac_f32"]
     out = []
     for rule in RULES[target]:
         if rule.unless_asked and asked_fma:
@@ -245,7 +253,7 @@ def findings(
 def _gcn_incomplete_expansions(counts: Counter[str]) -> list[str]:
     """A division or square root short of its fmas was approximated, not correctly rounded."""
     needed = _ieee_fmas(counts)
-    fmas = _fma_count(counts) - counts[_EXACT_REMAINDERS]
+    fmas = _fma_count(counts) - counts[_EXACT_REMAINDERS] - counts[_UNIT_PLAIN]
     out = []
     if fmas < needed:
         out.append(
@@ -271,6 +279,21 @@ def _exact_remainder_fmas(asm: str) -> int:
         parts = {part.strip().lstrip("-") for part in operands.split(",")}
         count += bool(parts & (holders | {_MINUS_2_32}))
     return count
+
+
+def _unit_product_fmas(asm: str) -> Counter[str]:
+    """Per opcode, the f32-result fmas (``v_fma_f32``, ``v_fmac_f32``, ``v_fma_mix_f32``)
+    one of whose multiplicands is the literal 1.0 or -1.0: ``fma(a, +-1, c)`` rounds
+    ``+-a + c`` once, exactly as the add it stands for (f16 sources convert exactly).
+    An f16-result ``v_fma_mixlo_f16`` is not among them: it rounds to f16 once where the
+    source rounds to f32 and then to f16."""
+    found: Counter[str] = Counter()
+    for opcode, operands in _GCN_F32_FMA_LINE.findall(asm):
+        parts = [part.strip() for part in operands.split(" op_sel")[0].split(",")]
+        multiplicands = parts[1:3]  # after the destination, in every one of the three
+        if any(source.lstrip("-|").rstrip("|") == "1.0" for source in multiplicands):
+            found[opcode] += 1
+    return found
 
 
 def _ieee_fmas(counts: Counter[str]) -> int:
