@@ -46,6 +46,7 @@ from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.triton.launch import RecordedLaunch, recording_launches
+from tp_logprob.suite.covering import pairwise
 from tp_logprob.support import SupportSpec
 
 __all__ = [
@@ -216,7 +217,8 @@ def contract_variants(
 
     Every role x input dtype is recorded. ``coverage`` says how the other options and the
     target dtype combine: every combination, every pair of values of any two of them in
-    at least one variant (:func:`_pairs`), or each changed alone from the default.
+    at least one variant (:func:`~tp_logprob.suite.covering.pairwise`), or each changed
+    alone from the default.
     """
     choices = _field_choices(base)
     crossed = {key: choices[key] for key in _CROSSED if key in choices}
@@ -227,7 +229,7 @@ def contract_variants(
             dict(zip(others, values, strict=True)) for values in itertools.product(*others.values())
         ]
     elif coverage is Coverage.PAIRS:
-        rows = _pairs(others)
+        rows = pairwise(others)
     else:
         rows = [{}] + [{key: value} for key, values in others.items() for value in values[1:]]
     for values in itertools.product(*crossed.values()):
@@ -238,48 +240,6 @@ def contract_variants(
                 yield _replace(base, changes), target_dtype
             except LogprobContractError:
                 continue
-
-
-def _pairs(choices: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """Rows assigning every option a value such that any two values of any two options
-    meet in some row (a covering array of strength 2), built greedily and deterministically:
-    each row starts from the first pair not yet covered, then gives every other option the
-    value covering most uncovered pairs (ties: the earlier value, so defaults first)."""
-    keys = list(choices)
-    index = {key: i for i, key in enumerate(keys)}
-    uncovered = {
-        ((a, i), (b, j))
-        for a, b in itertools.combinations(keys, 2)
-        for i in range(len(choices[a]))
-        for j in range(len(choices[b]))
-    }
-    rows: list[dict[str, Any]] = []
-    while uncovered:
-        (a, i), (b, j) = min(
-            uncovered,
-            key=lambda pair: (index[pair[0][0]], pair[0][1], index[pair[1][0]], pair[1][1]),
-        )
-        chosen = {a: i, b: j}
-        for key in keys:
-            if key in chosen:
-                continue
-            chosen[key] = max(
-                range(len(choices[key])),
-                key=lambda v: (
-                    sum(_pair(key, v, other, w, index) in uncovered for other, w in chosen.items()),
-                    -v,
-                ),
-            )
-        uncovered -= {
-            _pair(x, i, y, j, index) for (x, i), (y, j) in itertools.combinations(chosen.items(), 2)
-        }
-        rows.append({key: choices[key][v] for key, v in chosen.items()})
-    return rows or [{}]
-
-
-def _pair(a: str, i: int, b: str, j: int, index: dict[str, int]) -> tuple[Any, ...]:
-    """The pair (a=i, b=j) in :func:`_pairs`' canonical order (options in field order)."""
-    return ((a, i), (b, j)) if index[a] < index[b] else ((b, j), (a, i))
 
 
 def record(
