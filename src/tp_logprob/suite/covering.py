@@ -51,14 +51,12 @@ def pairwise(choices: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         )
         chosen = {a: i, b: j}
         for key in keys:
-            if key not in chosen:
-                chosen[key] = max(
-                    range(len(choices[key])),
-                    key=lambda v, key=key: (
-                        sum(pair(key, v, other, w) in uncovered for other, w in chosen.items()),
-                        -v,
-                    ),
-                )
+            if key not in chosen:  # the value covering most uncovered pairs, the earliest of ties
+                gains = [
+                    sum(pair(key, v, other, w) in uncovered for other, w in chosen.items())
+                    for v in range(len(choices[key]))
+                ]
+                chosen[key] = gains.index(max(gains))
         uncovered -= {
             pair(x, i, y, j) for (x, i), (y, j) in itertools.combinations(chosen.items(), 2)
         }
