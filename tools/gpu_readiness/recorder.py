@@ -42,11 +42,11 @@ from typing import Any
 import torch
 
 import tp_logprob as tpl
+from tools.gpu_readiness.covering import pairwise
 from tp_logprob.contract import LogprobContract, LogprobInputKind, LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.triton.launch import RecordedLaunch, recording_launches
-from tp_logprob.suite.covering import pairwise
 from tp_logprob.support import SupportSpec
 
 __all__ = [
@@ -212,16 +212,20 @@ def contract_variants(
     base: LogprobContract,
     coverage: Coverage = Coverage.EXHAUSTIVE,
     target_dtypes: Sequence[torch.dtype] = (torch.int64,),
+    dtypes: Sequence[str] | None = None,
 ) -> Iterator[tuple[LogprobContract, torch.dtype]]:
     """``base`` with its enum, flag and float options varied, with a target dtype each.
 
-    Every role x input dtype is recorded. ``coverage`` says how the other options and the
+    Every role x input dtype is recorded (the input dtypes named in ``dtypes``, all when
+    None). ``coverage`` says how the other options and the
     target dtype combine: every combination, every pair of values of any two of them in
-    at least one variant (:func:`~tp_logprob.suite.covering.pairwise`), or each changed
+    at least one variant (:func:`.covering.pairwise`), or each changed
     alone from the default.
     """
     choices = _field_choices(base)
     crossed = {key: choices[key] for key in _CROSSED if key in choices}
+    if dtypes is not None:
+        crossed["dtype"] = tuple(dtype for dtype in crossed["dtype"] if dtype.value in dtypes)
     others = {key: values for key, values in choices.items() if key not in crossed}
     others[_TARGETS] = tuple(target_dtypes)
     if coverage is Coverage.EXHAUSTIVE:
@@ -247,11 +251,13 @@ def record(
     layouts: Sequence[str] = tuple(LAYOUTS),
     target_dtypes: Sequence[torch.dtype] = (torch.int64, torch.int32),
     coverage: Coverage = Coverage.EXHAUSTIVE,
+    dtypes: Sequence[str] | None = None,
 ) -> list[KernelLaunch]:
     """Every launch of every Triton backend, per contract variant, platform and layout.
 
     A backend is recorded on each input kind its capability lists (logits, hidden).
-    ``coverage`` is passed to :func:`contract_variants`.
+    ``coverage`` and ``dtypes`` (input dtype names, all when None) are passed to
+    :func:`contract_variants`.
     """
     launches: list[KernelLaunch] = []
     with _one_thread():
@@ -263,7 +269,7 @@ def record(
                         for rank in range(len(bounds)):
                             base = _base_contract(layout, tp_index, rank, kind)
                             for contract, target_dtype in contract_variants(
-                                base, coverage, target_dtypes
+                                base, coverage, target_dtypes, dtypes
                             ):
                                 launches += _record_one(
                                     backend, platform, layout, contract, target_dtype

@@ -4,7 +4,7 @@ A sweep over every combination of ``k`` options grows as their product; most
 interaction bugs need only two options at particular values (a padded vocabulary
 at TP=8, fp16 with a temperature), and every such pair is in some row of
 :func:`pairwise`, whose size grows as the product of the two largest option
-counts. The suite's claimed-contract sweep and the GPU compile matrix use it.
+counts. The compile matrix's paired variants use it (:mod:`.recorder`).
 """
 
 from __future__ import annotations
@@ -60,9 +60,7 @@ def pairwise(choices: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         uncovered -= {
             pair(x, i, y, j) for (x, i), (y, j) in itertools.combinations(chosen.items(), 2)
         }
-        rows.append(
-            {key: choices[key][v] for key, v in sorted(chosen.items(), key=lambda kv: index[kv[0]])}
-        )
+        rows.append({key: choices[key][chosen[key]] for key in keys})
     if not rows:  # fewer than two options: every value of the one option, or one empty row
         rows = [{key: value} for key in keys for value in choices[key]] or [{}]
     return rows
