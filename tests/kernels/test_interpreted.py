@@ -1,7 +1,9 @@
-"""Holding the interpreter: one language patch per launch, the same bits, nothing left behind."""
+"""Holding the interpreter: one language patch per launch, no discarded work, the same bits,
+nothing left behind."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -19,6 +21,7 @@ import pytest
 triton = pytest.importorskip("triton", reason="the interpreter needs triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
+from triton.runtime.interpreter import InterpreterError  # noqa: E402
 
 from tp_logprob.kernels.triton.interpreted import interpreting  # noqa: E402
 
@@ -121,3 +124,67 @@ def test_overflow_to_inf_is_silent_and_invalid_operations_still_warn() -> None:
             assert torch.isinf(_run(torch.full((4,), 400.0))).any()
             with pytest.raises(RuntimeWarning, match="invalid value"):
                 np.float32(np.inf) - np.float32(np.inf)
+
+
+@triton.jit
+def _mixed_kernel(x_ptr, n_ptr, out_ptr, sums_ptr, BLOCK: tl.constexpr):
+    """int32 arithmetic that wraps, blocks of one shape, a scalar, and a 2-D broadcast."""
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets)
+    n = tl.load(n_ptr + offsets)
+    wrapped = n * 3 + n - 7  # int32: wraps past 2^31
+    column = tl.reshape(x, (BLOCK, 1))
+    row = tl.reshape(x * 0.5, (1, BLOCK))
+    table = tl.where(column > row, column - row, row * 2.0)  # [BLOCK, BLOCK]
+    tl.store(out_ptr + offsets, tl.sum(table, axis=1) + wrapped.to(tl.float32))
+    tl.store(sums_ptr + offsets, wrapped)
+
+
+def _run_mixed() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.linspace(-2.0, 3.0, 8)
+    n = torch.tensor([2**30, 5, -7, 2**29, 0, -(2**31), 11, 2**31 - 1], dtype=torch.int32)
+    out, sums = torch.empty_like(x), torch.empty_like(n)
+    _mixed_kernel[(1,)](x, n, out, sums, BLOCK=8)
+    return out, sums
+
+
+def test_skipping_discarded_work_gives_the_same_bits() -> None:
+    """The overflow sanitizer's discarded checks, rebuilt types and same-shape broadcasts
+    are skipped in a launch; what it computes is what the plain interpreter computes."""
+    plain_out, plain_sums = _run_mixed()
+    with interpreting():
+        held_out, held_sums = _run_mixed()
+    assert torch.equal(held_out.view(torch.int32), plain_out.view(torch.int32))
+    assert torch.equal(held_sums, plain_sums)
+
+
+def test_overflow_checks_are_skipped_only_outside_debug_mode() -> None:
+    builder = interpreter.interpreter_builder
+    options = builder.options
+    assert options.sanitize_overflow and not options.debug  # the interpreter's default
+    with interpreting():
+        assert not builder.options.sanitize_overflow
+    assert builder.options is options
+    builder.options = dataclasses.replace(options, debug=True)
+    try:
+        with interpreting(), pytest.raises(InterpreterError, match="int32 overflow detected"):
+            _run_mixed()  # in debug mode the checks run, and the wrapping product fails one
+    finally:
+        builder.options = options
+
+
+def test_types_are_shared_equal_and_restored() -> None:
+    block_type, tensor = tl.block_type, tl.tensor
+    originals = (block_type.with_element_ty, block_type.to_ir, tensor.__init__)
+    semantic = interpreter.interpreter_semantic
+    with interpreting():
+        floats = block_type(tl.float32, [4, 8])
+        first, second = floats.with_element_ty(tl.int32), floats.with_element_ty(tl.int32)
+        assert first is second and first == block_type(tl.int32, [4, 8])
+        pointers = floats.with_element_ty(tl.pointer_type(tl.float32))
+        assert pointers == block_type(tl.pointer_type(tl.float32), [4, 8])
+        lowered = first.to_ir(interpreter.interpreter_builder)
+        assert lowered is first.to_ir(interpreter.interpreter_builder) and lowered == first
+        assert "broadcast_impl_value" in semantic.__dict__
+    assert (block_type.with_element_ty, block_type.to_ir, tensor.__init__) == originals
+    assert "broadcast_impl_value" not in semantic.__dict__

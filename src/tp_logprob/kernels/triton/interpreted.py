@@ -17,12 +17,41 @@ Each operation on a tile also asks the interpreter for the numpy dtype of a Trit
 type, and its ``_get_np_dtype`` builds a table of twenty numpy dtypes to answer
 (about a tenth of an interpreted kernel's time here). Within a launch the answer for
 each element type is kept (:func:`_np_dtypes_kept`): the same dtypes, so the same bits.
+
+The rest is work whose result the interpreter throws away or builds again, each
+skipped by one context manager inside :func:`interpreting`; every value a kernel
+computes, and so every bit, is the same (``tests/kernels/test_interpreted.py``):
+
+- :func:`_no_discarded_overflow_checks`: Triton's overflow sanitizer redoes every
+  int32 ``+ - *`` in int64, compares it with the int32 range and hands the result to
+  ``device_assert``, which drops it unless the interpreter's options ask for debug
+  mode (Triton never sets them). A GPU compile removes that dead code; the
+  interpreter ran it, about a fifth of an integer-heavy kernel's time. In debug mode
+  the checks still run.
+- :func:`_types_kept`: each operation built its result's ``block_type`` afresh, twice
+  (``with_element_ty``, then the interpreter's ``to_ir``), and each tensor its shape
+  as a tuple of ``constexpr``: about a third of the time, for a handful of distinct
+  types per launch. One equal object per type is handed out instead.
+- :func:`_semantic_shortcuts`: two tensors of one type (most operations) went
+  through type promotion, two casts to their own type and a broadcast walk that
+  hand both back unchanged; two blocks of one shape through the broadcast walk.
+  Both now return at once, and the promotion of two element types is kept.
+- :func:`_direct_builtins`: each ``tl`` call went through the interpreter's patched
+  member, which copies its keyword arguments to drop a ``_semantic``, and Triton's
+  ``builtin`` wrapper, which checks one was given. The member now calls the function
+  with the interpreter's semantic directly.
+
+Together they make an interpreted launch of these kernels 2 to 2.6 times faster
+(``benchmarks/bench_interpreter.py``). Each one checks that the Triton internals it
+replaces exist, and otherwise leaves the interpreter as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,22 +60,389 @@ import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter
 
-__all__ = ["interpreting"]
+__all__ = ["interpreting", "plain_interpreter"]
 
 _LOCK = threading.Lock()
 
 
+_PLAIN = False  # set by plain_interpreter(): launches run Triton's interpreter as it is
+
+
 @contextlib.contextmanager
 def interpreting() -> Iterator[None]:
-    """Hold the interpreter for one launch, patching ``triton.language`` once in it.
+    """Hold the interpreter for one launch, patching ``triton.language`` once in it and
+    skipping the interpreter's discarded and rebuilt work (the module docstring).
 
     fp32 overflow to +-inf (``x - M`` with ``|x|`` near the fp32 maximum) is IEEE
     behaviour the kernels rely on, silent on GPUs; numpy warns about it, so it is
     ignored here. Invalid operations (``inf - inf``) still warn: the kernels never
     perform one.
     """
-    with _LOCK, np.errstate(over="ignore"), _patching_once(), _np_dtypes_kept():
+    with _LOCK, np.errstate(over="ignore"):
+        if _PLAIN:
+            yield
+            return
+        with (
+            _patching_once(),
+            _direct_builtins(),
+            _np_dtypes_kept(),
+            _no_discarded_overflow_checks(),
+            _types_kept(),
+            _semantic_shortcuts(),
+        ):
+            yield
+
+
+@contextlib.contextmanager
+def plain_interpreter() -> Iterator[None]:
+    """Within the block, every launch runs Triton's interpreter as it is, still held by the
+    lock: the baseline the shortcuts are compared with, for their bits and their speed.
+    Process-wide (the emulated ranks are threads); not for use beside other launches."""
+    global _PLAIN
+    with _LOCK:
+        before, _PLAIN = _PLAIN, True
+    try:
         yield
+    finally:
+        with _LOCK:
+            _PLAIN = before
+
+
+@contextlib.contextmanager
+def _semantic_shortcuts() -> Iterator[None]:
+    """Install :class:`_Shortcuts`' methods on the interpreter's own semantic object (never
+    on Triton's class) for one launch; removed when it ends."""
+    semantic = getattr(interpreter, "interpreter_semantic", None)
+    names = (
+        "broadcast_impl_value",
+        "computation_type_impl",
+        "binary_op_type_checking_impl",
+        "scalar_constant",
+    )
+    if (
+        semantic is None
+        or getattr(tl, "block_type", None) is None
+        or any(getattr(semantic, name, None) is None for name in names)
+    ):
+        yield
+        return
+    shortcuts = _Shortcuts(semantic)
+    with _instance_attributes(
+        semantic,
+        broadcast_impl_value=shortcuts.broadcast,
+        computation_type_impl=shortcuts.computation_type,
+        binary_op_type_checking_impl=shortcuts.type_checked,
+        scalar_constant=shortcuts.scalar_constant,
+    ):
+        yield
+
+
+class _Shortcuts:
+    """One launch's answers to the semantic questions the interpreter asks again and again.
+
+    - ``broadcast``: two blocks of one shape come back as they are (Triton's walk over
+      ranks and dimensions returns them unchanged); a kept constant splat to a block
+      shape is made once.
+    - ``computation_type``: the promotion of two element types, kept.
+    - ``type_checked``: two tensors of one non-pointer type come back as they are (the
+      promotion gives that type, both casts to it return their input, and the broadcast
+      is the first case).
+    - ``scalar_constant``: one tensor per (dtype, value) a kernel writes as a literal,
+      kept by the value's bits (``-0.0`` and NaN payloads apart). Interpreted tensors are
+      never changed after they are made, so sharing one is reading the same value.
+    Anything else goes to Triton's own method.
+    """
+
+    def __init__(self, semantic: Any) -> None:
+        self._broadcast = semantic.broadcast_impl_value
+        self._computation_type = semantic.computation_type_impl
+        self._type_checked = semantic.binary_op_type_checking_impl
+        self._scalar_constant = semantic.scalar_constant
+        self._promoted: dict[tuple[Any, ...], Any] = {}
+        self._constants: dict[tuple[Any, ...], Any] = {}
+        self._kept: set[int] = set()  # ids of the kept constants (held by _constants)
+        self._splats: dict[tuple[int, str], Any] = {}
+
+    def broadcast(self, lhs: Any, rhs: Any) -> Any:
+        lhs_type, rhs_type = lhs.type, rhs.type
+        lhs_block, rhs_block = type(lhs_type) is _BLOCK, type(rhs_type) is _BLOCK
+        if lhs_block and rhs_block:
+            if lhs_type is rhs_type or _SHAPE_OF(lhs_type) == _SHAPE_OF(rhs_type):
+                return lhs, rhs
+        elif lhs_block and id(rhs) in self._kept:
+            return lhs, self._splat(rhs, lhs, lhs_type)
+        elif rhs_block and id(lhs) in self._kept:
+            return self._splat(lhs, rhs, rhs_type), rhs
+        return self._broadcast(lhs, rhs)
+
+    def _splat(self, constant: Any, block: Any, block_type: Any) -> Any:
+        key = (id(constant), block_type.name)
+        found = self._splats.get(key)
+        if found is None:
+            found = self._splats[key] = self._broadcast(block, constant)[1]
+        return found
+
+    def computation_type(
+        self, a_ty: Any, a_is_scalar: bool, b_ty: Any, b_is_scalar: bool, div_or_mod: bool
+    ) -> Any:
+        if type(a_ty) is not _SCALAR or type(b_ty) is not _SCALAR:
+            return self._computation_type(a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
+        key = (a_ty.name, a_is_scalar, b_ty.name, b_is_scalar, div_or_mod)
+        found = self._promoted.get(key)
+        if found is None:  # a refused pair raises every time, as before
+            found = self._promoted[key] = self._computation_type(
+                a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod
+            )
+        return found
+
+    def type_checked(
+        self,
+        lhs: Any,
+        rhs: Any,
+        allow_lhs_ptr: bool = False,
+        allow_rhs_ptr: bool = False,
+        arithmetic_check: bool = True,
+        div_or_mod: bool = False,
+    ) -> Any:
+        lhs_type = getattr(lhs, "type", None)
+        if (
+            not div_or_mod
+            and lhs_type is not None
+            and lhs_type is getattr(rhs, "type", None)
+            and type(lhs) is _TENSOR
+            and type(rhs) is _TENSOR
+        ):
+            scalar = lhs_type.element_ty if type(lhs_type) is _BLOCK else lhs_type
+            if type(scalar) is _SCALAR and (
+                not arithmetic_check
+                or self.computation_type(scalar, False, scalar, False, False) == scalar
+            ):
+                return lhs, rhs
+        return self._type_checked(
+            lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod
+        )
+
+    def scalar_constant(self, value: Any, dtype: Any) -> Any:
+        kind = type(value)
+        if type(dtype) is not _SCALAR or kind not in (bool, int, float) or dtype.is_fp8():
+            return self._scalar_constant(value, dtype)
+        key = (dtype.name, kind, struct.pack("<d", value) if kind is float else value)
+        found = self._constants.get(key)
+        if found is None:
+            found = self._constants[key] = self._scalar_constant(value, dtype)
+            self._kept.add(id(found))
+        return found
+
+
+_BLOCK: Any = getattr(tl, "block_type", None)
+_SCALAR: Any = tl.dtype  # a plain element type: hashable, unlike pointers and blocks
+_TENSOR: Any = tl.tensor
+
+
+def _shape_values(block: Any) -> Any:
+    """A block type's dimensions as a list (Triton keeps them in its own tuple type)."""
+    return block.shape.values
+
+
+def _shape(block: Any) -> Any:
+    return block.shape
+
+
+_SHAPE_OF = (
+    _shape_values
+    if _BLOCK is not None and hasattr(_BLOCK(tl.int32, [2]).shape, "values")
+    else _shape
+)
+
+
+@contextlib.contextmanager
+def _direct_builtins() -> Iterator[None]:
+    """Replace the interpreter's ``_patch_attr`` with one whose members call a ``builtin``'s
+    own function with the interpreter's semantic; restored when the launch ends. A member
+    that is not a plain ``builtin`` wrapper is patched by Triton's ``_patch_attr``."""
+    original: Callable[..., Any] | None = getattr(interpreter, "_patch_attr", None)
+    semantic = getattr(interpreter, "interpreter_semantic", None)
+    if original is None or semantic is None or not hasattr(tl.core, "is_builtin"):
+        yield
+        return
+
+    def patch_attr(obj: Any, name: str, member: Any, builder: Any, scope: Any) -> None:
+        function = getattr(member, "__wrapped__", None)
+        if function is None or not tl.core.is_builtin(member):
+            original(obj, name, member, builder, scope)
+            return
+
+        def direct(*args: Any, **kwargs: Any) -> Any:
+            kwargs["_semantic"] = semantic
+            return function(*args, **kwargs)
+
+        scope.set_attr(obj, name, direct)
+
+    patch_builtin: Callable[..., Any] | None = getattr(interpreter, "_patch_builtin", None)
+    patched: set[int] = set()  # packages whose builtins this launch has patched
+
+    def patch_listed_builtins(package: Any, builder: Any, scope: Any) -> None:
+        # A package patched already has no builtin left to patch (``triton.language``
+        # and its ``core`` share the tensor class): Triton's lister would find none.
+        if id(package) in patched:
+            return
+        for name, member in _listed_builtins(package):
+            interpreter._patch_attr(package, name, member, builder, scope)
+        patched.add(id(package))
+
+    interpreter._patch_attr = patch_attr
+    if patch_builtin is not None:
+        interpreter._patch_builtin = patch_listed_builtins
+    try:
+        yield
+    finally:
+        interpreter._patch_attr = original
+        if patch_builtin is not None:
+            interpreter._patch_builtin = patch_builtin
+
+
+# id(package) -> (package, its attribute count with its bases', [(name, builtin member)])
+_BUILTINS: dict[int, tuple[Any, int, list[tuple[str, Any]]]] = {}
+
+
+def _listed_builtins(package: Any) -> list[tuple[str, Any]]:
+    """``package``'s builtin members, as the interpreter's ``_patch_builtin`` finds them with
+    ``inspect.getmembers`` (about a millisecond), listed once: again if an attribute was
+    added or removed, on it or a base class, or a listed member is no longer there."""
+    owners = package.__mro__ if isinstance(package, type) else (package,)
+    size = sum(len(vars(owner)) for owner in owners)
+    listed = _BUILTINS.get(id(package))
+    if (
+        listed is None
+        or listed[0] is not package
+        or listed[1] != size
+        or any(getattr(package, name, None) is not member for name, member in listed[2])
+    ):
+        members = inspect.getmembers(package)
+        builtins = [(name, member) for name, member in members if tl.core.is_builtin(member)]
+        listed = _BUILTINS[id(package)] = (package, size, builtins)
+    return listed[2]
+
+
+@contextlib.contextmanager
+def _instance_attributes(owner: Any, **values: Any) -> Iterator[None]:
+    """Set ``values`` on the object ``owner`` itself; its own earlier ones back afterwards."""
+    missing = object()
+    own = {name: owner.__dict__.get(name, missing) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in own.items():
+            if value is missing:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_UNSANITIZED: dict[int, tuple[Any, Any]] = {}  # id(options) -> (options, the same unsanitized)
+
+
+@contextlib.contextmanager
+def _no_discarded_overflow_checks() -> Iterator[None]:
+    """Turn Triton's overflow sanitizer off for the launch unless the interpreter is in
+    debug mode, where ``device_assert`` keeps its result; restored when the launch ends."""
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if (
+        options is None
+        or not dataclasses.is_dataclass(options)
+        or getattr(options, "debug", True)
+        or not getattr(options, "sanitize_overflow", False)
+    ):
+        yield
+        return
+    unsanitized = _UNSANITIZED.get(id(options))
+    if unsanitized is None or unsanitized[0] is not options:
+        unsanitized = _UNSANITIZED[id(options)] = (
+            options,
+            dataclasses.replace(options, sanitize_overflow=False),
+        )
+    builder.options = unsanitized[1]
+    try:
+        yield
+    finally:
+        builder.options = options
+
+
+@contextlib.contextmanager
+def _types_kept() -> Iterator[None]:
+    """Within the launch, one ``block_type`` object per (element type, shape) from
+    ``with_element_ty`` and from a block type's ``to_ir`` under the interpreter, and a
+    tensor's ``shape`` and ``numel`` built once per type; all restored when it ends.
+
+    The objects are equal to the ones Triton would build (types compare by element
+    type and shape), and nothing in Triton mutates a type or a shape after building
+    it. Pointer element types are not hashable: those types are built as before.
+    Tensors' shapes are kept by type object, for the launch (the types held, so no id
+    is reused).
+    """
+    block_type = getattr(tl, "block_type", None)
+    tensor = getattr(tl, "tensor", None)
+    builder_class = getattr(interpreter, "InterpreterBuilder", None)
+    originals = {
+        name: getattr(cls, name, None)
+        for cls, name in ((block_type, "with_element_ty"), (block_type, "to_ir"))
+    }
+    tensor_init = getattr(tensor, "__init__", None)
+    if (
+        block_type is None
+        or tensor is None
+        or builder_class is None
+        or None in originals.values()
+        or tensor_init is None
+    ):
+        yield
+        return
+    with_element_ty, to_ir = originals["with_element_ty"], originals["to_ir"]
+    scalar_type = tl.dtype  # a plain element type: hashable, unlike pointers and blocks
+    retyped: dict[tuple[str, Any], Any] = {}
+    lowered: dict[str, Any] = {}
+    shapes: dict[int, tuple[Any, Any, Any]] = {}  # id(type) -> (type, shape, numel)
+
+    def kept_with_element_ty(self: Any, scalar_ty: Any) -> Any:
+        if type(scalar_ty) is not scalar_type:
+            return with_element_ty(self, scalar_ty)
+        key = (self.name, scalar_ty)
+        found = retyped.get(key)
+        if found is None:
+            found = retyped[key] = with_element_ty(self, scalar_ty)
+        return found
+
+    def kept_to_ir(self: Any, builder: Any) -> Any:
+        if not isinstance(builder, builder_class) or type(self.element_ty) is not scalar_type:
+            return to_ir(self, builder)
+        found = lowered.get(self.name)
+        if found is None:
+            found = lowered[self.name] = to_ir(self, builder)
+        return found
+
+    def kept_tensor_init(self: Any, handle: Any, type: Any) -> None:
+        found = shapes.get(id(type))
+        if found is None or found[0] is not type:
+            tensor_init(self, handle, type)
+            shapes[id(type)] = (type, self.shape, self.numel)
+            return
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        self.shape, self.numel = found[1], found[2]
+
+    block_type.with_element_ty = kept_with_element_ty
+    block_type.to_ir = kept_to_ir
+    tensor.__init__ = kept_tensor_init
+    try:
+        yield
+    finally:
+        block_type.with_element_ty = with_element_ty
+        block_type.to_ir = to_ir
+        tensor.__init__ = tensor_init
 
 
 @contextlib.contextmanager
