@@ -267,16 +267,14 @@ def _direct_builtins() -> Iterator[None]:
         return
 
     def patch_attr(obj: Any, name: str, member: Any, builder: Any, scope: Any) -> None:
-        function = getattr(member, "__wrapped__", None)
-        if function is None or not tl.core.is_builtin(member):
-            original(obj, name, member, builder, scope)
-            return
-
-        def direct(*args: Any, **kwargs: Any) -> Any:
-            kwargs["_semantic"] = semantic
-            return function(*args, **kwargs)
-
-        scope.set_attr(obj, name, direct)
+        made = _DIRECT.get(id(member))
+        if made is None or made[0] is not member or made[1] is not semantic:
+            function = getattr(member, "__wrapped__", None)
+            if function is None or not tl.core.is_builtin(member):
+                original(obj, name, member, builder, scope)
+                return
+            made = _DIRECT[id(member)] = (member, semantic, _direct(function, semantic))
+        scope.set_attr(obj, name, made[2])
 
     patch_builtin: Callable[..., Any] | None = getattr(interpreter, "_patch_builtin", None)
     patched: set[int] = set()  # packages whose builtins this launch has patched
@@ -299,6 +297,20 @@ def _direct_builtins() -> Iterator[None]:
         interpreter._patch_attr = original
         if patch_builtin is not None:
             interpreter._patch_builtin = patch_builtin
+
+
+# id(builtin) -> (builtin, the semantic, the member calling its function with it)
+_DIRECT: dict[int, tuple[Any, Any, Callable[..., Any]]] = {}
+
+
+def _direct(function: Callable[..., Any], semantic: Any) -> Callable[..., Any]:
+    """``function`` called with ``_semantic=semantic``, as the interpreter's member calls it."""
+
+    def direct(*args: Any, **kwargs: Any) -> Any:
+        kwargs["_semantic"] = semantic
+        return function(*args, **kwargs)
+
+    return direct
 
 
 # id(package) -> (package, its attribute count with its bases', [(name, builtin member)])
