@@ -188,3 +188,21 @@ def test_types_are_shared_equal_and_restored() -> None:
         assert "broadcast_impl_value" in semantic.__dict__
     assert (block_type.with_element_ty, block_type.to_ir, tensor.__init__) == originals
     assert "broadcast_impl_value" not in semantic.__dict__
+
+
+def test_another_tritons_patch_functions_are_left_as_they_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``_patch_attr`` or ``_patch_builtin`` of another signature is not replaced."""
+
+    def older_patch_attr(obj: Any, name: str, member: Any, builder: Any) -> None:
+        raise AssertionError("not called here")
+
+    def older_patch_builtin(pkg: Any, builder: Any) -> None:
+        raise AssertionError("not called here")
+
+    monkeypatch.setattr(interpreter, "_patch_attr", older_patch_attr)
+    monkeypatch.setattr(interpreter, "_patch_builtin", older_patch_builtin)
+    with interpreting():
+        assert interpreter._patch_attr is older_patch_attr
+        assert interpreter._patch_builtin is older_patch_builtin

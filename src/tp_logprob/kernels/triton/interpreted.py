@@ -238,6 +238,7 @@ class _Shortcuts:
         return found
 
 
+_TENSOR_FIELDS = {"handle", "type", "dtype", "shape", "numel"}  # what tensor.__init__ sets
 _BLOCK: Any = getattr(tl, "block_type", None)
 _SCALAR: Any = tl.dtype  # a plain element type: hashable, unlike pointers and blocks
 _TENSOR: Any = tl.tensor
@@ -266,7 +267,12 @@ def _direct_builtins() -> Iterator[None]:
     that is not a plain ``builtin`` wrapper is patched by Triton's ``_patch_attr``."""
     original: Callable[..., Any] | None = getattr(interpreter, "_patch_attr", None)
     semantic = getattr(interpreter, "interpreter_semantic", None)
-    if original is None or semantic is None or not hasattr(tl.core, "is_builtin"):
+    if (
+        original is None
+        or semantic is None
+        or not hasattr(tl.core, "is_builtin")
+        or not _takes(original, ("obj", "name", "member", "builder", "scope"))
+    ):
         yield
         return
 
@@ -292,6 +298,8 @@ def _direct_builtins() -> Iterator[None]:
             interpreter._patch_attr(package, name, member, builder, scope)
         patched.add(id(package))
 
+    if patch_builtin is not None and not _takes(patch_builtin, ("pkg", "builder", "scope")):
+        patch_builtin = None
     interpreter._patch_attr = patch_attr
     if patch_builtin is not None:
         interpreter._patch_builtin = patch_listed_builtins
@@ -301,6 +309,14 @@ def _direct_builtins() -> Iterator[None]:
         interpreter._patch_attr = original
         if patch_builtin is not None:
             interpreter._patch_builtin = patch_builtin
+
+
+def _takes(function: Callable[..., Any], names: tuple[str, ...]) -> bool:
+    """Whether ``function``'s parameters are ``names``: the Triton this was written against."""
+    try:
+        return tuple(inspect.signature(function).parameters) == names
+    except (TypeError, ValueError):
+        return False
 
 
 # id(builtin) -> (builtin, the semantic, the member calling its function with it)
@@ -434,7 +450,8 @@ def _types_kept() -> Iterator[None]:
         found = shapes.get(id(type))
         if found is None or found[0] is not type:
             tensor_init(self, handle, type)
-            shapes[id(type)] = (type, self.shape, self.numel)
+            if vars(self).keys() == _TENSOR_FIELDS:  # else another Triton's: not kept
+                shapes[id(type)] = (type, self.shape, self.numel)
             return
         self.handle = handle
         self.type = type
