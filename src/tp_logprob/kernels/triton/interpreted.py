@@ -313,10 +313,17 @@ def _direct_builtins() -> Iterator[None]:
 
 def _takes(function: Callable[..., Any], names: tuple[str, ...]) -> bool:
     """Whether ``function``'s parameters are ``names``: the Triton this was written against."""
-    try:
-        return tuple(inspect.signature(function).parameters) == names
-    except (TypeError, ValueError):
-        return False
+    known = _SIGNATURES.get(id(function))
+    if known is None or known[0] is not function:
+        try:
+            parameters = tuple(inspect.signature(function).parameters)
+        except (TypeError, ValueError):
+            parameters = ()
+        known = _SIGNATURES[id(function)] = (function, parameters)
+    return known[1] == names
+
+
+_SIGNATURES: dict[int, tuple[Callable[..., Any], tuple[str, ...]]] = {}
 
 
 # id(builtin) -> (builtin, the semantic, the member calling its function with it)
