@@ -20,7 +20,8 @@ each element type is kept (:func:`_np_dtypes_kept`): the same dtypes, so the sam
 
 The rest is work whose result the interpreter throws away or builds again, each
 skipped by one context manager inside :func:`interpreting`; every value a kernel
-computes, and so every bit, is the same (``tests/kernels/test_interpreted.py``):
+computes, and so every bit, is the same (``tests/kernels/test_interpreted_bits.py``
+runs every Triton backend on the suite's cases with and without them):
 
 - :func:`_no_discarded_overflow_checks`: Triton's overflow sanitizer redoes every
   int32 ``+ - *`` in int64, compares it with the int32 range and hands the result to
@@ -35,11 +36,14 @@ computes, and so every bit, is the same (``tests/kernels/test_interpreted.py``):
 - :func:`_semantic_shortcuts`: two tensors of one type (most operations) went
   through type promotion, two casts to their own type and a broadcast walk that
   hand both back unchanged; two blocks of one shape through the broadcast walk.
-  Both now return at once, and the promotion of two element types is kept.
+  Both now return at once, and the promotion of two element types is kept. Each
+  literal (``0.0``, ``float("-inf")``) was a new numpy constant, splat again to the
+  tile's shape at every use: one per value and shape now.
 - :func:`_direct_builtins`: each ``tl`` call went through the interpreter's patched
   member, which copies its keyword arguments to drop a ``_semantic``, and Triton's
   ``builtin`` wrapper, which checks one was given. The member now calls the function
-  with the interpreter's semantic directly.
+  with the interpreter's semantic directly, and the builtins each launch patches are
+  listed once, not with ``inspect.getmembers`` per launch.
 
 With the two above, every Triton backend's forward and backward on the suite's small
 train cases runs 3.2 to 5.4 times faster than under Triton's interpreter as it is
