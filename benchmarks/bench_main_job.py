@@ -15,7 +15,9 @@ every tree starts with its bytecode and pytest's rewritten test modules cached: 
 fresh worktree would otherwise pay that on its first run and this checkout not.
 ``--against`` may be given more than once (every revision against this checkout);
 ``--parallel`` starts one run of every tree at the same time, so that on a machine
-other jobs share, each tree meets the same load. ``--log-dir`` keeps each run's
+other jobs share, each tree meets the same load; but the faster tree finishes first and
+the slower one then runs alone, so a large speed-up reads smaller than it is there
+(alternated runs, the default, time each tree alone). ``--log-dir`` keeps each run's
 whole output (add ``--durations=30`` after ``--`` to see where the time goes).
 
 Run: python benchmarks/bench_main_job.py --against REV [--against REV2] [--repeat 1]
