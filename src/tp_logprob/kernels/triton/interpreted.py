@@ -133,7 +133,7 @@ def _semantic_shortcuts() -> Iterator[None]:
         yield
         return
     shortcuts = _Shortcuts(semantic)
-    with _instance_attributes(
+    with _attributes_set(
         semantic,
         broadcast_impl_value=shortcuts.broadcast,
         computation_type_impl=shortcuts.computation_type,
@@ -302,17 +302,11 @@ def _direct_builtins() -> Iterator[None]:
             interpreter._patch_attr(package, name, member, builder, scope)
         patched.add(id(package))
 
-    if patch_builtin is not None and not _takes(patch_builtin, ("pkg", "builder", "scope")):
-        patch_builtin = None
-    interpreter._patch_attr = patch_attr
-    if patch_builtin is not None:
-        interpreter._patch_builtin = patch_listed_builtins
-    try:
+    patches: dict[str, Any] = {"_patch_attr": patch_attr}
+    if patch_builtin is not None and _takes(patch_builtin, ("pkg", "builder", "scope")):
+        patches["_patch_builtin"] = patch_listed_builtins
+    with _attributes_set(interpreter, **patches):
         yield
-    finally:
-        interpreter._patch_attr = original
-        if patch_builtin is not None:
-            interpreter._patch_builtin = patch_builtin
 
 
 def _takes(function: Callable[..., Any], names: tuple[str, ...]) -> bool:
@@ -368,10 +362,11 @@ def _listed_builtins(package: Any) -> list[tuple[str, Any]]:
 
 
 @contextlib.contextmanager
-def _instance_attributes(owner: Any, **values: Any) -> Iterator[None]:
-    """Set ``values`` on the object ``owner`` itself; its own earlier ones back afterwards."""
+def _attributes_set(owner: Any, **values: Any) -> Iterator[None]:
+    """Set ``values`` on ``owner`` itself (a module, a class or an instance) within the
+    block; afterwards its own earlier attributes are back, and those it lacked removed."""
     missing = object()
-    own = {name: owner.__dict__.get(name, missing) for name in values}
+    own = {name: vars(owner).get(name, missing) for name in values}
     for name, value in values.items():
         setattr(owner, name, value)
     try:
@@ -407,11 +402,8 @@ def _no_discarded_overflow_checks() -> Iterator[None]:
             options,
             dataclasses.replace(options, sanitize_overflow=False),
         )
-    builder.options = unsanitized[1]
-    try:
+    with _attributes_set(builder, options=unsanitized[1]):
         yield
-    finally:
-        builder.options = options
 
 
 @contextlib.contextmanager
@@ -469,15 +461,11 @@ def _types_kept() -> Iterator[None]:
         self.dtype = type.scalar
         self.shape, self.numel = found[1], found[2]
 
-    block_type.with_element_ty = kept_with_element_ty
-    block_type.to_ir = kept_to_ir
-    tensor.__init__ = kept_tensor_init
-    try:
+    with (
+        _attributes_set(block_type, with_element_ty=kept_with_element_ty, to_ir=kept_to_ir),
+        _attributes_set(tensor, __init__=kept_tensor_init),
+    ):
         yield
-    finally:
-        block_type.with_element_ty = with_element_ty
-        block_type.to_ir = to_ir
-        tensor.__init__ = tensor_init
 
 
 @contextlib.contextmanager
@@ -504,11 +492,8 @@ def _np_dtypes_kept() -> Iterator[None]:
             found = kept[tt_dtype] = original(tt_dtype)
         return found
 
-    interpreter._get_np_dtype = np_dtype
-    try:
+    with _attributes_set(interpreter, _get_np_dtype=np_dtype):
         yield
-    finally:
-        interpreter._get_np_dtype = original
 
 
 @contextlib.contextmanager
@@ -536,11 +521,8 @@ def _patching_once() -> Iterator[None]:
         patched.update(langs)
         return original(fn)
 
-    interpreter._patch_lang = patch_once
-    try:
+    with _attributes_set(interpreter, _patch_lang=patch_once):
         yield
-    finally:
-        interpreter._patch_lang = original
 
 
 def _language_modules(fn: Any) -> set[int]:
