@@ -131,13 +131,13 @@ def _phase_one(x: np.ndarray, target: np.ndarray, every_row: bool = True) -> dri
     narrow drawn rows exercise it too."""
     n = x.shape[0]
     out = drivers.Selected(np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool))
-    m, attempt = drivers._finite_max(x)
     target_values = x[np.arange(n), target]
     saved = drivers._BINS_PER_VALUE
     drivers._BINS_PER_VALUE = math.inf if every_row else saved
     try:
         with np.errstate(all="ignore"):
-            drivers._binned_selected(x, target_values, np.ones(n, bool), None, m, attempt, out)
+            batch = drivers._batch(x, None)
+            drivers._binned_selected(batch, target_values, np.ones(n, bool), out)
     finally:
         drivers._BINS_PER_VALUE = saved
     return out

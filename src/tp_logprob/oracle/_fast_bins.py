@@ -160,7 +160,7 @@ def bin_error_terms(
         "G_j E_j products": 2.001 * U * p_abs * (1 + g),
         "pairwise sum of the products": gamma(math.ceil(math.log2(max(bins, 2)))) * p_abs * (1 + g),
         "double-double of X and W": 2.0**-100 * x_bound,
-        "underflow in products": np.full_like(x_bound, bins * 2.0**-1074),
+        "underflow in products": bins * 2.0**-1074 + 0.0 * x_bound,
     }
 
 
@@ -196,7 +196,6 @@ def _keys_and_e(
     ``capped`` sends ``j > TAIL_BIN`` (``-inf`` included) to ``TAIL_BIN``.
     """
     rows, width = values.shape
-    c = bin_tables().coeffs
     keys = _buffer("keys", rows * width, np.intp).reshape(rows, width)
     e_all = _buffer("e", rows * width).reshape(rows, width)
     step = max(1, _CHUNK // max(rows, 1))
@@ -216,16 +215,35 @@ def _keys_and_e(
             np.add(j, offsets, out=keys[:, part], casting="unsafe")
         else:
             np.subtract(top, a, out=keys[:, part], casting="unsafe")
-        e = np.multiply(beta, c[4], out=scratch[2 * size : 3 * size].reshape(x.shape))
-        e += c[3]
-        e *= beta
-        e += c[2]
-        e *= beta
-        e += c[1]
-        e *= beta
-        e += c[0]
-        np.multiply(e, beta, out=e_all[:, part])
+        _horner(beta, scratch[2 * size : 3 * size].reshape(x.shape), e_all[:, part])
     return keys, e_all
+
+
+def _horner(beta: FloatArray, scratch: FloatArray, out: FloatArray) -> None:
+    """``e = exp(beta 2^-Q) - 1`` into ``out``: the Horner scheme of :func:`_horner_error`."""
+    c = bin_tables().coeffs
+    e = np.multiply(beta, c[4], out=scratch)
+    e += c[3]
+    e *= beta
+    e += c[2]
+    e *= beta
+    e += c[1]
+    e *= beta
+    e += c[0]
+    np.multiply(e, beta, out=out)
+
+
+@lru_cache(maxsize=1)
+def bf16_grid() -> tuple[FloatArray, FloatArray]:
+    """``a = rint(x 2^Q)`` and ``e`` of every bfloat16 value ``x``, indexed by its 16-bit
+    pattern: a deduplicated row looks its values' up (the same operations, done once)."""
+    x = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf and NaN patterns: never a head value
+        t = x * SCALE_Q
+        a = np.rint(t)
+        e = np.empty_like(x)
+        _horner(t - a, np.empty_like(x), e)
+    return a, e
 
 
 def pairwise_sum(a: FloatArray) -> FloatArray:
@@ -246,53 +264,96 @@ def pairwise_sum(a: FloatArray) -> FloatArray:
 
 
 def _bin_stage(
-    n: FloatArray, big_e: FloatArray, weighted: bool
+    n: FloatArray, big_e: FloatArray, index: IntArray | None = None
 ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
     """``(w_h, w_l, rad, ok)`` from per-bin counts and sums of ``e`` (``[R, stride]``,
-    ``big_e`` overwritten)."""
+    ``big_e`` overwritten).
+
+    ``index`` None: column ``j`` is bin ``j``, filled by ``bincount``. Otherwise
+    column ``k`` is one value with its count ``n`` at ``j = index[:, k]``
+    (:func:`bin_sums`): its ``E`` is one product ``count e``, accumulated with
+    nothing (``d2 = 0``; the product's rounding is a term of its own).
+    """
     rows, stride = n.shape
     tables = bin_tables()
-    if stride > TAIL_BIN:
-        tail = n[:, TAIL_BIN].copy()
-        big_e[:, TAIL_BIN] = 0.0  # may hold NaN from -inf values; G is 0 there
+    if index is not None:
+        at_tail = index == TAIL_BIN
+        tail = np.where(at_tail, n, 0.0).sum(axis=1)
+        big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
+        columns = np.take(tables.limb_columns, index, axis=1)  # a fancy index costs 4x
+        gh = tables.gh[index]
     else:
-        tail = np.zeros(rows)
+        if stride > TAIL_BIN:
+            tail = n[:, TAIL_BIN].copy()
+            big_e[:, TAIL_BIN] = 0.0
+        else:
+            tail = np.zeros(rows)
+        columns = tables.limb_columns[:, :stride]
+        gh = tables.gh[:stride]
     head = n.sum(axis=1) - tail
     # Row-wise products and sums, not BLAS: a multithreaded matmul on a loaded
     # machine can cost more than the arithmetic. Integer-valued, so exact in any order.
     scratch = _buffer("scratch", rows * stride).reshape(rows, stride)
-    columns = tables.limb_columns
-    limbs = [np.multiply(n, columns[k, :stride], out=scratch).sum(axis=1) for k in range(_LIMBS)]
-    gh = tables.gh[:stride]
-    np.multiply(n, n, out=scratch)
-    d2 = np.multiply(scratch, gh, out=scratch).sum(axis=1)  # >= sum gh n (n - 1), up to rounding
+    limbs = [np.multiply(n, columns[k], out=scratch).sum(axis=1) for k in range(_LIMBS)]
+    if index is None:
+        np.multiply(n, n, out=scratch)
+        d2 = np.multiply(scratch, gh, out=scratch).sum(axis=1)  # >= sum gh n (n - 1), rounded
+    else:
+        d2 = np.zeros(rows)
     p = np.multiply(big_e, gh, out=big_e)
     p_abs = np.abs(p, out=scratch).sum(axis=1)
     y_sum = pairwise_sum(p)
-    x_h, x_l = two_sum(limbs[0] * 2.0**-LIMB_BITS, limbs[1] * 2.0 ** (-2 * LIMB_BITS))
-    x_l = x_l + (limbs[2] * 2.0 ** (-3 * LIMB_BITS) + limbs[3] * 2.0 ** (-4 * LIMB_BITS))
+    per_row = [*limbs, y_sum, head, tail, d2, p_abs]
+    if rows == 1:
+        # One row: numpy scalars from here, the same operations without an array call each.
+        per_row = [value[0] for value in per_row]
+    l0, l1, l2, l3, y_sum, head, tail, d2, p_abs = per_row
+    x_h, x_l = two_sum(l0 * 2.0**-LIMB_BITS, l1 * 2.0 ** (-2 * LIMB_BITS))
+    x_l = x_l + (l2 * 2.0 ** (-3 * LIMB_BITS) + l3 * 2.0 ** (-4 * LIMB_BITS))
     w_h, w_e = two_sum(x_h, y_sum)
     w_l = w_e + x_l
     x_bound = x_h * (1 + 2.0**-40) + head * LIMB_ERR
-    terms = bin_error_terms(x_bound, head, d2, p_abs, stride, weighted)
-    rad = sum(terms.values(), np.zeros(rows))
-    rad += tail * TAIL_TERM + U * (np.abs(x_l) + np.abs(w_l))
-    return w_h, w_l, rad * SLACK, head < HEAD_LIMIT
+    terms = bin_error_terms(x_bound, head, d2, p_abs, stride, index is not None)
+    rad = sum(terms.values(), 0.0 * x_bound)
+    rad += tail * TAIL_TERM + U * (abs(x_l) + abs(w_l))
+    results = (w_h, w_l, rad * SLACK, head < HEAD_LIMIT)
+    if rows == 1:
+        return tuple(np.reshape(value, 1) for value in results)  # type: ignore[return-value]
+    return results
 
 
 def bin_sums(
-    values: FloatArray, m: FloatArray, counts: FloatArray | None, row_min: FloatArray | None = None
+    values: FloatArray,
+    m: FloatArray,
+    counts: FloatArray | None,
+    row_min: FloatArray | None = None,
+    patterns: IntArray | None = None,
 ) -> BinSums:
     """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``
     (and minima ``row_min``, when the caller has them).
 
-    Rows are binned in groups of at most about ``_GROUP_BINS`` bins (each
+    Values with ``counts`` (a deduplicated row) are each a bin of their own: no
+    ``bincount``, and no empty bins where the values are sparse on the grid. Their
+    bfloat16 ``patterns`` (``[R, K]``), when given, look ``a`` and ``e`` up
+    (:func:`bf16_grid`).
+    Plain rows are binned in groups of at most about ``_GROUP_BINS`` bins (each
     ``bincount``'s fresh output stays small), into reused per-thread buffers;
     the per-bin stage then runs on all ``R`` rows at once.
     """
     rows, width = values.shape
     a_top = np.floor(m * SCALE_Q)
     a1 = a_top + 1.0
+    if counts is not None:
+        with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, tail bin only
+            if patterns is None:
+                index, e_all = _keys_and_e(values, a1, 0, True)
+                index = index.copy()
+            else:
+                a_all, e_all = (table[patterns] for table in bf16_grid())
+                j = np.minimum(a1[:, None] - a_all, float(TAIL_BIN))
+                index = j.astype(np.intp)
+        w_h, w_l, rad, ok = _bin_stage(counts, e_all * counts, index)
+        return BinSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)
     low = np.floor((values.min(axis=1) if row_min is None else row_min) * SCALE_Q)
     reach = a1 - low  # j <= reach for every value; inf with a -inf value
     capped = bool((reach > TAIL_BIN).any())
@@ -306,13 +367,9 @@ def bin_sums(
             keys, e_all = _keys_and_e(values[r], a1[r], stride, capped)
         flat_keys = keys.reshape(-1)
         size = keys.shape[0] * stride
-        if counts is None:
-            n = np.bincount(flat_keys, minlength=size)
-            weights = e_all.reshape(-1)
-        else:
-            n = np.bincount(flat_keys, weights=counts[r].reshape(-1), minlength=size)
-            weights = (e_all * counts[r]).reshape(-1)
-        n_all[r] = n.reshape(-1, stride)
-        e_sums[r] = np.bincount(flat_keys, weights=weights, minlength=size).reshape(-1, stride)
-    w_h, w_l, rad, ok = _bin_stage(n_all, e_sums, counts is not None)
+        n_all[r] = np.bincount(flat_keys, minlength=size).reshape(-1, stride)
+        e_sums[r] = np.bincount(flat_keys, weights=e_all.reshape(-1), minlength=size).reshape(
+            -1, stride
+        )
+    w_h, w_l, rad, ok = _bin_stage(n_all, e_sums)
     return BinSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)

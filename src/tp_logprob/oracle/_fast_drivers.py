@@ -74,6 +74,11 @@ class _Block:
         slot_of_key[self.present] = np.arange(self.present.size)
         return per_value[:, slot_of_key[self.keys]]
 
+    @property
+    def patterns(self) -> IntArray | None:
+        """Each value's 16-bit pattern (``[1, K]``), for a deduplicated row."""
+        return None if self.present is None else self.present[None, :]
+
     def column(self, columns: IntArray) -> IntArray:
         """The index into ``values[row]`` of one column per row."""
         if self.keys is None or self.present is None:
@@ -81,19 +86,23 @@ class _Block:
         return np.searchsorted(self.present, self.keys[columns])
 
 
-def _bf16_keys(row: FloatArray, source: NDArray[Any] | None) -> IntArray | None:
+def _bf16_keys(row: FloatArray | None, source: NDArray[Any] | None) -> IntArray | None:
     """The 16-bit patterns of ``row`` when every value is a bfloat16 value, else None.
 
     ``source`` is the caller's array for the same values (float32 or bfloat16,
-    or None): its bits give the patterns without a conversion.
+    or None): its bits give the patterns without a conversion (``row`` may then
+    be None).
     """
     if source is not None and source.dtype.itemsize == 2:
         return source.view(np.uint16).astype(np.intp)
     if source is not None and source.dtype == np.float32:
         bits = source.view(np.uint32)
-        if (bits[:64] & 0xFFFF).any() or (bits & 0xFFFF).any():
+        # The truncating cast keeps each value's low 16 bits: zero for a bfloat16 value.
+        if bits[:64].astype(np.uint16).any() or bits.astype(np.uint16).max() != 0:
             return None
-        return (bits >> 16).astype(np.intp)
+        return np.right_shift(bits, 16, out=np.empty(bits.size, np.intp), casting="unsafe")
+    if row is None:
+        return None
     with np.errstate(over="ignore", invalid="ignore"):
         probe = row[:64].astype(np.float32)
         if (probe.view(np.uint32) & 0xFFFF).any() or not np.array_equal(probe, row[:64]):
@@ -105,7 +114,9 @@ def _bf16_keys(row: FloatArray, source: NDArray[Any] | None) -> IntArray | None:
     return (bits >> 16).astype(np.intp)
 
 
-def _deduplicated(row_index: int, row: FloatArray, source: NDArray[Any] | None) -> _Block | None:
+def _deduplicated(
+    row_index: int, row: FloatArray | None, source: NDArray[Any] | None
+) -> _Block | None:
     keys = _bf16_keys(row, source)
     if keys is None:
         return None
@@ -116,38 +127,65 @@ def _deduplicated(row_index: int, row: FloatArray, source: NDArray[Any] | None) 
     return _Block(np.array([row_index]), values[None, :], weights[None, :], keys, present)
 
 
-def _blocks(
-    live: FloatArray,
-    attempt: IntArray,
-    source: NDArray[Any] | None = None,
-    block_values: int = _BLOCK_VALUES,
-) -> Iterator[_Block]:
-    width = live.shape[1]
-    plain = attempt
-    if width >= _DEDUP_MIN:
+@dataclass
+class _Batch:
+    """What every driver needs first: each row's maximum, the rows whose maximum is
+    finite (the attempted ones), and the wide bfloat16-valued rows, deduplicated
+    once (their maxima come from their distinct values, not a pass over the row)."""
+
+    live: FloatArray
+    m: FloatArray
+    attempt: IntArray
+    deduplicated: dict[int, _Block]
+
+    def extreme(self, reduce: Callable[..., FloatArray]) -> FloatArray:
+        """``reduce`` (``np.max`` or ``np.min``) of every row's values."""
+        n, width = self.live.shape
+        if width == 0:
+            return np.full(n, -math.inf)
+        if not self.deduplicated:
+            return reduce(self.live, axis=1)
+        out = np.empty(n)
+        plain = np.array([i for i in range(n) if i not in self.deduplicated], dtype=np.intp)
+        if plain.size:
+            out[plain] = reduce(self.live[plain], axis=1)
+        for i, block in self.deduplicated.items():
+            out[i] = reduce(block.values[0])
+        return out
+
+    def blocks(self, chosen: IntArray, block_values: int = _BLOCK_VALUES) -> Iterator[_Block]:
+        """The rows ``chosen``: each deduplicated row a block, the others in blocks of
+        about ``block_values`` values."""
         rest = []
-        for i in attempt.tolist():
-            block = _deduplicated(i, live[i], None if source is None else source[i])
+        for i in chosen.tolist():
+            block = self.deduplicated.get(i)
             if block is None:
                 rest.append(i)
             else:
                 yield block
         plain = np.array(rest, dtype=np.intp)
-    per_block = max(1, block_values // max(width, 1))
-    for start in range(0, plain.size, per_block):
-        chunk = plain[start : start + per_block]
-        first, last = int(chunk[0]), int(chunk[-1])
-        # Consecutive rows are a view; a gather would copy the block.
-        consecutive = last - first == chunk.size - 1
-        yield _Block(chunk, live[first : last + 1] if consecutive else live[chunk])
+        width = self.live.shape[1]
+        per_block = max(1, block_values // max(width, 1))
+        for start in range(0, plain.size, per_block):
+            chunk = plain[start : start + per_block]
+            first, last = int(chunk[0]), int(chunk[-1])
+            # Consecutive rows are a view; a gather would copy the block.
+            consecutive = last - first == chunk.size - 1
+            yield _Block(chunk, self.live[first : last + 1] if consecutive else self.live[chunk])
 
 
-def _finite_max(live: FloatArray) -> tuple[FloatArray, IntArray]:
-    """Row maxima (NaN for a NaN row) and the rows whose maximum is finite."""
-    if live.shape[1] == 0:
-        return np.full(live.shape[0], -math.inf), np.zeros(0, dtype=np.intp)
-    m = live.max(axis=1)
-    return m, np.flatnonzero(np.isfinite(m))
+def _batch(live: FloatArray, source: NDArray[Any] | None) -> _Batch:
+    """The :class:`_Batch` of ``live`` (``source``: the caller's array, for its bits)."""
+    deduplicated = {}
+    if live.shape[1] >= _DEDUP_MIN:
+        for i in range(live.shape[0]):
+            block = _deduplicated(i, live[i], None if source is None else source[i])
+            if block is not None:
+                deduplicated[i] = block
+    batch = _Batch(live, np.zeros(0), np.zeros(0, dtype=np.intp), deduplicated)
+    batch.m = batch.extreme(np.max)
+    batch.attempt = np.flatnonzero(np.isfinite(batch.m))
+    return batch
 
 
 @dataclass
@@ -160,43 +198,61 @@ class Selected:
     selected_ok: BoolArray
 
 
+def _settle(
+    sums: rows.RowSum, target: FloatArray | None
+) -> tuple[FloatArray, BoolArray, tuple[FloatArray, BoolArray] | None]:
+    """``lse`` of each row and, given the rows' target values, ``selected_logp``, each
+    with its certified mask. A single row runs on numpy scalars: the same IEEE
+    operations on the same values, without the microseconds each array call costs."""
+    one = sums.m.size == 1
+    if one:
+        sums = rows.Sums(sums.m[0], sums.count_max[0], sums.t_h[0], sums.t_l[0], sums.t_rad[0])
+    plain, scaled = rows.log_sum(sums)
+    lse, lse_ok = rows.lse(sums, plain)
+    if target is None:
+        return lse, lse_ok, None
+    finite = np.where(np.isfinite(target), target, sums.m)
+    return lse, lse_ok, rows.selected(sums, plain, scaled, finite[0] if one else finite)
+
+
+def _binned_row_sums(m_grid: FloatArray, w: rows.Enclosure) -> rows.Sums:
+    """The first phase's ``W`` about ``M'`` as the stages' row sums (``c = 0``, ``T = W``)."""
+    scale = rows.SCALE
+    return rows.Sums(m_grid, np.zeros(m_grid.size), w.hi * scale, w.lo * scale, w.rad * scale)
+
+
 def _binned_selected(
-    live: FloatArray,
+    batch: _Batch,
     target_values: FloatArray,
     active: BoolArray,
-    source: NDArray[Any] | None,
-    m: FloatArray,
-    attempt: IntArray,
     out: Selected,
 ) -> IntArray:
-    """The first phase (:mod:`._fast_bins`) on the rows ``attempt``; returns the rows it
+    """The first phase (:mod:`._fast_bins`) on the attempted rows; returns the rows it
     left (an ``lse``, or an active finite target's ``selected_logp``, not certified)."""
+    live, m, attempt = batch.live, batch.m, batch.attempt
     # Worth it when the row's bins (its range over 2^-Q, capped at the tail bin)
     # are not many more than its values; narrow rows go straight to the terms.
-    low = live.min(axis=1) if live.shape[1] else m
+    low = batch.extreme(np.min)
     reach = np.minimum(np.floor(m * bins.SCALE_Q) + 1 - np.floor(low * bins.SCALE_Q), bins.TAIL_BIN)
     worth = (np.abs(m) < bins.M_LIMIT) & (reach <= _BINS_PER_VALUE * live.shape[1])
     tried = attempt[worth[attempt]]
     size = live.shape[0]
     m_grid, w_h, w_l, w_rad = (np.zeros(size) for _ in range(4))
     usable = np.zeros(size, bool)
-    for block in _blocks(live, tried, source, _BIN_BLOCK_VALUES):
+    for block in batch.blocks(tried, _BIN_BLOCK_VALUES):
         r = block.rows
-        binned = bins.bin_sums(block.values, m[r], block.counts, low[r])
+        binned = bins.bin_sums(block.values, m[r], block.counts, low[r], block.patterns)
         m_grid[r], usable[r] = binned.m_grid, binned.ok
         w_h[r], w_l[r], w_rad[r] = binned.w.hi, binned.w.lo, binned.w.rad
     done = tried[usable[tried]]
-    scale = rows.SCALE
-    sums = rows.Sums(
-        m_grid[done], np.zeros(done.size), w_h[done] * scale, w_l[done] * scale, w_rad[done] * scale
-    )
-    plain, scaled = rows.log_sum(sums)
-    lse, lse_ok = rows.lse(sums, plain)
+    sums = _binned_row_sums(m_grid[done], rows.Enclosure(w_h[done], w_l[done], w_rad[done]))
     tv = target_values[done]
-    sel, sel_ok = rows.selected(sums, plain, scaled, np.where(np.isfinite(tv), tv, sums.m))
+    lse, lse_ok, chosen = _settle(sums, tv if active[done].any() else None)
     out.lse[done], out.lse_ok[done] = lse, lse_ok
-    out.selected[done] = np.where(tv == -math.inf, -math.inf, sel)
-    out.selected_ok[done] = sel_ok | (tv == -math.inf)
+    if chosen is not None:
+        sel, sel_ok = chosen
+        out.selected[done] = np.where(tv == -math.inf, -math.inf, sel)
+        out.selected_ok[done] = sel_ok | (tv == -math.inf)
     settled = out.lse_ok[attempt] & (out.selected_ok[attempt] | ~active[attempt])
     return attempt[~settled]
 
@@ -215,20 +271,20 @@ def selected_logprob(
     """
     n = live.shape[0]
     out = Selected(np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, bool))
-    m, attempt = _finite_max(live)
-    rest = _binned_selected(live, target_values, active, source, m, attempt, out)
-    for block in _blocks(live, rest, source):
+    batch = _batch(live, source)
+    m, attempt = batch.m, batch.attempt
+    rest = _binned_selected(batch, target_values, active, out)
+    for block in batch.blocks(rest):
         r = block.rows
         terms = rows.build_terms(block.values, m[r], block.counts, keep=False)
-        plain, scaled = rows.log_sum(terms)
-        lse, lse_ok = rows.lse(terms, plain)
+        tv = target_values[r]
+        lse, lse_ok, chosen = _settle(terms, tv if active[r].any() else None)
         had = out.lse_ok[r]
         out.lse[r] = np.where(had, out.lse[r], lse)
         out.lse_ok[r] = had | lse_ok
-        if not active[r].any():
+        if chosen is None:
             continue
-        tv = target_values[r]
-        sel, sel_ok = rows.selected(terms, plain, scaled, np.where(np.isfinite(tv), tv, m[r]))
+        sel, sel_ok = chosen
         had = out.selected_ok[r]
         out.selected[r] = np.where(had, out.selected[r], np.where(tv == -math.inf, -math.inf, sel))
         out.selected_ok[r] = had | sel_ok | (tv == -math.inf)
@@ -242,10 +298,39 @@ def selected_logprob(
     return out
 
 
-def logsumexp(row: FloatArray, source: NDArray[Any] | None = None) -> float | None:
-    """One row's certified LSE, or None (for the Ziv loop)."""
+def _deduplicated_lse(block: _Block) -> float | None:
+    """The first phase's certified LSE of one deduplicated row, or None."""
+    m = block.values.max(axis=1)
+    top = m[0]
+    if not (np.isfinite(top) and abs(top) < bins.M_LIMIT):
+        return None
+    binned = bins.bin_sums(block.values, m, block.counts, block.values.min(axis=1), block.patterns)
+    if not binned.ok[0]:
+        return None
+    lse, ok, _ = _settle(_binned_row_sums(binned.m_grid, binned.w), None)
+    return float(lse) if ok else None
+
+
+@_quiet
+def logsumexp(values: NDArray[Any]) -> float | None:
+    """One row's certified LSE, or None (for the Ziv loop).
+
+    ``values`` are the live values in any exact dtype: float32 and bfloat16 rows
+    give their bits, and are widened to float64 only if the batch's way needs them.
+    A wide bfloat16-valued row goes the short way first (its distinct values, the
+    first phase, the stage on scalars): for one row, the batch's bookkeeping
+    costs more than the arithmetic.
+    """
+    source = values if values.dtype == np.float32 or values.dtype.name == "bfloat16" else None
+    if values.size >= _DEDUP_MIN and source is not None:
+        block = _deduplicated(0, None, source)
+        value = None if block is None else _deduplicated_lse(block)
+        if value is not None:
+            record("lse", 1, 0)
+            return value
+    row = np.ascontiguousarray(values, dtype=np.float64)[None, :]
     wide = None if source is None else source[None, :]
-    result = selected_logprob(row[None, :], np.zeros(1), np.zeros(1, bool), wide)
+    result = selected_logprob(row, np.zeros(1), np.zeros(1, bool), wide)
     return float(result.lse[0]) if result.lse_ok[0] else None
 
 
@@ -261,10 +346,11 @@ def logprob_grad(
     """Write certified rows of ``([v == t] - p_v) / scale`` into ``grad``; return those rows."""
     n = live.shape[0]
     done = np.zeros(n, bool)
-    m, attempt = _finite_max(live)
+    batch = _batch(live, source)
+    m, attempt = batch.m, batch.attempt
     attempt = attempt[active[attempt]]
     cutoff = underflow_cutoff(UNDERFLOW_D, scale)
-    for block in _blocks(live, attempt, source):
+    for block in batch.blocks(attempt):
         r = block.rows
         terms = rows.build_terms(block.values, m[r], block.counts)
         r_h, r_l, rel = grads.reciprocal(terms)
@@ -311,9 +397,10 @@ def entropy(
     """Certified entropies of the active rows, and which rows they are."""
     n = live.shape[0]
     out, done = np.zeros(n), np.zeros(n, bool)
-    m, attempt = _finite_max(live)
+    batch = _batch(live, source)
+    m, attempt = batch.m, batch.attempt
     attempt = attempt[active[attempt]]
-    for block in _blocks(live, attempt, source):
+    for block in batch.blocks(attempt):
         _, scaled, _, _, _, rho = _entropy_terms(block, m)
         out[block.rows], done[block.rows] = grads.entropy(scaled, rho)
     hits = int(done.sum())
@@ -332,10 +419,11 @@ def entropy_grad(
     """Write certified rows of ``-p_v (z_v - LSE + H) / scale`` into ``grad``; return those rows."""
     n = live.shape[0]
     done = np.zeros(n, bool)
-    m, attempt = _finite_max(live)
+    batch = _batch(live, source)
+    m, attempt = batch.m, batch.attempt
     attempt = attempt[active[attempt]]
     cutoff = underflow_cutoff(ENTROPY_UNDERFLOW_D, scale)
-    for block in _blocks(live, attempt, source):
+    for block in batch.blocks(attempt):
         r = block.rows
         terms, _, r_h, r_l, rel, rho = _entropy_terms(block, m)
         probs = grads.probabilities(terms, r_h, r_l, rel)

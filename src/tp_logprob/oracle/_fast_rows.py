@@ -25,7 +25,7 @@ multiplied by :data:`SLACK`, which covers their own few dozen roundings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import mpmath
 import numpy as np
@@ -120,6 +120,14 @@ class Enclosure:
     rad: FloatArray
 
 
+def select(condition: Any, if_true: Any, if_false: Any) -> Any:
+    """``np.where``, except that one row's numpy scalars get a plain choice: the stages
+    below run on scalars for a single row, where each array call costs microseconds."""
+    if isinstance(condition, (bool, np.bool_)):
+        return if_true if condition else if_false
+    return np.where(condition, if_true, if_false)
+
+
 def _weighted(
     hi: FloatArray, lo: FloatArray, counts: FloatArray | None
 ) -> tuple[FloatArray, FloatArray]:
@@ -144,7 +152,7 @@ def scaled_sum(
     # sum(hi) <= root / (1 - levels u (1 + u)^levels) <= root (1 + 2^-44) for K < 2^60.
     total = root * (1.0 + 2.0**-44)
     rad = total * (U * tree_error_factor(size) + gamma(size) * low_ratio * U * 1.0001 + 4 * U * U)
-    rad += U * (np.abs(err) + np.abs(low)) * 2.0
+    rad += U * (abs(err) + abs(low)) * 2.0
     rel = exp_rel()
     rad += rel * (total + rad) / (1.0 - rel)
     return Enclosure(t_h, t_l, (rad + tail * tail_term) * SLACK)
@@ -217,56 +225,66 @@ def row_sum(terms: RowSum) -> Enclosure:
     """``S = c + T``, unscaled (``S >= 1``)."""
     big_h, big_e = two_sum(terms.count_max * SCALE, terms.t_h)
     big_l = big_e + terms.t_l
-    rad = (terms.t_rad + U * np.abs(big_l)) * UNSCALE + ETA
+    rad = (terms.t_rad + U * abs(big_l)) * UNSCALE + ETA
     return Enclosure(big_h * UNSCALE, big_l * UNSCALE, rad)
 
 
 def log_sum(terms: RowSum) -> tuple[Enclosure, Enclosure]:
     """``L = log(c + T)``, unscaled and scaled by ``2^SHIFT`` (see the module docstring)."""
-    c, t_h, t_l, t_rad = terms.count_max, terms.t_h, terms.t_l, terms.t_rad
-    small = (c == 1.0) & (t_h <= _SMALL_T)
-    # Series branch, on the scaled T: L = T (1 + h), h = -T/2 + T^2/3 up to T^3/4.
+    small = (terms.count_max == 1.0) & (terms.t_h <= _SMALL_T)
+    if isinstance(small, np.bool_):  # one row, on numpy scalars: its own branch only
+        return _series(terms) if small else _corrected(terms, small)
+    series, corrected = _series(terms), _corrected(terms, small)
+
+    def chosen(a: Enclosure, b: Enclosure) -> Enclosure:
+        return Enclosure(
+            select(small, a.hi, b.hi), select(small, a.lo, b.lo), select(small, a.rad, b.rad)
+        )
+
+    return chosen(series[0], corrected[0]), chosen(series[1], corrected[1])
+
+
+def _series(terms: RowSum) -> tuple[Enclosure, Enclosure]:
+    """:func:`log_sum` for ``c = 1``, ``T <= 2^-30``: ``L = T (1 + h)``, on the scaled ``T``,
+    with ``h = -T/2 + T^2/3`` up to ``T^3/4``."""
+    t_h, t_l, t_rad = terms.t_h, terms.t_l, terms.t_rad
     t_a = t_h * UNSCALE
     h = t_a * (-0.5 + t_a * (1.0 / 3.0))
     s_h, s_l = fast_two_sum(t_h, t_l + t_h * h)
-    e_g = 1.01 * U * t_a + t_a**3 / 4 + 0.51 * np.abs(t_l) * UNSCALE + 2.0**-1072
-    s_rad = t_rad * 1.0001 + (t_h + np.abs(t_l)) * e_g
-    s_rad += 2 * U * t_h * (np.abs(h) + U) + np.abs(t_l * h)
-    # Correction branch: S = c + T unscaled (S >= 1), L0 a guess, W = S exp(-L0) - 1.
+    e_g = 1.01 * U * t_a + t_a**3 / 4 + 0.51 * abs(t_l) * UNSCALE + 2.0**-1072
+    s_rad = t_rad * 1.0001 + (t_h + abs(t_l)) * e_g
+    s_rad += 2 * U * t_h * (abs(h) + U) + abs(t_l * h)
+    plain = Enclosure(s_h * UNSCALE, s_l * UNSCALE, (s_rad * UNSCALE + ETA) * SLACK)
+    return plain, Enclosure(s_h, s_l, s_rad * SLACK)
+
+
+def _corrected(terms: RowSum, small: BoolArray | np.bool_) -> tuple[Enclosure, Enclosure]:
+    """:func:`log_sum` by one correction: ``S = c + T`` unscaled (``S >= 1``), ``L0`` a
+    guess, ``W = S exp(-L0) - 1``; rows ``small`` (the series') get ``L0 = 0``."""
     total = row_sum(terms)
     sum_h, sum_l, sum_rad = total.hi, total.lo, total.rad
     with np.errstate(divide="ignore"):
         # A guess only; kept >= 0 (S >= 1) so that exp(-L0) stays in exp_terms' domain.
-        l0 = np.where(small, 0.0, np.maximum(np.log(np.where(small, 1.0, sum_h)), 0.0))
+        l0 = select(small, 0.0, np.maximum(np.log(select(small, 1.0, sum_h)), 0.0))
     e_h, e_l = exp_terms(-l0, None, 0)
-    exp_err = np.where(l0 == 0.0, 0.0, exp_rel())  # exp(0) is computed exactly
+    exp_err = select(l0 == 0.0, 0.0, exp_rel())  # exp(0) is computed exactly
     p, q = two_prod(sum_h, e_h)
     w_h = p - 1.0  # exact when |W| <= 1/2 (Sterbenz); larger W is refused below
     cross_h, cross_l = sum_h * e_l, sum_l * e_h
     w_l = (q + cross_h) + cross_l
     w = w_h + w_l
-    d_w = (sum_rad * e_h * (1 + 2 * U) + exp_err * (1.0 + np.abs(w)) * 1.0001) * (1.0 + 2.0**-20)
-    d_w += gamma(3) * (np.abs(q) + np.abs(cross_h) + np.abs(cross_l)) + np.abs(sum_l * e_l)
+    d_w = (sum_rad * e_h * (1 + 2 * U) + exp_err * (1.0 + abs(w)) * 1.0001) * (1.0 + 2.0**-20)
+    d_w += gamma(3) * (abs(q) + abs(cross_h) + abs(cross_l)) + abs(sum_l * e_l)
     poly = w * w * (-0.5 + w * (1.0 / 3.0))
     l_h, l_m = two_sum(l0, w_h)
     rest = w_l + poly
     l_l = l_m + rest
     w2 = w * w
     g_rad = d_w / (1.0 - 2.0 * _W_MAX) + 4.2 * U * w2 + w2 * w2 / 4 * 1.01
-    g_rad += U * (np.abs(rest) + np.abs(l_l)) + ETA
-    ok_w = np.abs(w) <= _W_MAX
-    g_rad = np.where(ok_w | small, g_rad, np.inf)
-    plain = Enclosure(
-        np.where(small, s_h * UNSCALE, l_h),
-        np.where(small, s_l * UNSCALE, l_l),
-        np.where(small, s_rad * UNSCALE + ETA, g_rad) * SLACK,
-    )
-    scaled = Enclosure(
-        np.where(small, s_h, l_h * SCALE),
-        np.where(small, s_l, l_l * SCALE),
-        np.where(small, s_rad, g_rad * SCALE) * SLACK,
-    )
-    return plain, scaled
+    g_rad += U * (abs(rest) + abs(l_l)) + ETA
+    g_rad = select(abs(w) <= _W_MAX, g_rad, np.inf)
+    plain = Enclosure(l_h, l_l, g_rad * SLACK)
+    return plain, Enclosure(l_h * SCALE, l_l * SCALE, g_rad * SCALE * SLACK)
 
 
 def certify(e: Enclosure, shift: int = 0) -> tuple[FloatArray, BoolArray, BoolArray]:
@@ -280,11 +298,11 @@ def certify(e: Enclosure, shift: int = 0) -> tuple[FloatArray, BoolArray, BoolAr
     grid = 2.0 ** (shift - 1074)
     with np.errstate(invalid="ignore", over="ignore"):
         hi, lo = two_sum(e.hi, e.lo)  # now hi is the float nearest hi + lo
-        a = np.abs(hi)
+        a = abs(hi)
         sub = a < normal_min
-        cand = np.where(sub, np.rint(hi / grid) * grid, hi)
-        off = np.abs(hi - cand) + np.abs(lo)
-        half = np.where(sub, 0.5 * grid, 0.5 * (a - np.nextafter(a, 0.0)))
+        cand = select(sub, np.rint(hi / grid) * grid, hi)
+        off = abs(hi - cand) + abs(lo)
+        half = select(sub, 0.5 * grid, 0.5 * (a - np.nextafter(a, 0.0)))
         ok = (off + e.rad) * (1.0 + 2.0**-50) < half
         ok &= np.isfinite(e.rad) & np.isfinite(hi)
     value = cand * 2.0**-shift
@@ -296,7 +314,7 @@ def lse(terms: RowSum, log_s: Enclosure) -> tuple[FloatArray, BoolArray]:
     """``M + L`` correctly rounded, per row; zero results are left to the slow path."""
     s, err = two_sum(terms.m, log_s.hi)
     lo = err + log_s.lo
-    value, ok, zero = certify(Enclosure(s, lo, (log_s.rad + U * np.abs(lo)) * SLACK))
+    value, ok, zero = certify(Enclosure(s, lo, (log_s.rad + U * abs(lo)) * SLACK))
     return value, ok & ~zero
 
 
@@ -308,11 +326,11 @@ def selected(
     s1, e1 = two_sum(a, -log_s.hi)
     rest = (e1 + b) - log_s.lo
     hi, lo = two_sum(s1, rest)
-    rad = (log_s.rad + gamma(2) * (np.abs(e1) + np.abs(b) + np.abs(log_s.lo))) * SLACK
+    rad = (log_s.rad + gamma(2) * (abs(e1) + abs(b) + abs(log_s.lo))) * SLACK
     value, ok, zero = certify(Enclosure(hi, lo, rad))
     at_max = target == terms.m
     neg = Enclosure(-log_scaled.hi, -log_scaled.lo, log_scaled.rad)
     top_value, top_ok, top_zero = certify(neg, SHIFT)
-    value = np.where(at_max, top_value, value)
-    ok = np.where(at_max, top_ok & ~top_zero, ok & ~zero)
+    value = select(at_max, top_value, value)
+    ok = select(at_max, top_ok & ~top_zero, ok & ~zero)
     return value, ok

@@ -52,6 +52,7 @@ from tp_logprob.oracle._inputs import (
     BoolArray,
     FloatArray,
     as_active_mask,
+    as_exact_array,
     as_float64,
     as_real_vocab_size,
     as_targets,
@@ -198,14 +199,16 @@ def _logsumexp(
     precision_scale: int = 1,
 ) -> float:
     t32 = checked_temperature(temperature)
-    x = as_float64(row, "row", 1)
-    rv = as_real_vocab_size(real_vocab_size, x.shape[0])
-    x = scaled_live(x, rv, t32, "row")
+    given = as_exact_array(row, "row", 1)
+    rv = as_real_vocab_size(real_vocab_size, given.shape[0])
+    # At temperature 1 the fast path reads the caller's own values (a float32 or
+    # bfloat16 row's bits before any float64 copy); otherwise the scaled row.
+    x = given if t32 == 1.0 else scaled_live(as_float64(given, "row", 1), rv, t32, "row")
     if precision_scale == 1 and fast_path_enabled():
-        certified = fast.logsumexp(x[:rv], _bits_source(row, t32, rv))
+        certified = fast.logsumexp(x[:rv])
         if certified is not None:
             return certified
-    special, finite = finite_part(x[:rv])
+    special, finite = finite_part(np.ascontiguousarray(x[:rv], dtype=np.float64))
     if special is not None:
         return _SPECIAL_LSE[special]
     engine = RowLSE(finite)
