@@ -220,3 +220,48 @@ def test_deduplicated_rows_from_every_input_layout(layout: str) -> None:
     _assert_same(*_both(exact_selected_logprob, x, [0, 17, 9], real_vocab_size=rv))
     _assert_same(*_both(exact_logprob_grad, x, [0, 17, 9], real_vocab_size=rv))
     assert fast_path_stats()["lse"].hits == 3
+
+
+_ROW_VALUES = st.one_of(
+    st.sampled_from([0.0, -0.0, -math.inf, 2.0**-133, -(2.0**-126), 0.49, 0.5, 1e3, -1e3]),
+    st.floats(-40.0, 40.0, width=32),
+)
+
+
+@SETTINGS
+@given(
+    values=st.lists(_ROW_VALUES, min_size=1, max_size=12),
+    special=st.sampled_from([None, math.nan, math.inf, 2.0**41, -(2.0**41)]),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    temperature=st.sampled_from([1.0, 0.75]),
+    seed=st.integers(0, 2**16),
+)
+def test_one_wide_bf16_row_same_bits_as_the_ziv_loop(
+    values: list[float], special: float | None, dtype: str, temperature: float, seed: int
+) -> None:
+    """``exact_logsumexp`` of one wide bfloat16-valued row (the short way: distinct values,
+    value bins, the stage on scalars) against the Ziv loop: signed zeros, ``-inf``,
+    subnormals, values far below the maximum (the tail bin), maxima beyond the first
+    phase's range, NaN and ``+inf``, float32 or bfloat16 storage, and a temperature
+    (which takes the float64 way)."""
+    rng = np.random.default_rng(seed)
+    row = _bf16(rng.standard_normal(9000) * 3)
+    drawn = rng.choice(9000, size=len(values), replace=False)
+    row[drawn] = _bf16(np.asarray(values))
+    if special is not None:
+        row[rng.integers(0, 9000)] = _bf16(np.array([special]))[0]
+    if dtype == "bfloat16":
+        row = row.astype(pytest.importorskip("ml_dtypes").bfloat16)
+    fast, slow = _both(exact_logsumexp, row, temperature=temperature)
+    assert math.isnan(fast) == math.isnan(slow)
+    if not math.isnan(slow):
+        assert np.float64(fast).tobytes() == np.float64(slow).tobytes(), (fast, slow)
+
+
+def test_one_wide_bf16_row_is_certified_by_the_short_way() -> None:
+    rng = np.random.default_rng(3)
+    row = _bf16(rng.standard_normal(152_064) * 4)
+    row[5] = -np.inf
+    fast_path_stats(reset=True)
+    _assert_same(*_both(exact_logsumexp, row))
+    assert fast_path_stats()["lse"] == FastPathCounts(1, 0)

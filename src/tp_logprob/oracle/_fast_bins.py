@@ -234,32 +234,32 @@ def _horner(beta: FloatArray, scratch: FloatArray, out: FloatArray) -> None:
 
 
 @lru_cache(maxsize=1)
-def bf16_grid() -> tuple[FloatArray, FloatArray]:
-    """``a = rint(x 2^Q)`` and ``e`` of every bfloat16 value ``x``, indexed by its 16-bit
-    pattern: a deduplicated row looks its values' up (the same operations, done once)."""
-    x = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+def bf16_grid() -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Every bfloat16 value ``x`` as float64, its ``a = rint(x 2^Q)`` and its ``e``, indexed
+    by its 16-bit pattern: a deduplicated row looks its values' up (the same
+    operations, done once)."""
     with np.errstate(invalid="ignore"):  # inf and NaN patterns: never a head value
+        x = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
         t = x * SCALE_Q
         a = np.rint(t)
         e = np.empty_like(x)
         _horner(t - a, np.empty_like(x), e)
-    return a, e
+    return x, a, e
 
 
 def pairwise_sum(a: FloatArray) -> FloatArray:
-    """Row sums of ``a`` (``[R, K]``, overwritten) by halving in place; an odd last column
-    waits for the next level.
+    """Row sums of ``a`` (``[R, K]``, overwritten) by folding: each level adds the upper
+    half of the columns onto the lower, and an odd middle column waits for the next.
 
     There are ``ceil(log2 K)`` levels and every value takes part in at most one
     addition per level, so the error is within ``gamma(ceil(log2 K)) sum |a|``.
     """
     width = a.shape[1]
+    v = a[0] if a.shape[0] == 1 else a  # one row: 1-D slices, a little cheaper
     while width > 1:
-        half = width // 2
-        np.add(a[:, :half], a[:, half : 2 * half], out=a[:, :half])
-        if width % 2:
-            a[:, half] = a[:, 2 * half]
-        width = half + width % 2
+        half = (width + 1) // 2
+        np.add(v[..., : width - half], v[..., half:width], out=v[..., : width - half])
+        width = half
     return a[:, 0].copy() if width else np.zeros(a.shape[0])
 
 
@@ -278,8 +278,11 @@ def _bin_stage(
     tables = bin_tables()
     if index is not None:
         at_tail = index == TAIL_BIN
-        tail = np.where(at_tail, n, 0.0).sum(axis=1)
-        big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
+        if at_tail.any():
+            tail = np.where(at_tail, n, 0.0).sum(axis=1)
+            big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
+        else:
+            tail = np.zeros(rows)
         columns = np.take(tables.limb_columns, index, axis=1)  # a fancy index costs 4x
         gh = tables.gh[index]
     else:
@@ -294,11 +297,12 @@ def _bin_stage(
     # Row-wise products and sums, not BLAS: a multithreaded matmul on a loaded
     # machine can cost more than the arithmetic. Integer-valued, so exact in any order.
     scratch = _buffer("scratch", rows * stride).reshape(rows, stride)
-    limbs = [np.multiply(n, columns[k], out=scratch).sum(axis=1) for k in range(_LIMBS)]
     if index is None:
+        limbs = [np.multiply(n, columns[k], out=scratch).sum(axis=1) for k in range(_LIMBS)]
         np.multiply(n, n, out=scratch)
         d2 = np.multiply(scratch, gh, out=scratch).sum(axis=1)  # >= sum gh n (n - 1), rounded
     else:
+        limbs = list(np.einsum("rk,lrk->lr", n, columns))  # einsum's own loops, no BLAS
         d2 = np.zeros(rows)
     p = np.multiply(big_e, gh, out=big_e)
     p_abs = np.abs(p, out=scratch).sum(axis=1)
@@ -349,7 +353,8 @@ def bin_sums(
                 index, e_all = _keys_and_e(values, a1, 0, True)
                 index = index.copy()
             else:
-                a_all, e_all = (table[patterns] for table in bf16_grid())
+                _, a_grid, e_grid = bf16_grid()
+                a_all, e_all = a_grid[patterns], e_grid[patterns]
                 j = np.minimum(a1[:, None] - a_all, float(TAIL_BIN))
                 index = j.astype(np.intp)
         w_h, w_l, rad, ok = _bin_stage(counts, e_all * counts, index)

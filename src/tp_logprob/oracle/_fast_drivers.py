@@ -122,7 +122,7 @@ def _deduplicated(
         return None
     counts = np.bincount(keys, minlength=_KEYS)
     present = np.flatnonzero(counts != 0)
-    values = (present.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    values = bins.bf16_grid()[0][present]
     weights = counts[present].astype(np.float64)
     return _Block(np.array([row_index]), values[None, :], weights[None, :], keys, present)
 

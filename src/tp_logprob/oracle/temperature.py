@@ -36,6 +36,8 @@ def checked_temperature(temperature: Any) -> float:
             f"temperature={temperature!r} must be a finite number > 0 "
             "(greedy decoding, T = 0, has no log-probability to compare)"
         )
+    if t == 1.0:  # the common case, and exact in float32
+        return t
     with np.errstate(over="ignore", under="ignore"):
         t32 = float(np.float32(t))
     if t32 == 0.0 or t32 == math.inf:
