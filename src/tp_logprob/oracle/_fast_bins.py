@@ -320,10 +320,11 @@ def _bin_stage(
     terms = bin_error_terms(x_bound, head, d2, p_abs, stride, index is not None)
     rad = sum(terms.values(), 0.0 * x_bound)
     rad += tail * TAIL_TERM + U * (abs(x_l) + abs(w_l))
-    results = (w_h, w_l, rad * SLACK, head < HEAD_LIMIT)
-    if rows == 1:
-        return tuple(np.reshape(value, 1) for value in results)  # type: ignore[return-value]
-    return results
+    rad = rad * SLACK
+    ok = head < HEAD_LIMIT
+    if rows == 1:  # back to the [R] arrays of every row's results
+        return np.reshape(w_h, 1), np.reshape(w_l, 1), np.reshape(rad, 1), np.reshape(ok, 1)
+    return w_h, w_l, rad, ok
 
 
 def bin_sums(

@@ -3,7 +3,10 @@
 Rows are taken in blocks of about :data:`_BLOCK_VALUES` values. A wide row whose
 values are all bfloat16 values is first reduced to its distinct values and
 their counts with one ``bincount`` over its 16-bit patterns (values are exact,
-so ``+0.0`` and ``-0.0`` may sit in two slots: both are counted). A row is
+so ``+0.0`` and ``-0.0`` may sit in two slots: both are counted), once per
+call, and its maximum read off those values. One such row's LSE
+(:func:`logsumexp`) takes a short way: the first phase, then the stage on numpy
+scalars, without the batch's bookkeeping. A row is
 attempted when its live maximum is finite; each quantity the caller asks for
 is counted as a hit (certified here) or a fallback (the caller runs the Ziv
 loop for it). The elementwise rules the Ziv loop applies before certifying
@@ -140,18 +143,7 @@ class _Batch:
 
     def extreme(self, reduce: Callable[..., FloatArray]) -> FloatArray:
         """``reduce`` (``np.max`` or ``np.min``) of every row's values."""
-        n, width = self.live.shape
-        if width == 0:
-            return np.full(n, -math.inf)
-        if not self.deduplicated:
-            return reduce(self.live, axis=1)
-        out = np.empty(n)
-        plain = np.array([i for i in range(n) if i not in self.deduplicated], dtype=np.intp)
-        if plain.size:
-            out[plain] = reduce(self.live[plain], axis=1)
-        for i, block in self.deduplicated.items():
-            out[i] = reduce(block.values[0])
-        return out
+        return _extreme(self.live, self.deduplicated, reduce)
 
     def blocks(self, chosen: IntArray, block_values: int = _BLOCK_VALUES) -> Iterator[_Block]:
         """The rows ``chosen``: each deduplicated row a block, the others in blocks of
@@ -174,6 +166,23 @@ class _Batch:
             yield _Block(chunk, self.live[first : last + 1] if consecutive else self.live[chunk])
 
 
+def _extreme(
+    live: FloatArray, deduplicated: dict[int, _Block], reduce: Callable[..., FloatArray]
+) -> FloatArray:
+    n, width = live.shape
+    if width == 0:
+        return np.full(n, -math.inf)
+    if not deduplicated:
+        return reduce(live, axis=1)
+    out = np.empty(n)
+    plain = np.array([i for i in range(n) if i not in deduplicated], dtype=np.intp)
+    if plain.size:
+        out[plain] = reduce(live[plain], axis=1)
+    for i, block in deduplicated.items():
+        out[i] = reduce(block.values[0])
+    return out
+
+
 def _batch(live: FloatArray, source: NDArray[Any] | None) -> _Batch:
     """The :class:`_Batch` of ``live`` (``source``: the caller's array, for its bits)."""
     deduplicated = {}
@@ -182,10 +191,8 @@ def _batch(live: FloatArray, source: NDArray[Any] | None) -> _Batch:
             block = _deduplicated(i, live[i], None if source is None else source[i])
             if block is not None:
                 deduplicated[i] = block
-    batch = _Batch(live, np.zeros(0), np.zeros(0, dtype=np.intp), deduplicated)
-    batch.m = batch.extreme(np.max)
-    batch.attempt = np.flatnonzero(np.isfinite(batch.m))
-    return batch
+    m = _extreme(live, deduplicated, np.max)
+    return _Batch(live, m, np.flatnonzero(np.isfinite(m)), deduplicated)
 
 
 @dataclass
