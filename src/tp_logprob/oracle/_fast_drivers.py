@@ -3,8 +3,8 @@
 Rows are taken in blocks of about :data:`_BLOCK_VALUES` values. A wide row whose
 values are all bfloat16 values is first reduced to its distinct values and
 their counts with one ``bincount`` over its 16-bit patterns (values are exact,
-so ``+0.0`` and ``-0.0`` may sit in two slots: both are counted), once per
-call, and its maximum read off those values. One such row's LSE
+so ``+0.0`` and ``-0.0`` may sit in two slots: both are counted), one row at a
+time. One such row's LSE
 (:func:`logsumexp`) takes a short way: the first phase, then the stage on numpy
 scalars, without the batch's bookkeeping. A row is
 attempted when its live maximum is finite; each quantity the caller asks for
@@ -132,31 +132,30 @@ def _deduplicated(
 
 @dataclass
 class _Batch:
-    """What every driver needs first: each row's maximum, the rows whose maximum is
-    finite (the attempted ones), and the wide bfloat16-valued rows, deduplicated
-    once (their maxima come from their distinct values, not a pass over the row)."""
+    """A call's rows: their maxima (NaN for a NaN row), the rows whose maximum is
+    finite (the attempted ones), and the caller's array for its bits."""
 
     live: FloatArray
+    source: NDArray[Any] | None
     m: FloatArray
     attempt: IntArray
-    deduplicated: dict[int, _Block]
-
-    def extreme(self, reduce: Callable[..., FloatArray]) -> FloatArray:
-        """``reduce`` (``np.max`` or ``np.min``) of every row's values."""
-        return _extreme(self.live, self.deduplicated, reduce)
 
     def blocks(self, chosen: IntArray, block_values: int = _BLOCK_VALUES) -> Iterator[_Block]:
-        """The rows ``chosen``: each deduplicated row a block, the others in blocks of
-        about ``block_values`` values."""
-        rest = []
-        for i in chosen.tolist():
-            block = self.deduplicated.get(i)
-            if block is None:
-                rest.append(i)
-            else:
-                yield block
-        plain = np.array(rest, dtype=np.intp)
+        """The rows ``chosen``: a wide bfloat16-valued row as one deduplicated block, made
+        when it is reached (a batch holds one row's patterns at a time), the others
+        in blocks of about ``block_values`` values."""
         width = self.live.shape[1]
+        plain = chosen
+        if width >= _DEDUP_MIN:
+            rest = []
+            for i in chosen.tolist():
+                source = None if self.source is None else self.source[i]
+                block = _deduplicated(i, self.live[i], source)
+                if block is None:
+                    rest.append(i)
+                else:
+                    yield block
+            plain = np.array(rest, dtype=np.intp)
         per_block = max(1, block_values // max(width, 1))
         for start in range(0, plain.size, per_block):
             chunk = plain[start : start + per_block]
@@ -166,33 +165,12 @@ class _Batch:
             yield _Block(chunk, self.live[first : last + 1] if consecutive else self.live[chunk])
 
 
-def _extreme(
-    live: FloatArray, deduplicated: dict[int, _Block], reduce: Callable[..., FloatArray]
-) -> FloatArray:
-    n, width = live.shape
-    if width == 0:
-        return np.full(n, -math.inf)
-    if not deduplicated:
-        return reduce(live, axis=1)
-    out = np.empty(n)
-    plain = np.array([i for i in range(n) if i not in deduplicated], dtype=np.intp)
-    if plain.size:
-        out[plain] = reduce(live[plain], axis=1)
-    for i, block in deduplicated.items():
-        out[i] = reduce(block.values[0])
-    return out
-
-
 def _batch(live: FloatArray, source: NDArray[Any] | None) -> _Batch:
     """The :class:`_Batch` of ``live`` (``source``: the caller's array, for its bits)."""
-    deduplicated = {}
-    if live.shape[1] >= _DEDUP_MIN:
-        for i in range(live.shape[0]):
-            block = _deduplicated(i, live[i], None if source is None else source[i])
-            if block is not None:
-                deduplicated[i] = block
-    m = _extreme(live, deduplicated, np.max)
-    return _Batch(live, m, np.flatnonzero(np.isfinite(m)), deduplicated)
+    if live.shape[1] == 0:
+        return _Batch(live, source, np.full(live.shape[0], -math.inf), np.zeros(0, dtype=np.intp))
+    m = live.max(axis=1)
+    return _Batch(live, source, m, np.flatnonzero(np.isfinite(m)))
 
 
 @dataclass
@@ -239,7 +217,7 @@ def _binned_selected(
     live, m, attempt = batch.live, batch.m, batch.attempt
     # Worth it when the row's bins (its range over 2^-Q, capped at the tail bin)
     # are not many more than its values; narrow rows go straight to the terms.
-    low = batch.extreme(np.min)
+    low = live.min(axis=1) if live.shape[1] else m
     reach = np.minimum(np.floor(m * bins.SCALE_Q) + 1 - np.floor(low * bins.SCALE_Q), bins.TAIL_BIN)
     worth = (np.abs(m) < bins.M_LIMIT) & (reach <= _BINS_PER_VALUE * live.shape[1])
     tried = attempt[worth[attempt]]
