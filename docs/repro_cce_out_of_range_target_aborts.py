@@ -9,13 +9,18 @@ region, so with more than one thread the exception it throws leaves that region,
 and the C++ runtime calls ``std::terminate``: SIGABRT, no Python exception, every
 other test or training step of the process gone. With ``torch.set_num_threads(1)``
 the kernel has no parallel region and the same call raises ``RuntimeError``.
-Each call runs in a child process, with two threads and with one.
+Each call runs in a child process, with two threads and with one, and each child
+compiles afresh (its own Inductor cache): a kernel that an earlier process left in
+the shared cache, compiled by other calls (a test suite's), raised ``RuntimeError``
+with two threads too, so the outcome depended on what had run before.
 Run: ``python docs/repro_cce_out_of_range_target_aborts.py`` (exits 1 while a
 call dies of a signal instead of raising).
 """
 
+import os
 import subprocess
 import sys
+import tempfile
 
 CALL = """
 import sys, torch
@@ -34,9 +39,14 @@ else:
 
 died = False
 for threads in (2, 1):
-    child = subprocess.run(
-        [sys.executable, "-c", CALL, str(threads)], capture_output=True, text=True, check=False
-    )
+    with tempfile.TemporaryDirectory() as cache:
+        child = subprocess.run(
+            [sys.executable, "-c", CALL, str(threads)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
+        )
     if child.returncode < 0:
         died = True
         print(f"{threads} thread(s): the process died of signal {-child.returncode}")
