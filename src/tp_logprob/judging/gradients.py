@@ -314,10 +314,12 @@ def judge_gradient(
             ],
         )
     finite_rows = np.all(np.isfinite(observed), axis=1)  # NaN and overflow: judged above
-    sums = np.where(np.asarray(finite_rows)[:, None], observed, 0.0).sum(axis=1)
+    # Sums of huge finite values (or bounds) may overflow to inf: an infinite bound
+    # admits any sum, and the elements were judged one by one above.
     with np.errstate(invalid="ignore", over="ignore"):
+        sums = np.where(np.asarray(finite_rows)[:, None], observed, 0.0).sum(axis=1)
         exact_sums = np.where(finite_rows & np.all(np.isfinite(exact), axis=1), exact.sum(1), 0.0)
-    over = np.abs(sums - exact_sums) > bound.sum(axis=1)
+        over = np.abs(sums - exact_sums) > bound.sum(axis=1)
     if over.any():
         first = int(np.flatnonzero(over)[0])
         raise violation(
