@@ -57,6 +57,7 @@ def test_one_row_on_scalars_is_that_row_of_the_batch(
         lse, lse_ok, chosen = drivers._settle(terms, target)
         assert chosen is not None
         sel, sel_ok = chosen
+        whole = rows.log_sum(terms)
         for i in range(x.shape[0]):
             one = rows.build_terms(x[i : i + 1], m[i : i + 1], None, keep=False)
             s_lse, s_ok, s_chosen = drivers._settle(one, target[i : i + 1])
@@ -64,8 +65,7 @@ def test_one_row_on_scalars_is_that_row_of_the_batch(
             assert s_chosen is not None
             assert _bits(s_lse) == _bits(lse[i]) and bool(s_ok) == bool(lse_ok[i]), i
             assert _bits(s_chosen[0]) == _bits(sel[i]) and bool(s_chosen[1]) == bool(sel_ok[i]), i
-            plain, scaled = rows.log_sum(rows.Sums(*(np.asarray(v)[i] for v in _fields(terms))))
-            whole = rows.log_sum(terms)
+            plain, scaled = rows.log_sum(rows.Sums(*(v[i] for v in _fields(terms))))
             for got, want in zip((plain, scaled), whole, strict=True):
                 assert _bits([got.hi, got.lo, got.rad]) == _bits(
                     [want.hi[i], want.lo[i], want.rad[i]]

@@ -143,7 +143,7 @@ def bin_error_terms(
     p_abs: FloatArray,
     bins: int,
     weighted: bool = False,
-) -> dict[str, FloatArray]:
+) -> dict[str, FloatArray | float]:
     """Each source of error in ``W`` for one row (``docs/tolerances.md``, F10).
 
     ``x_bound >= X``, ``head`` the number of head values (counts included),
@@ -160,7 +160,7 @@ def bin_error_terms(
         "G_j E_j products": 2.001 * U * p_abs * (1 + g),
         "pairwise sum of the products": gamma(math.ceil(math.log2(max(bins, 2)))) * p_abs * (1 + g),
         "double-double of X and W": 2.0**-100 * x_bound,
-        "underflow in products": bins * 2.0**-1074 + 0.0 * x_bound,
+        "underflow in products": bins * 2.0**-1074,
     }
 
 
@@ -318,7 +318,7 @@ def _bin_stage(
     w_l = w_e + x_l
     x_bound = x_h * (1 + 2.0**-40) + head * LIMB_ERR
     terms = bin_error_terms(x_bound, head, d2, p_abs, stride, index is not None)
-    rad = sum(terms.values(), 0.0 * x_bound)
+    rad = sum(terms.values(), 0.0 * x_bound)  # the rows' shape (scalars for one row)
     rad += tail * TAIL_TERM + U * (abs(x_l) + abs(w_l))
     rad = rad * SLACK
     ok = head < HEAD_LIMIT
@@ -335,7 +335,7 @@ def bin_sums(
     patterns: IntArray | None = None,
 ) -> BinSums:
     """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``
-    (and minima ``row_min``, when the caller has them).
+    (and, for plain rows, minima ``row_min`` when the caller has them).
 
     Values with ``counts`` (a deduplicated row) are each a bin of their own: no
     ``bincount``, and no empty bins where the values are sparse on the grid. Their

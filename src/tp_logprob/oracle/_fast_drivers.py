@@ -289,7 +289,7 @@ def _deduplicated_lse(block: _Block) -> float | None:
     top = m[0]
     if not (np.isfinite(top) and abs(top) < bins.M_LIMIT):
         return None
-    binned = bins.bin_sums(block.values, m, block.counts, block.values.min(axis=1), block.patterns)
+    binned = bins.bin_sums(block.values, m, block.counts, patterns=block.patterns)
     if not binned.ok[0]:
         return None
     lse, ok, _ = _settle(_binned_row_sums(binned.m_grid, binned.w), None)
@@ -297,16 +297,15 @@ def _deduplicated_lse(block: _Block) -> float | None:
 
 
 @_quiet
-def logsumexp(values: NDArray[Any]) -> float | None:
+def logsumexp(values: NDArray[Any], source: NDArray[Any] | None = None) -> float | None:
     """One row's certified LSE, or None (for the Ziv loop).
 
-    ``values`` are the live values in any exact dtype: float32 and bfloat16 rows
-    give their bits, and are widened to float64 only if the batch's way needs them.
-    A wide bfloat16-valued row goes the short way first (its distinct values, the
-    first phase, the stage on scalars): for one row, the batch's bookkeeping
-    costs more than the arithmetic.
+    ``values`` are the live values in any exact dtype, widened to float64 only if
+    the batch's way needs them; ``source``, the caller's float32 or bfloat16 array
+    for the same values, gives their bits. A wide bfloat16-valued row goes the
+    short way first (its distinct values, the first phase, the stage on scalars):
+    for one row, the batch's bookkeeping costs more than the arithmetic.
     """
-    source = values if values.dtype == np.float32 or values.dtype.name == "bfloat16" else None
     if values.size >= _DEDUP_MIN and source is not None:
         block = _deduplicated(0, None, source)
         value = None if block is None else _deduplicated_lse(block)

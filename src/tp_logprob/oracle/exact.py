@@ -205,7 +205,7 @@ def _logsumexp(
     # bfloat16 row's bits before any float64 copy); otherwise the scaled row.
     x = given if t32 == 1.0 else scaled_live(as_float64(given, "row", 1), rv, t32, "row")
     if precision_scale == 1 and fast_path_enabled():
-        certified = fast.logsumexp(x[:rv])
+        certified = fast.logsumexp(x[:rv], _bits_source(given, t32, rv))
         if certified is not None:
             return certified
     special, finite = finite_part(np.ascontiguousarray(x[:rv], dtype=np.float64))
