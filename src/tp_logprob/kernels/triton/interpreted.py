@@ -127,7 +127,7 @@ def _semantic_shortcuts() -> Iterator[None]:
     )
     if (
         semantic is None
-        or getattr(tl, "block_type", None) is None
+        or _BLOCK is None
         or any(getattr(semantic, name, None) is None for name in names)
     ):
         yield
@@ -219,8 +219,7 @@ class _Shortcuts:
             and type(lhs) is _TENSOR
             and type(rhs) is _TENSOR
         ):
-            is_block = type(lhs_type) is _BLOCK
-            scalar = lhs_type.element_ty if is_block else lhs_type
+            scalar = lhs_type.element_ty if type(lhs_type) is _BLOCK else lhs_type
             if type(scalar) is _SCALAR and (
                 not arithmetic_check
                 or self.computation_type(scalar, False, scalar, False, False) == scalar
@@ -422,18 +421,15 @@ def _types_kept() -> Iterator[None]:
     if _BLOCK is None or builder_class is None:
         yield
         return
-    block_type: Any = _BLOCK
-    tensor: Any = _TENSOR
-    with_element_ty: Callable[..., Any] = block_type.with_element_ty
-    to_ir: Callable[..., Any] = block_type.to_ir
-    tensor_init: Callable[..., Any] = tensor.__init__
-    scalar_type = _SCALAR
+    with_element_ty: Callable[..., Any] = _BLOCK.with_element_ty
+    to_ir: Callable[..., Any] = _BLOCK.to_ir
+    tensor_init: Callable[..., Any] = _TENSOR.__init__
     retyped: dict[tuple[str, Any], Any] = {}
     lowered: dict[str, Any] = {}
     shapes: dict[int, tuple[Any, Any, Any]] = {}  # id(type) -> (type, shape, numel)
 
     def kept_with_element_ty(self: Any, scalar_ty: Any) -> Any:
-        if type(scalar_ty) is not scalar_type:
+        if type(scalar_ty) is not _SCALAR:
             return with_element_ty(self, scalar_ty)
         key = (self.name, scalar_ty)
         found = retyped.get(key)
@@ -442,7 +438,7 @@ def _types_kept() -> Iterator[None]:
         return found
 
     def kept_to_ir(self: Any, builder: Any) -> Any:
-        if not isinstance(builder, builder_class) or type(self.element_ty) is not scalar_type:
+        if not isinstance(builder, builder_class) or type(self.element_ty) is not _SCALAR:
             return to_ir(self, builder)
         found = lowered.get(self.name)
         if found is None:
@@ -462,8 +458,8 @@ def _types_kept() -> Iterator[None]:
         self.shape, self.numel = found[1], found[2]
 
     with (
-        _attributes_set(block_type, with_element_ty=kept_with_element_ty, to_ir=kept_to_ir),
-        _attributes_set(tensor, __init__=kept_tensor_init),
+        _attributes_set(_BLOCK, with_element_ty=kept_with_element_ty, to_ir=kept_to_ir),
+        _attributes_set(_TENSOR, __init__=kept_tensor_init),
     ):
         yield
 
@@ -475,15 +471,14 @@ def _np_dtypes_kept() -> Iterator[None]:
     is its element type's; a pointer's (``uint64``) the original answers at once, unkept
     (pointer types are not hashable)."""
     original: Callable[[Any], Any] | None = getattr(interpreter, "_get_np_dtype", None)
-    block_type = getattr(tl, "block_type", None)
     pointer_type = getattr(tl, "pointer_type", None)
-    if original is None or block_type is None or pointer_type is None:
+    if original is None or _BLOCK is None or pointer_type is None:
         yield
         return
     kept: dict[Any, Any] = {}
 
     def np_dtype(tt_dtype: Any) -> Any:
-        if isinstance(tt_dtype, block_type):
+        if isinstance(tt_dtype, _BLOCK):
             tt_dtype = tt_dtype.element_ty
         if isinstance(tt_dtype, pointer_type):
             return original(tt_dtype)
