@@ -1,9 +1,11 @@
-"""One row's stage runs on numpy scalars (``_fast_rows.select``): the same enclosures, bit
-for bit, as the same row inside a batch, in both branches of ``log_sum``, and the same
-``a`` and ``e`` from the bfloat16 table as from computing them."""
+"""One row's stage runs on plain floats (``_fast_rows.select``): the same enclosures, bit
+for bit, as the same row inside a batch, in both branches of ``log_sum``; ``exp_terms``
+of a plain float is the array way's; and the bfloat16 table holds the ``a`` and ``e``
+that computing them gives."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -65,15 +67,11 @@ def test_one_row_on_scalars_is_that_row_of_the_batch(
             assert s_chosen is not None
             assert _bits(s_lse) == _bits(lse[i]) and bool(s_ok) == bool(lse_ok[i]), i
             assert _bits(s_chosen[0]) == _bits(sel[i]) and bool(s_chosen[1]) == bool(sel_ok[i]), i
-            plain, scaled = rows.log_sum(rows.Sums(*(v[i] for v in _fields(terms))))
+            plain, scaled = rows.log_sum(rows.Sums(*(float(v[i]) for v in rows.fields(terms))))
             for got, want in zip((plain, scaled), whole, strict=True):
                 assert _bits([got.hi, got.lo, got.rad]) == _bits(
                     [want.hi[i], want.lo[i], want.rad[i]]
                 ), i
-
-
-def _fields(terms: rows.RowSum) -> tuple[np.ndarray, ...]:
-    return terms.m, terms.count_max, terms.t_h, terms.t_l, terms.t_rad
 
 
 def test_the_bf16_table_holds_the_computed_a_and_e() -> None:
@@ -89,3 +87,48 @@ def test_the_bf16_table_holds_the_computed_a_and_e() -> None:
     keys, e = bins._keys_and_e(x[seen][None, :], a1, 0, False)
     assert np.array_equal(a1[0] - keys[0], a_table[seen])
     assert _bits(e[0]) == _bits(e_table[seen])
+
+
+@SETTINGS
+@given(
+    d=st.lists(
+        st.one_of(st.floats(-1000.0, 0.0), st.sampled_from([0.0, -0.0, -1000.0, -709.0])),
+        min_size=1,
+        max_size=20,
+    ),
+    shift=st.sampled_from([0, 600, -300]),
+)
+def test_exp_of_a_plain_float_is_the_array_way(d: list[float], shift: int) -> None:
+    from tp_logprob.oracle._fast_exp import exp_terms
+
+    # exp_terms' domain: exp(d) 2^shift >= 2^-968.
+    d = [v for v in d if v + shift * math.log(2) >= -968 * math.log(2) + 1e-9] or [0.0]
+    yh, yl = exp_terms(np.array(d), None, shift)
+    for i, value in enumerate(d):
+        h, lo = exp_terms(value, None, shift)
+        assert isinstance(h, float) and isinstance(lo, float)
+        assert _bits([h, lo]) == _bits([yh[i], yl[i]]), value
+
+
+_SPECIAL_PATTERNS = [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x0001, 0x8001]
+
+
+@st.composite
+def pattern_sets(draw: st.DrawFn) -> list[int]:
+    """Distinct bfloat16 patterns: of both signs, or all of one sign (zeros, infinities,
+    NaN and subnormals among them)."""
+    low, high = draw(st.sampled_from([(0, 0xFFFF), (0x8000, 0xFFFF), (0, 0x7FFF)]))
+    special = [p for p in _SPECIAL_PATTERNS if low <= p <= high]
+    element = st.one_of(st.integers(low, high), st.sampled_from(special))
+    return draw(st.lists(element, min_size=1, max_size=40, unique=True))
+
+
+@SETTINGS
+@given(chosen=pattern_sets())
+def test_a_rows_maximum_read_from_its_patterns(chosen: list[int]) -> None:
+    present = np.array(sorted(chosen), dtype=np.intp)
+    found = drivers._Patterns(present, present, np.ones(present.size))
+    with np.errstate(invalid="ignore"):
+        want = float(np.max(bins.bf16_grid()[0][present]))
+    got = found.top()
+    assert got == want or (math.isnan(got) and math.isnan(want)), (got, want)

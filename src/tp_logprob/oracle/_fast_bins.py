@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import mpmath
 import numpy as np
@@ -58,6 +58,7 @@ _CHUNK = 1 << 15  # values per pass (reused temporaries, 768 KiB)
 _GROUP_BINS = 1 << 13
 _KEEP = 1 << 20  # largest buffer kept per thread (8 MiB)
 _BETA_MAX = 0.5
+_FSUM_WIDTH = 64  # pairwise_sum's last columns, summed by math.fsum
 _COEFFS = tuple(Fraction(1, math.factorial(n) * 2 ** (Q * n)) for n in range(1, 6))
 
 
@@ -249,82 +250,160 @@ def bf16_grid() -> tuple[FloatArray, FloatArray, FloatArray]:
 
 def pairwise_sum(a: FloatArray) -> FloatArray:
     """Row sums of ``a`` (``[R, K]``, overwritten) by folding: each level adds the upper
-    half of the columns onto the lower, and an odd middle column waits for the next.
+    half of the columns onto the lower, and an odd middle column waits for the next;
+    at most :data:`_FSUM_WIDTH` columns left, ``math.fsum`` rounds their exact sum.
 
-    There are ``ceil(log2 K)`` levels and every value takes part in at most one
-    addition per level, so the error is within ``gamma(ceil(log2 K)) sum |a|``.
+    That is ``ceil(log2 K) - 6`` folding levels (none for ``K <= 64``), each value
+    in at most one addition per level, then one rounding: the error is within
+    ``gamma(ceil(log2 K)) sum |a|`` for ``K >= 2``, with room to spare.
     """
     width = a.shape[1]
-    v = a[0] if a.shape[0] == 1 else a  # one row: 1-D slices, a little cheaper
-    while width > 1:
+    if a.shape[0] == 1:  # one row: plain 1-D slices, a little cheaper
+        v = a[0]
+        while width > _FSUM_WIDTH:
+            half = (width + 1) // 2
+            np.add(v[: width - half], v[half:width], out=v[: width - half])
+            width = half
+        return np.array([_fsum(v[:width].tolist())])
+    while width > _FSUM_WIDTH:
         half = (width + 1) // 2
-        np.add(v[..., : width - half], v[..., half:width], out=v[..., : width - half])
+        np.add(a[:, : width - half], a[:, half:width], out=a[:, : width - half])
         width = half
-    return a[:, 0].copy() if width else np.zeros(a.shape[0])
+    return np.array([_fsum(row) for row in a[:, :width].tolist()])
 
 
-def _bin_stage(
-    n: FloatArray, big_e: FloatArray, index: IntArray | None = None
+def _fsum(values: list[float]) -> float:
+    """``math.fsum``, NaN where it refuses (``inf - inf``): never a certified row."""
+    try:
+        return math.fsum(values)
+    except (ValueError, OverflowError):
+        return math.nan
+
+
+@dataclass
+class _Totals:
+    """One row's (or every row's) sums from its bins: ``X``'s four limb sums, ``Y``, the
+    head and tail counts, ``d2`` and ``sum |p_j|`` (:func:`bin_error_terms`)."""
+
+    limbs: list[Any]
+    y_sum: Any
+    head: Any
+    tail: Any
+    d2: Any
+    p_abs: Any
+
+
+def _enclosure(t: _Totals, bins: int, weighted: bool) -> tuple[Any, Any, Any, Any]:
+    """``(w_h, w_l, rad, ok)``: ``W = X + Y`` and its radius, on arrays of rows or, for
+    one row, on plain floats (the same IEEE operations, without the microsecond an
+    array call or a numpy scalar's costs)."""
+    l0, l1, l2, l3 = t.limbs
+    x_h, x_l = two_sum(l0 * 2.0**-LIMB_BITS, l1 * 2.0 ** (-2 * LIMB_BITS))
+    x_l = x_l + (l2 * 2.0 ** (-3 * LIMB_BITS) + l3 * 2.0 ** (-4 * LIMB_BITS))
+    w_h, w_e = two_sum(x_h, t.y_sum)
+    w_l = w_e + x_l
+    x_bound = x_h * (1 + 2.0**-40) + t.head * LIMB_ERR
+    terms = bin_error_terms(x_bound, t.head, t.d2, t.p_abs, bins, weighted)
+    rad = sum(terms.values(), 0.0 * x_bound)  # the rows' shape (a float for one row)
+    rad += t.tail * TAIL_TERM + U * (abs(x_l) + abs(w_l))
+    return w_h, w_l, rad * SLACK, t.head < HEAD_LIMIT
+
+
+def _grid_stage(
+    n: FloatArray, big_e: FloatArray
 ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
-    """``(w_h, w_l, rad, ok)`` from per-bin counts and sums of ``e`` (``[R, stride]``,
-    ``big_e`` overwritten).
-
-    ``index`` None: column ``j`` is bin ``j``, filled by ``bincount``. Otherwise
-    column ``k`` is one value with its count ``n`` at ``j = index[:, k]``
-    (:func:`bin_sums`): its ``E`` is one product ``count e``, accumulated with
-    nothing (``d2 = 0``; the product's rounding is a term of its own).
-    """
+    """``(w_h, w_l, rad, ok)`` per row from per-bin counts ``n`` and sums of ``e``
+    (``[R, stride]``, column ``j`` is bin ``j``; ``big_e`` overwritten)."""
     rows, stride = n.shape
     tables = bin_tables()
-    if index is not None:
-        at_tail = index == TAIL_BIN
-        if at_tail.any():
-            tail = np.where(at_tail, n, 0.0).sum(axis=1)
-            big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
-        else:
-            tail = np.zeros(rows)
-        columns = np.take(tables.limb_columns, index, axis=1)  # a fancy index costs 4x
-        gh = tables.gh[index]
+    if stride > TAIL_BIN:
+        tail = n[:, TAIL_BIN].copy()
+        big_e[:, TAIL_BIN] = 0.0
     else:
-        if stride > TAIL_BIN:
-            tail = n[:, TAIL_BIN].copy()
-            big_e[:, TAIL_BIN] = 0.0
-        else:
-            tail = np.zeros(rows)
-        columns = tables.limb_columns[:, :stride]
-        gh = tables.gh[:stride]
+        tail = np.zeros(rows)
+    columns = tables.limb_columns[:, :stride]
+    gh = tables.gh[:stride]
     head = n.sum(axis=1) - tail
     # Row-wise products and sums, not BLAS: a multithreaded matmul on a loaded
     # machine can cost more than the arithmetic. Integer-valued, so exact in any order.
     scratch = _buffer("scratch", rows * stride).reshape(rows, stride)
-    if index is None:
-        limbs = [np.multiply(n, columns[k], out=scratch).sum(axis=1) for k in range(_LIMBS)]
-        np.multiply(n, n, out=scratch)
-        d2 = np.multiply(scratch, gh, out=scratch).sum(axis=1)  # >= sum gh n (n - 1), rounded
-    else:
-        limbs = list(np.einsum("rk,lrk->lr", n, columns))  # einsum's own loops, no BLAS
-        d2 = np.zeros(rows)
+    limbs = [np.multiply(n, columns[k], out=scratch).sum(axis=1) for k in range(_LIMBS)]
+    np.multiply(n, n, out=scratch)
+    d2 = np.multiply(scratch, gh, out=scratch).sum(axis=1)  # >= sum gh n (n - 1), rounded
     p = np.multiply(big_e, gh, out=big_e)
     p_abs = np.abs(p, out=scratch).sum(axis=1)
-    y_sum = pairwise_sum(p)
-    per_row = [*limbs, y_sum, head, tail, d2, p_abs]
-    if rows == 1:
-        # One row: numpy scalars from here, the same operations without an array call each.
-        per_row = [value[0] for value in per_row]
-    l0, l1, l2, l3, y_sum, head, tail, d2, p_abs = per_row
-    x_h, x_l = two_sum(l0 * 2.0**-LIMB_BITS, l1 * 2.0 ** (-2 * LIMB_BITS))
-    x_l = x_l + (l2 * 2.0 ** (-3 * LIMB_BITS) + l3 * 2.0 ** (-4 * LIMB_BITS))
-    w_h, w_e = two_sum(x_h, y_sum)
-    w_l = w_e + x_l
-    x_bound = x_h * (1 + 2.0**-40) + head * LIMB_ERR
-    terms = bin_error_terms(x_bound, head, d2, p_abs, stride, index is not None)
-    rad = sum(terms.values(), 0.0 * x_bound)  # the rows' shape (scalars for one row)
-    rad += tail * TAIL_TERM + U * (abs(x_l) + abs(w_l))
-    rad = rad * SLACK
-    ok = head < HEAD_LIMIT
-    if rows == 1:  # back to the [R] arrays of every row's results
-        return np.reshape(w_h, 1), np.reshape(w_l, 1), np.reshape(rad, 1), np.reshape(ok, 1)
-    return w_h, w_l, rad, ok
+    totals = _Totals(limbs, pairwise_sum(p), head, tail, d2, p_abs)
+    if rows == 1:  # one row: plain floats from here, back to [1] arrays at the end
+        y_sum, head_n, tail_n, d2_sum, p_abs_sum = (
+            float(v[0]) for v in (totals.y_sum, head, tail, d2, p_abs)
+        )
+        one = _Totals([float(v[0]) for v in limbs], y_sum, head_n, tail_n, d2_sum, p_abs_sum)
+        w_h, w_l, rad, ok = _enclosure(one, stride, False)
+        return np.array([w_h]), np.array([w_l]), np.array([rad]), np.array([ok])
+    return _enclosure(totals, stride, False)
+
+
+_DOT_ROWS = 2048
+
+
+def _limb_sums(counts: FloatArray, limbs: FloatArray) -> list[float]:
+    """``counts @ limbs`` (``[K]`` by ``[K, 4]``): integer-valued products whose sums stay
+    below ``2^53``, so exact in any order and any split. Products of at most
+    ``_DOT_ROWS`` rows stay under the size at which a BLAS may start threads."""
+    total = counts[:_DOT_ROWS] @ limbs[:_DOT_ROWS]
+    for start in range(_DOT_ROWS, counts.size, _DOT_ROWS):
+        total += counts[start : start + _DOT_ROWS] @ limbs[start : start + _DOT_ROWS]
+    return cast(list[float], total.tolist())
+
+
+@dataclass
+class RowSums:
+    """One row's ``M'`` and ``W``'s enclosure as plain floats; ``ok`` as in :class:`BinSums`."""
+
+    m_grid: float
+    w: Enclosure
+    ok: bool
+
+
+def value_row_sums(
+    top: float,
+    counts: FloatArray,
+    values: FloatArray | None = None,
+    patterns: IntArray | None = None,
+) -> RowSums:
+    """One row given as distinct values with ``counts`` (``[K]``), its maximum ``top``
+    (``|top| < M_LIMIT``): each value is a bin of its own.
+
+    The values are their bfloat16 ``patterns`` (``a`` and ``e`` looked up in
+    :func:`bf16_grid`) or, without patterns, ``values`` (computed). A value's ``E``
+    is the one product ``count e``, accumulated with nothing (``d2 = 0``; the
+    product's rounding is a term of its own).
+    """
+    tables = bin_tables()
+    a_top = float(math.floor(top * SCALE_Q))  # exact: |top| < 2^40
+    a1 = a_top + 1.0
+    if patterns is None:
+        assert values is not None
+        with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, tail bin only
+            keys, e_all = _keys_and_e(values[None, :], np.array([a1]), 0, True)
+        index, e = keys[0].copy(), e_all[0]
+    else:  # -inf: a = -inf, j capped, the table's e NaN (no operation makes a new NaN)
+        _, a_grid, e_grid = bf16_grid()
+        index = np.minimum(a1 - a_grid[patterns], float(TAIL_BIN)).astype(np.intp)
+        e = e_grid[patterns]
+    big_e = e * counts
+    tail = 0.0
+    if index.max() == TAIL_BIN:
+        at_tail = index == TAIL_BIN
+        tail = float(counts[at_tail].sum())
+        big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
+    limbs = _limb_sums(counts, np.take(tables.limbs, index, axis=0))
+    p = np.multiply(big_e, tables.gh[index], out=big_e)
+    p_abs = float(np.abs(p).sum())
+    y_sum = float(pairwise_sum(p[None, :])[0])
+    totals = _Totals(limbs, y_sum, float(counts.sum()) - tail, tail, 0.0, p_abs)
+    w_h, w_l, rad, ok = _enclosure(totals, counts.size, True)
+    return RowSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)
 
 
 def bin_sums(
@@ -337,29 +416,22 @@ def bin_sums(
     """``M'`` and ``W`` per row of ``values`` (``[R, K]``), for row maxima ``|m| < M_LIMIT``
     (and, for plain rows, minima ``row_min`` when the caller has them).
 
-    Values with ``counts`` (a deduplicated row) are each a bin of their own: no
-    ``bincount``, and no empty bins where the values are sparse on the grid. Their
-    bfloat16 ``patterns`` (``[R, K]``), when given, look ``a`` and ``e`` up
-    (:func:`bf16_grid`).
+    Values with ``counts`` (a deduplicated row, ``R = 1``) are each a bin of their
+    own (:func:`value_row_sums`): no ``bincount``, and no empty bins where the
+    values are sparse on the grid. Their bfloat16 ``patterns`` (``[1, K]``), when
+    given, look ``a`` and ``e`` up (:func:`bf16_grid`).
     Plain rows are binned in groups of at most about ``_GROUP_BINS`` bins (each
     ``bincount``'s fresh output stays small), into reused per-thread buffers;
     the per-bin stage then runs on all ``R`` rows at once.
     """
+    if counts is not None:
+        given = None if patterns is None else patterns[0]
+        one = value_row_sums(float(m[0]), counts[0], values[0], given)
+        w = Enclosure(*(np.array([v]) for v in (one.w.hi, one.w.lo, one.w.rad)))
+        return BinSums(np.array([one.m_grid]), w, np.array([one.ok]))
     rows, width = values.shape
     a_top = np.floor(m * SCALE_Q)
     a1 = a_top + 1.0
-    if counts is not None:
-        with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, tail bin only
-            if patterns is None:
-                index, e_all = _keys_and_e(values, a1, 0, True)
-                index = index.copy()
-            else:
-                _, a_grid, e_grid = bf16_grid()
-                a_all, e_all = a_grid[patterns], e_grid[patterns]
-                j = np.minimum(a1[:, None] - a_all, float(TAIL_BIN))
-                index = j.astype(np.intp)
-        w_h, w_l, rad, ok = _bin_stage(counts, e_all * counts, index)
-        return BinSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)
     low = np.floor((values.min(axis=1) if row_min is None else row_min) * SCALE_Q)
     reach = a1 - low  # j <= reach for every value; inf with a -inf value
     capped = bool((reach > TAIL_BIN).any())
@@ -377,5 +449,5 @@ def bin_sums(
         e_sums[r] = np.bincount(flat_keys, weights=e_all.reshape(-1), minlength=size).reshape(
             -1, stride
         )
-    w_h, w_l, rad, ok = _bin_stage(n_all, e_sums)
+    w_h, w_l, rad, ok = _grid_stage(n_all, e_sums)
     return BinSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)

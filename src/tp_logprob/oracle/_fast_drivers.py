@@ -100,8 +100,8 @@ def _bf16_keys(row: FloatArray | None, source: NDArray[Any] | None) -> IntArray 
         return source.view(np.uint16).astype(np.intp)
     if source is not None and source.dtype == np.float32:
         bits = source.view(np.uint32)
-        # The truncating cast keeps each value's low 16 bits: zero for a bfloat16 value.
-        if bits[:64].astype(np.uint16).any() or bits.astype(np.uint16).max() != 0:
+        # A bfloat16 value's low 16 bits are zero: so are those of the bits' OR.
+        if bits[:64].astype(np.uint16).any() or int(np.bitwise_or.reduce(bits)) & 0xFFFF:
             return None
         return np.right_shift(bits, 16, out=np.empty(bits.size, np.intp), casting="unsafe")
     if row is None:
@@ -117,17 +117,64 @@ def _bf16_keys(row: FloatArray | None, source: NDArray[Any] | None) -> IntArray 
     return (bits >> 16).astype(np.intp)
 
 
-def _deduplicated(
-    row_index: int, row: FloatArray | None, source: NDArray[Any] | None
-) -> _Block | None:
+# numpy 1.25 gave ``add.at`` a fast loop for an integer index: then it counts
+# 16-bit patterns about 15% faster than ``bincount``, which first scans for the
+# extremes. Both give the same counts.
+_ADD_AT_COUNTS = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
+
+
+def _count(keys: IntArray) -> IntArray:
+    """How many of ``keys`` (each in ``[0, 2^16)``) hold each 16-bit pattern."""
+    if not _ADD_AT_COUNTS:
+        return np.bincount(keys, minlength=_KEYS)
+    counts = np.zeros(_KEYS, dtype=np.intp)
+    np.add.at(counts, keys, 1)
+    return counts
+
+
+@dataclass
+class _Patterns:
+    """A bfloat16-valued row as 16-bit patterns: each column's (``keys``), the distinct
+    ones (``present``, ascending) and how often each occurs (``counts``, float64)."""
+
+    keys: IntArray
+    present: IntArray
+    counts: FloatArray
+
+    def top(self) -> float:
+        """The row's maximum, NaN when a NaN is present: the largest positive pattern,
+        else the negative one nearest zero (patterns are sign and magnitude)."""
+        values = bins.bf16_grid()[0]
+        if self.present[-1] > _NEGATIVE_INF:
+            return math.nan
+        i = int(np.searchsorted(self.present, _SIGN))
+        return float(values[self.present[i - 1] if i else self.present[0]])
+
+
+_SIGN = 0x8000
+_NEGATIVE_INF = 0xFF80
+
+
+def _patterns(row: FloatArray | None, source: NDArray[Any] | None) -> _Patterns | None:
+    """The :class:`_Patterns` of a bfloat16-valued row, else None (see :func:`_bf16_keys`)."""
     keys = _bf16_keys(row, source)
     if keys is None:
         return None
-    counts = np.bincount(keys, minlength=_KEYS)
+    counts = _count(keys)
     present = np.flatnonzero(counts != 0)
-    values = bins.bf16_grid()[0][present]
-    weights = counts[present].astype(np.float64)
-    return _Block(np.array([row_index]), values[None, :], weights[None, :], keys, present)
+    return _Patterns(keys, present, counts[present].astype(np.float64))
+
+
+def _deduplicated(
+    row_index: int, row: FloatArray | None, source: NDArray[Any] | None
+) -> _Block | None:
+    found = _patterns(row, source)
+    if found is None:
+        return None
+    values = bins.bf16_grid()[0][found.present]
+    return _Block(
+        np.array([row_index]), values[None, :], found.counts[None, :], found.keys, found.present
+    )
 
 
 @dataclass
@@ -187,11 +234,11 @@ def _settle(
     sums: rows.RowSum, target: FloatArray | None
 ) -> tuple[FloatArray, BoolArray, tuple[FloatArray, BoolArray] | None]:
     """``lse`` of each row and, given the rows' target values, ``selected_logp``, each
-    with its certified mask. A single row runs on numpy scalars: the same IEEE
-    operations on the same values, without the microseconds each array call costs."""
-    one = sums.m.size == 1
-    if one:
-        sums = rows.Sums(sums.m[0], sums.count_max[0], sums.t_h[0], sums.t_l[0], sums.t_rad[0])
+    with its certified mask. A single row runs on plain floats: the same IEEE
+    operations on the same values, without the microsecond each array call costs."""
+    if not isinstance(sums.m, float) and sums.m.size == 1:
+        sums = rows.Sums(*(float(v[0]) for v in rows.fields(sums)))
+    one = isinstance(sums.m, float)
     plain, scaled = rows.log_sum(sums)
     lse, lse_ok = rows.lse(sums, plain)
     if target is None:
@@ -200,10 +247,12 @@ def _settle(
     return lse, lse_ok, rows.selected(sums, plain, scaled, finite[0] if one else finite)
 
 
-def _binned_row_sums(m_grid: FloatArray, w: rows.Enclosure) -> rows.Sums:
-    """The first phase's ``W`` about ``M'`` as the stages' row sums (``c = 0``, ``T = W``)."""
+def _binned_row_sums(m_grid: FloatArray | float, w: rows.Enclosure) -> rows.Sums:
+    """The first phase's ``W`` about ``M'`` as the stages' row sums (``c = 0``, ``T = W``),
+    for rows (arrays) or one row (plain floats)."""
     scale = rows.SCALE
-    return rows.Sums(m_grid, np.zeros(m_grid.size), w.hi * scale, w.lo * scale, w.rad * scale)
+    zero = 0.0 if isinstance(m_grid, float) else np.zeros(m_grid.size)
+    return rows.Sums(m_grid, zero, w.hi * scale, w.lo * scale, w.rad * scale)
 
 
 def _binned_selected(
@@ -283,14 +332,13 @@ def selected_logprob(
     return out
 
 
-def _deduplicated_lse(block: _Block) -> float | None:
-    """The first phase's certified LSE of one deduplicated row, or None."""
-    m = block.values.max(axis=1)
-    top = m[0]
-    if not (np.isfinite(top) and abs(top) < bins.M_LIMIT):
+def _patterns_lse(found: _Patterns) -> float | None:
+    """The first phase's certified LSE of one bfloat16-valued row, or None."""
+    top = found.top()
+    if not (math.isfinite(top) and abs(top) < bins.M_LIMIT):
         return None
-    binned = bins.bin_sums(block.values, m, block.counts, patterns=block.patterns)
-    if not binned.ok[0]:
+    binned = bins.value_row_sums(top, found.counts, patterns=found.present)
+    if not binned.ok:
         return None
     lse, ok, _ = _settle(_binned_row_sums(binned.m_grid, binned.w), None)
     return float(lse) if ok else None
@@ -307,8 +355,8 @@ def logsumexp(values: NDArray[Any], source: NDArray[Any] | None = None) -> float
     for one row, the batch's bookkeeping costs more than the arithmetic.
     """
     if values.size >= _DEDUP_MIN and source is not None:
-        block = _deduplicated(0, None, source)
-        value = None if block is None else _deduplicated_lse(block)
+        found = _patterns(None, source)
+        value = None if found is None else _patterns_lse(found)
         if value is not None:
             record("lse", 1, 0)
             return value

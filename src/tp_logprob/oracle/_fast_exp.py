@@ -15,15 +15,19 @@ For ``d = dh + dl`` (an exact difference, ``D_MIN <= dh <= 0``) and an integer
    a double-double table computed once with mpmath;
 4. the power of two is applied exactly by building its bit pattern.
 
+A plain float (one row's scalar) takes the same steps on Python floats.
+
 The error terms of each step are :func:`exp_error_terms`; ``docs/tolerances.md``
 ("The oracle's fast path") derives them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -55,6 +59,7 @@ class _Tables:
     tl: FloatArray
     thh: FloatArray
     thl: FloatArray
+    entries: tuple[tuple[float, float, float, float], ...]  # (th, tl, thh, thl) as floats
 
 
 @lru_cache(maxsize=1)
@@ -85,13 +90,14 @@ def tables() -> _Tables:
         tl=tl,
         thh=thh,
         thl=thl,
+        entries=tuple(zip(th.tolist(), tl.tolist(), thh.tolist(), thl.tolist(), strict=True)),
     )
 
 
 def reduce(dh: FloatArray, dl: FloatArray | None) -> tuple[FloatArray, FloatArray, FloatArray]:
     """``(k, rh, rl)``: ``dh + dl = k ln2 / 1024 + rh + rl`` up to ``2^-104``, ``|rh| <= R_MAX``."""
     t = tables()
-    k = np.rint(dh * t.inv_c)
+    k = _rint(dh * t.inv_c)
     r1 = dh - k * t.c1  # exact: both are multiples of min(ulp(dh), 2^-42) and |r1| < 2^-11
     if dl is None:
         rh, e = two_sum(r1, k * t.neg_c2)  # k C2 is exact
@@ -101,19 +107,28 @@ def reduce(dh: FloatArray, dl: FloatArray | None) -> tuple[FloatArray, FloatArra
     return k, rh, (b + e) - k * t.c3
 
 
+def _rint(x: Any) -> Any:
+    """``np.rint``; a plain float stays plain (``round`` also rounds half to even)."""
+    return float(round(x)) if isinstance(x, float) else np.rint(x)
+
+
 def exp_terms(
-    dh: FloatArray,
+    dh: Any,
     dl: FloatArray | None,
     shift: int,
     out: tuple[FloatArray, FloatArray] | None = None,
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[Any, Any]:
     """``(yh, yl)`` with ``yh + yl = exp(dh + dl) 2^shift (1 + theta)``, ``|theta| <= EXP_REL``.
 
-    ``dl`` None means zero. Needs ``D_MIN <= dh <= 0``, ``|dl| <= ulp(dh) / 2``
-    and ``exp(dh) 2^shift >= 2^-968`` (so that ``yl`` is normal too): then ``yh``
-    and ``yl`` are exact scalings of a normalised pair. ``out`` receives them.
+    ``dh`` is an array, or one plain float (two floats back). ``dl`` None means
+    zero. Needs ``D_MIN <= dh <= 0``, ``|dl| <= ulp(dh) / 2`` and
+    ``exp(dh) 2^shift >= 2^-968`` (so that ``yl`` is normal too): then ``yh`` and
+    ``yl`` are exact scalings of a normalised pair. ``out`` receives them.
     """
     t = tables()
+    plain = isinstance(dh, float)  # one row's plain float: math's steps, the same values
+    if plain and not math.isfinite(dh):
+        return math.nan, math.nan
     k, rh, rl = reduce(dh, dl)
     # rh^2 = A + B + C exactly: A = rh_hi^2 (52 bits), B = 2 rh_hi rh_lo (53 bits), C = rh_lo^2.
     rh_hi, rh_lo = split(rh)
@@ -124,14 +139,21 @@ def exp_terms(
     ph, pl = fast_two_sum(rh, half_a)
     # exp(r) - 1 = ph + c, summed small terms first so only the last addition is large.
     c = cube + (rl + (rl * (rh + half_a) + (half_bc + pl)))
-    ki = k.astype(np.int64)
-    j = ki & ((1 << _TABLE_BITS) - 1)
-    th = t.th[j]
-    tl = t.tl[j]
-    mh, ml = two_prod_split(th, t.thh[j], t.thl[j], ph, *split(ph))
+    ki: Any
+    if plain:
+        ki = int(k)
+        th, tl, thh, thl = t.entries[ki & ((1 << _TABLE_BITS) - 1)]
+    else:
+        ki = k.astype(np.int64)
+        j = ki & ((1 << _TABLE_BITS) - 1)
+        th, tl, thh, thl = t.th[j], t.tl[j], t.thh[j], t.thl[j]
+    mh, ml = two_prod_split(th, thh, thl, ph, *split(ph))
     yh, ym = fast_two_sum(th, mh)
     yl = th * c + (ym + (ml + (tl + tl * (ph + c))))
     yh, yl = fast_two_sum(yh, yl)
+    if plain:
+        scale = math.ldexp(1.0, (ki >> _TABLE_BITS) + shift)
+        return yh * scale, yl * scale
     scale = (((ki >> _TABLE_BITS) + (shift + 1023)) << 52).view(np.float64)
     if out is None:
         return yh * scale, yl * scale

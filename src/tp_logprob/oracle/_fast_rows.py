@@ -24,6 +24,7 @@ multiplied by :data:`SLACK`, which covers their own few dozen roundings.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,13 +84,19 @@ class RowSum(Protocol):
 
 @dataclass
 class Sums:
-    """A :class:`RowSum` with nothing else attached (the binned first phase's)."""
+    """A :class:`RowSum` with nothing else attached: ``[R]`` arrays, or one row's plain
+    floats (the binned first phase's, and any single row's)."""
 
-    m: FloatArray
-    count_max: FloatArray
-    t_h: FloatArray
-    t_l: FloatArray
-    t_rad: FloatArray
+    m: Any
+    count_max: Any
+    t_h: Any
+    t_l: Any
+    t_rad: Any
+
+
+def fields(sums: RowSum) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+    """``(m, count_max, t_h, t_l, t_rad)``, in :class:`Sums`' order."""
+    return sums.m, sums.count_max, sums.t_h, sums.t_l, sums.t_rad
 
 
 @dataclass
@@ -232,7 +239,7 @@ def row_sum(terms: RowSum) -> Enclosure:
 def log_sum(terms: RowSum) -> tuple[Enclosure, Enclosure]:
     """``L = log(c + T)``, unscaled and scaled by ``2^SHIFT`` (see the module docstring)."""
     small = (terms.count_max == 1.0) & (terms.t_h <= _SMALL_T)
-    if isinstance(small, np.bool_):  # one row, on numpy scalars: its own branch only
+    if isinstance(small, (bool, np.bool_)):  # one row, on scalars: its own branch only
         return _series(terms) if small else _corrected(terms, small)
     series, corrected = _series(terms), _corrected(terms, small)
 
@@ -258,7 +265,7 @@ def _series(terms: RowSum) -> tuple[Enclosure, Enclosure]:
     return plain, Enclosure(s_h, s_l, s_rad * SLACK)
 
 
-def _corrected(terms: RowSum, small: BoolArray | np.bool_) -> tuple[Enclosure, Enclosure]:
+def _corrected(terms: RowSum, small: BoolArray | np.bool_ | bool) -> tuple[Enclosure, Enclosure]:
     """:func:`log_sum` by one correction: ``S = c + T`` unscaled (``S >= 1``), ``L0`` a
     guess, ``W = S exp(-L0) - 1``; rows ``small`` (the series') get ``L0 = 0``."""
     total = row_sum(terms)
@@ -266,6 +273,8 @@ def _corrected(terms: RowSum, small: BoolArray | np.bool_) -> tuple[Enclosure, E
     with np.errstate(divide="ignore"):
         # A guess only; kept >= 0 (S >= 1) so that exp(-L0) stays in exp_terms' domain.
         l0 = select(small, 0.0, np.maximum(np.log(select(small, 1.0, sum_h)), 0.0))
+    if isinstance(sum_h, float):  # one row: back to a plain float
+        l0 = float(l0)
     e_h, e_l = exp_terms(-l0, None, 0)
     exp_err = select(l0 == 0.0, 0.0, exp_rel())  # exp(0) is computed exactly
     p, q = two_prod(sum_h, e_h)
@@ -296,6 +305,15 @@ def certify(e: Enclosure, shift: int = 0) -> tuple[FloatArray, BoolArray, BoolAr
     """
     normal_min = 2.0 ** (shift - 1022)
     grid = 2.0 ** (shift - 1074)
+    if isinstance(e.hi, float):  # one row's plain floats: the same steps, math's versions
+        hi, lo = two_sum(e.hi, e.lo)
+        a = abs(hi)
+        sub = a < normal_min
+        cand = float(np.rint(hi / grid)) * grid if sub else hi
+        half = 0.5 * grid if sub else 0.5 * (a - math.nextafter(a, 0.0))
+        ok = (abs(hi - cand) + abs(lo) + e.rad) * (1.0 + 2.0**-50) < half
+        ok = ok and math.isfinite(e.rad) and math.isfinite(hi)
+        return cand * 2.0**-shift, ok, ok and cand == 0.0
     with np.errstate(invalid="ignore", over="ignore"):
         hi, lo = two_sum(e.hi, e.lo)  # now hi is the float nearest hi + lo
         a = abs(hi)

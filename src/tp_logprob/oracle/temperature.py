@@ -26,6 +26,8 @@ from tp_logprob.oracle._inputs import FloatArray, as_exact_array
 
 def checked_temperature(temperature: Any) -> float:
     """``fp32(temperature)`` as a float, after checking it is a usable temperature."""
+    if type(temperature) is float and temperature == 1.0:  # the default, at once
+        return 1.0
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise ValueError(
             f"temperature={temperature!r} must be a finite real number > 0 (not a bool)"
