@@ -71,6 +71,7 @@ class BinTables:
     gh: FloatArray
     coeffs: tuple[float, ...]
     limb_columns: FloatArray  # limbs.T, contiguous
+    by_bin: FloatArray  # [TAIL_BIN + 1, 5]: each bin's limbs, then gh (one gather for both)
 
 
 @lru_cache(maxsize=1)
@@ -101,7 +102,8 @@ def bin_tables() -> BinTables:
     limbs = np.zeros((TAIL_BIN + 1, _LIMBS))
     limbs[:TAIL_BIN] = np.array(columns).T
     coeffs = tuple(float(c) for c in _COEFFS)
-    return BinTables(limbs, gh, coeffs, np.ascontiguousarray(limbs.T))
+    by_bin = np.concatenate([limbs, gh[:, None]], axis=1)
+    return BinTables(limbs, gh, coeffs, np.ascontiguousarray(limbs.T), by_bin)
 
 
 def _horner_error() -> tuple[float, float]:
@@ -152,17 +154,23 @@ def bin_error_terms(
     ``sum_j |fl(fl(G_j) E_j)|``, ``bins`` the number of bins and ``weighted``
     whether values carry counts (each ``count e`` is then one more rounding).
     """
-    g = gamma(bins)
+    g, g_levels = _bin_gammas(bins)
     return {
         "limbs of G_j": head * LIMB_ERR,
         "e per value (Horner, remainder)": ERR_E * x_bound,
         "count times e (weighted rows)": U * E_MAX * x_bound * weighted,
         "bincount accumulation": U * (1 + U) ** 2 * E_MAX * d2 * (1 + 3 * g),
         "G_j E_j products": 2.001 * U * p_abs * (1 + g),
-        "pairwise sum of the products": gamma(math.ceil(math.log2(max(bins, 2)))) * p_abs * (1 + g),
+        "pairwise sum of the products": g_levels * p_abs * (1 + g),
         "double-double of X and W": 2.0**-100 * x_bound,
         "underflow in products": bins * 2.0**-1074,
     }
+
+
+@lru_cache(maxsize=64)
+def _bin_gammas(bins: int) -> tuple[float, float]:
+    """``gamma(bins)`` and ``gamma(ceil(log2 bins))`` (at least 1 level)."""
+    return gamma(bins), gamma(math.ceil(math.log2(max(bins, 2))))
 
 
 @dataclass
@@ -246,6 +254,22 @@ def bf16_grid() -> tuple[FloatArray, FloatArray, FloatArray]:
         e = np.empty_like(x)
         _horner(t - a, np.empty_like(x), e)
     return x, a, e
+
+
+def _lowest(patterns: IntArray) -> int:
+    """The position of the smallest value among distinct bfloat16 ``patterns`` (ascending,
+    no NaN): the negative one farthest from zero, else the smallest positive one."""
+    return patterns.size - 1 if patterns[-1] >= 0x8000 else 0
+
+
+@lru_cache(maxsize=1)
+def bf16_a_index() -> IntArray:
+    """:func:`bf16_grid`'s ``a`` as integers, clipped to ``+-2^50`` (``-inf`` is ``-2^50``;
+    NaN and ``+inf`` patterns, never a value of an attempted row, are 0): ``a1 - a``
+    is then ``j``, exact, or far past the tail bin."""
+    a = bf16_grid()[1]
+    with np.errstate(invalid="ignore"):
+        return np.nan_to_num(np.clip(a, -(2.0**50), 2.0**50), nan=0.0).astype(np.intp)
 
 
 def pairwise_sum(a: FloatArray) -> FloatArray:
@@ -387,18 +411,19 @@ def value_row_sums(
         with np.errstate(invalid="ignore", over="ignore"):  # -inf: NaN e, tail bin only
             keys, e_all = _keys_and_e(values[None, :], np.array([a1]), 0, True)
         index, e = keys[0].copy(), e_all[0]
-    else:  # -inf: a = -inf, j capped, the table's e NaN (no operation makes a new NaN)
-        _, a_grid, e_grid = bf16_grid()
-        index = np.minimum(a1 - a_grid[patterns], float(TAIL_BIN)).astype(np.intp)
-        e = e_grid[patterns]
+    else:  # -inf: j far past the tail bin, the table's e NaN (no operation makes a new NaN)
+        index = int(a1) - bf16_a_index()[patterns]
+        e = bf16_grid()[2][patterns]
     big_e = e * counts
     tail = 0.0
-    if index.max() == TAIL_BIN:
-        at_tail = index == TAIL_BIN
+    if index[_lowest(patterns)] >= TAIL_BIN if patterns is not None else index.max() >= TAIL_BIN:
+        at_tail = index >= TAIL_BIN
+        index[at_tail] = TAIL_BIN
         tail = float(counts[at_tail].sum())
         big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
-    limbs = _limb_sums(counts, np.take(tables.limbs, index, axis=0))
-    p = np.multiply(big_e, tables.gh[index], out=big_e)
+    by_bin = np.take(tables.by_bin, index, axis=0)
+    limbs = _limb_sums(counts, by_bin[:, :_LIMBS])
+    p = np.multiply(big_e, by_bin[:, _LIMBS], out=big_e)
     p_abs = float(np.abs(p).sum())
     y_sum = float(pairwise_sum(p[None, :])[0])
     totals = _Totals(limbs, y_sum, float(counts.sum()) - tail, tail, 0.0, p_abs)

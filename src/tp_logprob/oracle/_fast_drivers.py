@@ -123,12 +123,13 @@ def _bf16_keys(row: FloatArray | None, source: NDArray[Any] | None) -> IntArray 
 _ADD_AT_COUNTS = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
 
 
-def _count(keys: IntArray) -> IntArray:
-    """How many of ``keys`` (each in ``[0, 2^16)``) hold each 16-bit pattern."""
-    if not _ADD_AT_COUNTS:
+def _count(keys: IntArray) -> NDArray[np.signedinteger[Any]]:
+    """How many of ``keys`` (each in ``[0, 2^16)``) hold each 16-bit pattern: int32
+    counts where no count can reach ``2^31`` (half the memory to scan afterwards)."""
+    if not _ADD_AT_COUNTS or keys.size >= 2**31:
         return np.bincount(keys, minlength=_KEYS)
-    counts = np.zeros(_KEYS, dtype=np.intp)
-    np.add.at(counts, keys, 1)
+    counts = np.zeros(_KEYS, dtype=np.int32)
+    np.add.at(counts, keys, np.int32(1))
     return counts
 
 

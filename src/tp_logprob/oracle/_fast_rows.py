@@ -270,11 +270,12 @@ def _corrected(terms: RowSum, small: BoolArray | np.bool_ | bool) -> tuple[Enclo
     guess, ``W = S exp(-L0) - 1``; rows ``small`` (the series') get ``L0 = 0``."""
     total = row_sum(terms)
     sum_h, sum_l, sum_rad = total.hi, total.lo, total.rad
-    with np.errstate(divide="ignore"):
-        # A guess only; kept >= 0 (S >= 1) so that exp(-L0) stays in exp_terms' domain.
-        l0 = select(small, 0.0, np.maximum(np.log(select(small, 1.0, sum_h)), 0.0))
-    if isinstance(sum_h, float):  # one row: back to a plain float
-        l0 = float(l0)
+    # A guess only; kept >= 0 (S >= 1) so that exp(-L0) stays in exp_terms' domain.
+    if isinstance(sum_h, float):  # one row: a plain float (numpy's log, as for rows)
+        l0 = 0.0 if small else max(float(np.log(sum_h)), 0.0)
+    else:
+        with np.errstate(divide="ignore"):
+            l0 = select(small, 0.0, np.maximum(np.log(select(small, 1.0, sum_h)), 0.0))
     e_h, e_l = exp_terms(-l0, None, 0)
     exp_err = select(l0 == 0.0, 0.0, exp_rel())  # exp(0) is computed exactly
     p, q = two_prod(sum_h, e_h)
