@@ -2,11 +2,11 @@
 
 Rows are taken in blocks of about :data:`_BLOCK_VALUES` values. A wide row whose
 values are all bfloat16 values is first reduced to its distinct values and
-their counts with one ``bincount`` over its 16-bit patterns (values are exact,
-so ``+0.0`` and ``-0.0`` may sit in two slots: both are counted), one row at a
-time. One such row's LSE
-(:func:`logsumexp`) takes a short way: the first phase, then the stage on numpy
-scalars, without the batch's bookkeeping. A row is
+their counts with one count over its 16-bit patterns (values are exact, so
+``+0.0`` and ``-0.0`` may sit in two slots: both are counted), one row at a
+time. One such row's LSE (:func:`logsumexp`) takes a short way: its maximum read
+from its patterns, the first phase on its distinct values, then the stage on
+plain floats, without the batch's bookkeeping. A row is
 attempted when its live maximum is finite; each quantity the caller asks for
 is counted as a hit (certified here) or a fallback (the caller runs the Ziv
 loop for it). The elementwise rules the Ziv loop applies before certifying
@@ -352,7 +352,7 @@ def logsumexp(values: NDArray[Any], source: NDArray[Any] | None = None) -> float
     ``values`` are the live values in any exact dtype, widened to float64 only if
     the batch's way needs them; ``source``, the caller's float32 or bfloat16 array
     for the same values, gives their bits. A wide bfloat16-valued row goes the
-    short way first (its distinct values, the first phase, the stage on scalars):
+    short way first (its patterns, the first phase, the stage on plain floats):
     for one row, the batch's bookkeeping costs more than the arithmetic.
     """
     if values.size >= _DEDUP_MIN and source is not None:
