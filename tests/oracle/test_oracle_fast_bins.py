@@ -126,6 +126,40 @@ def test_w_enclosure_holds_with_counts(row: np.ndarray, counts: np.ndarray) -> N
     _check_enclosure(row, counts[: row.size])
 
 
+@SETTINGS
+@given(
+    near=hnp.arrays(np.float64, st.integers(1, 39), elements=st.floats(-0.49, 0.49)),
+    peak_steps=st.integers(30 << bins.Q, 60 << bins.Q),
+    counts=hnp.arrays(np.float64, 41, elements=st.integers(1, 2**16).map(float)),
+)
+def test_w_enclosure_holds_both_ways_of_summing_y(
+    near: np.ndarray, peak_steps: int, counts: np.ndarray
+) -> None:
+    """``Y`` is summed pairwise where its dot product's bound, ``gamma(bins) sum gh |E|``,
+    is not negligible (values near the maximum, one with ``e`` about ``2^-10`` and a
+    count of ``2^10``), and by one dot product where it is (a maximum on the grid, so
+    ``e = 0``, at least 30 above every value with ``e != 0``): both enclosures hold,
+    and each way is the one taken."""
+    row = np.append(0.3 * 2.0**-bins.Q, near)  # beta = 0.3: e = exp(0.3 2^-8) - 1
+    counts = counts[: row.size + 1].copy()
+    counts[0] = 2.0**10
+    folds = []
+    fold = bins.pairwise_sum
+
+    def counted(a: np.ndarray) -> np.ndarray:
+        folds.append(a.shape)
+        return fold(a)
+
+    bins.pairwise_sum = counted  # type: ignore[assignment]
+    try:
+        _check_enclosure(row, counts[: row.size])
+        assert len(folds) == 1
+        _check_enclosure(np.append(row, peak_steps * 2.0**-bins.Q), counts)
+        assert len(folds) == 1
+    finally:
+        bins.pairwise_sum = fold  # type: ignore[assignment]
+
+
 def _phase_one(x: np.ndarray, target: np.ndarray, every_row: bool = True) -> drivers.Selected:
     """The first phase alone; ``every_row`` lifts its cost rule (bins per value), so that
     narrow drawn rows exercise it too."""

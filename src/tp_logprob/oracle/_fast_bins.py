@@ -17,7 +17,8 @@ and a degree-5 polynomial per value, no per-value double-double. ``W >= 1`` and
   29-bit integer limbs, and the row sums of ``n_j`` times each limb add integer
   products below ``2^53`` (at most ``2^23`` head values), exact in any order.
 * ``Y = sum_j fl(G_j) E_j`` (``|Y| <= 2^-9 (1 + 2^-8) X``) is summed by
-  :func:`._eft.tree_sum`, so only the rounding of each ``e``, of each bin's
+  :func:`pairwise_sum` or, where even any order's bound is negligible, as one
+  dot product; besides that sum, only the rounding of each ``e``, of each bin's
   ``bincount`` accumulation and of each product matter.
 * a value more than ``SPAN`` below ``M'`` goes to the tail bin, bounded.
 
@@ -146,22 +147,27 @@ def bin_error_terms(
     p_abs: FloatArray,
     bins: int,
     weighted: bool = False,
+    y_rounds: int | None = None,
 ) -> dict[str, FloatArray | float]:
     """Each source of error in ``W`` for one row (``docs/tolerances.md``, F10).
 
     ``x_bound >= X``, ``head`` the number of head values (counts included),
     ``d2`` the computed ``sum_j fl(G_j) n_j^2``, ``p_abs`` the computed
-    ``sum_j |fl(fl(G_j) E_j)|``, ``bins`` the number of bins and ``weighted``
-    whether values carry counts (each ``count e`` is then one more rounding).
+    ``sum_j fl(G_j) |E_j|`` (or ``sum_j |fl(fl(G_j) E_j)|``), ``bins`` the number of
+    bins, ``weighted`` whether values carry counts (each ``count e`` is then one
+    more rounding) and ``y_rounds`` how many roundings each term of ``Y``'s sum
+    can see (``ceil(log2 bins)`` for :func:`pairwise_sum`, the default; ``bins``
+    for a dot product in any order).
     """
     g, g_levels = _bin_gammas(bins)
+    g_sum = g_levels if y_rounds is None else gamma(y_rounds)
     return {
         "limbs of G_j": head * LIMB_ERR,
         "e per value (Horner, remainder)": ERR_E * x_bound,
         "count times e (weighted rows)": U * E_MAX * x_bound * weighted,
         "bincount accumulation": U * (1 + U) ** 2 * E_MAX * d2 * (1 + 3 * g),
         "G_j E_j products": 2.001 * U * p_abs * (1 + g),
-        "pairwise sum of the products": g_levels * p_abs * (1 + g),
+        "sum of the products": g_sum * p_abs * (1 + g),
         "double-double of X and W": 2.0**-100 * x_bound,
         "underflow in products": bins * 2.0**-1074,
     }
@@ -169,8 +175,10 @@ def bin_error_terms(
 
 @lru_cache(maxsize=64)
 def _bin_gammas(bins: int) -> tuple[float, float]:
-    """``gamma(bins)`` and ``gamma(ceil(log2 bins))`` (at least 1 level)."""
-    return gamma(bins), gamma(math.ceil(math.log2(max(bins, 2))))
+    """``gamma(bins + 2)``, which widens a computed sum of ``bins`` nonnegative terms (or
+    of their products by ``gh``) to a bound on the exact one, and
+    ``gamma(ceil(log2 bins))`` (at least 1 level)."""
+    return gamma(bins + 2), gamma(math.ceil(math.log2(max(bins, 2))))
 
 
 @dataclass
@@ -317,7 +325,9 @@ class _Totals:
     p_abs: Any
 
 
-def _enclosure(t: _Totals, bins: int, weighted: bool) -> tuple[Any, Any, Any, Any]:
+def _enclosure(
+    t: _Totals, bins: int, weighted: bool, y_rounds: int | None = None
+) -> tuple[Any, Any, Any, Any]:
     """``(w_h, w_l, rad, ok)``: ``W = X + Y`` and its radius, on arrays of rows or, for
     one row, on plain floats (the same IEEE operations, without the microsecond an
     array call or a numpy scalar's costs)."""
@@ -327,7 +337,7 @@ def _enclosure(t: _Totals, bins: int, weighted: bool) -> tuple[Any, Any, Any, An
     w_h, w_e = two_sum(x_h, t.y_sum)
     w_l = w_e + x_l
     x_bound = x_h * (1 + 2.0**-40) + t.head * LIMB_ERR
-    terms = bin_error_terms(x_bound, t.head, t.d2, t.p_abs, bins, weighted)
+    terms = bin_error_terms(x_bound, t.head, t.d2, t.p_abs, bins, weighted, y_rounds)
     rad = sum(terms.values(), 0.0 * x_bound)  # the rows' shape (a float for one row)
     rad += t.tail * TAIL_TERM + U * (abs(x_l) + abs(w_l))
     return w_h, w_l, rad * SLACK, t.head < HEAD_LIMIT
@@ -368,6 +378,18 @@ def _grid_stage(
 
 
 _DOT_ROWS = 2048
+# Y by one dot product (any order) where its bound, gamma(bins) sum_j gh_j |E_j|, is
+# at most this (W >= 1, so relatively too); else by pairwise_sum.
+_DOT_Y_MAX = 2.0**-64
+_DOT_VALUES = 8192
+
+
+def _dot(a: FloatArray, b: FloatArray) -> float:
+    """``a @ b`` in pieces of at most ``_DOT_VALUES`` (below where a BLAS may start threads)."""
+    total = float(a[:_DOT_VALUES] @ b[:_DOT_VALUES])
+    for start in range(_DOT_VALUES, a.size, _DOT_VALUES):
+        total += float(a[start : start + _DOT_VALUES] @ b[start : start + _DOT_VALUES])
+    return total
 
 
 def _limb_sums(counts: FloatArray, limbs: FloatArray) -> list[float]:
@@ -423,11 +445,16 @@ def value_row_sums(
         big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
     by_bin = np.take(tables.by_bin, index, axis=0)
     limbs = _limb_sums(counts, by_bin[:, :_LIMBS])
-    p = np.multiply(big_e, by_bin[:, _LIMBS], out=big_e)
-    p_abs = float(np.abs(p).sum())
-    y_sum = float(pairwise_sum(p[None, :])[0])
+    gh = by_bin[:, _LIMBS]
+    bins = counts.size
+    p_abs = _dot(np.abs(big_e), gh)
+    y_rounds = None
+    if gamma(bins) * p_abs <= _DOT_Y_MAX:  # W >= 1: negligible next to ERR_E X
+        y_sum, y_rounds = _dot(big_e, gh), bins
+    else:
+        y_sum = float(pairwise_sum(np.multiply(big_e, gh, out=big_e)[None, :])[0])
     totals = _Totals(limbs, y_sum, float(counts.sum()) - tail, tail, 0.0, p_abs)
-    w_h, w_l, rad, ok = _enclosure(totals, counts.size, True)
+    w_h, w_l, rad, ok = _enclosure(totals, bins, True, y_rounds)
     return RowSums(a_top * 2.0**-Q, Enclosure(w_h, w_l, rad), ok)
 
 

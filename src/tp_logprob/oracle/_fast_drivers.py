@@ -271,6 +271,8 @@ def _binned_selected(
     reach = np.minimum(np.floor(m * bins.SCALE_Q) + 1 - np.floor(low * bins.SCALE_Q), bins.TAIL_BIN)
     worth = (np.abs(m) < bins.M_LIMIT) & (reach <= _BINS_PER_VALUE * live.shape[1])
     tried = attempt[worth[attempt]]
+    if tried.size == 0:
+        return attempt
     size = live.shape[0]
     m_grid, w_h, w_l, w_rad = (np.zeros(size) for _ in range(4))
     usable = np.zeros(size, bool)
@@ -280,6 +282,8 @@ def _binned_selected(
         m_grid[r], usable[r] = binned.m_grid, binned.ok
         w_h[r], w_l[r], w_rad[r] = binned.w.hi, binned.w.lo, binned.w.rad
     done = tried[usable[tried]]
+    if done.size == 0:
+        return attempt
     sums = _binned_row_sums(m_grid[done], rows.Enclosure(w_h[done], w_l[done], w_rad[done]))
     tv = target_values[done]
     lse, lse_ok, chosen = _settle(sums, tv if active[done].any() else None)
