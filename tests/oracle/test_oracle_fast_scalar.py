@@ -1,7 +1,8 @@
 """One row's stage runs on plain floats (``_fast_rows.select``): the same enclosures, bit
 for bit, as the same row inside a batch, in both branches of ``log_sum``; ``exp_terms``
-of a plain float is the array way's; and the bfloat16 table holds the ``a`` and ``e``
-that computing them gives."""
+of a plain float is the array way's; the bfloat16 table holds the ``a`` and ``e``
+that computing them gives; a row's maximum read from its patterns is numpy's; and
+both ways of counting patterns agree."""
 
 from __future__ import annotations
 
@@ -132,3 +133,20 @@ def test_a_rows_maximum_read_from_its_patterns(chosen: list[int]) -> None:
         want = float(np.max(bins.bf16_grid()[0][present]))
     got = found.top()
     assert got == want or (math.isnan(got) and math.isnan(want)), (got, want)
+
+
+@SETTINGS
+@given(keys=st.lists(st.integers(0, (1 << 16) - 1), min_size=1, max_size=200))
+def test_both_ways_of_counting_patterns_agree(keys: list[int]) -> None:
+    """``add.at`` (numpy 1.25 and later) and ``bincount`` (before) count the same."""
+    array = np.array(keys, dtype=np.intp)
+    fast = drivers._count(array)
+    saved = drivers._ADD_AT_COUNTS
+    drivers._ADD_AT_COUNTS = False
+    try:
+        plain = drivers._count(array)
+    finally:
+        drivers._ADD_AT_COUNTS = saved
+    assert plain.shape == fast.shape == (1 << 16,)
+    assert np.array_equal(plain, fast)
+    assert int(fast.sum()) == len(keys)
