@@ -234,18 +234,27 @@ _ROW_VALUES = st.one_of(
     special=st.sampled_from([None, math.nan, math.inf, 2.0**41, -(2.0**41)]),
     dtype=st.sampled_from(["float32", "bfloat16"]),
     temperature=st.sampled_from([1.0, 0.75]),
+    scale=st.sampled_from([0.05, 3.0, 8.0]),
+    shift=st.sampled_from([0.0, -30.0, 20.0]),
     seed=st.integers(0, 2**16),
 )
 def test_one_wide_bf16_row_same_bits_as_the_ziv_loop(
-    values: list[float], special: float | None, dtype: str, temperature: float, seed: int
+    values: list[float],
+    special: float | None,
+    dtype: str,
+    temperature: float,
+    scale: float,
+    shift: float,
+    seed: int,
 ) -> None:
-    """``exact_logsumexp`` of one wide bfloat16-valued row (the short way: distinct values,
-    value bins, the stage on scalars) against the Ziv loop: signed zeros, ``-inf``,
+    """``exact_logsumexp`` of one wide bfloat16-valued row (the short way: its patterns,
+    value bins, the stage on plain floats) against the Ziv loop: signed zeros, ``-inf``,
     subnormals, values far below the maximum (the tail bin), maxima beyond the first
-    phase's range, NaN and ``+inf``, float32 or bfloat16 storage, and a temperature
-    (which takes the float64 way)."""
+    phase's range, NaN and ``+inf``, rows all negative, all near zero (``Y`` summed
+    pairwise) or far above it (one dot product), float32 or bfloat16 storage, and a
+    temperature (which takes the float64 way)."""
     rng = np.random.default_rng(seed)
-    row = _bf16(rng.standard_normal(9000) * 3)
+    row = _bf16(rng.standard_normal(9000) * scale + shift)
     drawn = rng.choice(9000, size=len(values), replace=False)
     row[drawn] = _bf16(np.asarray(values))
     if special is not None:
@@ -265,3 +274,27 @@ def test_one_wide_bf16_row_is_certified_by_the_short_way() -> None:
     fast_path_stats(reset=True)
     _assert_same(*_both(exact_logsumexp, row))
     assert fast_path_stats()["lse"] == FastPathCounts(1, 0)
+
+
+@pytest.mark.parametrize(
+    ("scale", "shift"),
+    [(4.0, 0.0), (3.0, -30.0), (0.05, 0.0), (2.5, -5.0)],
+    ids=["normal*4", "all negative", "all near zero", "shifted"],
+)
+def test_the_short_way_itself_certifies_wide_rows(scale: float, shift: float) -> None:
+    """The short way (its patterns, the maximum read from them, value bins, ``Y`` by a dot
+    product or pairwise) settles these rows by itself, with the Ziv loop's bits: a wrong
+    maximum or tail would only show as a fallback to the batch's way, not as wrong bits."""
+    from tp_logprob.oracle import _fast_drivers as drivers
+
+    rng = np.random.default_rng(4)
+    row = _bf16(rng.standard_normal(32_768) * scale + shift)
+    row[7] = -np.inf
+    found = drivers._patterns(None, row)
+    assert found is not None
+    with np.errstate(all="ignore"):
+        value = drivers._patterns_lse(found)
+    with slow_path_only():
+        want = exact_logsumexp(row)
+    assert value is not None
+    assert np.float64(value).tobytes() == np.float64(want).tobytes(), (value, want)
