@@ -438,7 +438,9 @@ def value_row_sums(
         e = bf16_grid()[2][patterns]
     big_e = e * counts
     tail = 0.0
-    if index[_lowest(patterns)] >= TAIL_BIN if patterns is not None else index.max() >= TAIL_BIN:
+    # The lowest value has the largest j; with patterns, their order tells which it is.
+    deepest = index[_lowest(patterns)] if patterns is not None else index.max()
+    if deepest >= TAIL_BIN:
         at_tail = index >= TAIL_BIN
         index[at_tail] = TAIL_BIN
         tail = float(counts[at_tail].sum())
