@@ -264,10 +264,23 @@ def bf16_grid() -> tuple[FloatArray, FloatArray, FloatArray]:
     return x, a, e
 
 
+# bfloat16 patterns are sign and magnitude: ascending, the positive values rise, then
+# (from -0.0 at the sign bit on) the negative ones fall, down to -inf and the NaNs.
+_SIGN = 0x8000
+NEGATIVE_INF = 0xFF80
+
+
+def highest(patterns: IntArray) -> int:
+    """The position of the largest value among distinct bfloat16 ``patterns`` (ascending,
+    no negative NaN): the largest positive one, else the negative one nearest zero."""
+    i = int(np.searchsorted(patterns, _SIGN))
+    return i - 1 if i else 0
+
+
 def _lowest(patterns: IntArray) -> int:
     """The position of the smallest value among distinct bfloat16 ``patterns`` (ascending,
     no NaN): the negative one farthest from zero, else the smallest positive one."""
-    return patterns.size - 1 if patterns[-1] >= 0x8000 else 0
+    return patterns.size - 1 if patterns[-1] >= _SIGN else 0
 
 
 @lru_cache(maxsize=1)
@@ -377,29 +390,20 @@ def _grid_stage(
     return _enclosure(totals, stride, False)
 
 
-_DOT_ROWS = 2048
 # Y by one dot product (any order) where its bound, gamma(bins) sum_j gh_j |E_j|, is
 # at most this (W >= 1, so relatively too); else by pairwise_sum.
 _DOT_Y_MAX = 2.0**-64
-_DOT_VALUES = 8192
+_DOT_PRODUCTS = 8192  # per matrix product: below the size at which a BLAS may start threads
 
 
-def _dot(a: FloatArray, b: FloatArray) -> float:
-    """``a @ b`` in pieces of at most ``_DOT_VALUES`` (below where a BLAS may start threads)."""
-    total = float(a[:_DOT_VALUES] @ b[:_DOT_VALUES])
-    for start in range(_DOT_VALUES, a.size, _DOT_VALUES):
-        total += float(a[start : start + _DOT_VALUES] @ b[start : start + _DOT_VALUES])
+def _dot(a: FloatArray, b: FloatArray) -> Any:
+    """``a @ b`` (``[K]`` by ``[K]`` or ``[K, L]``) in pieces of at most
+    :data:`_DOT_PRODUCTS` products, the pieces' results added in order."""
+    step = _DOT_PRODUCTS // (b.shape[1] if b.ndim == 2 else 1)
+    total = a[:step] @ b[:step]
+    for start in range(step, a.size, step):
+        total = total + a[start : start + step] @ b[start : start + step]
     return total
-
-
-def _limb_sums(counts: FloatArray, limbs: FloatArray) -> list[float]:
-    """``counts @ limbs`` (``[K]`` by ``[K, 4]``): integer-valued products whose sums stay
-    below ``2^53``, so exact in any order and any split. Products of at most
-    ``_DOT_ROWS`` rows stay under the size at which a BLAS may start threads."""
-    total = counts[:_DOT_ROWS] @ limbs[:_DOT_ROWS]
-    for start in range(_DOT_ROWS, counts.size, _DOT_ROWS):
-        total += counts[start : start + _DOT_ROWS] @ limbs[start : start + _DOT_ROWS]
-    return cast(list[float], total.tolist())
 
 
 @dataclass
@@ -446,13 +450,14 @@ def value_row_sums(
         tail = float(counts[at_tail].sum())
         big_e[at_tail] = 0.0  # may hold NaN from -inf values; G is 0 there
     by_bin = np.take(tables.by_bin, index, axis=0)
-    limbs = _limb_sums(counts, by_bin[:, :_LIMBS])
+    # Integer-valued products whose sums stay below 2^53: exact in any order and split.
+    limbs = cast(list[float], _dot(counts, by_bin[:, :_LIMBS]).tolist())
     gh = by_bin[:, _LIMBS]
     bins = counts.size
-    p_abs = _dot(np.abs(big_e), gh)
+    p_abs = float(_dot(np.abs(big_e), gh))
     y_rounds = None
     if gamma(bins) * p_abs <= _DOT_Y_MAX:  # W >= 1: negligible next to ERR_E X
-        y_sum, y_rounds = _dot(big_e, gh), bins
+        y_sum, y_rounds = float(_dot(big_e, gh)), bins
     else:
         y_sum = float(pairwise_sum(np.multiply(big_e, gh, out=big_e)[None, :])[0])
     totals = _Totals(limbs, y_sum, float(counts.sum()) - tail, tail, 0.0, p_abs)

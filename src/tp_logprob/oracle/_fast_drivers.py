@@ -143,17 +143,11 @@ class _Patterns:
     counts: FloatArray
 
     def top(self) -> float:
-        """The row's maximum, NaN when a NaN is present: the largest positive pattern,
-        else the negative one nearest zero (patterns are sign and magnitude)."""
-        values = bins.bf16_grid()[0]
-        if self.present[-1] > _NEGATIVE_INF:
+        """The row's maximum, read from its patterns; NaN when a NaN is present (a
+        negative NaN sorts last, a positive one is the highest pattern's value)."""
+        if self.present[-1] > bins.NEGATIVE_INF:
             return math.nan
-        i = int(np.searchsorted(self.present, _SIGN))
-        return float(values[self.present[i - 1] if i else self.present[0]])
-
-
-_SIGN = 0x8000
-_NEGATIVE_INF = 0xFF80
+        return float(bins.bf16_grid()[0][self.present[bins.highest(self.present)]])
 
 
 def _patterns(row: FloatArray | None, source: NDArray[Any] | None) -> _Patterns | None:
