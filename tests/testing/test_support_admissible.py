@@ -7,7 +7,9 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
+from tp_logprob.errors import LogprobContractError
 from tp_logprob.oracle import exact_support
 from tp_logprob.testing import assert_support_admissible
 
@@ -59,3 +61,20 @@ def test_temperature_is_applied_before_the_rules() -> None:
     assert_support_admissible([[0, 1, 3], [0, 1, 2]], LOGITS, min_p=0.5, temperature=4.0)
     with pytest.raises(AssertionError, match="row 1: token 2"):
         assert_support_admissible([[0, 1, 3], [0, 1]], LOGITS, min_p=0.5, temperature=4.0)
+
+
+def test_a_single_row_is_taken_as_it_is() -> None:
+    row = LOGITS[0]
+    assert_support_admissible([0, 3], row, min_p=0.1, top_k=3)
+    assert_support_admissible(np.array([True, True, False, True]), row, min_p=0.1, top_k=3)
+    assert_support_admissible(
+        torch.tensor([True, False, False, True]), torch.from_numpy(row), min_p=0.1, top_k=3
+    )
+    assert_support_admissible([0, 3], None, min_p=0.1, top_k=3, tp_shards=[row[:1], row[1:]])
+    with pytest.raises(AssertionError, match=r"row 0: token 3 \(z=-0.5\) is certainly in"):
+        assert_support_admissible([0, 1], row, min_p=0.1, top_k=3)
+
+
+def test_a_single_row_takes_a_single_row_of_kept_ids() -> None:
+    with pytest.raises(LogprobContractError, match=r"kept: 2-D with a single \[V\] row"):
+        assert_support_admissible([[0, 3]], LOGITS[0], min_p=0.1, top_k=3)

@@ -18,6 +18,9 @@ __all__ = ["LABEL_WIDTH", "PropertyViolation", "format_value", "violation"]
 LABEL_WIDTH = 8
 """Width of the labels down the left of a report (``observed``, ``expected``, ``replay``)."""
 
+ROWS_SHOWN = 8
+"""How many active rows the ``shapes`` line names before it gives the count instead."""
+
 
 class PropertyViolation(AssertionError):  # noqa: N818 - reads "the property is violated"
     """A property of the suite does not hold; ``report`` says where and by how much.
@@ -69,7 +72,7 @@ def violation(
                 "shapes",
                 f"logits {list(case.logits.shape)} {contract.dtype.value}, targets "
                 f"{list(case.targets.shape)}, mask mode {contract.mask_mode.value} "
-                f"(active rows {np.flatnonzero(case.active).tolist()}), "
+                f"(active rows {_first_rows(np.flatnonzero(case.active).tolist())}), "
                 f"ignore_index {contract.mask.ignore_index}, export_lse {contract.export_lse}",
             )
         )
@@ -77,3 +80,11 @@ def violation(
         f"  {label.ljust(LABEL_WIDTH)}  {text}".rstrip() for label, text in [*rows, *lines]
     )
     return PropertyViolation(prop, report, measured=measured)
+
+
+def _first_rows(rows: list[int]) -> str:
+    """``rows`` as a list, or its first :data:`ROWS_SHOWN` and how many there are in all."""
+    if len(rows) <= ROWS_SHOWN:
+        return str(rows)
+    shown = ", ".join(str(row) for row in rows[:ROWS_SHOWN])
+    return f"[{shown}, ...] ({len(rows)} rows)"

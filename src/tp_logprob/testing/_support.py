@@ -48,12 +48,16 @@ def assert_support_admissible(
 
     ``kept`` is a bool ``[N, V]`` mask (True = kept) or one list of kept token ids per
     row; ``logits`` the ``[N, V]`` logits the rules read (or ``tp_shards``, per rank),
-    before temperature; the rules are vLLM's order (min-p, top-k, top-p, ties at a
-    boundary all kept) on ``z = fp32(x) / fp32(temperature)``. The message lists what is
-    wrong (each naming the row, the token and its ``z``) and the row's borderline tokens.
+    before temperature. A single row may come as it is: ``[V]`` logits (or ``[V_r]``
+    shards) with a ``[V]`` mask or one list of kept ids. The rules are vLLM's order
+    (min-p, top-k, top-p, ties at a boundary all kept) on ``z = fp32(x) / fp32(temperature)``.
+    The message lists what is wrong (each naming the row, the token and its ``z``) and the
+    row's borderline tokens.
 
-    >>> assert_support_admissible([[1, 2]], [[0.0, 2.0, 3.0]], top_k=2)
+    >>> assert_support_admissible([1, 2], [0.0, 2.0, 3.0], top_k=2)
     """
+    if _is_one_row(logits, tp_shards):
+        kept, logits, tp_shards = _as_batch_of_one(kept, logits, tp_shards)
     full, widths = full_logits(logits, tp_shards)
     rules = SupportSpec(top_k=top_k, top_p=top_p, min_p=min_p)
     case = build_case(
@@ -95,6 +99,36 @@ def assert_support_admissible(
     ]
     report = "\n".join(f"  {label.ljust(LABEL_WIDTH)}  {text}" for label, text in lines)
     raise PropertyViolation(f"{NAME}: the kept set is not admissible under {rules.rules()}", report)
+
+
+def _ndim(value: Any) -> int:
+    """How many dimensions an array, a tensor or nested lists have (without converting)."""
+    return int(value.ndim) if hasattr(value, "ndim") else int(np.ndim(value))
+
+
+def _is_one_row(logits: Any, tp_shards: Any) -> bool:
+    """Whether the logits are one ``[V]`` row (or ``tp_shards`` one ``[V_r]`` row each)."""
+    if tp_shards is None:
+        return logits is not None and _ndim(logits) == 1
+    shards = tp_shards if isinstance(tp_shards, Sequence) else ()
+    return bool(shards) and all(_ndim(shard) == 1 for shard in shards)
+
+
+def _as_batch_of_one(kept: Any, logits: Any, tp_shards: Any) -> tuple[Any, Any, Any]:
+    """One row's ``kept``, ``logits`` and ``tp_shards`` as a batch of one row."""
+    if _ndim(kept) != 1:
+        raise LogprobContractError(
+            f"kept: {_ndim(kept)}-D with a single [V] row of logits; pass that row's [V] mask "
+            "or its list of kept ids"
+        )
+    if tp_shards is not None:
+        return _one_row(kept), None, [_one_row(shard) for shard in tp_shards]
+    return _one_row(kept), _one_row(logits), None
+
+
+def _one_row(row: Any) -> Any:
+    """A ``[V]`` array, tensor or list as ``[1, V]``."""
+    return [row] if isinstance(row, Sequence) else row[None]
 
 
 def _kept_mask(kept: Any, shape: tuple[int, int]) -> npt.NDArray[np.bool_]:
