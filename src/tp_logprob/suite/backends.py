@@ -161,14 +161,7 @@ def _import(spec: str, module_name: str) -> Any:
         path = Path(module_name).resolve()
         if not path.is_file():
             raise BackendSpecError(f"--tp-logprob-backend={spec!r}: no file {path}")
-        name = f"tp_logprob_user_backend_{path.stem}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise BackendSpecError(f"--tp-logprob-backend={spec!r}: cannot load {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-        return module
+        return _load_file(spec, path)
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
@@ -184,6 +177,83 @@ def _import(spec: str, module_name: str) -> Any:
             raise _unimportable(spec, module_name, retry_error) from retry_error
     except ImportError as error:
         raise _unimportable(spec, module_name, error) from error
+
+
+def _load_file(spec: str, path: Path) -> Any:
+    """Load the module at ``path`` as ``python path`` would find its imports.
+
+    A file in a package (its folder holds an ``__init__.py``) is imported as part of that
+    package, from the folder above the package's top, so its relative imports and imports
+    of its own package resolve; any other file is loaded on its own, with its folder
+    importable, so a package beside it resolves. The folder is on ``sys.path`` while the
+    module loads, not after: a module imports what it needs when it loads.
+    """
+    top = path.parent
+    while (top / "__init__.py").is_file():
+        top = top.parent
+    parts = path.relative_to(top).with_suffix("").parts
+    folder = str(top)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        if len(parts) > 1:
+            return _import_from_package(spec, path, ".".join(parts))
+        return _exec_file(spec, path)
+    except ImportError as error:
+        raise _unloadable(spec, path, folder, len(parts) > 1, error) from error
+    finally:
+        if added:
+            sys.path.remove(folder)
+
+
+def _import_from_package(spec: str, path: Path, name: str) -> Any:
+    module = importlib.import_module(name)
+    found = getattr(module, "__file__", None)
+    if found is None or Path(found).resolve() != path:
+        raise BackendSpecError(
+            f"--tp-logprob-backend={spec!r}: {path} is module {name!r} of its package, but "
+            f"{name!r} is already imported from {found}; rename the package or pass "
+            f"{name}:attr instead of the file"
+        )
+    return module
+
+
+def _exec_file(spec: str, path: Path) -> Any:
+    name = f"tp_logprob_user_backend_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise BackendSpecError(f"--tp-logprob-backend={spec!r}: cannot load {path}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _unloadable(
+    spec: str, path: Path, folder: str, packaged: bool, error: ImportError
+) -> BackendSpecError:
+    """The error for a file whose own imports failed: which import, and what would fix it."""
+    if error.name is None and not packaged:
+        fix = (
+            f"a relative import needs a package: add an __init__.py beside {path.name} (and "
+            "above it, up to the package's top) or import by absolute name"
+        )
+    elif error.name is None:
+        fix = "check the names it imports from its package"
+    else:
+        fix = (
+            f"install the distribution that provides {error.name!r} (pip install -e "
+            f"path/to/your/project), or put package {error.name!r} in {folder}"
+        )
+    return BackendSpecError(
+        f"--tp-logprob-backend={spec!r}: loading {path} failed on an import "
+        f"({type(error).__name__}: {error}); {fix}"
+    )
 
 
 def _unimportable(spec: str, module_name: str, error: ImportError) -> BackendSpecError:
