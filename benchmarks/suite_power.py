@@ -10,7 +10,7 @@ process and with an empty Hypothesis example database::
 (an example stored by an earlier run would be replayed first and make a kill look
 instant). A mutant is *killed* when a property fails on it (pytest exit status 1
 with a failed test); it *survives* when the suite passes. The controls (torch_native,
-torch_native rebuilt from the mutants' parts, examples/my_kernel.py, torch_native_fused
+torch_native rebuilt from the mutants' parts, the kernel template, torch_native_fused
 and its rebuild, torch_native with sampling supports) must pass. Every run is the whole
 suite: a fused (hidden-input) mutant is not collected for the logits-path properties, as
 any hidden-only backend is not (it does not claim them), and the other way round.

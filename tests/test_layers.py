@@ -59,6 +59,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.__main__",
             "tp_logprob.cli",
             "tp_logprob.hardware",
+            "tp_logprob.kernel_template",
+            "tp_logprob.templates",
             "tp_logprob.pytest_plugin",
             "tp_logprob.real_group.plugin",
             "tp_logprob.testing",

@@ -15,6 +15,7 @@ from typing import Any
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.cli import add_commands
 from tp_logprob.hardware import add_command as add_hardware_command
+from tp_logprob.kernel_template import add_command as add_template_command
 from tp_logprob.registry import PLATFORMS, detect_platform
 
 __all__ = ["build_parser", "main"]
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     backends.set_defaults(handler=_backends)
     add_commands(commands)
     add_hardware_command(commands)
+    add_template_command(commands)
     return parser
 
 

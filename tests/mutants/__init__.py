@@ -380,13 +380,13 @@ MUTANTS: tuple[Mutant, ...] = (
 CONTROLS: tuple[tuple[str, str], ...] = (
     ("torch_native", "torch_native"),
     ("control_native", "tests.mutants.control:control_native"),
-    ("my_kernel", "examples/my_kernel.py:register"),
+    ("my_kernel", "src/tp_logprob/templates/my_kernel.py:register"),
     ("torch_native_fused", "torch_native_fused"),
     ("control_fused", "tests.mutants.fused_bugs:control_fused"),
     ("control_processed", "tests.mutants.processed_bugs:control_processed"),
 )
 """``(name, spec)`` of the backends that must pass: the built-in torch_native,
 torch_native rebuilt by the mutants' own composition (loaded as module:attr),
-the third-party example backend (loaded from its file), the same pair for the
+the third-party example backend (the shipped template, loaded from its file), the same pair for the
 fused LM head (the built-in torch_native_fused, and its rebuild by ``fused_bugs``),
 and torch_native with sampling supports rebuilt by ``processed_bugs``."""

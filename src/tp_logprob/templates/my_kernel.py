@@ -2,9 +2,10 @@
 
 This is what a kernel author outside this project writes: an op with the
 standard signature, a capability that says which contracts it serves, and a
-``register(registry)`` function the suite calls. Verify it with::
+``register(registry)`` function the suite calls. Write a copy and verify it with::
 
-    pytest --pyargs tp_logprob.properties --tp-logprob-backend=examples/my_kernel.py:register
+    python -m tp_logprob template my_kernel.py
+    pytest --pyargs tp_logprob.properties --tp-logprob-backend=my_kernel.py:register
 
 The algorithm is the plain one of docs/semantics.md, in torch, on
 ``z = x / T``: each rank reduces its live columns to ``(max, sum exp(z - max),
