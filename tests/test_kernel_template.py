@@ -74,3 +74,10 @@ def test_the_written_template_registers_and_computes_exact_logprobs(tmp_path: Pa
     selected, lse = backend.op_for(contract)(logits, targets, contract)
     selected.sum().backward()
     assert_logprob_close(selected, logits, targets, lse=lse, grad=logits.grad, real_vocab_size=37)
+
+
+def test_the_guide_declares_the_capability_the_template_declares() -> None:
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "verify-your-kernel.md").read_text()
+    section = guide[guide.index("## 3. Declare what it serves") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    assert block[: block.index("```")] in template_text()
