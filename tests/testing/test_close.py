@@ -137,12 +137,19 @@ def test_a_replayed_support_judges_selected_on_it_and_lse_on_the_row() -> None:
     assert "replayed mask: row" in str(failure.value)
 
 
-def test_the_shapes_line_names_the_first_active_rows_and_their_count() -> None:
+def test_row_lists_name_the_first_rows_and_their_count() -> None:
     b = batch(rows=64, width=16)
     with pytest.raises(AssertionError) as failure:
         assert_logprob_close(nudged(b.selected, 40, 400), b.logits, b.targets)
     shapes = next(line for line in str(failure.value).splitlines() if "shapes" in line)
     assert "(active rows [0, 1, 2, 3, 4, 5, 6, 7, ...] (64 rows))" in shapes
+    off = np.array(b.selected)
+    off[10:50] -= 1.0
+    with pytest.raises(AssertionError) as failure:
+        assert_logprob_close(off, b.logits, b.targets)
+    assert "rows out of tolerance: [10, 11, 12, 13, 14, 15, 16, 17, ...] (40 rows)" in str(
+        failure.value
+    )
     small = batch(rows=3, width=16)
     with pytest.raises(AssertionError, match=r"\(active rows \[0, 1, 2\]\)"):
         assert_logprob_close(nudged(small.selected, 1, 400), small.logits, small.targets)

@@ -34,7 +34,7 @@ from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCa
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.running import Outputs, execute, gathered_grad
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, violation
+from tp_logprob.suite.violation import format_value, row_list, violation
 
 __all__ = [
     "Backward",
@@ -327,7 +327,7 @@ def judge_gradient(
             case,
             backend_id,
             [
-                ("worst", f"row {first}; rows {np.flatnonzero(over).tolist()}"),
+                ("worst", f"row {first}; rows {row_list(np.flatnonzero(over))}"),
                 ("observed", f"sum {sums[first]!r}"),
                 ("exact", f"sum {exact_sums[first]!r}"),
                 ("error", f"bound {bound.sum(axis=1)[first]:.4g} (sum of the element bounds)"),

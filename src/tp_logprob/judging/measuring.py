@@ -32,7 +32,7 @@ from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.running import Floats, Outputs, execute
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, violation
+from tp_logprob.suite.violation import format_value, row_list, violation
 
 __all__ = [
     "MIN_ONLINE_BLOCK",
@@ -299,7 +299,7 @@ def _mismatch_lines(
         (
             "worst",
             f"{name}, row {row} ({state}), {column}; rows out of tolerance: "
-            f"{np.flatnonzero(bad).tolist()}",
+            f"{row_list(np.flatnonzero(bad))}",
         ),
         ("observed", format_value(field.value[row])),
         ("expected", f"{format_value(field.exact[row])} [{expected_name}]"),
@@ -351,7 +351,7 @@ def expect_bitwise(
                 case,
                 backend_id,
                 [
-                    ("worst", f"{name}, row {row}; {differ.size} rows differ: {differ.tolist()}"),
+                    ("worst", f"{name}, row {row}; {differ.size} rows differ: {row_list(differ)}"),
                     (labels[0], shown[0]),
                     (labels[1], shown[1]),
                     ("error", error),

@@ -65,7 +65,7 @@ from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.running import Outputs, execute
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, violation
+from tp_logprob.suite.violation import format_value, row_list, violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [
@@ -182,7 +182,7 @@ def judge_support(
             case,
             backend_id,
             [
-                ("worst", f"row {row}; rows {wrong.tolist()}"),
+                ("worst", f"row {row}; rows {row_list(wrong)}"),
                 ("observed", f"support_size {int(outputs.support_size[row])}"),
                 ("expected", f"{int(size[row])} (|S| of the support the backend used)"),
                 *support_notes(case, found, outputs)(row),
@@ -237,7 +237,7 @@ def _check_threshold(
         case,
         backend_id,
         [
-            ("worst", f"row {row}; rows {np.flatnonzero(wrong).tolist()}"),
+            ("worst", f"row {row}; rows {row_list(np.flatnonzero(wrong))}"),
             ("observed", f"support_threshold {float(tau[row])!r}"),
             ("expected", expected),
             *support_notes(case, found, outputs)(row),

@@ -13,13 +13,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LABEL_WIDTH", "PropertyViolation", "format_value", "violation"]
+__all__ = [
+    "LABEL_WIDTH",
+    "ROWS_SHOWN",
+    "PropertyViolation",
+    "format_value",
+    "row_list",
+    "violation",
+]
 
 LABEL_WIDTH = 8
 """Width of the labels down the left of a report (``observed``, ``expected``, ``replay``)."""
 
 ROWS_SHOWN = 8
-"""How many active rows the ``shapes`` line names before it gives the count instead."""
+"""How many rows a report names in a list before it gives their count instead."""
 
 
 class PropertyViolation(AssertionError):  # noqa: N818 - reads "the property is violated"
@@ -72,7 +79,7 @@ def violation(
                 "shapes",
                 f"logits {list(case.logits.shape)} {contract.dtype.value}, targets "
                 f"{list(case.targets.shape)}, mask mode {contract.mask_mode.value} "
-                f"(active rows {_first_rows(np.flatnonzero(case.active).tolist())}), "
+                f"(active rows {row_list(np.flatnonzero(case.active))}), "
                 f"ignore_index {contract.mask.ignore_index}, export_lse {contract.export_lse}",
             )
         )
@@ -82,9 +89,10 @@ def violation(
     return PropertyViolation(prop, report, measured=measured)
 
 
-def _first_rows(rows: list[int]) -> str:
+def row_list(rows: Iterable[int]) -> str:
     """``rows`` as a list, or its first :data:`ROWS_SHOWN` and how many there are in all."""
-    if len(rows) <= ROWS_SHOWN:
-        return str(rows)
-    shown = ", ".join(str(row) for row in rows[:ROWS_SHOWN])
-    return f"[{shown}, ...] ({len(rows)} rows)"
+    numbers = [int(row) for row in rows]
+    if len(numbers) <= ROWS_SHOWN:
+        return str(numbers)
+    shown = ", ".join(str(row) for row in numbers[:ROWS_SHOWN])
+    return f"[{shown}, ...] ({len(numbers)} rows)"
