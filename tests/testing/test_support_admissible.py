@@ -76,5 +76,6 @@ def test_a_single_row_is_taken_as_it_is() -> None:
 
 
 def test_a_single_row_takes_a_single_row_of_kept_ids() -> None:
-    with pytest.raises(LogprobContractError, match=r"kept: 2-D with a single \[V\] row"):
-        assert_support_admissible([[0, 3]], LOGITS[0], min_p=0.1, top_k=3)
+    for kept in ([[0, 3]], [[0, 3], [1]]):
+        with pytest.raises(LogprobContractError, match=r"kept: 2-D with a single \[V\] row"):
+            assert_support_admissible(kept, LOGITS[0], min_p=0.1, top_k=3)

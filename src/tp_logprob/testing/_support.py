@@ -102,8 +102,14 @@ def assert_support_admissible(
 
 
 def _ndim(value: Any) -> int:
-    """How many dimensions an array, a tensor or nested lists have (without converting)."""
-    return int(value.ndim) if hasattr(value, "ndim") else int(np.ndim(value))
+    """How many dimensions an array, a tensor or nested lists have (without converting);
+    ragged lists (one list of kept ids per row) count as 2-D."""
+    if hasattr(value, "ndim"):
+        return int(value.ndim)
+    try:
+        return int(np.ndim(value))
+    except ValueError:
+        return 2
 
 
 def _is_one_row(logits: Any, tp_shards: Any) -> bool:
