@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob",
             "tp_logprob.errors",
             "tp_logprob._validation",
+            "tp_logprob.accumulation",
             "tp_logprob.support",
             "tp_logprob.engine_formats",
             "tp_logprob.contract",

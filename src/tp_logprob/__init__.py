@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.capability import ImplementationKind, LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
@@ -38,6 +39,7 @@ from tp_logprob.registry import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccumulationOrder",
     "DeterminismScope",
     "ImplementationKind",
     "KernelRegistry",

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from tp_logprob._validation import check_bool, check_enum, check_enum_set, check_int_set
+from tp_logprob.accumulation import ANY_ORDER, AccumulationOrder
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
@@ -311,7 +312,10 @@ class LogprobBackendCapability:
     platforms (of :data:`PLATFORMS`) on which a backend claiming
     ``cross_platform_bitwise`` gives the same bits as on every other one of them: it is
     required with that scope, refused without it, and the registry refuses the claim on a
-    platform outside it.
+    platform outside it. ``accumulation_order`` says how the op sums a shard's terms
+    (:class:`~tp_logprob.accumulation.AccumulationOrder`, default any order): the suite
+    holds the backend to that order's tolerance bound and checks the declaration with
+    rows built to break it (``docs/tolerances.md``, "Declared orders").
 
     Each of these rules is written once, in :data:`CAPABILITY_RULES`:
     :meth:`incompatibilities` runs them, and :meth:`served_values` / :meth:`serves`
@@ -338,6 +342,7 @@ class LogprobBackendCapability:
     supports_bias: bool = False
     support_modes: frozenset[SupportMode] = frozenset({SupportMode.FULL})
     bitwise_platforms: frozenset[str] = frozenset()
+    accumulation_order: AccumulationOrder = ANY_ORDER
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -370,6 +375,11 @@ class LogprobBackendCapability:
                 "support_modes", self.support_modes, SupportMode, non_empty=True
             ),
         }
+        if not isinstance(self.accumulation_order, AccumulationOrder):
+            raise LogprobContractError(
+                f"accumulation_order={self.accumulation_order!r}: expected an "
+                "AccumulationOrder (tp_logprob.AccumulationOrder.any(), .tree(), ...)"
+            )
         checked["bitwise_platforms"] = _check_bitwise_platforms(
             self.bitwise_platforms, checked["determinism_scopes"]
         )
@@ -431,6 +441,7 @@ class LogprobBackendCapability:
             "supports_bias": self.supports_bias,
             "support_modes": _names(self.support_modes),
             "bitwise_platforms": sorted(self.bitwise_platforms),
+            "accumulation_order": self.accumulation_order.to_dict(),
         }
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from hypothesis import currently_in_test_context, target
 
+from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.contract import LogprobContract
 from tp_logprob.judging.expected import exact_entropy_of, exact_outputs, row_max_of_z
 from tp_logprob.oracle import fused_extra_bounds
@@ -47,6 +48,7 @@ __all__ = [
     "expect_within",
     "fp32_ulp",
     "input_error",
+    "order_note",
     "row_summary",
     "suite_tolerance",
     "ulps",
@@ -58,19 +60,51 @@ MIN_ONLINE_BLOCK = 16
 softmax over blocks of at least 16 columns) plus the cross-rank merge."""
 
 
-def suite_tolerance(contract: LogprobContract) -> Any:
-    """The tolerance table entry for ``contract`` (see :data:`MIN_ONLINE_BLOCK`)."""
+def suite_tolerance(
+    contract: LogprobContract,
+    order: AccumulationOrder | None = None,
+    *,
+    shard_partials: bool = False,
+) -> Any:
+    """The tolerance table entry for ``contract`` when each rank sums its shard in ``order``.
+
+    Without an order (or with the any order) the bound allows any summation order, an
+    online softmax over blocks of :data:`MIN_ONLINE_BLOCK` columns or more, and a sum
+    over the whole row (``shard_partials``: over each rank's live columns, merged across
+    ranks). A declared order is a promise about each rank's shard: its path of additions
+    (and rescalings) on the widest shard, its fixed-point bits from the padded vocabulary,
+    then the merge (``docs/tolerances.md``, "Declared orders"). The rollout check's
+    numerics verdict calls this with the trainer backend's
+    ``capability.accumulation_order``.
+    """
     sharding = contract.sharding
     widest = max(
         end - start
         for start, end in (sharding.live_bounds(r) for r in range(sharding.tp_world_size))
     )
+    if order is None or order.is_any:
+        return tolerance(
+            contract.dtype.value,
+            sharding.real_vocab_size,
+            num_shards=sharding.tp_world_size,
+            max_shard_size=max(widest, 1) if shard_partials else None,
+            rescales=math.ceil(widest / MIN_ONLINE_BLOCK) + 1,
+        )
+    bits = order.fraction_bits(sharding.padded_vocab_size)
     return tolerance(
         contract.dtype.value,
         sharding.real_vocab_size,
         num_shards=sharding.tp_world_size,
-        rescales=math.ceil(widest / MIN_ONLINE_BLOCK) + 1,
+        max_shard_size=max(widest, 1),
+        order=order if bits is None else AccumulationOrder.fixed_point(bits),
     )
+
+
+def order_note(order: AccumulationOrder) -> tuple[str, str]:
+    """The report line that names the accumulation order a bound assumed."""
+    if order.is_any:
+        return ("bound", "assumes sums in any order (declare order= for a tighter bound)")
+    return ("bound", f"assumes the declared order: {order.describe()}")
 
 
 def fp32_ulp(scale: Floats) -> Floats:
@@ -130,6 +164,8 @@ def expect_close(
     count_ulps: bool = True,
     inactive_zero: bool = True,
     finite_headline: str | None = None,
+    order: AccumulationOrder | None = None,
+    shard_partials: bool = False,
 ) -> None:
     """Raise unless ``observed`` is within tolerance of the expected values, row by row.
 
@@ -143,12 +179,15 @@ def expect_close(
     ``hypothesis.target`` and ``stats``. ``finite_headline`` replaces ``prop`` when
     the worst violation is a finite value against a finite expectation (so a
     special-values property does not blame the NaN/inf pattern for a rounding error).
+    ``order`` and ``shard_partials`` choose the bound (:func:`suite_tolerance`); with an
+    ``order`` the report names it.
     """
     active = case.active
     exact_lse = np.asarray(expected_lse, dtype=np.float64)
     exact_sel = np.asarray(expected_selected, dtype=np.float64)
     scale = working_scale(case, exact_lse)
-    sel_bound, lse_bound = allowed_error(case, exact_sel, exact_lse)
+    tol = suite_tolerance(case.contract, order, shard_partials=shard_partials)
+    sel_bound, lse_bound = allowed_error(case, exact_sel, exact_lse, tol)
     fields = [
         Compared(
             "selected_logp",
@@ -170,7 +209,7 @@ def expect_close(
         if isinstance(expected_entropy, str):
             expected_entropy = exact_entropy_of(case)
         exact_h = np.asarray(expected_entropy, dtype=np.float64)
-        bound_h = entropy_error(case, exact_h, exact_lse) + extra_entropy
+        bound_h = entropy_error(case, exact_h, exact_lse, tol) + extra_entropy
         fields.append(
             Compared(
                 "entropy",
@@ -192,6 +231,7 @@ def expect_close(
         count_ulps=count_ulps,
         inactive_zero=inactive_zero,
         finite_headline=finite_headline,
+        notes=None if order is None else (lambda row: [order_note(order)]),
     )
 
 
@@ -386,9 +426,12 @@ def input_error(case: LogprobCase) -> tuple[Floats, Floats, Floats]:
     return finite[0], finite[1], finite[2]
 
 
-def allowed_error(case: LogprobCase, selected: Floats, lse: Floats) -> tuple[Floats, Floats]:
-    """The tolerance table's bounds ``(selected, lse)`` at the exact values of ``case``."""
-    tol = suite_tolerance(case.contract)
+def allowed_error(
+    case: LogprobCase, selected: Floats, lse: Floats, tol: Any = None
+) -> tuple[Floats, Floats]:
+    """The tolerance table's bounds ``(selected, lse)`` at the exact values of ``case``
+    (``tol``: a :func:`suite_tolerance` entry; default the any-order one)."""
+    tol = suite_tolerance(case.contract) if tol is None else tol
     row_max = row_max_of_z(case)
     finite_lse = np.where(np.isfinite(lse), lse, 0.0)
     finite_sel = np.where(np.isfinite(selected), selected, 0.0)
@@ -398,13 +441,15 @@ def allowed_error(case: LogprobCase, selected: Floats, lse: Floats) -> tuple[Flo
     )
 
 
-def entropy_error(case: LogprobCase, entropy: Floats, lse: Floats) -> Floats:
-    """The tolerance table's entropy bound at the exact ``entropy`` and ``lse`` of ``case``."""
+def entropy_error(case: LogprobCase, entropy: Floats, lse: Floats, tol: Any = None) -> Floats:
+    """The tolerance table's entropy bound at the exact ``entropy`` and ``lse`` of ``case``
+    (``tol``: a :func:`suite_tolerance` entry; default the any-order one)."""
+    tol = suite_tolerance(case.contract) if tol is None else tol
     finite_h = np.where(np.isfinite(entropy), entropy, 0.0)
     finite_lse = np.where(np.isfinite(lse), lse, 0.0)
     row_max = row_max_of_z(case)
     usable = np.isfinite(lse) & np.isfinite(row_max)
-    bound = suite_tolerance(case.contract).entropy_bound(
+    bound = tol.entropy_bound(
         finite_h, lse=np.where(usable, finite_lse, 0.0), row_max=np.where(usable, row_max, 0.0)
     )
     return np.asarray(bound, dtype=np.float64)
@@ -420,11 +465,13 @@ def expect_exact(
     count_ulps: bool = True,
     outputs: Outputs | None = None,
 ) -> None:
-    """Run ``case`` and :func:`expect_close` to the exact oracle, with a fused head's room.
+    """Run ``case`` and :func:`expect_close` to the exact oracle, with a fused head's room,
+    under the bound of the backend's declared accumulation order.
 
     ``outputs``: those of a run of ``case`` already made (the forward a gradient flows
     through), judged instead of running it again.
     """
+    order = backend.capability.accumulation_order
     selected, lse = exact_outputs(case)
     extra_selected, extra_lse, extra_entropy = input_error(case)
     expect_close(
@@ -440,6 +487,7 @@ def expect_exact(
         stats=stats,
         finite_headline=finite_headline,
         count_ulps=count_ulps,
+        order=None if order.is_any else order,
     )
 
 

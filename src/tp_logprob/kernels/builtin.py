@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.capability import PLATFORMS, LogprobBackendCapability
 from tp_logprob.contract import (
     DeterminismScope,
@@ -32,6 +33,7 @@ __all__ = [
     "TRITON_FUSED_EXACT_SUM",
     "TRITON_ONLINE",
     "TRITON_PORTABLE",
+    "ONLINE_BLOCKS",
     "PLATFORM_TWINS",
     "ROCM_FUSED_CAPABILITIES",
     "register_builtin_backends",
@@ -66,6 +68,24 @@ def _capability(
     )
 
 
+ONLINE_BLOCKS: dict[str, tuple[int, ...]] = {
+    "cuda": (2048, 4096),
+    "rocm": (2048, 4096),
+    "cpu": (16,),
+}
+"""platform -> the ``BLOCK`` widths ``triton_online``'s row kernel launches with (fp32 and
+16-bit inputs; ``triton/launch.py``'s table, which a test holds this to)."""
+
+
+def _online_order(platform: str) -> AccumulationOrder:
+    """``triton_online``'s order: per-lane sums over ``BLOCK``-wide tiles, rescaled at every
+    tile, and ``tl.sum`` over the lanes, whose order Triton leaves open."""
+    return AccumulationOrder.online(ONLINE_BLOCKS[platform])
+
+
+_FIXED_POINT = AccumulationOrder.fixed_point()
+"""Exact int64 sums of ``floor(exp(z - M) 2^K)``, ``K = 62 - bitlength(V - 1)``."""
+
 TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
@@ -78,11 +98,18 @@ TRITON_FUSED = dataclasses.replace(
     supports_bias=True,
 )
 TRITON_FUSED_EXACT_SUM = dataclasses.replace(
-    _capability("triton_fused_exact_sum", DeterminismScope.CROSS_TP_BITWISE),
+    _capability(
+        "triton_fused_exact_sum",
+        DeterminismScope.CROSS_TP_BITWISE,
+        accumulation_order=_FIXED_POINT,
+    ),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
     supports_bias=True,
 )
-TRITON_ONLINE = _capability("triton_online", DeterminismScope.FIXED_TOPOLOGY)
+TRITON_ONLINE = _capability(
+    "triton_online", DeterminismScope.FIXED_TOPOLOGY, accumulation_order=_online_order("cuda")
+)
+"""``triton_online`` on a GPU; on each platform it declares that platform's tiles."""
 
 _RUN_TO_RUN = frozenset({DeterminismScope.RUN_TO_RUN})
 ROCM_FUSED_CAPABILITIES = {
@@ -96,12 +123,15 @@ logit depending on its hidden row and weight row alone; Triton lowers an fp32 ``
 to MFMA instructions there, whose per-element summation order AMD does not document
 (``triton/fused_kernels.py``), so they claim run-to-run bits only until a device run of
 the suite establishes more."""
-TRITON_EXACT_SUM = _capability("triton_exact_sum", DeterminismScope.CROSS_TP_BITWISE)
+TRITON_EXACT_SUM = _capability(
+    "triton_exact_sum", DeterminismScope.CROSS_TP_BITWISE, accumulation_order=_FIXED_POINT
+)
 TRITON_PORTABLE = _capability(
     "triton_portable",
     DeterminismScope.CROSS_PLATFORM_BITWISE,
     support_modes=frozenset({SupportMode.FULL}),
     bitwise_platforms=frozenset(PLATFORMS),
+    accumulation_order=_FIXED_POINT,
 )
 """``triton_exact_sum`` with portable ``exp`` and ``log`` and no fp contraction
 (``triton/portable_sum.py``): its forward outputs are the same bits on CPU (the
@@ -151,7 +181,7 @@ def register_builtin_backends(registry: Any) -> None:
         registry.register_logprob_backend(
             platform,
             _lazy("tp_logprob.kernels.triton.online", "triton_online_logprob"),
-            TRITON_ONLINE,
+            dataclasses.replace(TRITON_ONLINE, accumulation_order=_online_order(platform)),
         )
         registry.register_logprob_backend(
             platform,

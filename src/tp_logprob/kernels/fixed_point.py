@@ -12,18 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from tp_logprob.accumulation import fraction_bits
+
 __all__ = ["fixed_point_terms", "fraction_bits"]
-
-
-def fraction_bits(padded_vocab_size: int) -> int:
-    """``K``: fractional bits of the fixed-point terms, so ``padded * 2^K <= 2^62``.
-
-    Each term is at most ``2^K``, so the sum over the whole vocabulary fits in int64.
-
-    >>> fraction_bits(152064)
-    44
-    """
-    return 62 - max(1, (padded_vocab_size - 1).bit_length())
 
 
 def fixed_point_terms(values: torch.Tensor, bits: int) -> torch.Tensor:

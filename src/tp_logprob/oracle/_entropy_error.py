@@ -77,8 +77,7 @@ def neg_q_error(model: ErrorModel, rho: NDArray[np.float64]) -> NDArray[np.float
     n, u = max(model.num_values, 1), model.unit
     hops = model.rescales
     if model.fixed_point_bits is None:
-        widest = n if model.max_shard_values is None else min(n, model.max_shard_values)
-        additions = max(widest, 1) + model.num_shards - 2
+        additions = model.additions()
         # One exp per rescaling plus the column's own; the subtraction d = z - m,
         # the product exp(d) d, the additions, and per rescaling at most three
         # roundings (the shift m_old - m_new, its product with s, the addition to q

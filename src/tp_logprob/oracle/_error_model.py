@@ -38,9 +38,12 @@ class ErrorModel:
     ``tiny`` is the absolute error of one underflowing operation (flush to zero
     included). ``rescales`` is the largest number of ``exp(m_old - m_new)``
     rescalings on any column's path to ``S`` (1 for shard partials merged once;
-    ``blocks + 1`` for an online softmax over blocks). With ``fixed_point_bits``
-    the terms ``exp(x - M)`` are quantised to that many fractional bits and
-    summed exactly.
+    ``blocks + 1`` for an online softmax over blocks). ``shard_additions`` is the
+    most additions on a column's path inside its shard (None: any order, one fewer
+    than the widest shard's columns; :class:`tp_logprob.accumulation.AccumulationOrder`
+    gives it for a declared order); the merge adds ``num_shards - 1``. With
+    ``fixed_point_bits`` the terms ``exp(x - M)`` are quantised to that many
+    fractional bits and summed exactly.
     """
 
     unit: float
@@ -54,17 +57,24 @@ class ErrorModel:
     max_shard_values: int | None = None
     rescales: int = 1
     fixed_point_bits: int | None = None
+    shard_additions: int | None = None
+
+    def additions(self) -> int:
+        """The most fp32 additions on one column's path to ``S``: its shard's, then the merge's."""
+        if self.shard_additions is None:
+            n = max(self.num_values, 1)
+            widest = n if self.max_shard_values is None else min(n, self.max_shard_values)
+            return max(widest, 1) + self.num_shards - 2
+        return self.shard_additions + self.num_shards - 1
 
     def sum_rel(self) -> float:
         """``theta_S``: a bound on ``|S_hat / S - 1|`` (``S >= 1`` is used throughout)."""
         n, u = max(self.num_values, 1), self.unit
         if self.fixed_point_bits is None:
-            widest = n if self.max_shard_values is None else min(n, self.max_shard_values)
-            additions = max(widest, 1) + self.num_shards - 2
             # Each column's term passes through one exp, `rescales` exp+product
-            # pairs and at most `additions` additions (any summation order).
+            # pairs and at most `additions()` additions.
             rel = (1.0 + self.exp_rel) ** (self.rescales + 1) * (
-                1.0 + pow_minus_one(u, self.rescales + additions)
+                1.0 + pow_minus_one(u, self.rescales + self.additions())
             ) - 1.0
             quantisation = 0.0
         else:

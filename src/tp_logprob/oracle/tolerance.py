@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -40,6 +40,28 @@ from tp_logprob.oracle.formats import FORMATS, U32, U64
 _FP32_OVERFLOW = float(np.finfo(np.float32).max) * (1.0 + 2.0**-25)
 
 
+@runtime_checkable
+class SummationOrder(Protocol):
+    """What a bound reads from a declared accumulation order
+    (:class:`tp_logprob.accumulation.AccumulationOrder`)."""
+
+    @property
+    def is_any(self) -> bool:
+        """Whether nothing is declared (any order)."""
+
+    def additions(self, width: int) -> int:
+        """The most additions on one column's path to a shard's sum of ``width`` columns."""
+
+    def rescales(self, width: int) -> int:
+        """The most rescalings on one column's path, the merge's included."""
+
+    def fraction_bits(self, padded_vocab_size: int) -> int | None:
+        """The fixed-point fractional bits, or None for a floating-point sum."""
+
+    def describe(self) -> str:
+        """The order in words."""
+
+
 @dataclass(frozen=True)
 class LogprobTolerance:
     """Absolute bounds on ``|kernel - exact|`` for fp32 ``lse``, ``selected_logp`` and entropy.
@@ -47,13 +69,14 @@ class LogprobTolerance:
     Built by :func:`tolerance`. :meth:`lse_bound`, :meth:`selected_bound` and
     :meth:`entropy_bound` take the exact (oracle) values, because the bounds grow
     with their magnitudes; :meth:`violations` applies them row by row, special
-    values included.
+    values included. ``order`` is the accumulation order the bounds assume (None: any).
     """
 
     dtype: str
     vocab_size: int
     num_shards: int
     model: ErrorModel = field(repr=False)
+    order: SummationOrder | None = None
 
     @property
     def sum_rel(self) -> float:
@@ -203,11 +226,12 @@ def tolerance(
     *,
     num_shards: int = 1,
     max_shard_size: int | None = None,
-    rescales: int = 1,
+    rescales: int | None = None,
     exp_ulp: float = 3.0,
     log_ulp: float = 4.0,
     log_abs: float = 2.0**-22,
     fixed_point_bits: int | None = None,
+    order: SummationOrder | None = None,
 ) -> LogprobTolerance:
     """The tolerance for an fp32 backend on ``vocab_size`` live columns.
 
@@ -220,23 +244,37 @@ def tolerance(
     ``num_shards`` is the number of vocabulary shards merged (the TP degree),
     ``max_shard_size`` the most columns in one shard (default ``vocab_size``; the
     summation bound grows with it), ``rescales`` the exp-rescalings per column
-    (see :class:`ErrorModel`), and ``fixed_point_bits`` selects the exact
-    integer-sum model.
+    (see :class:`ErrorModel`; default 1, or the declared order's), and
+    ``fixed_point_bits`` selects the exact integer-sum model.
+
+    ``order`` is how each shard is summed
+    (:class:`tp_logprob.accumulation.AccumulationOrder`; None: any order): a
+    declared order shortens a column's path of additions from ``max_shard_size - 1``
+    to the order's, an online softmax adds its rescalings, and a ``fixed_point``
+    order is the integer-sum model (its ``bits`` None: ``62 - bitlength(vocab_size - 1)``).
 
     >>> tol = tolerance("bf16", 32000, num_shards=8)
     >>> print(f"{tol.lse_bound([12.0])[0]:.2e}")
     1.92e-03
+    >>> from tp_logprob.accumulation import AccumulationOrder
+    >>> tree = tolerance("bf16", 32000, num_shards=8, max_shard_size=4000,
+    ...                  order=AccumulationOrder.tree())
+    >>> print(f"{tree.lse_bound([12.0])[0]:.2e}")
+    9.66e-06
     """
     name = format_name(dtype, ("bf16", "fp16", "fp32"))
     n = _positive_int(vocab_size, "vocab_size", allow_zero=True)
     shards = _positive_int(num_shards, "num_shards")
     widest = None if max_shard_size is None else _positive_int(max_shard_size, "max_shard_size")
-    hops = _positive_int(rescales, "rescales", allow_zero=True)
+    hops = None if rescales is None else _positive_int(rescales, "rescales", allow_zero=True)
     for label, value in (("exp_ulp", exp_ulp), ("log_ulp", log_ulp), ("log_abs", log_abs)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{label}={value!r} must be a finite number >= 0")
     if fixed_point_bits is not None:
         fixed_point_bits = _positive_int(fixed_point_bits, "fixed_point_bits")
+    if order is not None and not isinstance(order, SummationOrder):
+        raise TypeError(f"order={order!r} must be an AccumulationOrder or None")
+    path, hops, fixed_point_bits = _declared(order, min(n, widest or n), hops, fixed_point_bits)
     model = ErrorModel(
         unit=U32,
         # k ulp of the exact result is at most 2k u relative.
@@ -252,8 +290,29 @@ def tolerance(
         max_shard_values=widest,
         rescales=hops,
         fixed_point_bits=fixed_point_bits,
+        shard_additions=path,
     )
-    return LogprobTolerance(dtype=name, vocab_size=n, num_shards=shards, model=model)
+    return LogprobTolerance(dtype=name, vocab_size=n, num_shards=shards, model=model, order=order)
+
+
+def _declared(
+    order: SummationOrder | None, width: int, rescales: int | None, bits: int | None
+) -> tuple[int | None, int, int | None]:
+    """``(shard additions, rescales, fixed-point bits)`` of ``order`` on shards of ``width``
+    live columns; the any order leaves the additions to the shard width."""
+    if order is None or order.is_any:
+        return None, 1 if rescales is None else rescales, bits
+    declared_bits = order.fraction_bits(width)
+    if bits is not None and declared_bits is not None and bits != declared_bits:
+        raise ValueError(
+            f"fixed_point_bits={bits!r}: the order {order.describe()!r} says {declared_bits}"
+        )
+    if bits is not None and declared_bits is None:
+        raise ValueError(
+            f"fixed_point_bits={bits!r}: the order {order.describe()!r} is not fixed_point"
+        )
+    hops = order.rescales(width) if rescales is None else max(rescales, order.rescales(width))
+    return order.additions(width), hops, bits if declared_bits is None else declared_bits
 
 
 def _positive_int(value: Any, label: str, *, allow_zero: bool = False) -> int:

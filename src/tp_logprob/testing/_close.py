@@ -2,8 +2,9 @@
 
 The call becomes the suite's case (:mod:`tp_logprob.testing._case`), the exact values
 come from the oracle, the bounds from the suite's tolerance table
-(:func:`~tp_logprob.judging.measuring.suite_tolerance`: sums in any order, an online
-softmax over blocks of 16 columns or more, the shard merge, ``docs/tolerances.md``) and
+(:func:`~tp_logprob.judging.measuring.suite_tolerance`: sums in the declared ``order``, by
+default any order with an online softmax over blocks of 16 columns or more, then the shard
+merge, ``docs/tolerances.md``) and
 the verdict from :func:`~tp_logprob.judging.measuring.expect_close` and
 :func:`~tp_logprob.judging.gradients.judge_gradient`, so a failure reads like the
 suite's and its artifact replays like the suite's.
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tp_logprob.accumulation import ANY_ORDER, AccumulationOrder
 from tp_logprob.contract import LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.judging.expected import exact_outputs
@@ -59,6 +61,7 @@ def assert_logprob_close(
     real_vocab_size: int | None = None,
     active_mask: Any = None,
     tp_shards: Any = None,
+    order: AccumulationOrder | None = None,
     backend: str | None = None,
     artifact_dir: str | os.PathLike[str] | None = None,
 ) -> None:
@@ -75,6 +78,14 @@ def assert_logprob_close(
     on it, ``lse`` over the whole row. NaN and infinities must match exactly and inactive
     rows must be exactly ``+0.0``.
 
+    ``order`` is how the kernel sums a row (or, with ``tp_shards``, each rank its shard):
+    an :class:`~tp_logprob.AccumulationOrder` such as ``AccumulationOrder.tree()`` (pairwise)
+    or ``AccumulationOrder.blocked(1024, within="tree")``; the bound then takes that
+    order's path of additions instead of any order's, which at 32k to 152k columns is
+    tens to hundreds of times tighter (``docs/tolerances.md``, "Declared orders"). With
+    ``tp_shards`` the bound counts the widest shard's columns, not the whole row's. A
+    ``support`` is judged under any order.
+
     The message names the worst row and column, the observed and exact values and the
     error in fp32 ulps against the bound. With ``artifact_dir`` (and ``backend``, the
     registered id or ``module:attr`` the suite's ``--tp-logprob-backend`` takes) a failure
@@ -84,6 +95,10 @@ def assert_logprob_close(
     >>> import numpy as np
     >>> assert_logprob_close(np.array([-0.6931472], np.float32), [[0.0, 0.0]], [1])
     """
+    if order is not None and not isinstance(order, AccumulationOrder):
+        raise LogprobContractError(
+            f"order={order!r}: expected an AccumulationOrder (AccumulationOrder.tree(), ...)"
+        )
     full, widths = full_logits(logits, tp_shards)
     if support is not None and getattr(support, "mode", None) is SupportMode.SAMPLING_PARAMS:
         raise LogprobContractError(
@@ -117,7 +132,7 @@ def assert_logprob_close(
     backend_id = backend or _UNNAMED
     stage = "forward"
     try:
-        _judge_forward(case, backend_id, observed)
+        _judge_forward(case, backend_id, observed, order or ANY_ORDER, tp_shards is not None)
         stage = "gradient"
         if observed_grad is not None:
             _judge_gradient(case, backend_id, observed, observed_grad)
@@ -128,7 +143,13 @@ def assert_logprob_close(
         raise _recorded(failure, prop, case, recorder, Path(artifact_dir)) from None
 
 
-def _judge_forward(case: LogprobCase, backend_id: str, observed: Outputs) -> None:
+def _judge_forward(
+    case: LogprobCase,
+    backend_id: str,
+    observed: Outputs,
+    order: AccumulationOrder,
+    shard_partials: bool,
+) -> None:
     if case.contract.support is None:
         selected, lse = exact_outputs(case)
         expect_close(
@@ -139,6 +160,8 @@ def _judge_forward(case: LogprobCase, backend_id: str, observed: Outputs) -> Non
             selected,
             lse,
             count_ulps=False,
+            order=order,
+            shard_partials=shard_partials,
         )
         return
     expect_processed_close(
