@@ -151,6 +151,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "bits depend on N",
     ),
     Mutant(
+        "sequential_declared_tree",
+        "partial_bugs",
+        "declares torch_native's pairwise tree (accumulation_order) but sums each shard left "
+        "to right: the half-ulp row errs by the shard's width, not its depth",
+    ),
+    Mutant(
         "inactive_not_zeroed",
         "mask_bugs",
         "the mask is not passed to the merge: inactive rows get target - LSE",

@@ -176,3 +176,22 @@ half_precision_accumulation = mutant(
 )
 no_max_shift = mutant("no_max_shift", forward=forward_from(_partial_no_max_shift))
 tiling_depends_on_n = mutant("tiling_depends_on_n", forward=forward_from(_partial_tiling_by_n))
+
+
+def _partial_sequential_sum(
+    local_logits: torch.Tensor, targets: torch.Tensor, contract: LogprobContract
+) -> torch.Tensor:
+    dtype = compute_dtype(local_logits.dtype)
+    width = live_width(contract)
+    if width == 0:
+        return _identity(local_logits.shape[0], dtype, local_logits.device)
+    live = local_logits[:, :width].to(dtype)
+    row_max = torch.amax(live, dim=1)
+    terms = torch.exp(shift_by_max(live, row_max))
+    # BUG: left to right, while the capability (torch_native's) declares a pairwise tree.
+    return pack_partial(row_max, _left_fold(terms), owned_target_logit(live, targets, contract))
+
+
+sequential_declared_tree = mutant(
+    "sequential_declared_tree", forward=forward_from(_partial_sequential_sum)
+)

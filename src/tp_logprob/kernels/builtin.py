@@ -86,7 +86,10 @@ def _online_order(platform: str) -> AccumulationOrder:
 _FIXED_POINT = AccumulationOrder.fixed_point()
 """Exact int64 sums of ``floor(exp(z - M) 2^K)``, ``K = 62 - bitlength(V - 1)``."""
 
-TORCH_NATIVE = _capability("torch_native", DeterminismScope.FIXED_TOPOLOGY)
+TORCH_NATIVE = _capability(
+    "torch_native", DeterminismScope.FIXED_TOPOLOGY, accumulation_order=AccumulationOrder.tree()
+)
+"""Each shard summed by ``partials.tree_sum``: a fixed pairwise tree of elementwise adds."""
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),
