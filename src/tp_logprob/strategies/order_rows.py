@@ -173,7 +173,7 @@ def _order_cases(
             None if MaskMode.IGNORE_INDEX in capability.mask_modes else np.ones(len(rows), bool),
         ),
         sharding=ShardingSpec(
-            0, world, [(r * width, (r + 1) * width) for r in range(world)], padded, padded
+            0, world, tuple((r * width, (r + 1) * width) for r in range(world)), padded, padded
         ),
         reduction=ReductionSpec(
             DeterminismScope.FIXED_TOPOLOGY
