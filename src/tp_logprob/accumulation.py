@@ -14,7 +14,8 @@ fixed-point sum is held to a shorter path, hence a tighter bound:
   block-wide accumulator) and across the blocks;
 * ``online`` (an online softmax over blocks of ``B`` columns, per-lane accumulators
   rescaled at every block and summed at the end): the path of ``blocked`` with the
-  blocks in sequence, and ``ceil(w / B)`` rescalings;
+  blocks in sequence, and ``ceil(w / B) + 1`` rescalings (one per later block, one for
+  lanes with maxima of their own, one at the shard merge);
 * ``fixed_point`` (``bits`` fractional bits, summed exactly in integers): no addition
   rounds; ``bits`` None is ``docs/semantics.md``'s rule, ``62 - bitlength(V - 1)``.
 
@@ -25,7 +26,7 @@ bound takes the longest path among them. Every order sums a shard; the partials 
 >>> AccumulationOrder.tree().additions(19008)
 15
 >>> AccumulationOrder.online(block=16).additions(64), AccumulationOrder.online(16).rescales(64)
-(18, 4)
+(18, 5)
 """
 
 from __future__ import annotations
@@ -187,7 +188,8 @@ class AccumulationOrder:
         if self.kind is OrderKind.FIXED_POINT:
             return 0
         if self.kind is OrderKind.ONLINE:
-            return max(1, max(-(-w // b) for b in self.block))
+            # A column's later blocks, a merge of per-lane maxima, and the shard merge.
+            return max(-(-w // b) for b in self.block) + 1
         return 1
 
     def fraction_bits(self, padded_vocab_size: int) -> int | None:
