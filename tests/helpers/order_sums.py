@@ -26,14 +26,18 @@ class Realization:
     """``kind``: ``sequential``, ``tree`` (bottom-up groups of ``fan_in`` adjacent
     partials, each group left to right), ``lanes`` (a ``block``-lane accumulator: each lane
     left to right over the blocks, then the lanes by ``within``), ``blocks`` (each block by
-    ``within``, then the blocks by ``across``) or ``online`` (``lanes`` with a running
-    maximum, the lanes rescaled at every block)."""
+    ``within``, then the blocks by ``across``), ``online`` (``lanes`` with a running
+    maximum, the lanes rescaled at every block) or ``fixed_point`` (``block`` fractional
+    bits)."""
 
     kind: str
     block: int = 16
     fan_in: int = 2
     within: str = "sequential"
     across: str = "sequential"
+    edge: bool = False
+    """``exp`` and ``log`` at the edge of the tolerance's assumptions A3 and A5: every ``exp``
+    3 ulps above the exact value, every ``log`` ``8u`` relative and ``2^-22`` absolute above."""
 
     @property
     def declared(self) -> AccumulationOrder:
@@ -42,6 +46,8 @@ class Realization:
             return AccumulationOrder.sequential()
         if self.kind == "tree":
             return AccumulationOrder.tree(self.fan_in)
+        if self.kind == "fixed_point":
+            return AccumulationOrder.fixed_point(self.block)
         if self.kind == "lanes":
             return AccumulationOrder.blocked(self.block, within=self.within, fan_in=self.fan_in)
         if self.kind == "blocks":
@@ -94,6 +100,28 @@ def shard_sum(terms: np.ndarray, how: Realization) -> Any:
     return flat_sum(reduce_rows(tiles, how.within, how.fan_in), how.across, how.fan_in)
 
 
+def exp32(x: Any, edge: bool) -> Any:
+    """fp32 ``exp``: numpy's, or 3 ulps above the exact value (``edge``; A3 allows that)."""
+    if not edge:
+        return np.exp(np.asarray(x, F32))
+    exact = np.exp(np.asarray(x, np.float64))
+    y = exact.astype(F32)
+    y = np.where(y < exact, np.nextafter(y, F32(INF)), y)
+    for _ in range(2):
+        y = np.nextafter(y, F32(INF))
+    return np.where(exact == 0.0, F32(0), y).astype(F32)
+
+
+def log32(s: Any, edge: bool) -> Any:
+    """fp32 ``log``: numpy's, or at A5's edge (``edge``: ``8u`` relative and ``2^-22`` above)."""
+    if not edge:
+        return np.log(np.asarray(s, F32))
+    exact = float(np.log(np.float64(s)))
+    high = exact * (1.0 + 8.0 * 2.0**-24) + 2.0**-22
+    y = F32(high)
+    return np.nextafter(y, F32(-INF)) if float(y) > high else y
+
+
 def _online(xs: np.ndarray, how: Realization) -> tuple[Any, Any]:
     block = how.block
     lanes = np.zeros(min(block, xs.size), F32)
@@ -103,9 +131,9 @@ def _online(xs: np.ndarray, how: Realization) -> tuple[Any, Any]:
         new_m = F32(max(m, chunk.max()))
         if new_m == -INF:
             continue
-        scale = F32(0) if m == -INF else np.exp(F32(m - new_m))
+        scale = F32(0) if m == -INF else exp32(F32(m - new_m), how.edge)
         weights = np.zeros_like(lanes)
-        weights[: chunk.size] = np.exp(chunk - new_m)
+        weights[: chunk.size] = exp32(chunk - new_m, how.edge)
         lanes = ((lanes * scale).astype(F32) + weights).astype(F32)
         m = new_m
     return m, flat_sum(lanes, how.within, how.fan_in)
@@ -118,7 +146,7 @@ def partial32(xs: np.ndarray, how: Realization) -> tuple[Any, Any]:
     if how.kind == "online":
         return _online(xs, how)
     m = xs.max()
-    return m, shard_sum(np.exp(xs - m).astype(F32), how)
+    return m, shard_sum(exp32(xs - m, how.edge), how)
 
 
 def order_logprob(
@@ -128,13 +156,27 @@ def order_logprob(
     bounds: list[tuple[int, int]],
     how: Realization,
 ) -> tuple[float, float]:
-    """``(x_t - lse, lse)`` in fp32: shard partials in ``how``'s order, merged in rank order."""
+    """``(x_t - lse, lse)`` in fp32: shard partials in ``how``'s order, merged in rank order
+    (``fixed_point``: every term to int64 with ``how.block`` fractional bits, summed exactly)."""
+    if how.kind == "fixed_point":
+        return _fixed_point(row, target_index, real_vocab_size, how)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         parts = [partial32(row[a : min(b, real_vocab_size)], how) for a, b in bounds]
         big_m = max(m for m, _ in parts)
         total = F32(0)
         for m, s in parts:
             if m != -INF:
-                total = F32(total + F32(s * np.exp(F32(m - big_m))))
-        lse = F32(big_m + np.log(total))
+                total = F32(total + F32(s * exp32(F32(m - big_m), how.edge)))
+        lse = F32(big_m + log32(total, how.edge))
         return float(F32(row[target_index] - lse)), float(lse)
+
+
+def _fixed_point(
+    row: np.ndarray, t: int, real_vocab_size: int, how: Realization
+) -> tuple[float, float]:
+    live = row[:real_vocab_size]
+    big_m = live.max()
+    terms = np.floor(np.ldexp(exp32(live - big_m, how.edge).astype(np.float64), how.block))
+    total = F32(int(terms.astype(np.int64).sum())) * F32(2.0**-how.block)
+    lse = F32(big_m + log32(total, how.edge))
+    return float(F32(row[t] - lse)), float(lse)
