@@ -58,9 +58,7 @@ def adversarial_cases(draw: st.DrawFn, how: Realization) -> Case:
 def _ratios(order: AccumulationOrder, case: Case, sel: float, lse: float) -> tuple[float, float]:
     row, t, rv, bounds = case
     widest = max(max(0, min(b, rv) - a) for a, b in bounds)
-    tol = tolerance(
-        "fp32", rv, num_shards=len(bounds), max_shard_size=max(widest, 1), order=order
-    )
+    tol = tolerance("fp32", rv, num_shards=len(bounds), max_shard_size=max(widest, 1), order=order)
     want_sel, want_lse = exact_selected_logprob(row[None, :], [t], real_vocab_size=rv)
     if not (np.isfinite(want_lse[0]) and np.isfinite(want_sel[0])):
         assert not tol.violations([sel], [lse], want_sel, want_lse).any()

@@ -46,6 +46,7 @@ from tp_logprob.strategies.targets import (
     shard_edge_columns,
     targets,
 )
+from tp_logprob.strategies.order_rows import ORDER_LAYOUTS, order_cases
 from tp_logprob.strategies.wide import WIDE_ROW_KINDS, wide_cases
 from tp_logprob.strategies.wide_fused import wide_hidden_cases
 
@@ -58,6 +59,7 @@ __all__ = [
     "LAYOUT_KINDS",
     "LOGIT_KINDS",
     "MASK_KINDS",
+    "ORDER_LAYOUTS",
     "PARAM_KINDS",
     "REPLAYED_ROW_KINDS",
     "SPECIAL_KINDS",
@@ -71,6 +73,7 @@ __all__ = [
     "hidden_cases",
     "ignore_indices",
     "logits",
+    "order_cases",
     "round_to_dtype",
     "shard_bounds",
     "shard_edge_columns",
