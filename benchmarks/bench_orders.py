@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.helpers, from a checkout
 
 from tests.helpers.order_sums import Realization, order_logprob  # noqa: E402
+
 from tp_logprob.accumulation import fraction_bits  # noqa: E402
 from tp_logprob.oracle import exact_selected_logprob, tolerance  # noqa: E402
 from tp_logprob.strategies import round_to_dtype  # noqa: E402

@@ -19,8 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.judging.measuring import expect_exact
-from tp_logprob.strategies import LogprobCase
-from tp_logprob.strategies import order_cases
+from tp_logprob.strategies import LogprobCase, order_cases
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property

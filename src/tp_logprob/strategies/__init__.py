@@ -39,6 +39,7 @@ from tp_logprob.strategies.logits import (
     logits,
     round_to_dtype,
 )
+from tp_logprob.strategies.order_rows import ORDER_LAYOUTS, order_cases
 from tp_logprob.strategies.supports import PARAM_KINDS, REPLAYED_ROW_KINDS, supports
 from tp_logprob.strategies.targets import (
     ACTIVE_TARGET_KINDS,
@@ -46,7 +47,6 @@ from tp_logprob.strategies.targets import (
     shard_edge_columns,
     targets,
 )
-from tp_logprob.strategies.order_rows import ORDER_LAYOUTS, order_cases
 from tp_logprob.strategies.wide import WIDE_ROW_KINDS, wide_cases
 from tp_logprob.strategies.wide_fused import wide_hidden_cases
 
