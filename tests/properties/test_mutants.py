@@ -402,6 +402,10 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
     "tiling_depends_on_n": _batch_dependent(
         Case(_contract(((0, 16),), rows=_WIDE_ROWS), _WIDE, _WIDE_TARGETS)
     ),
+    # The half-ulp row: left to right every addition rounds up, the tree's pairs are exact.
+    "sequential_declared_tree": _forward_differs(
+        Case(_contract(((0, 64),)), [[0.0] + [-16.63553] * 63], [0])
+    ),
     "inactive_not_zeroed": _forward_differs(Case(_MASKED, _RAMP * 2, [1, 3])),
     "inactive_lse_zeroed": _forward_differs(Case(_MASKED, _RAMP * 2, [1, -100])),
     "inactive_target_checked": _raises(
