@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +25,7 @@ from tp_logprob.judging.expected import exact_entropy_of, exact_outputs, row_max
 from tp_logprob.oracle import fused_extra_bounds
 from tp_logprob.oracle.reference import reference_error_bounds, reference_selected_logprob
 from tp_logprob.oracle.reference_entropy import reference_entropy, reference_entropy_error_bounds
-from tp_logprob.oracle.tolerance import tolerance
+from tp_logprob.oracle.tolerance import LogprobTolerance, tolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.strategies import HiddenCase, LogprobCase
@@ -65,7 +64,7 @@ def suite_tolerance(
     order: AccumulationOrder | None = None,
     *,
     shard_partials: bool = False,
-) -> Any:
+) -> LogprobTolerance:
     """The tolerance table entry for ``contract`` when each rank sums its shard in ``order``.
 
     Without an order (or with the any order) the bound allows any summation order, an
@@ -427,7 +426,7 @@ def input_error(case: LogprobCase) -> tuple[Floats, Floats, Floats]:
 
 
 def allowed_error(
-    case: LogprobCase, selected: Floats, lse: Floats, tol: Any = None
+    case: LogprobCase, selected: Floats, lse: Floats, tol: LogprobTolerance | None = None
 ) -> tuple[Floats, Floats]:
     """The tolerance table's bounds ``(selected, lse)`` at the exact values of ``case``
     (``tol``: a :func:`suite_tolerance` entry; default the any-order one)."""
@@ -441,7 +440,9 @@ def allowed_error(
     )
 
 
-def entropy_error(case: LogprobCase, entropy: Floats, lse: Floats, tol: Any = None) -> Floats:
+def entropy_error(
+    case: LogprobCase, entropy: Floats, lse: Floats, tol: LogprobTolerance | None = None
+) -> Floats:
     """The tolerance table's entropy bound at the exact ``entropy`` and ``lse`` of ``case``
     (``tol``: a :func:`suite_tolerance` entry; default the any-order one)."""
     tol = suite_tolerance(case.contract) if tol is None else tol
