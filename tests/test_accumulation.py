@@ -134,8 +134,35 @@ def test_tolerance_refuses_bad_orders(
         tolerance("bf16", 64, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "order",
+    [
+        AccumulationOrder.any(),
+        AccumulationOrder.tree(3),
+        AccumulationOrder.blocked((16, 32), within="tree", across="any"),
+        AccumulationOrder.online(4096, within="tree", fan_in=4),
+        AccumulationOrder.fixed_point(),
+        AccumulationOrder.fixed_point(40),
+    ],
+)
+def test_an_order_round_trips_through_its_dict(order: AccumulationOrder) -> None:
+    assert AccumulationOrder.from_dict(order.to_dict()) == order
+
+
+def test_from_dict_refuses_what_it_cannot_read() -> None:
+    with pytest.raises(LogprobContractError, match=r"expected a dict with 'kind'"):
+        AccumulationOrder.from_dict({"block": [16]})
+    with pytest.raises(LogprobContractError, match=r"unknown fields \['lanes'\]"):
+        AccumulationOrder.from_dict({"kind": "tree", "lanes": 4})
+
+
 def test_a_capability_holds_an_order() -> None:
+    from tp_logprob.replay.schema import capability_from_dict
+
     assert TORCH_NATIVE.to_dict()["accumulation_order"] == {"kind": "tree", "fan_in": 2}
+    assert capability_from_dict(TRITON_ONLINE.to_dict()) == TRITON_ONLINE
+    recorded = {k: v for k, v in TORCH_NATIVE.to_dict().items() if k != "accumulation_order"}
+    assert capability_from_dict(recorded).accumulation_order.is_any
     with pytest.raises(LogprobContractError, match=r"accumulation_order='tree': expected an"):
         dataclasses.replace(TORCH_NATIVE, accumulation_order="tree")
 

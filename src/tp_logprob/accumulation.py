@@ -216,6 +216,28 @@ class AccumulationOrder:
         across = _flat_words(self.across, self.fan_in)
         return f"blocked: blocks of {widths} columns, summed {inside}, blocks {across}"
 
+    @classmethod
+    def from_dict(cls, data: Any) -> AccumulationOrder:
+        """The order :meth:`to_dict` described; every field checked as by the constructor.
+
+        >>> AccumulationOrder.from_dict({"kind": "online", "block": [16]}).describe()
+        'online softmax over blocks of 16 columns, lanes summed in any order'
+        """
+        if not isinstance(data, dict) or "kind" not in data:
+            raise LogprobContractError(f"accumulation_order={data!r}: expected a dict with 'kind'")
+        unknown = sorted(set(data) - {"kind", "fan_in", "block", "within", "across", "bits"})
+        if unknown:
+            raise LogprobContractError(f"accumulation_order={data!r}: unknown fields {unknown}")
+        block = data.get("block", ())
+        return cls(
+            kind=data["kind"],
+            fan_in=data.get("fan_in", 2),
+            block=tuple(block) if isinstance(block, list) else block,
+            within=data.get("within", OrderKind.ANY),
+            across=data.get("across", OrderKind.SEQUENTIAL),
+            bits=data.get("bits"),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-compatible description (the fields this kind uses)."""
         out: dict[str, Any] = {"kind": self.kind.value}

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.registry import PLATFORMS
@@ -105,6 +106,10 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         support_modes=frozenset(data.get("support_modes", ["full"])),
         # Recorded before cross_platform_bitwise: no platform's bits were claimed.
         bitwise_platforms=frozenset(data.get("bitwise_platforms", [])),
+        # Recorded before declared orders: any order.
+        accumulation_order=AccumulationOrder.from_dict(
+            data.get("accumulation_order", {"kind": "any"})
+        ),
     )
 
 
