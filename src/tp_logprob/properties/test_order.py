@@ -29,7 +29,8 @@ from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 
 MAX_WIDTH = 512
-"""The widest shard drawn: past a tree's ninth level and 32 blocks of 16."""
+"""The widest shard drawn (at least): past a tree's ninth level and 32 blocks of 16; for a
+declared block wider than 128, four blocks and one more column."""
 INTERPRETED_MAX_WIDTH = 64
 """Under the Triton interpreter (16-column tiles on CPU): four tiles a shard and more."""
 
@@ -60,7 +61,10 @@ def test_declared_order(
     """Half-ulp rows laid out for a sequential sum, a tree, lanes and blocks, across the
     declared block and the shards: within the declared order's bound."""
     backend = tp_logprob_backend
-    width = INTERPRETED_MAX_WIDTH if interpreted(backend) else MAX_WIDTH
+    blocks = backend.capability.accumulation_order.block
+    width = max(MAX_WIDTH, 4 * max(blocks, default=0) + 1)
+    if interpreted(backend):
+        width = INTERPRETED_MAX_WIDTH
     case = data.draw(order_cases(drawing_capability(backend), max_width=width), label="case")
     tp_logprob_suite.stats.example(backend.backend_id)
     run_property("declared_order", backend, case, stats=tp_logprob_suite.stats)
