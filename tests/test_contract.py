@@ -13,7 +13,7 @@ import torch
 
 import tp_logprob as tpl
 from tests.helpers.contracts import make_contract, make_sharding
-from tp_logprob.contract import CONTRACT_SCHEMA_VERSION
+from tp_logprob.contract_schema import CONTRACT_SCHEMA_VERSION
 
 
 def test_valid_contract_coerces_strings_to_enums() -> None:

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import tp_logprob as tpl
-from tp_logprob.contract import CONTRACT_SCHEMA_VERSION
+from tp_logprob.contract_schema import CONTRACT_SCHEMA_VERSION
 from tp_logprob.kernels.builtin import (
     TORCH_NATIVE,
     TORCH_NATIVE_FUSED,

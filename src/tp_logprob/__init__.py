@@ -17,7 +17,6 @@ from tp_logprob.contract import (
     LogprobDType,
     LogprobInputKind,
     LogprobOutputSpec,
-    LogprobResult,
     LogprobRole,
     MaskMode,
     MaskSpec,
@@ -35,6 +34,7 @@ from tp_logprob.registry import (
     detect_platform,
     registry,
 )
+from tp_logprob.result import LogprobResult
 
 __version__ = "0.1.0"
 

@@ -29,11 +29,11 @@ from tp_logprob._validation import (
     check_optional_int,
     check_temperature,
 )
+from tp_logprob.contract_schema import CONTRACT_SCHEMA_VERSION, upgrade
 from tp_logprob.errors import LogprobContractError, LogprobDispatchError
 from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [
-    "CONTRACT_SCHEMA_VERSION",
     "DeterminismScope",
     "LogprobContract",
     "LogprobContractError",
@@ -41,7 +41,6 @@ __all__ = [
     "LogprobDispatchError",
     "LogprobInputKind",
     "LogprobOutputSpec",
-    "LogprobResult",
     "LogprobRole",
     "MaskMode",
     "MaskSpec",
@@ -51,14 +50,6 @@ __all__ = [
     "SupportSpec",
     "even_shard_bounds",
 ]
-
-CONTRACT_SCHEMA_VERSION = 4
-"""Version 4 added the sampling support (``support``); version 3 the input kind
-(``input_kind``, ``hidden_size``, ``has_bias``, ``allow_tf32``); version 2
-``temperature``, ``export_entropy`` and the RL-Kernel mask vocabulary. Version 1 to 3
-documents still load (as logits-input contracts over the full vocabulary)."""
-
-_READABLE_SCHEMAS = (1, 2, 3, 4)
 
 
 class LogprobRole(str, Enum):
@@ -145,101 +136,6 @@ class MaskMode(str, Enum):
         """Whether a backend offering ``self`` serves a mask that needs ``required``."""
         return (
             self is MaskMode.EXPLICIT_ACTIVE_MASK or required is not MaskMode.EXPLICIT_ACTIVE_MASK
-        )
-
-
-class LogprobResult(tuple):  # type: ignore[type-arg]
-    """What every backend op returns: fp32 ``selected_logp[N]``, ``lse[N]`` and ``entropy[N]``.
-
-    It iterates as ``(selected_logp, lse)``, or as ``(selected_logp, lse, entropy)``
-    when entropy was computed, so ``selected_logp, lse = op(...)`` keeps working for
-    contracts without ``export_entropy``. The attributes are always there: ``lse``
-    is None with ``export_lse=False`` and ``entropy`` is None unless the contract
-    has ``export_entropy=True``.
-
-    With a sampling support (``contract.support``) three more attributes are set
-    (they never change the iteration): ``support_lse`` (fp32 ``LSE_S(z)``),
-    ``support_size`` (int64 ``|S|``) and, for a recomputed support,
-    ``support_threshold`` (fp32: the support is every live column with
-    ``z >= threshold``). See ``docs/semantics.md``, "Processed logprobs".
-
-    >>> LogprobResult(1.0, 2.0)
-    LogprobResult(selected_logp=1.0, lse=2.0, entropy=None)
-    >>> selected_logp, lse, entropy = LogprobResult(1.0, 2.0, 0.5)
-    """
-
-    _fields = ("selected_logp", "lse", "entropy")
-    SUPPORT_FIELDS = ("support_lse", "support_size", "support_threshold")
-    """The keyword outputs of a processed logprob, in the order a result lists them."""
-
-    def __new__(
-        cls,
-        selected_logp: Any,
-        lse: Any,
-        entropy: Any = None,
-        *,
-        support_lse: Any = None,
-        support_size: Any = None,
-        support_threshold: Any = None,
-    ) -> LogprobResult:
-        values = (selected_logp, lse) if entropy is None else (selected_logp, lse, entropy)
-        result = super().__new__(cls, values)
-        result.__dict__.update(
-            support_lse=support_lse,
-            support_size=support_size,
-            support_threshold=support_threshold,
-        )
-        return result
-
-    def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return tuple(self), self._support_values()
-
-    def _support_values(self) -> dict[str, Any]:
-        return {name: self.__dict__.get(name) for name in self.SUPPORT_FIELDS}
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"LogprobResult is immutable: cannot set {name!r}")
-
-    @property
-    def selected_logp(self) -> Any:
-        """fp32 ``[N]`` log-probability of each token's target; 0.0 on inactive tokens."""
-        return self[0]
-
-    @property
-    def lse(self) -> Any:
-        """fp32 ``[N]`` log-sum-exp of each row, or None (``export_lse=False``)."""
-        return self[1]
-
-    @property
-    def entropy(self) -> Any:
-        """fp32 ``[N]`` entropy of each row's softmax, or None (no ``export_entropy``)."""
-        return self[2] if len(self) > 2 else None
-
-    @property
-    def support_lse(self) -> Any:
-        """fp32 ``[N]`` log-sum-exp over each row's support ``S``, or None (no support)."""
-        return self.__dict__.get("support_lse")
-
-    @property
-    def support_size(self) -> Any:
-        """int64 ``[N]`` ``|S|`` of each row, or None (no support)."""
-        return self.__dict__.get("support_size")
-
-    @property
-    def support_threshold(self) -> Any:
-        """fp32 ``[N]``: a recomputed support is every live column with ``z >= threshold``
-        (NaN where the support is undefined); None for a replayed mask or no support."""
-        return self.__dict__.get("support_threshold")
-
-    def __repr__(self) -> str:
-        extras = "".join(
-            f", {name}={value!r}"
-            for name, value in self._support_values().items()
-            if value is not None
-        )
-        return (
-            f"LogprobResult(selected_logp={self.selected_logp!r}, lse={self.lse!r}, "
-            f"entropy={self.entropy!r}{extras})"
         )
 
 
@@ -696,22 +592,17 @@ class LogprobContract:
         kind) load as logits input; schema 1 to 3 documents have no support.
         """
         try:
-            schema = data["schema"]
-            if schema not in _READABLE_SCHEMAS:
-                raise LogprobContractError(
-                    f"schema={schema!r}: expected one of {list(_READABLE_SCHEMAS)}"
-                )
-            mask_data, sharding_data = data["mask"], data["sharding"]
+            document = upgrade(data)
+            mask_data, sharding_data = document["mask"], document["sharding"]
             mask = MaskSpec(
                 num_tokens=mask_data["num_tokens"],
                 active_mask=active_mask,
                 ignore_index=mask_data["ignore_index"],
             )
-            digest_key = "active_mask_sha256" if schema >= 2 else "sha256"
-            if mask.active_mask_sha256 != mask_data[digest_key]:
+            if mask.active_mask_sha256 != mask_data["active_mask_sha256"]:
                 raise LogprobContractError(
-                    f"mask.{digest_key}={mask_data[digest_key]!r}: does not match the given "
-                    "active_mask"
+                    f"mask.active_mask_sha256={mask_data['active_mask_sha256']!r}: does not "
+                    "match the given active_mask"
                 )
             sharding = ShardingSpec(
                 tp_rank=sharding_data["tp_rank"],
@@ -725,17 +616,17 @@ class LogprobContract:
                 cp_world_size=sharding_data["cp_world_size"],
             )
             return cls(
-                role=data["role"],
-                dtype=data["dtype"],
+                role=document["role"],
+                dtype=document["dtype"],
                 mask=mask,
                 sharding=sharding,
-                reduction=ReductionSpec(data["reduction"]["determinism_scope"]),
-                output=LogprobOutputSpec(data["output"]["dtype"]),
-                export_lse=data["export_lse"],
-                temperature=data["temperature"] if schema >= 2 else 1.0,
-                export_entropy=data["export_entropy"] if schema >= 2 else False,
-                support=_support_field(data, schema, kept),
-                **_input_fields(data, schema),
+                reduction=ReductionSpec(document["reduction"]["determinism_scope"]),
+                output=LogprobOutputSpec(document["output"]["dtype"]),
+                export_lse=document["export_lse"],
+                temperature=document["temperature"],
+                export_entropy=document["export_entropy"],
+                support=_support_field(document["support"], kept),
+                **_input_fields(document["input"]),
             )
         except (KeyError, TypeError) as error:
             raise LogprobContractError(
@@ -772,11 +663,8 @@ class LogprobContract:
         )
 
 
-def _input_fields(data: Mapping[str, Any], schema: int) -> dict[str, Any]:
-    """The input-kind fields of a :meth:`LogprobContract.to_dict` document (logits before 3)."""
-    if schema < 3:
-        return {}
-    section = data["input"]
+def _input_fields(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The input-kind fields of a :meth:`LogprobContract.to_dict` document's ``input``."""
     return {
         "input_kind": section["kind"],
         "hidden_size": section["hidden_size"],
@@ -786,10 +674,9 @@ def _input_fields(data: Mapping[str, Any], schema: int) -> dict[str, Any]:
 
 
 def _support_field(
-    data: Mapping[str, Any], schema: int, kept: tuple[Any, Any] | None
+    section: Mapping[str, Any] | None, kept: tuple[Any, Any] | None
 ) -> SupportSpec | None:
-    """The support of a :meth:`LogprobContract.to_dict` document (none before schema 4)."""
-    section = data["support"] if schema >= 4 else None
+    """The support of a :meth:`LogprobContract.to_dict` document's ``support``."""
     if section is None:
         if kept is not None:
             raise LogprobContractError("kept: given, but the contract data has no support")

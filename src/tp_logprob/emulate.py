@@ -36,8 +36,9 @@ from tp_logprob.comm import (
     EmulatedGroup,
     GroupHandle,
 )
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.result import LogprobResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.merge import gather, gather_and_merge, merge_entropy, merge_partials
 from tp_logprob.kernels.native import native_forward
@@ -43,6 +43,7 @@ from tp_logprob.kernels.results import ProcessedOutputs, differentiable_outputs,
 from tp_logprob.kernels.shards import owner_ranks
 from tp_logprob.kernels.support_mask import ReplayedSupport
 from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
 __all__ = [

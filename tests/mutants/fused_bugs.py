@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tests.mutants._compose import MutantPair
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.fused_chunks import (
     chunk_rows,
@@ -36,6 +36,7 @@ from tp_logprob.kernels.results import differentiable_outputs, run_for_role
 from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.validation import check_fused_inputs
+from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
 __all__ = ["FusedBackward", "FusedForward", "control_fused", "fused_mutant"]

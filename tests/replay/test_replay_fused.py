@@ -17,13 +17,7 @@ import pytest
 import torch
 
 from tests.helpers.artifacts import backend, padding_case
-from tp_logprob.contract import (
-    LogprobContract,
-    LogprobResult,
-    MaskSpec,
-    ReductionSpec,
-    ShardingSpec,
-)
+from tp_logprob.contract import LogprobContract, MaskSpec, ReductionSpec, ShardingSpec
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import exact_hidden_logits
@@ -34,6 +28,7 @@ from tp_logprob.replay.artifacts import (
     write_artifact,
 )
 from tp_logprob.replay.runner import replay_paths
+from tp_logprob.result import LogprobResult
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 from tp_logprob.suite.catalogue import suite_properties
 

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from tests.testing.helpers import batch
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.result import LogprobResult
 from tp_logprob.testing import assert_batch_invariant, assert_bitwise_across_tp
 
 B = batch(rows=5, width=64)

@@ -35,12 +35,13 @@ from typing import Any
 import torch
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import gather_and_merge
 from tp_logprob.kernels.partials import live_logits, local_grad, local_partial
 from tp_logprob.kernels.processed import processed_forward
 from tp_logprob.kernels.results import differentiable_outputs, run_for_role
 from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "NativeLogprobFunction",

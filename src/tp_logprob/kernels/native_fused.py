@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.fused_chunks import (
     chunk_rows,
     live_params,
@@ -84,6 +84,7 @@ from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.support_mask import ReplayedSupport, threshold_keep
 from tp_logprob.kernels.support_threshold import sampling_rules
 from tp_logprob.kernels.validation import check_fused_inputs
+from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
 __all__ = [

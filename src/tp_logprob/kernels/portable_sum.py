@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.fixed_point import fraction_bits
@@ -41,6 +41,7 @@ from tp_logprob.kernels.portable import portable_cast, portable_exp, portable_lo
 from tp_logprob.kernels.results import differentiable_outputs, run_for_role
 from tp_logprob.kernels.shards import live_width, owner_ranks
 from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.result import LogprobResult
 
 __all__ = ["PortableLogprobFunction", "portable_grad", "portable_outputs", "torch_portable_logprob"]
 

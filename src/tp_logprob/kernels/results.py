@@ -21,8 +21,9 @@ from typing import Any, overload
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.contract import LogprobContract, LogprobRole
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
+from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
 __all__ = [

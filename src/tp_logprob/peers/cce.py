@@ -56,13 +56,7 @@ from typing import Any
 
 import torch
 
-from tp_logprob.contract import (
-    DeterminismScope,
-    LogprobContract,
-    LogprobDType,
-    LogprobResult,
-    MaskMode,
-)
+from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
 from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.peers._glue import (
     argmax_logits,
@@ -73,6 +67,7 @@ from tp_logprob.peers._glue import (
     lse_from_max,
     selected_from_loss,
 )
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",

@@ -56,12 +56,12 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobResult,
     LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import claiming, lse_from_max, private_copy, selected_from_loss
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",

@@ -69,13 +69,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tp_logprob.contract import (
-    DeterminismScope,
-    LogprobContract,
-    LogprobDType,
-    LogprobResult,
-    MaskMode,
-)
+from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
 from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.peers._glue import (
     check_hidden_inputs,
@@ -84,6 +78,7 @@ from tp_logprob.peers._glue import (
     lse_from_max,
     selected_from_loss,
 )
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",

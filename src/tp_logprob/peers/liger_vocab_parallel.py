@@ -58,13 +58,13 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobResult,
     LogprobRole,
     MaskMode,
 )
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import claiming, imported_once, lse_from_max, selected_from_loss
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",

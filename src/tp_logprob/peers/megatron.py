@@ -77,7 +77,6 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobResult,
     LogprobRole,
     MaskMode,
 )
@@ -90,6 +89,7 @@ from tp_logprob.peers._glue import (
     private_copy,
     selected_from_loss,
 )
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",

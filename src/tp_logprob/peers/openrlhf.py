@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import (
     TORCH_HELPER_VARIANTS,
@@ -54,6 +54,7 @@ from tp_logprob.peers._glue import (
     torch_helper_backends,
 )
 from tp_logprob.peers._installed import installed_definitions as compile_installed
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",

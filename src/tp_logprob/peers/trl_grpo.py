@@ -37,12 +37,12 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobResult,
     LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, lse_from_max
+from tp_logprob.result import LogprobResult
 
 __all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "trl_grpo_logprob"]
 

@@ -52,13 +52,13 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobResult,
     LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, private_copy
 from tp_logprob.peers.megatron import tensor_parallel_state
+from tp_logprob.result import LogprobResult
 
 __all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "library", "verl_megatron_logprob"]
 

@@ -65,12 +65,12 @@ from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
     LogprobDType,
-    LogprobResult,
     LogprobRole,
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
+from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
 __all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "vllm_processed_logprob"]

@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tp_logprob.comm import TorchGroup
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.emulate import as_result, check_replicated
 from tp_logprob.real_group.lockstep import Lockstep, error_fields, lockstep_settings, log_file
 from tp_logprob.real_group.verdicts import Phase, Report
+from tp_logprob.result import LogprobResult
 
 if TYPE_CHECKING:
     from hypothesis import settings

@@ -475,7 +475,7 @@ def _blocked(op: Any, rollout: EngineRollout, contract: LogprobContract) -> Any:
     CPU backend's temporaries in cache: several times faster than one call on the whole
     response, whose every temporary is the size of the logits. The ranks start once; each
     block is one call and its collectives."""
-    from tp_logprob.contract import LogprobResult
+    from tp_logprob.result import LogprobResult
 
     n = rollout.num_tokens
     step = max(1, TRAINER_BLOCK_VALUES // max(contract.sharding.padded_vocab_size, 1))

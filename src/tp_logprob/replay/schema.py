@@ -42,7 +42,7 @@ _TOP_KEYS = {
 _BITS_KEY = "output_bits"  # schema 4: the recorded outputs' bits (tp_logprob.replay.bits)
 _FIRST_WITH_BITS = 4
 OUTPUT_FIELDS = ("selected_logp", "lse", "entropy", "support_lse", "support_threshold")
-"""The fp32 outputs of a :class:`~tp_logprob.contract.LogprobResult` whose bits are recorded."""
+"""The fp32 outputs of a :class:`~tp_logprob.result.LogprobResult` whose bits are recorded."""
 MAX_RECORDED_ELEMENTS = 1 << 15
 """Bits are recorded for at most this many elements in all (8 hex digits each)."""
 _HEX = re.compile(r"[0-9a-f]*")

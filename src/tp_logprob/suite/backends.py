@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tp_logprob.capability import LogprobBackendCapability
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.registry import KernelRegistry
 from tp_logprob.registry import registry as default_registry
+from tp_logprob.result import LogprobResult
 
 if TYPE_CHECKING:
     from hypothesis import settings

@@ -30,7 +30,8 @@ import numpy.typing as npt
 import pytest
 
 from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
-from tp_logprob.contract import LogprobContract, LogprobResult, MaskSpec
+from tp_logprob.contract import LogprobContract, MaskSpec
+from tp_logprob.result import LogprobResult
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest, RankGroup
 from tp_logprob.suite.violation import violation

@@ -19,13 +19,14 @@ import torch
 import triton
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.contract import LogprobContract, LogprobRole
 from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.triton.backward_kernels import logprob_grad_kernel
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs, prepare
 from tp_logprob.kernels.triton.launch import KernelKind, launch, launch_config, platform_of
 from tp_logprob.kernels.triton.support_inputs import KernelSupport, full_support
 from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.result import LogprobResult
 
 __all__ = ["ForwardFn", "TritonLogprobFunction", "launch_logprob_grad", "logprob_grad", "run_op"]
 

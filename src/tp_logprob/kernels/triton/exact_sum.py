@@ -43,7 +43,7 @@ import torch
 import triton
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.fixed_point import fraction_bits
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.exact_sum_kernels import (
@@ -68,6 +68,7 @@ from tp_logprob.kernels.triton.support_inputs import (
     logits_threshold,
     plan_support,
 )
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "exact_merge",

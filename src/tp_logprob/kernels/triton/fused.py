@@ -62,7 +62,7 @@ import torch
 import triton
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult, LogprobRole
+from tp_logprob.contract import LogprobContract, LogprobRole
 from tp_logprob.kernels.fused_chunks import chunk_rows, row_chunks
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.results import exported_result
@@ -83,6 +83,7 @@ from tp_logprob.kernels.triton.launch import (
 from tp_logprob.kernels.triton.online import online_merge
 from tp_logprob.kernels.triton.support_inputs import KernelSupport, full_support
 from tp_logprob.kernels.validation import check_fused_inputs
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "FusedForwardFn",

@@ -53,7 +53,7 @@ import torch
 import triton
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.triton.exact_sum import exact_merge, fraction_bits, stage_width, sum_width
 from tp_logprob.kernels.triton.fused import run_fused_op
 from tp_logprob.kernels.triton.fused_exact_sum_kernels import (
@@ -73,6 +73,7 @@ from tp_logprob.kernels.triton.launch import (
     platform_of,
 )
 from tp_logprob.kernels.triton.support_inputs import full_support
+from tp_logprob.result import LogprobResult
 
 __all__ = ["fused_exact_sum_forward", "triton_fused_exact_sum_logprob"]
 

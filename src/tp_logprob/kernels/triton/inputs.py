@@ -15,9 +15,10 @@ from typing import NamedTuple
 import torch
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.triton.support_inputs import KernelSupport, SupportPlan
+from tp_logprob.result import LogprobResult
 
 __all__ = [
     "Outputs",

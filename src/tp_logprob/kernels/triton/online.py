@@ -37,7 +37,7 @@ import torch
 import triton
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.inputs import (
@@ -58,6 +58,7 @@ from tp_logprob.kernels.triton.support_inputs import (
     logits_threshold,
     plan_support,
 )
+from tp_logprob.result import LogprobResult
 
 __all__ = ["online_forward", "online_merge", "triton_online_logprob"]
 

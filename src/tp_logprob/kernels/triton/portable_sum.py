@@ -22,11 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 from tp_logprob.comm import GroupHandle
-from tp_logprob.contract import LogprobContract, LogprobResult
+from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.exact_sum import exact_sum_forward
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs
+from tp_logprob.result import LogprobResult
 
 __all__ = ["portable_forward", "triton_portable_logprob"]
 
