@@ -57,6 +57,19 @@ def test_report_cli_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFi
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_leaves_the_callers_backend_alone(tmp_path: Path) -> None:
+    matplotlib = pytest.importorskip("matplotlib")
+    report = build_report(backend("torch_native"), generate_cases(TORCH_NATIVE, 2, 0), "test")
+    saved = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        plot_report(report, str(tmp_path / "drift.png"))
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(saved)
+    assert (tmp_path / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_report_cli_exits_1_when_out_of_tolerance(tmp_path: Path) -> None:
     write_padding_artifact(tmp_path)
     argv = ["report", "--backend", MUTANT, "--platform", "cpu", "--cases", str(tmp_path)]

@@ -213,18 +213,19 @@ def build_report(
 def plot_report(report: DriftReport, path: str) -> None:
     """A PNG histogram of ulp errors per quantity, with the tightest tolerance as a line."""
     try:
-        import matplotlib
+        from matplotlib import figure as matplotlib_figure  # needs matplotlib itself
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         raise RuntimeError(
             "--plot needs matplotlib: pip install 'tp-logprob[plot]' (or matplotlib>=3.7)"
         ) from None
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
 
     data = report.ulp_errors()
-    figure, axes = plt.subplots(
-        1, len(data) or 1, figsize=(6 * max(len(data), 1), 4), squeeze=False
-    )
+    # A figure of its own on its own Agg canvas: pyplot and the caller's backend stay as
+    # they were, and no figure is left registered anywhere.
+    figure = matplotlib_figure.Figure(figsize=(6 * max(len(data), 1), 4))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(data) or 1, squeeze=False)
     for axis, (quantity, (errors, tolerance)) in zip(axes[0], sorted(data.items()), strict=False):
         tightest = float(tolerance.min()) if tolerance.size else 1.0
         # Tolerances at exact zeros are astronomically wide: clip them into the last bin.
@@ -256,4 +257,3 @@ def plot_report(report: DriftReport, path: str) -> None:
         axis.legend(loc="upper center")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
