@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 
 import torch
 
@@ -206,3 +207,54 @@ def test_another_tritons_patch_functions_are_left_as_they_are(
     with interpreting():
         assert interpreter._patch_attr is older_patch_attr
         assert interpreter._patch_builtin is older_patch_builtin
+
+
+def _in_a_user_thread(work: Any) -> Any:
+    """``work()`` run on a thread of its own, as a user's code beside ours; its result."""
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(work())
+        except BaseException as error:  # handed back to the test's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def test_a_user_thread_runs_triton_as_it_is_beside_our_launch(
+    counted_patches: list[Any],
+) -> None:
+    """While a launch of ours holds the interpreter, a user's own interpreted kernel on
+    another thread takes Triton's own path (a language patch per helper call, the sanitizer
+    on, fresh types) and gets the plain interpreter's bits; our launch then still takes
+    the shortcuts."""
+    x = torch.linspace(-3.0, 5.0, 21)
+    plain = _run(x)
+    plain_patches = len(counted_patches)
+    block = tl.block_type(tl.float32, [4])
+
+    def users_work() -> tuple[torch.Tensor, int, bool, bool]:
+        before = len(counted_patches)
+        out = _run(x)
+        sanitized = interpreter.interpreter_builder.options.sanitize_overflow
+        fresh = block.with_element_ty(tl.int32) is not block.with_element_ty(tl.int32)
+        return out, len(counted_patches) - before, sanitized, fresh
+
+    with interpreting():
+        users, user_patches, sanitized, fresh = _in_a_user_thread(users_work)
+        before = len(counted_patches)
+        ours = _run(x)
+        our_patches = len(counted_patches) - before
+        assert not interpreter.interpreter_builder.options.sanitize_overflow
+    assert user_patches == plain_patches
+    assert sanitized and fresh
+    assert torch.equal(users.view(torch.int32), plain.view(torch.int32))
+    assert our_patches <= 2
+    assert torch.equal(ours.view(torch.int32), plain.view(torch.int32))

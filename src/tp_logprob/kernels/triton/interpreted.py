@@ -50,6 +50,17 @@ train cases runs 3.2 to 5.4 times faster than under Triton's interpreter as it i
 (``benchmarks/bench_interpreter.py``, medians of 5 on a 2-core CPU; the same bits).
 Each shortcut checks that the Triton internals it replaces exist, and otherwise
 leaves the interpreter as it is; :func:`plain_interpreter` turns them all off.
+
+**Scope.** The shortcuts replace attributes of the interpreter module, of its semantic
+and builder objects and of ``tl.block_type`` and ``tl.tensor``: objects of the whole
+process, while a launch of ours runs. Every replacement serves the thread that holds
+the launch (:func:`interpreting`) alone; on any other thread it is Triton's own
+function, member or options, so a user's Triton work beside one of our launches (an
+interpreted kernel, a compile) runs exactly as without us
+(``tests/kernels/test_interpreted.py``). What stays shared is Triton's own: its
+interpreter patches ``triton.language`` and keeps the program id in one builder for
+the whole process, so two interpreted launches at once on two threads are not
+something Triton supports, with or without these shortcuts.
 """
 
 from __future__ import annotations
@@ -69,6 +80,12 @@ from triton.runtime import interpreter
 __all__ = ["interpreting", "plain_interpreter"]
 
 _LOCK = threading.Lock()
+_HOLDER: int | None = None  # the thread that holds the interpreter for a launch of ours
+
+
+def _held_here() -> bool:
+    """Whether the calling thread holds the interpreter for a launch of ours."""
+    return threading.get_ident() == _HOLDER
 
 
 _PLAIN = False  # set by plain_interpreter(): launches run Triton's interpreter as it is
@@ -84,19 +101,24 @@ def interpreting() -> Iterator[None]:
     ignored here. Invalid operations (``inf - inf``) still warn: the kernels never
     perform one.
     """
+    global _HOLDER
     with _LOCK, np.errstate(over="ignore"):
         if _PLAIN:
             yield
             return
-        with (
-            _patching_once(),
-            _direct_builtins(),
-            _np_dtypes_kept(),
-            _no_discarded_overflow_checks(),
-            _types_kept(),
-            _semantic_shortcuts(),
-        ):
-            yield
+        _HOLDER = threading.get_ident()
+        try:
+            with (
+                _patching_once(),
+                _direct_builtins(),
+                _np_dtypes_kept(),
+                _no_discarded_overflow_checks(),
+                _types_kept(),
+                _semantic_shortcuts(),
+            ):
+                yield
+        finally:
+            _HOLDER = None
 
 
 @contextlib.contextmanager
@@ -156,7 +178,8 @@ class _Shortcuts:
     - ``scalar_constant``: one tensor per (dtype, value) a kernel writes as a literal,
       kept by the value's bits (``-0.0`` and NaN payloads apart). Interpreted tensors are
       never changed after they are made, so sharing one is reading the same value.
-    Anything else goes to Triton's own method.
+    Anything else, and any call from a thread that does not hold the launch, goes to
+    Triton's own method.
     """
 
     def __init__(self, semantic: Any) -> None:
@@ -170,6 +193,8 @@ class _Shortcuts:
         self._splats: dict[tuple[int, str], Any] = {}
 
     def broadcast(self, lhs: Any, rhs: Any) -> Any:
+        if not _held_here():
+            return self._broadcast(lhs, rhs)
         lhs_type, rhs_type = lhs.type, rhs.type
         lhs_block, rhs_block = type(lhs_type) is _BLOCK, type(rhs_type) is _BLOCK
         if lhs_block and rhs_block:
@@ -191,7 +216,7 @@ class _Shortcuts:
     def computation_type(
         self, a_ty: Any, a_is_scalar: bool, b_ty: Any, b_is_scalar: bool, div_or_mod: bool
     ) -> Any:
-        if type(a_ty) is not _SCALAR or type(b_ty) is not _SCALAR:
+        if type(a_ty) is not _SCALAR or type(b_ty) is not _SCALAR or not _held_here():
             return self._computation_type(a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
         key = (a_ty.name, a_is_scalar, b_ty.name, b_is_scalar, div_or_mod)
         found = self._promoted.get(key)
@@ -214,6 +239,7 @@ class _Shortcuts:
         rhs_type: Any = getattr(rhs, "type", None)
         if (
             not div_or_mod
+            and _held_here()
             and lhs_type is not None
             and lhs_type is rhs_type
             and type(lhs) is _TENSOR
@@ -231,7 +257,12 @@ class _Shortcuts:
 
     def scalar_constant(self, value: Any, dtype: Any) -> Any:
         kind = type(value)
-        if type(dtype) is not _SCALAR or kind not in (bool, int, float) or dtype.is_fp8():
+        if (
+            type(dtype) is not _SCALAR
+            or kind not in (bool, int, float)
+            or dtype.is_fp8()
+            or not _held_here()
+        ):
             return self._scalar_constant(value, dtype)
         key = (dtype.name, kind, struct.pack("<d", value) if kind is float else value)
         found = self._constants.get(key)
@@ -280,19 +311,25 @@ def _direct_builtins() -> Iterator[None]:
         return
 
     def patch_attr(obj: Any, name: str, member: Any, builder: Any, scope: Any) -> None:
+        if not _held_here():
+            original(obj, name, member, builder, scope)
+            return
         made = _DIRECT.get(id(member))
         if made is None or made[0] is not member or made[1] is not semantic:
             function = getattr(member, "__wrapped__", None)
             if function is None or not tl.core.is_builtin(member):
                 original(obj, name, member, builder, scope)
                 return
-            made = _DIRECT[id(member)] = (member, semantic, _direct(function, semantic))
+            made = _DIRECT[id(member)] = (member, semantic, _direct(member, function, semantic))
         scope.set_attr(obj, name, made[2])
 
-    patch_builtin: Callable[..., Any] | None = getattr(interpreter, "_patch_builtin", None)
+    patch_builtin: Callable[..., Any] = getattr(interpreter, "_patch_builtin", _absent)
     patched: set[int] = set()  # packages whose builtins this launch has patched
 
     def patch_listed_builtins(package: Any, builder: Any, scope: Any) -> None:
+        if not _held_here():
+            patch_builtin(package, builder, scope)
+            return
         # A package patched already has no builtin left to patch (``triton.language``
         # and its ``core`` share the tensor class): Triton's lister would find none.
         if id(package) in patched:
@@ -302,10 +339,14 @@ def _direct_builtins() -> Iterator[None]:
         patched.add(id(package))
 
     patches: dict[str, Any] = {"_patch_attr": patch_attr}
-    if patch_builtin is not None and _takes(patch_builtin, ("pkg", "builder", "scope")):
+    if patch_builtin is not _absent and _takes(patch_builtin, ("pkg", "builder", "scope")):
         patches["_patch_builtin"] = patch_listed_builtins
     with _attributes_set(interpreter, **patches):
         yield
+
+
+def _absent(*args: Any) -> None:
+    """Stands for an interpreter function this Triton lacks (never installed, never called)."""
 
 
 def _takes(function: Callable[..., Any], names: tuple[str, ...]) -> bool:
@@ -327,10 +368,15 @@ _SIGNATURES: dict[int, tuple[Callable[..., Any], tuple[str, ...]]] = {}
 _DIRECT: dict[int, tuple[Any, Any, Callable[..., Any]]] = {}
 
 
-def _direct(function: Callable[..., Any], semantic: Any) -> Callable[..., Any]:
-    """``function`` called with ``_semantic=semantic``, as the interpreter's member calls it."""
+def _direct(member: Any, function: Any, semantic: Any) -> Callable[..., Any]:
+    """``function`` (the builtin ``member``'s own) called with ``_semantic=semantic``, as the
+    interpreter's member calls it; on a thread that does not hold the launch, the
+    interpreter's member itself (``member`` with the semantic, any other dropped)."""
 
     def direct(*args: Any, **kwargs: Any) -> Any:
+        if not _held_here():
+            kwargs.pop("_semantic", None)
+            return member(*args, **kwargs, _semantic=semantic)
         kwargs["_semantic"] = semantic
         return function(*args, **kwargs)
 
@@ -401,8 +447,22 @@ def _no_discarded_overflow_checks() -> Iterator[None]:
             options,
             dataclasses.replace(options, sanitize_overflow=False),
         )
-    with _attributes_set(builder, options=unsanitized[1]):
+    with _attributes_set(builder, options=_HolderOptions(options, unsanitized[1])):
         yield
+
+
+class _HolderOptions:
+    """The builder's options as each thread reads them: the launch's holder reads the
+    unsanitized copy, any other thread the builder's own options."""
+
+    __slots__ = ("_holders", "_own")
+
+    def __init__(self, own: Any, holders: Any) -> None:
+        self._own = own
+        self._holders = holders
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._holders if _held_here() else self._own, name)
 
 
 @contextlib.contextmanager
@@ -429,7 +489,7 @@ def _types_kept() -> Iterator[None]:
     shapes: dict[int, tuple[Any, Any, Any]] = {}  # id(type) -> (type, shape, numel)
 
     def kept_with_element_ty(self: Any, scalar_ty: Any) -> Any:
-        if type(scalar_ty) is not _SCALAR:
+        if type(scalar_ty) is not _SCALAR or not _held_here():
             return with_element_ty(self, scalar_ty)
         key = (self.name, scalar_ty)
         found = retyped.get(key)
@@ -438,7 +498,11 @@ def _types_kept() -> Iterator[None]:
         return found
 
     def kept_to_ir(self: Any, builder: Any) -> Any:
-        if not isinstance(builder, builder_class) or type(self.element_ty) is not _SCALAR:
+        if (
+            not isinstance(builder, builder_class)
+            or type(self.element_ty) is not _SCALAR
+            or not _held_here()
+        ):
             return to_ir(self, builder)
         found = lowered.get(self.name)
         if found is None:
@@ -446,6 +510,9 @@ def _types_kept() -> Iterator[None]:
         return found
 
     def kept_tensor_init(self: Any, handle: Any, type: Any) -> None:
+        if not _held_here():
+            tensor_init(self, handle, type)
+            return
         found = shapes.get(id(type))
         if found is None or found[0] is not type:
             tensor_init(self, handle, type)
@@ -478,6 +545,8 @@ def _np_dtypes_kept() -> Iterator[None]:
     kept: dict[Any, Any] = {}
 
     def np_dtype(tt_dtype: Any) -> Any:
+        if not _held_here():
+            return original(tt_dtype)
         if isinstance(tt_dtype, _BLOCK):
             tt_dtype = tt_dtype.element_ty
         if isinstance(tt_dtype, pointer_type):
@@ -508,6 +577,8 @@ def _patching_once() -> Iterator[None]:
     seen: dict[int, set[int]] = {}  # id(fn.__globals__) -> its language modules, this launch
 
     def patch_once(fn: Any) -> Any:
+        if not _held_here():
+            return original(fn)
         langs = seen.get(id(fn.__globals__))
         if langs is None:
             langs = seen.setdefault(id(fn.__globals__), _language_modules(fn))
