@@ -33,7 +33,6 @@ from tp_logprob.kernels.merge import gather, gather_and_merge, merge_gathered
 from tp_logprob.kernels.native_fused import native_fused_backward, native_fused_forward
 from tp_logprob.kernels.partials import local_grad, local_partial
 from tp_logprob.kernels.results import differentiable_outputs, run_for_role
-from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.validation import check_fused_inputs
 from tp_logprob.result import LogprobResult
@@ -243,9 +242,8 @@ def _forward_chunk_from_n(
 def _blas_logits_chunk(
     hidden32: torch.Tensor, weight32: torch.Tensor, bias32: torch.Tensor | None
 ) -> torch.Tensor:
-    """Liger's chunk logits: one BLAS matrix product over the chunk (full fp32)."""
-    with full_fp32_matmul():
-        logits = torch.matmul(hidden32, weight32.T)
+    """Liger's chunk logits: one fp32 BLAS matrix product over the chunk."""
+    logits = torch.matmul(hidden32, weight32.T)
     return logits if bias32 is None else logits + bias32
 
 
@@ -291,9 +289,8 @@ def _chunked_backward(
             )
             if zero_inactive_hidden:
                 hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)
-            with full_fp32_matmul():
-                d_hidden[begin:end] = torch.matmul(grad, weight32)[: end - begin]
-                d_weight[:width] += torch.matmul(grad.T, hidden32)
+            d_hidden[begin:end] = torch.matmul(grad, weight32)[: end - begin]
+            d_weight[:width] += torch.matmul(grad.T, hidden32)
             if d_bias is not None:
                 d_bias[:width] += grad.sum(dim=0)
     return (

@@ -496,7 +496,7 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
         HiddenDemo(
             _fused_contract(((0, 40),), rows=37, hidden_size=16),
             _random(37, 16) * 3,
-            _random(40, 16, seed=1),
+            _random(40, 16, seed=2),
             [0] * 37,
         )
     ),

@@ -7,9 +7,10 @@ change; they all take the chunk size and the chunk logits from here.
 A chunk has :func:`chunk_rows` rows, a number that depends only on the shard's
 live width (never on N), and a short last chunk is padded with zero rows
 (:func:`padded_rows`), so the per-shard partial always runs on one shape. A
-chunk's logits ``x = fp32(h) fp32(W_live).T (+ fp32(bias))`` are one full-fp32
-matrix-vector product per row (:func:`logits_chunk`), so a row's ``x`` depends on
-that row alone (``kernels/rowwise.py``).
+chunk's logits ``x = fp32(h) fp32(W_live).T (+ fp32(bias))`` are one matrix-vector
+product per row with exact products and a float64 sum rounded once to fp32
+(:func:`logits_chunk`), so a row's ``x`` depends on that row alone and on no
+precision setting of the process (``kernels/rowwise.py``).
 """
 
 from __future__ import annotations

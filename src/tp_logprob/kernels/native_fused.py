@@ -14,7 +14,8 @@ contract's dtype and on one device. The result is the logits path's: fp32
 Algorithm: rows are processed in chunks of ``fused_chunks.chunk_rows`` rows, a number
 that depends only on the shard's live width (never on N). Per chunk, each row's
 ``x = fp32(W_live) fp32(h) (+ fp32(bias))`` is one matrix-vector product with
-fp32 products and fp32 accumulation (TF32 off for the call), so a row's ``x``
+exact products and a float64 sum rounded once to fp32 (no fp32 precision setting of
+the process reaches it, and none is changed), so a row's ``x``
 depends on that row alone (``kernels/rowwise.py``: a BLAS matrix product gives a
 row other bits at another position in its batch). The chunk's logits are padded
 with zero rows to ``chunk_rows`` rows, so torch_native's per-shard partial
@@ -23,7 +24,8 @@ through one all-gather and torch_native's merge (``kernels/merge.py``). Padding
 rows of ``W`` are never read. Memory: one ``[chunk_rows, live]`` fp32 logits
 chunk and its elementwise temporaries (at most ``max(fused_chunks.CHUNK_ELEMENTS, live)``
 elements each), an fp32 copy of the live weight rows ``[live, H]`` (independent
-of N) and of one hidden chunk, and ``[N, 3 or 4]`` partials; never
+of N; a float64 one beside it while a chunk's products run) and of one hidden chunk,
+and ``[N, 3 or 4]`` partials; never
 ``[N, local_vocab]`` (for N > ``chunk_rows``).
 
 Registration: :func:`~tp_logprob.kernels.builtin.register_fused_backends` (part of
@@ -37,8 +39,9 @@ Role ``train``: the backward recomputes each logits chunk from ``hidden`` and
   Megatron's column-parallel linear backward does; the op never reduces it;
 * ``d W = G.T @ hidden`` (zero on padding rows) and ``d bias = sum_t G``: local.
 
-Products and sums of the backward are fp32 as well; inactive rows add exactly 0
-to ``d W`` and ``d bias`` even when their hidden row holds NaN.
+Products and sums of the backward are formed the same way (``kernels/rowwise.py``);
+inactive rows add exactly 0 to ``d W`` and ``d bias`` even when their hidden row
+holds NaN.
 
 A contract with a support (``docs/semantics.md``, "Processed logprobs") forms each
 chunk's partial over ``S`` (and the full partial, for ``lse``) with
@@ -79,7 +82,7 @@ from tp_logprob.kernels.processed import (
     support_block,
 )
 from tp_logprob.kernels.results import ProcessedOutputs, differentiable_outputs, run_for_role
-from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
+from tp_logprob.kernels.rowwise import float64_matmul, rowwise_matmul
 from tp_logprob.kernels.shards import live_width
 from tp_logprob.kernels.support_mask import ReplayedSupport, threshold_keep
 from tp_logprob.kernels.support_threshold import sampling_rules
@@ -331,8 +334,7 @@ def native_fused_backward(
             # An inactive row's G is 0; zeroing its hidden row keeps NaN there out of d W.
             hidden32 = torch.where(chunk_active.unsqueeze(1), hidden32, 0.0)
             d_hidden[begin:end] = rowwise_matmul(grad[:count], weight32.T)
-            with full_fp32_matmul():
-                d_weight[:width] += torch.matmul(grad.T, hidden32)
+            d_weight[:width] += float64_matmul(grad.T, hidden32)
             if d_bias is not None:
                 d_bias[:width] += grad.sum(dim=0).to(d_bias.device)
     return (

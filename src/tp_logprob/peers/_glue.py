@@ -18,7 +18,9 @@ no LSE. Three pieces of glue turn that into ``(selected_logp, lse)``:
   untouched, at the cost of one extra logits-sized buffer.
 
 The adapters that take hidden states share their argument checks
-(:func:`check_hidden_inputs`) and, at TP=1, the shape of their capability
+(:func:`check_hidden_inputs`, which also refuses a process whose fp32 matmul precision
+would let the library's matmul use TF32 or bfloat16: an adapter never changes that
+setting, since it belongs to the whole process) and, at TP=1, the shape of their capability
 (:func:`fused_peer_capability`); the TP=1 adapters of a torch logprob helper share
 their capability and "what users assume" variants (:func:`torch_helper_backends`).
 Every adapter imports its library on its first call (:func:`imported_once`).
@@ -42,7 +44,7 @@ from tp_logprob.contract import (
     LogprobRole,
     MaskMode,
 )
-from tp_logprob.errors import LogprobContractError
+from tp_logprob.errors import LogprobContractError, LogprobDispatchError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
 
@@ -189,6 +191,25 @@ def check_hidden_inputs(
         if value.device != hidden.device:
             raise LogprobContractError(f"{name}.device={value.device} != {hidden.device}")
     check_hidden_op_targets(targets, contract, group, hidden.device)
+    _check_full_fp32_matmul(backend_id, hidden.device)
+
+
+def _check_full_fp32_matmul(backend_id: str, device: torch.device) -> None:
+    """Raise unless torch's fp32 matmuls on ``device`` form full fp32 products.
+
+    The library's matmul follows torch's fp32 matmul precision, one setting of the whole
+    process; the contract (``allow_tf32=False``) needs full fp32 products, and changing
+    the setting for the call would change it for the caller's other threads meanwhile.
+    """
+    module = "cuda" if device.type == "cuda" else "mkldnn"
+    # torch.backends.mkldnn sets ``matmul`` at import, where its stubs do not see it.
+    precision = getattr(torch.backends, module).matmul.fp32_precision
+    if precision not in ("none", "ieee"):
+        raise LogprobDispatchError(
+            f"torch.backends.{module}.matmul.fp32_precision={precision!r}: {backend_id}'s "
+            "matmul would not form full fp32 products (allow_tf32=False); call it where "
+            'the precision is "ieee" (torch.set_float32_matmul_precision("highest"))'
+        )
 
 
 def fused_peer_capability(

@@ -29,8 +29,9 @@ active ``TorchDispatchMode`` (an allocation or FLOP counter) and raises, and the
 stays on the code object, so every later call in the process raises too
 (``docs/repro_cce_dispatch_mode.py``).
 
-Glue (see :mod:`tp_logprob.peers._glue`): the call runs under torch's ``"highest"``
-fp32 matmul precision (no TF32), which the matmul follows, and with Dynamo's
+Glue (see :mod:`tp_logprob.peers._glue`): the call needs torch's ``"highest"`` fp32
+matmul precision (no TF32), which the matmul follows (the adapter refuses another and
+never changes it: the setting is the whole process's), and runs with Dynamo's
 ``recompile_limit`` raised from 8 to 256 (``torch._dynamo.config.patch``, for the call
 only): every new specialisation (a size of 0 or 1, a dtype, grad mode) is a recompile,
 the suite's cases hold dozens, and under ``fullgraph=True`` the ninth one raises
@@ -57,7 +58,6 @@ from typing import Any
 import torch
 
 from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
-from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.peers._glue import (
     argmax_logits,
     check_hidden_inputs,
@@ -129,14 +129,13 @@ def cce_logprob(
         no_bias="Cut Cross-Entropy's classifier has no bias"
     )  # fmt: skip
     targets = targets.long().contiguous()
-    with full_fp32_matmul():
-        loss = _loss(hidden, weight, targets, contract.mask.ignore_index)
-        lse = None
-        if contract.export_lse:
-            with torch.no_grad():
-                top, x_top = argmax_logits(hidden.detach(), weight.detach())
-                shift = _loss(hidden.detach(), weight.detach(), top, _NEVER_IGNORED)
-                lse = lse_from_max(x_top, shift)
+    loss = _loss(hidden, weight, targets, contract.mask.ignore_index)
+    lse = None
+    if contract.export_lse:
+        with torch.no_grad():
+            top, x_top = argmax_logits(hidden.detach(), weight.detach())
+            shift = _loss(hidden.detach(), weight.detach(), top, _NEVER_IGNORED)
+            lse = lse_from_max(x_top, shift)
     return LogprobResult(selected_from_loss(loss), lse)
 
 

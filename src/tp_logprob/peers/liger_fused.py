@@ -32,9 +32,9 @@ Capability, from ``ops/fused_linear_cross_entropy.py`` (``FLCE`` below) and
 
 Glue (see :mod:`tp_logprob.peers._glue`):
 
-- the call runs under torch's ``"highest"`` fp32 matmul precision (full fp32, no
-  TF32), the setting a caller must choose for ``allow_tf32=False``; Liger's matmul
-  follows the global setting (FLCE:168);
+- Liger's matmul follows torch's fp32 matmul precision, a setting of the whole
+  process (FLCE:168): the adapter refuses a call unless it gives full fp32 products
+  (``"highest"``), as ``allow_tf32=False`` needs, and never changes it;
 - ``selected_logp = 0.0 - loss`` (never ``-0.0``); Liger does not write into
   ``hidden``, ``weight`` or ``bias`` (the logits chunk is its own buffer), so no
   private copy is needed;
@@ -70,7 +70,6 @@ import numpy as np
 import torch
 
 from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
-from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.peers._glue import (
     check_hidden_inputs,
     claiming,
@@ -119,7 +118,7 @@ def liger_fused_logprob(
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
     # silent (inf - inf, all-NaN blocks on special rows); the values are the kernel's
     # either way. Liger serves TP=1 only, so no other rank thread shares the filters.
-    with np.errstate(all="ignore"), warnings.catch_warnings(), full_fp32_matmul():
+    with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         loss, argmax = _call(function, hidden, weight, bias, targets, contract.mask.ignore_index)
         lse = None

@@ -44,8 +44,9 @@ Capability, from ``experimental/torch_functional.py``:
 - train and infer; ``run_to_run``: a chunk's matmul has ``min(512, rows left)`` rows,
   and a matmul's bits for a row depend on its shape, so a row may depend on the batch.
 
-Glue (see :mod:`tp_logprob.peers._glue`): the call runs under torch's ``"highest"``
-fp32 matmul precision (no TF32). verl returns no LSE: a second call with each row's
+Glue (see :mod:`tp_logprob.peers._glue`): the call needs torch's ``"highest"`` fp32
+matmul precision (no TF32; the adapter refuses another and never changes it: the
+setting is the whole process's). verl returns no LSE: a second call with each row's
 argmax ``a`` as the target gives ``z[a] - lse``, and ``lse = z[a] - that``, with
 ``z[a] = fp32(x[a]) / fp32(T)`` and ``a``, ``x[a]`` from float64 products of the
 adapter's own, rounded once to fp32 (:func:`~tp_logprob.peers._glue.argmax_logits`),
@@ -66,7 +67,6 @@ from typing import Any
 import torch
 
 from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
-from tp_logprob.kernels.rowwise import full_fp32_matmul
 from tp_logprob.peers._glue import (
     argmax_logits,
     check_hidden_inputs,
@@ -131,15 +131,14 @@ def verl_fused_logprob(
         no_bias="verl's FusedLinearForPPO takes the vocabulary weights alone",
     )  # fmt: skip
     fused, temperature = _verl()["torch"], contract.temperature
-    with full_fp32_matmul():
-        selected, entropy = fused(hidden, weight, targets.long(), temperature)
-        lse = None
-        if contract.export_lse:
-            with torch.no_grad():
-                top, x_top = argmax_logits(hidden.detach(), weight.detach())
-                z_top = x_top / torch.tensor(contract.temperature_fp32, dtype=torch.float32)
-                top_logp, _ = fused(hidden.detach(), weight.detach(), top, temperature)
-                lse = lse_from_max(z_top, -top_logp.float())
+    selected, entropy = fused(hidden, weight, targets.long(), temperature)
+    lse = None
+    if contract.export_lse:
+        with torch.no_grad():
+            top, x_top = argmax_logits(hidden.detach(), weight.detach())
+            z_top = x_top / torch.tensor(contract.temperature_fp32, dtype=torch.float32)
+            top_logp, _ = fused(hidden.detach(), weight.detach(), top, temperature)
+            lse = lse_from_max(z_top, -top_logp.float())
     entropy = entropy.float() if contract.export_entropy else None
     return LogprobResult(selected.float(), lse, entropy)
 

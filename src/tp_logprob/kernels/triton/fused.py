@@ -20,11 +20,13 @@ Role ``train`` (``TritonFusedFunction``): the backward walks rows in chunks of
 never on N). Per chunk it materializes exactly one fp32 ``[chunk_rows, live]``
 buffer: ``fused_logits_kernel`` writes the recomputed ``x`` (the forward's bits),
 ``logprob_grad_kernel`` (the logits backends' backward) overwrites it in place
-with ``G = d out / d x``; ``d hidden = G @ W_live`` is one full-fp32 matrix-vector
-product per row (``kernels/rowwise.py``), and full-fp32 ``torch.matmul`` forms
-``d W_live += G.T @ hidden``, ``d bias += sum_t G``. Per call, independent
-of N, there are also an fp32 copy of the live weight rows ``[live, H]`` and fp32
-``d W`` ``[local, H]``; per chunk an fp32 copy of the chunk's hidden rows; and fp32
+with ``G = d out / d x``; ``d hidden = G @ W_live`` is one matrix-vector product
+per row and one matrix product forms ``d W_live += G.T @ hidden``, both with exact
+products and a float64 sum rounded once to fp32 (``kernels/rowwise.py``: no fp32
+precision setting of the process reaches them); ``d bias += sum_t G``. Per call,
+independent of N, there are also an fp32 copy of the live weight rows ``[live, H]``
+(and a float64 one while a chunk's products run) and fp32 ``d W`` ``[local, H]``; per
+chunk an fp32 copy of the chunk's hidden rows; and fp32
 ``d hidden`` ``[N, H]``. Never ``[N, local_vocab]`` in fp32 (for N > ``chunk_rows``).
 A row's ``d hidden`` depends on its own row of ``G`` alone, never on N or on
 its position in the chunk. ``d hidden`` is this rank's PARTIAL (the
@@ -66,7 +68,7 @@ from tp_logprob.contract import LogprobContract, LogprobRole
 from tp_logprob.kernels.fused_chunks import chunk_rows, row_chunks
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.results import exported_result
-from tp_logprob.kernels.rowwise import full_fp32_matmul, rowwise_matmul
+from tp_logprob.kernels.rowwise import float64_matmul, rowwise_matmul
 from tp_logprob.kernels.triton.autograd import launch_logprob_grad
 from tp_logprob.kernels.triton.fused_kernels import fused_partial_kernel
 from tp_logprob.kernels.triton.fused_logits import fused_logits, fused_operands, ieee_products
@@ -278,8 +280,7 @@ def fused_backward(
             _grad_in_place(grad, chunk, inputs, lse32, grad_selected, entropy_grads, support)
             _active_rows32(hidden[chunk], inputs.active[chunk], hidden32)
             d_hidden[chunk] = rowwise_matmul(grad[: end - begin], weight32.T)
-            with full_fp32_matmul():
-                d_weight[:width] += torch.matmul(grad.T, hidden32)
+            d_weight[:width] += float64_matmul(grad.T, hidden32)
             if d_bias is not None:
                 d_bias += grad.sum(dim=0)
     return d_hidden.to(hidden.dtype), d_weight.to(weight.dtype), _padded_bias_grad(d_bias, bias)
