@@ -112,6 +112,27 @@ def properties(session: nox.Session) -> None:
     )
 
 
+TRITON_BOUNDS = ["3.7.0", "3.9.0"]
+"""The oldest and the newest Triton pyproject's bounds allow (``triton>=3.7,<3.10``)."""
+
+
+@nox.session(default=False)
+@nox.parametrize("triton", TRITON_BOUNDS)
+def interpreter_bits(session: nox.Session, triton: str) -> None:
+    """The interpreter shortcuts' internals, scope and bits on one Triton release."""
+    _install(session, "torch,test")
+    session.install("--no-deps", f"triton=={triton}")
+    session.env["TRITON_INTERPRET"] = "1"
+    session.run(
+        "pytest", "-p", "no:cacheprovider", "-q",
+        *(session.posargs or [
+            "tests/test_private_internals.py",
+            "tests/kernels/test_interpreted.py",
+            "tests/kernels/test_interpreted_bits.py",
+        ]),
+    )  # fmt: skip
+
+
 @nox.session(default=False)
 def real_groups(session: nox.Session) -> None:
     """The property suite on real gloo process groups of 2 and 3 ranks (torchrun, in lockstep)."""
