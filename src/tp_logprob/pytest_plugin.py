@@ -43,6 +43,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.profiles import (
     CI_SEED,
     DEFAULT_PROFILE,
@@ -145,7 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if suite.everywhere or requested:
         suite.activate()
     if suite.specs:
-        suite.backends()  # a bad --tp-logprob-backend is a usage error, once
+        backends_of(suite)  # a bad --tp-logprob-backend is a usage error, once
     if requested and _under_torchrun():
         from tp_logprob.real_group.plugin import start
 
@@ -168,6 +169,16 @@ def pytest_load_initial_conftests(
         if rank > 0:
             redirect_output(rank, namespace.tp_logprob_rank_logs)
     return (yield)
+
+
+def backends_of(suite: Suite) -> list[Any]:
+    """The session's backends; a ``--tp-logprob-backend`` that names none is a usage error."""
+    from tp_logprob.suite.backends import BackendSpecError
+
+    try:
+        return suite.backends()
+    except BackendSpecError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def _under_torchrun() -> bool:
@@ -261,7 +272,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         backend.backend_id
         if backend.spec == backend.backend_id
         else f"{backend.backend_id} ({backend.spec})"
-        for backend in suite.backends()
+        for backend in backends_of(suite)
     )
     return [
         f"tp-logprob: backends {names or 'none'}; platform {suite.platform}; "
@@ -277,7 +288,7 @@ def is_property(item: pytest.Item) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if BACKEND_FIXTURE not in metafunc.fixturenames:
         return
-    backends = metafunc.config.stash[_SUITE].backends()
+    backends = backends_of(metafunc.config.stash[_SUITE])
     metafunc.parametrize(
         BACKEND_FIXTURE,
         backends,
@@ -414,6 +425,16 @@ def _violations(error: BaseException | None) -> list[PropertyViolation]:
     if isinstance(inner_errors, (list, tuple)):
         return [found for inner in inner_errors for found in _violations(inner)]
     return []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """A property that does not apply here (the harness's :class:`NotApplicable`) is a
+    skip, with the harness's reason."""
+    try:
+        return (yield)
+    except NotApplicable as error:
+        pytest.skip(str(error))
 
 
 @pytest.hookimpl(wrapper=True)

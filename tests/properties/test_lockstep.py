@@ -34,6 +34,7 @@ from tp_logprob.suite.catalogue import (
     SuiteProperty,
     run_property,
 )
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.violation import PropertyViolation
 
 from ..helpers.native_cases import make_contract
@@ -169,6 +170,30 @@ def test_a_skip_on_every_rank_is_reraised() -> None:
 
     with pytest.raises(pytest.skip.Exception, match="nothing to check"):
         step.run_example(body, (), {})
+
+
+def test_the_harness_not_applicable_on_every_rank_is_reraised() -> None:
+    """The harness's own skip (no pytest in it) is control flow, as pytest's is."""
+    step, _, log = lockstep(lambda mine: dataclasses.replace(mine, rank=1))
+
+    def body() -> None:
+        raise NotApplicable("serves no tp_world_size=2 contract")
+
+    with pytest.raises(NotApplicable, match="tp_world_size=2"):
+        step.run_example(body, (), {})
+    assert "LOCAL" not in log.getvalue()
+
+
+def test_pytest_fail_is_a_failure_not_a_skip() -> None:
+    """pytest raises ``fail()`` as a BaseException, as it does a skip: it still fails."""
+    step, transport, _ = lockstep(passing)
+
+    def body() -> None:
+        pytest.fail("broken on this rank")
+
+    with pytest.raises(RealGroupAbort, match=r"rank 0 raised Failed: broken on this rank"):
+        step.run_example(body, (), {})
+    assert "LOCAL t=" in transport.logged[0]
 
 
 def test_a_silent_peer_aborts_naming_where() -> None:

@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import HypothesisException
 
 from tp_logprob.comm import CollectiveError
 from tp_logprob.real_group.verdicts import Phase, Report, Settlement, Status, settle
 from tp_logprob.suite.catalogue import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 
 __all__ = [
@@ -359,10 +361,14 @@ def error_fields(error: BaseException) -> dict[str, Any]:
 
 
 def _is_control(error: BaseException) -> bool:
-    """A skip, an assumption rejected, a draw Hypothesis stopped: not a failure."""
-    if type(error).__name__ == "Failed":  # pytest.fail(): a failure
+    """A skip (the harness's :class:`NotApplicable` or pytest's), an assumption rejected, a
+    draw Hypothesis stopped: not a failure. ``pytest.fail()`` is a failure, though pytest
+    raises it as a BaseException too (the real group runs only under pytest)."""
+    if isinstance(error, pytest.fail.Exception):
         return False
-    return isinstance(error, HypothesisException) or not isinstance(error, Exception)
+    if isinstance(error, (NotApplicable, HypothesisException)):
+        return True
+    return not isinstance(error, Exception)
 
 
 def _is_consequential(error: BaseException) -> bool:

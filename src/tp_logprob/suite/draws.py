@@ -3,7 +3,9 @@
 A property test declares what it needs of a backend
 (:mod:`tp_logprob.suite.applicability`) and is not collected for one that does
 not claim it; a draw that still finds no contract (filters narrower than that, or no
-contract of a real group's TP degree) skips with the reason, never fails. On a real
+contract of a real group's TP degree) raises
+:class:`~tp_logprob.suite.outcomes.NotApplicable` with the reason (the plugin's skip),
+never fails. On a real
 process group of N ranks the contracts drawn are those of TP degree N
 (:func:`drawing_capability`).
 """
@@ -14,7 +16,6 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -29,6 +30,7 @@ from tp_logprob.strategies import (
     shard_bounds,
 )
 from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.session import Suite
 from tp_logprob.support import SupportMode
 
@@ -58,14 +60,14 @@ __all__ = [
 def drawing_capability(backend: BackendUnderTest) -> LogprobBackendCapability:
     """What the properties draw ``backend``'s contracts from: its capability, and on a real
     process group of N ranks that capability at TP degree N only (every strategy that
-    takes a capability then draws for the group); skips the test if it serves no TP N."""
+    takes a capability then draws for the group); not applicable if it serves no TP N."""
     group = backend.group
     capability: LogprobBackendCapability = backend.capability
     if group is None:
         return capability
     world = group.world_size
     if not capability.serves("tp_world_size", world):
-        pytest.skip(
+        raise NotApplicable(
             f"{backend.backend_id} serves no tp_world_size={world} contract: nothing of it "
             f"runs on this {world}-rank group"
         )
@@ -73,14 +75,16 @@ def drawing_capability(backend: BackendUnderTest) -> LogprobBackendCapability:
 
 
 def cases_for(backend: BackendUnderTest, **filters: Any) -> st.SearchStrategy[LogprobCase]:
-    """Cases from the contracts ``backend`` claims; skips the test if it claims none such."""
+    """Cases from the contracts ``backend`` claims; not applicable if it claims none such."""
     special_values = filters.pop("special_values", False)
     logit_kinds = filters.pop("logit_kinds", None)
     support_rules = filters.pop("support_rules", None)
     try:
         contract_strategy = contracts(capability=drawing_capability(backend), **filters)
     except InvalidArgument as error:
-        pytest.skip(f"{backend.backend_id} claims no contract of this kind: {error}")
+        raise NotApplicable(
+            f"{backend.backend_id} claims no contract of this kind: {error}"
+        ) from None
     return cases(
         contract_strategy,
         special_values=special_values,
@@ -99,11 +103,14 @@ def draw_case(data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any
 def draw_fused_case(
     data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any
 ) -> HiddenCase:
-    """A fused case from the contracts ``backend`` claims; skips backends that take logits."""
+    """A fused case from the contracts ``backend`` claims; not applicable to backends
+    that take logits."""
     try:
         strategy = hidden_cases(capability=drawing_capability(backend), **filters)
     except InvalidArgument as error:
-        pytest.skip(f"{backend.backend_id} claims no fused LM-head contract: {error}")
+        raise NotApplicable(
+            f"{backend.backend_id} claims no fused LM-head contract: {error}"
+        ) from None
     case: HiddenCase = data.draw(strategy, label="case")
     suite.stats.example(backend.backend_id)
     return case
@@ -126,14 +133,14 @@ def draw_processed_case(
     **filters: Any,
 ) -> LogprobCase:
     """A case with a sampling support (one of ``modes`` the backend claims), drawn as
-    :func:`draw_case` or :func:`draw_fused_case` for what the backend takes; skips a
-    backend that claims none of ``modes``. A fused case with a recomputed support has
-    small-integer operands (exact products: the backend's ``x`` is the oracle's)."""
+    :func:`draw_case` or :func:`draw_fused_case` for what the backend takes; not
+    applicable to a backend that claims none of ``modes``. A fused case with a recomputed
+    support has small-integer operands (exact products: the backend's ``x`` is the oracle's)."""
     served = [mode for mode in support_modes_served(backend) if mode in modes]
     if not served:
         claimed = sorted(mode.value for mode in backend.capability.support_modes)
         wanted = ", ".join(SupportMode(mode).value for mode in modes)
-        pytest.skip(
+        raise NotApplicable(
             f"{backend.backend_id} serves no sampling support this property needs ({wanted}); "
             f"support_modes {claimed}"
         )

@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pytest
 
 from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
 from tp_logprob.contract import LogprobContract, MaskSpec
 from tp_logprob.result import LogprobResult
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest, RankGroup
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.violation import violation
 from tp_logprob.support import SupportMode, SupportSpec
 
@@ -115,7 +115,7 @@ def execute(
 
 
 def _group_for(backend: BackendUnderTest, contract: LogprobContract) -> RankGroup | None:
-    """The real group if ``contract`` runs on it; None for the emulated group; a skip when
+    """The real group if ``contract`` runs on it; None for the emulated group; not applicable when
     the backend cannot run on the emulated group."""
     group = backend.group
     world = contract.sharding.tp_world_size
@@ -127,7 +127,7 @@ def _group_for(backend: BackendUnderTest, contract: LogprobContract) -> RankGrou
             if group is None
             else f"this check needs TP={world} and the group has {group.world_size} ranks"
         )
-        pytest.skip(
+        raise NotApplicable(
             f"{backend.backend_id} runs only on a real process group (real_group_only), not "
             f"on the emulated group: {where}"
         )
@@ -136,11 +136,13 @@ def _group_for(backend: BackendUnderTest, contract: LogprobContract) -> RankGrou
 
 @contextmanager
 def _emulation(backend: BackendUnderTest) -> Iterator[None]:
-    """An op that says it cannot run on the emulated group here is skipped, not failed."""
+    """An op that says it cannot run on the emulated group here does not apply, not fails."""
     try:
         yield
     except EmulationUnavailableError as error:
-        pytest.skip(f"{backend.backend_id} cannot run on the emulated group here: {error}")
+        raise NotApplicable(
+            f"{backend.backend_id} cannot run on the emulated group here: {error}"
+        ) from None
 
 
 def run_logits(

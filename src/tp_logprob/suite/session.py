@@ -1,4 +1,4 @@
-"""The suite's session: what one pytest session decided, handed to every property.
+"""The suite's session: what one run of the suite decided, handed to every property.
 
 The pytest plugin builds one :class:`Suite` per session from its options and
 gives it to the properties as the ``tp_logprob_suite`` fixture; the properties
@@ -13,7 +13,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pytest
 from hypothesis import settings
 
 from tp_logprob.suite.profiles import (
@@ -34,7 +33,7 @@ DEFAULT_ARTIFACTS_DIR = ".tp_logprob/failures"
 
 @dataclass
 class Suite:
-    """What one pytest session decided: backends, platform, profile, seed, stats."""
+    """What one run of the suite decided: backends, platform, profile, seed, stats."""
 
     specs: list[str]
     platform_option: str | None
@@ -61,13 +60,12 @@ class Suite:
         return self._platform
 
     def backends(self) -> list[BackendUnderTest]:
+        """The backends under test, resolved once; a
+        :class:`~tp_logprob.suite.backends.BackendSpecError` for a spec that names none."""
         if self._backends is None:
-            from tp_logprob.suite.backends import BackendSpecError, resolve_backends
+            from tp_logprob.suite.backends import resolve_backends
 
-            try:
-                backends = resolve_backends(self.specs, self.platform)
-            except BackendSpecError as error:
-                raise pytest.UsageError(str(error)) from None
+            backends = resolve_backends(self.specs, self.platform)
             self._backends = [dataclasses.replace(b, group=self.group) for b in backends]
         return self._backends
 
