@@ -2,10 +2,12 @@
 
 Bottom to top: the runtime core (contract, capability, registry, communication,
 emulation, the kernels and the peer adapters, which are backends like the kernels), the
-oracle beside it, the strategies, the suite's engine (``suite``: the session, the
-catalogue, draws, running a case), the judging (``judging``: expected values, bounds,
-comparisons), the real-group runner (``real_group``: it receives the session and hands
-it the group; the engine sees the group only as the ``RankGroup`` its backends carry),
+oracle beside it, the strategies, the judging (``judging``: expected values, bounds,
+comparisons and the violation they raise; it runs nothing, so the harness and
+``tp_logprob.testing`` both judge with it), the suite's harness (``suite``: the session,
+the catalogue, draws, running and judging a case), the real-group runner
+(``real_group``: it receives the session and hands it the group; the harness sees the
+group only as the ``RankGroup`` its backends carry),
 the property bodies (``properties``), replay, and the front on top (the command line,
 the pytest plugin and ``tp_logprob.testing``, the asserts other projects' tests call,
 which judge and record as the suite does). The tools (``tools/``: GPU readiness,
@@ -51,8 +53,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("oracle", ("tp_logprob.oracle",)),
     ("strategies", ("tp_logprob.strategies",)),
-    ("engine", ("tp_logprob.suite",)),
     ("judging", ("tp_logprob.judging",)),
+    ("harness", ("tp_logprob.suite",)),
     ("real group", ("tp_logprob.real_group",)),
     ("properties", ("tp_logprob.properties",)),
     ("replay", ("tp_logprob.replay",)),

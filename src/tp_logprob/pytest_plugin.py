@@ -43,6 +43,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tp_logprob.judging.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.profiles import (
     CI_SEED,
@@ -51,7 +52,6 @@ from tp_logprob.suite.profiles import (
 )
 from tp_logprob.suite.session import DEFAULT_ARTIFACTS_DIR, Suite
 from tp_logprob.suite.summary import NotClaimed, SuiteStats
-from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 
 PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"

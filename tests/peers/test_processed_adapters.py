@@ -18,10 +18,10 @@ import torch
 from tools.conformance.catalog import PROCESSED_PEERS
 
 import tp_logprob as tpl
+from tp_logprob.judging.violation import PropertyViolation
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import resolve_backends
 from tp_logprob.suite.catalogue import run_property
-from tp_logprob.suite.violation import PropertyViolation
 from tp_logprob.support import SupportSpec
 
 INF = math.inf

@@ -18,12 +18,12 @@ import torch
 from tools.conformance.catalog import PROCESSED_PEERS
 
 import tp_logprob as tpl
+from tp_logprob.judging.violation import PropertyViolation
 from tp_logprob.oracle import exact_support
 from tp_logprob.peers._installed import installed_file
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import resolve_backends
 from tp_logprob.suite.catalogue import run_property
-from tp_logprob.suite.violation import PropertyViolation
 from tp_logprob.support import SupportSpec
 
 pytest.importorskip("sglang.srt.sampling.sampling_params", reason="SGLang is not installed here")

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 
 from tp_logprob.judging.fused import logits_contract
+from tp_logprob.judging.violation import PropertyViolation
 from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
@@ -18,7 +19,6 @@ from tp_logprob.registry import KernelRegistry
 from tp_logprob.strategies import HiddenCase, hidden_cases
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import suite_properties
-from tp_logprob.suite.violation import PropertyViolation
 
 SUITE = suite_properties()
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tp_logprob.judging.violation import PropertyViolation
 from tp_logprob.real_group.lockstep import (
     Lockstep,
     LockstepFailure,
@@ -35,7 +36,6 @@ from tp_logprob.suite.catalogue import (
     run_property,
 )
 from tp_logprob.suite.outcomes import NotApplicable
-from tp_logprob.suite.violation import PropertyViolation
 
 from ..helpers.native_cases import make_contract
 

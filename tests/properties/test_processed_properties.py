@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tp_logprob.judging.violation import PropertyViolation
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.registry import KernelRegistry
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property
-from tp_logprob.suite.violation import PropertyViolation
 
 _RAMP = np.array([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]], np.float32)
 _TP2 = ((0, 4), (4, 8))

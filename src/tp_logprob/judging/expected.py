@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.judging.outputs import Floats
 from tp_logprob.oracle import apply_temperature, exact_entropy
 from tp_logprob.oracle.exact import exact_selected_logprob
 from tp_logprob.strategies import LogprobCase
-from tp_logprob.suite.running import Floats
 
 __all__ = ["exact_entropy_of", "exact_outputs", "row_max_of_z"]
 

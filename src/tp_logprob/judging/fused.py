@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,9 @@ from tp_logprob.contract import (
 )
 from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
 from tp_logprob.judging.gradients import entropy_weights, gradient_bound, upstream_weights
-from tp_logprob.judging.measuring import input_error
+from tp_logprob.judging.measuring import ErrorTally, input_error
+from tp_logprob.judging.outputs import Floats
+from tp_logprob.judging.violation import PropertyInputError, format_value, violation
 from tp_logprob.oracle import (
     apply_temperature,
     exact_entropy_grad,
@@ -35,15 +37,9 @@ from tp_logprob.oracle import (
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.formats import U32, unit_roundoff
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase
-from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.params import PropertyInputError
-from tp_logprob.suite.running import Outputs, execute, gathered_grad, summed_grad
-from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, violation
 
-__all__ = ["expect_fused_gradients", "fused_only", "logits_contract"]
+__all__ = ["Bools", "fused_only", "judge_fused_gradients", "logits_contract"]
 
-Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
 
@@ -68,58 +64,30 @@ def logits_contract(contract: LogprobContract) -> LogprobContract:
     )
 
 
-def expect_fused_gradients(
-    backend: BackendUnderTest,
-    case: LogprobCase,
-    stats: SuiteStats | None = None,
+def judge_fused_gradients(
+    case: HiddenCase,
+    backend_id: str,
+    observed: Sequence[Floats],
+    stats: ErrorTally | None = None,
     *,
-    support_of: Callable[[Outputs], tuple[Bools, Bools]] | None = None,
+    support: tuple[Bools, Bools] | None = None,
 ) -> None:
-    """``d hidden`` (every rank's partial, summed as the caller's all-reduce does), ``d weight``
-    and ``d bias`` of ``sum(w selected_logp + v entropy)`` within their bounds of the exact
+    """``observed`` ``d hidden``, ``d weight`` and (with a bias) ``d bias`` of
+    ``sum(w selected_logp + v entropy)`` (:func:`~tp_logprob.judging.gradients.upstream_weights`,
+    :func:`~tp_logprob.judging.gradients.entropy_weights`) within their bounds of the exact
     values; exactly 0 on inactive rows and padding rows.
 
-    For a processed op ``support_of(outputs)`` gives the ``(mask, defined)`` of the support
-    the run used: ``G`` is then the exact gradient on it, 0 outside it.
+    For a processed op ``support`` is the ``(mask, defined)`` of the support the run used:
+    ``G`` is then the exact gradient on it, 0 outside it.
     """
-    import torch
-
-    case = fused_only(case)
-    contract = case.contract
-    hidden, weight, bias = case.torch_inputs(backend.device)
-    leaves = [t.requires_grad_(True) for t in (hidden, weight, bias) if t is not None]
-    outputs = execute(backend, case, operands=(hidden, weight, bias))
-    rows = contract.num_tokens
+    rows = case.contract.num_tokens
     w = upstream_weights(rows)
-    v = entropy_weights(rows) * contract.export_entropy
-
-    def to_torch(a: npt.NDArray[np.float64]) -> torch.Tensor:
-        return torch.from_numpy(a).to(device=hidden.device, dtype=torch.float32)
-
-    total = sum(
-        (to_torch(w) * r.selected_logp).sum()
-        + (0.0 if r.entropy is None else (to_torch(v) * r.entropy).sum())
-        for r in outputs.results
-    )
-    if isinstance(total, torch.Tensor) and total.requires_grad:
-        torch.autograd.backward(total)
-    # On a real process group each rank holds its partial d hidden and its own weight rows.
-    grads = [
-        summed_grad(hidden, contract, backend),
-        gathered_grad(weight, contract, backend, dim=0),
-    ]
-    if bias is not None:
-        grads.append(gathered_grad(bias, contract, backend, dim=0))
-    observed = [
-        np.zeros(t.shape) if grad is None else grad.detach().double().cpu().numpy()
-        for t, grad in zip(leaves, grads, strict=True)
-    ]
-    support = None if support_of is None else support_of(outputs)
-    expected = _expected_grads(case, w, v, support)[: len(leaves)]  # no bias: no d bias
+    v = entropy_weights(rows) * case.contract.export_entropy
+    expected = _expected_grads(case, w, v, support)[: len(observed)]  # no bias: no d bias
     for name, got, (want, bound) in zip(
         ("hidden", "weight", "bias"), observed, expected, strict=False
     ):
-        _compare(case, backend.backend_id, name, got, want, bound, stats)
+        _compare(case, backend_id, name, got, want, bound, stats)
 
 
 def _expected_grads(
@@ -236,7 +204,7 @@ def _compare(
     observed: Floats,
     exact: Floats,
     bound: Floats,
-    stats: SuiteStats | None,
+    stats: ErrorTally | None,
 ) -> None:
     error = np.abs(observed - exact)
     with np.errstate(invalid="ignore"):

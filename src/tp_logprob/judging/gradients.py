@@ -16,38 +16,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from tp_logprob.contract import LogprobContract
 from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
 from tp_logprob.judging.measuring import (
+    ErrorTally,
     allowed_error,
     entropy_error,
-    expect_exact,
     row_summary,
 )
+from tp_logprob.judging.outputs import Floats, Outputs
+from tp_logprob.judging.violation import format_value, row_list, violation
 from tp_logprob.oracle import apply_temperature, exact_entropy_grad
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.formats import U32
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.strategies import DTYPE_MAX, DTYPE_SMALLEST_SUBNORMAL, LogprobCase
-from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.running import Outputs, execute, gathered_grad
-from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, row_list, violation
 
 __all__ = [
     "Backward",
-    "backward",
     "entropy_weights",
-    "expect_exact_and_gradient",
-    "expect_gradient",
     "gradient_bound",
+    "judge_exact_gradient",
     "judge_gradient",
     "upstream_weights",
 ]
 
-Floats = npt.NDArray[np.float64]
 _SUBNORMAL_EXP_ERROR = 4.0 * 2.0**-149  # exp within a few ulps where its result is subnormal
 _UPSTREAM = np.array([1.0, -2.0, 0.5, 0.0, -0.25, 4.0])
 _UPSTREAM_ENTROPY = np.array([-0.5, 0.0, 2.0, 1.0, 0.25, -4.0, -1.0])
@@ -148,42 +142,25 @@ def _entropy_term_bound(
     return np.where(p == 0.0, 0.0, np.nan_to_num(term * 1.01, nan=np.inf))
 
 
-def expect_exact_and_gradient(
-    prop: str,
-    gradient_prop: str,
-    backend: BackendUnderTest,
-    case: LogprobCase,
-    stats: SuiteStats | None = None,
-    *,
-    count_ulps: bool = True,
-) -> None:
-    """The outputs within tolerance of the exact oracle (``prop``) and, for a ``train``
-    case, the gradient within its bound (``gradient_prop``), from one forward: a train
-    case's outputs are judged on the forward the gradient flows through, as a trainer
-    runs it, rather than on a second forward without grad."""
-    if case.contract.role.value != "train":
-        expect_exact(prop, backend, case, stats, count_ulps=count_ulps)
-        return
-    run = backward(gradient_prop, case, backend)
-    expect_exact(prop, backend, case, stats, count_ulps=count_ulps, outputs=run.outputs)
-    expect_gradient(gradient_prop, case, backend, stats, run=run)
+@dataclass(frozen=True)
+class Backward:
+    """One forward and backward of ``sum(w selected_logp + v entropy)`` over every rank."""
+
+    outputs: Outputs
+    gradient: Floats  # d loss / d logits, float64 copy ([N, padded])
+    weights: Floats  # w, per row
+    entropy_weights: Floats  # v, per row (0 without export_entropy)
 
 
-def expect_gradient(
+def judge_exact_gradient(
     prop: str,
     case: LogprobCase,
-    backend: BackendUnderTest,
-    stats: SuiteStats | None = None,
-    *,
-    run: Backward | None = None,
+    backend_id: str,
+    run: Backward,
+    stats: ErrorTally | None = None,
 ) -> None:
-    """Backprop every rank's (replicated) weighted loss, as TP training does; compare.
-
-    The loss is ``sum(w * selected_logp)`` with :func:`upstream_weights`, so the
-    expected gradient is ``w[:, None] * exact``. ``run``: that backward, already made.
-    """
-    if run is None:
-        run = backward(prop, case, backend)
+    """:func:`judge_gradient` of ``run`` against the exact oracle's gradient of
+    ``sum(w selected_logp + v entropy)``, within :func:`gradient_bound`."""
     contract = case.contract
     real = contract.sharding.real_vocab_size
     exact = exact_logprob_grad(
@@ -202,55 +179,7 @@ def expect_gradient(
             temperature=contract.temperature,
         )
     bound = gradient_bound(case, exact, entropy_grad, (run.weights, run.entropy_weights))
-    judge_gradient(prop, case, backend.backend_id, run, exact, entropy_grad, bound, stats)
-
-
-@dataclass(frozen=True)
-class Backward:
-    """One forward and backward of ``sum(w selected_logp + v entropy)`` over every rank."""
-
-    outputs: Outputs
-    gradient: Floats  # d loss / d logits, float64 copy ([N, padded])
-    weights: Floats  # w, per row
-    entropy_weights: Floats  # v, per row (0 without export_entropy)
-
-
-def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backward:
-    """Run ``case`` with logits that require grad and backprop every rank's weighted loss
-    (:func:`upstream_weights`, :func:`entropy_weights`); a gradient in another dtype
-    than the logits' is a violation."""
-    import torch
-
-    logits = case.torch_logits(backend.device).requires_grad_(True)
-    outputs = execute(backend, case, logits=logits)
-    contract = case.contract
-    weights = upstream_weights(contract.num_tokens)
-    entropy_w = entropy_weights(contract.num_tokens) * contract.export_entropy
-    upstream = torch.from_numpy(weights).to(device=logits.device, dtype=torch.float32)
-    upstream_h = torch.from_numpy(entropy_w).to(device=logits.device, dtype=torch.float32)
-    total = sum(
-        (upstream * result.selected_logp).sum()
-        + (0.0 if result.entropy is None else (upstream_h * result.entropy).sum())
-        for result in outputs.results
-    )
-    if isinstance(total, torch.Tensor) and total.requires_grad:
-        torch.autograd.backward(total)
-    own = logits.grad  # on a real process group, this rank's shard only
-    dtype = str(getattr(own, "dtype", None))
-    if own is not None and dtype != str(logits.dtype):
-        raise violation(
-            f"{prop}: gradient dtype",
-            case,
-            backend.backend_id,
-            [("problem", f"{dtype}, expected {logits.dtype}")],
-        )
-    grad = gathered_grad(logits, contract, backend)
-    observed = (
-        np.zeros(case.logits.shape)
-        if grad is None
-        else grad.detach().float().cpu().numpy().astype(np.float64)
-    )
-    return Backward(outputs, observed, weights, entropy_w)
+    judge_gradient(prop, case, backend_id, run, exact, entropy_grad, bound, stats)
 
 
 def judge_gradient(
@@ -261,7 +190,7 @@ def judge_gradient(
     exact: Floats,
     entropy_grad: Floats | None,
     bound: Floats,
-    stats: SuiteStats | None = None,
+    stats: ErrorTally | None = None,
     *,
     notes: Callable[[int], list[tuple[str, str]]] | None = None,
 ) -> None:

@@ -2,11 +2,15 @@
 
 :func:`expect_close` compares outputs with expected values under the tolerance
 table (``docs/tolerances.md``), row by row, and raises a
-:class:`~tp_logprob.suite.violation.PropertyViolation` naming the worst row;
+:class:`~tp_logprob.judging.violation.PropertyViolation` naming the worst row;
 :func:`expect_bitwise` demands identical fp32 bits. The bounds come from
 :func:`suite_tolerance` at the case's exact values (:func:`allowed_error`,
 :func:`entropy_error`), widened by :func:`input_error` for a fused LM head's own
-dot products; :func:`ulps` measures an error in fp32 ulps.
+dot products; :func:`ulps` measures an error in fp32 ulps. :func:`judge_exact` and
+:func:`judge_reference` hold a run's outputs to the exact oracle and to the float64
+reference. Judging runs nothing: the harness runs the case
+(:mod:`tp_logprob.suite.expect`), an assert of :mod:`tp_logprob.testing` is handed the
+outputs, and both judge them here.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +27,8 @@ from hypothesis import currently_in_test_context, target
 from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.contract import LogprobContract
 from tp_logprob.judging.expected import exact_entropy_of, exact_outputs, row_max_of_z
+from tp_logprob.judging.outputs import Floats, Outputs
+from tp_logprob.judging.violation import format_value, row_list, violation
 from tp_logprob.oracle import fused_extra_bounds
 from tp_logprob.oracle.reference import reference_error_bounds, reference_selected_logprob
 from tp_logprob.oracle.reference_entropy import reference_entropy, reference_entropy_error_bounds
@@ -29,30 +36,36 @@ from tp_logprob.oracle.tolerance import LogprobTolerance, tolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
 from tp_logprob.strategies import HiddenCase, LogprobCase
-from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.running import Floats, Outputs, execute
-from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, row_list, violation
 
 __all__ = [
     "MIN_ONLINE_BLOCK",
     "Compared",
+    "ErrorTally",
     "allowed_error",
     "entropy_error",
     "entropy_room",
     "expect_bitwise",
     "expect_close",
-    "expect_exact",
-    "expect_reference",
     "expect_within",
     "fp32_ulp",
     "input_error",
+    "judge_exact",
+    "judge_reference",
     "order_note",
     "row_summary",
     "suite_tolerance",
     "ulps",
     "working_scale",
 ]
+
+
+class ErrorTally(Protocol):
+    """Where measured errors are counted (the session's
+    :class:`~tp_logprob.suite.summary.SuiteStats`, for its summary table)."""
+
+    def error(self, backend_id: str, prop: str, ulps: float, tolerance_used: float) -> None:
+        """Count an observed error: in fp32 ulps, and as a fraction of its tolerance."""
+
 
 MIN_ONLINE_BLOCK = 16
 """The tolerance allows one exp-rescaling per 16 columns of a shard (an online
@@ -159,7 +172,7 @@ def expect_close(
     extra_lse: Floats | float = 0.0,
     expected_entropy: Floats | str | None = "exact",
     extra_entropy: Floats | float = 0.0,
-    stats: SuiteStats | None = None,
+    stats: ErrorTally | None = None,
     count_ulps: bool = True,
     inactive_zero: bool = True,
     finite_headline: str | None = None,
@@ -255,7 +268,7 @@ def expect_within(
     fields: list[Compared],
     *,
     expected_name: str = "exact",
-    stats: SuiteStats | None = None,
+    stats: ErrorTally | None = None,
     count_ulps: bool = True,
     inactive_zero: bool = True,
     finite_headline: str | None = None,
@@ -302,7 +315,7 @@ def _record(
     name: str,
     errors: Floats,
     used: Floats,
-    stats: SuiteStats | None,
+    stats: ErrorTally | None,
 ) -> None:
     """Feed the worst error to ``hypothesis.target`` (which must see finite values) and stats."""
     finite = np.isfinite(errors)
@@ -456,30 +469,27 @@ def entropy_error(
     return np.asarray(bound, dtype=np.float64)
 
 
-def expect_exact(
+def judge_exact(
     prop: str,
-    backend: BackendUnderTest,
     case: LogprobCase,
-    stats: SuiteStats | None = None,
+    backend_id: str,
+    outputs: Outputs,
+    stats: ErrorTally | None = None,
     *,
     finite_headline: str | None = None,
     count_ulps: bool = True,
-    outputs: Outputs | None = None,
+    order: AccumulationOrder | None = None,
 ) -> None:
-    """Run ``case`` and :func:`expect_close` to the exact oracle, with a fused head's room,
-    under the bound of the backend's declared accumulation order.
-
-    ``outputs``: those of a run of ``case`` already made (the forward a gradient flows
-    through), judged instead of running it again.
-    """
-    order = backend.capability.accumulation_order
+    """:func:`expect_close` of a run's ``outputs`` to the exact oracle, with a fused head's
+    room, under the bound of ``order``, the backend's declared accumulation order (None:
+    sums in any order)."""
     selected, lse = exact_outputs(case)
     extra_selected, extra_lse, extra_entropy = input_error(case)
     expect_close(
         prop,
         case,
-        backend.backend_id,
-        execute(backend, case) if outputs is None else outputs,
+        backend_id,
+        outputs,
         selected,
         lse,
         extra_selected=extra_selected,
@@ -488,14 +498,19 @@ def expect_exact(
         stats=stats,
         finite_headline=finite_headline,
         count_ulps=count_ulps,
-        order=None if order.is_any else order,
+        order=None if order is None or order.is_any else order,
     )
 
 
-def expect_reference(
-    prop: str, backend: BackendUnderTest, case: LogprobCase, stats: SuiteStats | None = None
+def judge_reference(
+    prop: str,
+    case: LogprobCase,
+    backend_id: str,
+    outputs: Outputs,
+    stats: ErrorTally | None = None,
 ) -> None:
-    """Run ``case`` and :func:`expect_close` to the float64 reference plus its own bound."""
+    """:func:`expect_close` of a run's ``outputs`` to the float64 reference plus its own
+    bound."""
     real = case.contract.sharding.real_vocab_size
     temperature = case.contract.temperature
     selected, lse = reference_selected_logprob(
@@ -517,8 +532,8 @@ def expect_reference(
     expect_close(
         f"{prop}: output outside the tolerance table",
         case,
-        backend.backend_id,
-        execute(backend, case),
+        backend_id,
+        outputs,
         selected,
         lse,
         expected_name="reference",

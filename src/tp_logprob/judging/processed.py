@@ -13,7 +13,7 @@ third-party backend is held to what any fp32 implementation may do): every
 certainly-in token kept, no certainly-out token, an upper set of ``z`` closed under
 ties, ``support_size = |S|`` and the threshold the least kept ``z``. Every output
 is then judged exactly on that support (:func:`expect_processed_close`,
-:func:`expect_processed_gradient`): the tolerance table of the problem whose
+:func:`judge_processed_gradient`): the tolerance table of the problem whose
 columns outside ``S`` are ``-inf`` for ``selected_logp``, ``support_lse`` and the
 entropy, the table of the whole row for ``lse``.
 
@@ -36,17 +36,19 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.contract import LogprobContract
-from tp_logprob.judging.fused import expect_fused_gradients
-from tp_logprob.judging.gradients import Backward, backward, gradient_bound, judge_gradient
+from tp_logprob.judging.gradients import Backward, gradient_bound, judge_gradient
 from tp_logprob.judging.measuring import (
     MIN_ONLINE_BLOCK,
     Compared,
+    ErrorTally,
     allowed_error,
     entropy_error,
     expect_within,
     input_error,
     working_scale,
 )
+from tp_logprob.judging.outputs import Floats, Outputs
+from tp_logprob.judging.violation import format_value, row_list, violation
 from tp_logprob.oracle import (
     SupportClassification,
     SupportMargins,
@@ -62,10 +64,6 @@ from tp_logprob.oracle import (
     support_masked_logits,
 )
 from tp_logprob.strategies import HiddenCase, LogprobCase
-from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.running import Outputs, execute
-from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, row_list, violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [
@@ -73,8 +71,7 @@ __all__ = [
     "ProcessedExpected",
     "backend_support",
     "expect_processed_close",
-    "expect_processed_exact",
-    "expect_processed_gradient",
+    "judge_processed",
     "judge_processed_gradient",
     "judge_support",
     "masked_case",
@@ -83,7 +80,6 @@ __all__ = [
     "support_notes",
 ]
 
-Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 Notes = Callable[[int], list[tuple[str, str]]]
 
@@ -349,7 +345,7 @@ def expect_processed_close(
     backend_id: str,
     outputs: Outputs,
     found: BackendSupport,
-    stats: SuiteStats | None = None,
+    stats: ErrorTally | None = None,
     *,
     count_ulps: bool = True,
 ) -> None:
@@ -425,49 +421,26 @@ def expect_processed_close(
     )
 
 
-def expect_processed_exact(
+def judge_processed(
     prop: str,
-    backend: BackendUnderTest,
     case: LogprobCase,
-    stats: SuiteStats | None = None,
+    backend_id: str,
+    outputs: Outputs,
+    stats: ErrorTally | None = None,
     *,
     count_ulps: bool = True,
-) -> Outputs:
-    """Run ``case``; its support must be admissible and every output exact on it within the
-    tolerance table. The outputs."""
-    outputs = execute(backend, case)
-    found = judge_support(f"{prop}: support", case, backend.backend_id, outputs)
+) -> None:
+    """A run's support must be admissible and every output of it exact on that support
+    within the tolerance table."""
+    found = judge_support(f"{prop}: support", case, backend_id, outputs)
     expect_processed_close(
         f"{prop}: output outside the tolerance table of the exact values on the backend's support",
         case,
-        backend.backend_id,
+        backend_id,
         outputs,
         found,
         stats,
         count_ulps=count_ulps,
-    )
-    return outputs
-
-
-def expect_processed_gradient(
-    prop: str, case: LogprobCase, backend: BackendUnderTest, stats: SuiteStats | None = None
-) -> None:
-    """The gradient of ``w selected_logp + v entropy`` on the backend's support: exactly 0 on
-    every column outside ``S`` (the target's too), and within the gradient bounds of the
-    exact one on ``S`` (:func:`~tp_logprob.judging.gradients.gradient_bound` on the
-    problem whose columns outside ``S`` are ``-inf``); a fused backend's ``d hidden``,
-    ``d weight`` and ``d bias`` from it."""
-    if isinstance(case, HiddenCase):
-
-        def support_of(outputs: Outputs) -> tuple[Bools, Bools]:
-            found = backend_support(case, outputs)
-            return found.mask, found.defined
-
-        expect_fused_gradients(backend, case, stats, support_of=support_of)
-        return
-    run = backward(prop, case, backend)
-    judge_processed_gradient(
-        prop, case, backend.backend_id, run, backend_support(case, run.outputs), stats
     )
 
 
@@ -477,10 +450,11 @@ def judge_processed_gradient(
     backend_id: str,
     run: Backward,
     found: BackendSupport,
-    stats: SuiteStats | None = None,
+    stats: ErrorTally | None = None,
 ) -> None:
     """Raise unless ``run``'s gradient is exactly 0 outside the support ``found`` and within
-    the gradient bounds of the exact one on it (see :func:`expect_processed_gradient`)."""
+    the gradient bounds of the exact one on it (see
+    :func:`~tp_logprob.suite.expect.expect_processed_gradient`)."""
     contract = case.contract
     common: dict[str, Any] = {
         "active_mask": case.active,

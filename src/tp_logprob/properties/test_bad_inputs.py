@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.judging.violation import PropertyInputError, violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.applicability import (
     LEAVES_INPUTS,
@@ -29,11 +30,9 @@ from tp_logprob.suite.applicability import (
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case, draw_processed_case
-from tp_logprob.suite.params import PropertyInputError
 from tp_logprob.suite.running import execute, run_logits
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import violation
 from tp_logprob.support import SupportMode
 
 BAD_INPUT_KINDS = (

@@ -28,15 +28,18 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
-from tp_logprob.judging.fused import expect_fused_gradients
-from tp_logprob.judging.gradients import expect_exact_and_gradient
-from tp_logprob.judging.measuring import expect_exact
-from tp_logprob.judging.processed import expect_processed_exact, expect_processed_gradient
 from tp_logprob.oracle import exact_hidden_logits
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import drawing_capability
+from tp_logprob.suite.expect import (
+    expect_exact,
+    expect_exact_and_gradient,
+    expect_fused_gradients,
+    expect_processed_exact,
+    expect_processed_gradient,
+)
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 from tp_logprob.support import SupportMode, SupportSpec

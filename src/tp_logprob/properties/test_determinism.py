@@ -18,6 +18,7 @@ from tp_logprob.judging.measuring import (
     expect_close,
     input_error,
 )
+from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.applicability import (
     BATCH_INVARIANT,
@@ -36,7 +37,7 @@ from tp_logprob.suite.draws import (
     draw_case,
     draw_positions,
 )
-from tp_logprob.suite.params import ArraySpec, PropertyInputError, any_length
+from tp_logprob.suite.params import ArraySpec, any_length
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.running import execute, select_rows, sub_batch
 from tp_logprob.suite.session import Suite

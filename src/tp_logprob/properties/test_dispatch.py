@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.errors import LogprobDispatchError
+from tp_logprob.judging.violation import violation
 from tp_logprob.strategies import contracts
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.session import Suite
-from tp_logprob.suite.violation import violation
 
 
 def _check_refusal(

@@ -21,13 +21,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
-from tp_logprob.judging.fused import expect_fused_gradients, fused_only, logits_contract
+from tp_logprob.judging.fused import fused_only, logits_contract
 from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_error,
     expect_bitwise,
     expect_close,
 )
+from tp_logprob.judging.violation import PropertyInputError, violation
 from tp_logprob.registry import registry
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 from tp_logprob.suite.applicability import (
@@ -47,7 +48,7 @@ from tp_logprob.suite.draws import (
     draw_fused_case,
     draw_positions,
 )
-from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.expect import expect_fused_gradients
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.running import (
     execute,
@@ -58,7 +59,6 @@ from tp_logprob.suite.running import (
 )
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import violation
 
 Floats = npt.NDArray[np.float64]
 

@@ -8,12 +8,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.judging.gradients import expect_gradient
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
+from tp_logprob.suite.expect import expect_gradient
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats

@@ -17,9 +17,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tp_logprob.judging.fused import expect_fused_gradients
-from tp_logprob.judging.gradients import expect_exact_and_gradient
-from tp_logprob.judging.measuring import expect_exact
+from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
@@ -31,7 +29,7 @@ from tp_logprob.suite.draws import (
     max_batch_rows,
     max_batch_vocab,
 )
-from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.expect import expect_exact, expect_exact_and_gradient, expect_fused_gradients
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.running import expanded_batch
 from tp_logprob.suite.session import Suite

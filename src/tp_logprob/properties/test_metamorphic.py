@@ -25,6 +25,8 @@ from tp_logprob.judging.measuring import (
     expect_bitwise,
     expect_close,
 )
+from tp_logprob.judging.outputs import Outputs
+from tp_logprob.judging.violation import PropertyInputError, violation
 from tp_logprob.strategies import LogprobCase, logits, round_to_dtype
 from tp_logprob.suite.applicability import EXPLICIT_MASK, LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
@@ -32,15 +34,13 @@ from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.params import (
     ArraySpec,
-    PropertyInputError,
     live_columns,
     padding_columns,
     per_row,
 )
-from tp_logprob.suite.running import Outputs, execute, select_rows, sub_batch
+from tp_logprob.suite.running import execute, select_rows, sub_batch
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import violation
 
 
 @suite_property("padding_ignored", arrays={"padding": ArraySpec("float32", padding_columns)})

@@ -23,11 +23,11 @@ from tp_logprob.contract import (
     ReductionSpec,
     ShardingSpec,
 )
-from tp_logprob.judging.gradients import expect_exact_and_gradient
 from tp_logprob.strategies import DTYPE_MAX, LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
+from tp_logprob.suite.expect import expect_exact_and_gradient
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 

@@ -19,18 +19,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.contract import DeterminismScope, LogprobRole
-from tp_logprob.judging.gradients import backward
 from tp_logprob.judging.measuring import expect_bitwise
+from tp_logprob.judging.violation import format_value, violation
 from tp_logprob.kernels.builtin import PLATFORM_TWINS
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to, claims
 from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
+from tp_logprob.suite.expect import backward
 from tp_logprob.suite.running import execute
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, violation
 
 CROSS_PLATFORM_BITWISE = claims("determinism_scope", DeterminismScope.CROSS_PLATFORM_BITWISE)
 

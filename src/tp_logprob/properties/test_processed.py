@@ -28,12 +28,9 @@ from hypothesis import strategies as st
 from tp_logprob.contract import DeterminismScope, LogprobInputKind
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.judging.measuring import expect_bitwise
-from tp_logprob.judging.processed import (
-    backend_support,
-    expect_processed_exact,
-    expect_processed_gradient,
-    judge_support,
-)
+from tp_logprob.judging.outputs import Outputs
+from tp_logprob.judging.processed import backend_support, judge_support
+from tp_logprob.judging.violation import PropertyInputError, format_value, violation
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.strategies.supports import RULES
 from tp_logprob.suite.applicability import (
@@ -58,12 +55,11 @@ from tp_logprob.suite.draws import (
     draw_processed_case,
     drawing_capability,
 )
-from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.expect import expect_processed_exact, expect_processed_gradient
 from tp_logprob.suite.profiles import scaled
-from tp_logprob.suite.running import Outputs, execute, select_rows
+from tp_logprob.suite.running import execute, select_rows
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
-from tp_logprob.suite.violation import format_value, violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 _RECOMPUTED = (SupportMode.SAMPLING_PARAMS,)

@@ -19,19 +19,19 @@ from hypothesis import strategies as st
 
 from tp_logprob.contract import MaskSpec, ShardingSpec
 from tp_logprob.judging.expected import exact_outputs
-from tp_logprob.judging.gradients import expect_exact_and_gradient
 from tp_logprob.judging.measuring import (
     allowed_error,
     entropy_room,
     expect_bitwise,
     expect_close,
 )
+from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
-from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.expect import expect_exact_and_gradient
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.running import execute
 from tp_logprob.suite.session import Suite

@@ -32,14 +32,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.judging.fused import fused_only
-from tp_logprob.judging.measuring import expect_exact, expect_reference
+from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import LogprobCase, wide_cases, wide_hidden_cases
 from tp_logprob.strategies.wide_fused import INTEGER_BOUND
 from tp_logprob.suite.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import drawing_capability, interpreted
-from tp_logprob.suite.params import PropertyInputError
+from tp_logprob.suite.expect import expect_exact, expect_reference
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.running import sub_batch
 from tp_logprob.suite.session import Suite

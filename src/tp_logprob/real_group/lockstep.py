@@ -41,10 +41,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import HypothesisException
 
 from tp_logprob.comm import CollectiveError
+from tp_logprob.judging.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.real_group.verdicts import Phase, Report, Settlement, Status, settle
 from tp_logprob.suite.catalogue import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
 from tp_logprob.suite.outcomes import NotApplicable
-from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 
 __all__ = [
     "AllGather",

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from tp_logprob.judging.violation import PropertyInputError, PropertyViolation
 from tp_logprob.replay.artifacts import (
     ArtifactError,
     FailureArtifact,
@@ -28,8 +29,6 @@ from tp_logprob.replay.drift import format_rows, measure, worst_rows
 from tp_logprob.replay.fused import describe_operands
 from tp_logprob.suite.backends import BackendSpecError, BackendUnderTest, resolve_backends
 from tp_logprob.suite.catalogue import SuiteProperty
-from tp_logprob.suite.params import PropertyInputError
-from tp_logprob.suite.violation import PropertyViolation
 
 __all__ = ["Outcome", "ReplayResult", "replay", "replay_paths", "select_backends"]
 

@@ -1,12 +1,15 @@
-"""The suite's engine: what runs the properties, apart from the properties themselves.
+"""The suite's harness: what runs the properties, apart from the properties themselves.
 
 The session (:mod:`.session`, the public :class:`~tp_logprob.suite.session.Suite`), the
 catalogue of properties (:mod:`.catalogue`), the backends under test (:mod:`.backends`),
 what a property draws (:mod:`.draws`, :mod:`.params`) and where it applies
 (:mod:`.applicability`), the case kind as a parameter (:mod:`.case_kinds`), running a
-case (:mod:`.running`), the profiles and example databases (:mod:`.profiles`,
-:mod:`.databases`), allocation tracking (:mod:`.allocations`), what a failing property
-raises (:mod:`.violation`) and the session summary's numbers (:mod:`.summary`). The
-properties live in :mod:`tp_logprob.properties`; judging a run against the oracle in
-:mod:`tp_logprob.judging`.
+case (:mod:`.running`) and judging what came back (:mod:`.expect`), what does not apply
+here (:mod:`.outcomes`), the profiles and example databases (:mod:`.profiles`,
+:mod:`.databases`), allocation tracking (:mod:`.allocations`) and the session summary's
+numbers (:mod:`.summary`). The properties live in :mod:`tp_logprob.properties`, above it;
+judging outputs against the oracle, and the violation a failure raises, in
+:mod:`tp_logprob.judging`, below it. The harness imports no pytest: the plugin
+(:mod:`tp_logprob.pytest_plugin`) adapts it, as Hypothesis' pytest plugin adapts its
+engine. ("Engine", in this package, is a rollout engine.)
 """

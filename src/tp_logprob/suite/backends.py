@@ -40,7 +40,7 @@ __all__ = ["BackendSpecError", "BackendUnderTest", "RankGroup", "resolve_backend
 
 
 class RankGroup(Protocol):
-    """The real process group this process is one rank of, as the engine runs cases on it
+    """The real process group this process is one rank of, as the harness runs cases on it
     (:class:`tp_logprob.real_group.group.RealGroup` is the one the plugin starts)."""
 
     world_size: int

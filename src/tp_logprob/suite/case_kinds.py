@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from tp_logprob.contract import ShardingSpec
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.catalogue import run_property
@@ -27,7 +28,6 @@ from tp_logprob.suite.draws import (
     draw_processed_case,
     relayouts,
 )
-from tp_logprob.suite.params import PropertyInputError
 from tp_logprob.suite.session import Suite
 
 __all__ = [

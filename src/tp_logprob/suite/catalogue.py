@@ -1,7 +1,7 @@
 """Every property of the suite, declared once where its test is, and runnable outside Hypothesis.
 
 A property's body is ``body(backend, case, params, **context)``: it raises
-:class:`~tp_logprob.suite.violation.PropertyViolation` when the property does
+:class:`~tp_logprob.judging.violation.PropertyViolation` when the property does
 not hold for ``case``. ``params`` holds what the property drew besides the case
 (scalars, short lists, numpy arrays), as its :class:`~tp_logprob.suite.params.PropertySpec`
 declares, so a failure can be stored as data and replayed. The body sits in the

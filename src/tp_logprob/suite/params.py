@@ -18,17 +18,12 @@ from tp_logprob.contract import LogprobContract
 __all__ = [
     "PARAM_KINDS",
     "ArraySpec",
-    "PropertyInputError",
     "PropertySpec",
     "any_length",
     "live_columns",
     "padding_columns",
     "per_row",
 ]
-
-
-class PropertyInputError(ValueError):
-    """A property was given params or arrays that do not fit its case (a bad artifact)."""
 
 
 def _is_int(value: object) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,17 +29,16 @@ import numpy.typing as npt
 
 from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
 from tp_logprob.contract import LogprobContract, MaskSpec
+from tp_logprob.judging.outputs import Floats, Outputs
+from tp_logprob.judging.violation import violation
 from tp_logprob.result import LogprobResult
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest, RankGroup
 from tp_logprob.suite.outcomes import NotApplicable
-from tp_logprob.suite.violation import violation
 from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = [
     "GARBAGE_TARGETS",
-    "Floats",
-    "Outputs",
     "execute",
     "expanded_batch",
     "gathered_grad",
@@ -51,26 +49,6 @@ __all__ = [
     "sub_batch",
     "summed_grad",
 ]
-
-Floats = npt.NDArray[np.float64]
-
-
-@dataclass(frozen=True)
-class Outputs:
-    """One run's replicated outputs as float64 copies of the fp32 values.
-
-    ``entropy`` is None unless the contract has ``export_entropy``. A processed op
-    (a contract with a support) also has ``support_lse``, ``support_size`` (int64)
-    and, for sampling parameters, ``support_threshold``; they are None otherwise.
-    """
-
-    selected: Floats
-    lse: Floats | None
-    results: Any  # the per-rank LogprobResults, for gradients
-    entropy: Floats | None = None
-    support_lse: Floats | None = None
-    support_size: npt.NDArray[np.int64] | None = None
-    support_threshold: Floats | None = None
 
 
 def execute(

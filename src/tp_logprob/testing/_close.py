@@ -25,16 +25,16 @@ from tp_logprob.errors import LogprobContractError
 from tp_logprob.judging.expected import exact_outputs
 from tp_logprob.judging.gradients import Backward, gradient_bound, judge_gradient
 from tp_logprob.judging.measuring import expect_close
+from tp_logprob.judging.outputs import Outputs
 from tp_logprob.judging.processed import (
     BackendSupport,
     expect_processed_close,
     judge_processed_gradient,
 )
+from tp_logprob.judging.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendSpecError, BackendUnderTest, resolve_backends
-from tp_logprob.suite.running import Outputs
-from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.support import SupportMode, SupportSpec
 from tp_logprob.testing._arrays import Floats, gradient, per_row
 from tp_logprob.testing._case import build_case, full_logits

@@ -27,9 +27,9 @@ from tp_logprob.contract import (
     even_shard_bounds,
 )
 from tp_logprob.errors import LogprobContractError
+from tp_logprob.judging.violation import format_value
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.running import sub_batch
-from tp_logprob.suite.violation import format_value
 from tp_logprob.testing._arrays import as_numpy, is_tensor
 from tp_logprob.testing._case import build_case, full_logits
 

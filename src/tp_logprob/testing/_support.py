@@ -20,8 +20,8 @@ import numpy.typing as npt
 from tp_logprob.contract import LogprobRole
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.judging.processed import support_margins_of
+from tp_logprob.judging.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.oracle import SupportClassification, admissible_support, classify_support
-from tp_logprob.suite.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.support import SupportSpec
 from tp_logprob.testing._arrays import as_numpy, is_tensor
 from tp_logprob.testing._case import build_case, full_logits

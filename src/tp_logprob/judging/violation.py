@@ -2,7 +2,9 @@
 
 The report names the property, the backend, the contract in one line, the shapes, the
 worst row and column, observed and expected values, and the error against its bound.
-The plugin appends the command that replays it and prints nothing else.
+The plugin appends the command that replays it and prints nothing else; the asserts of
+:mod:`tp_logprob.testing` raise the same report. A property handed params that do not
+fit its case (a bad artifact) raises :class:`PropertyInputError` instead.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 __all__ = [
     "LABEL_WIDTH",
     "ROWS_SHOWN",
+    "PropertyInputError",
     "PropertyViolation",
     "format_value",
     "row_list",
@@ -27,6 +30,10 @@ LABEL_WIDTH = 8
 
 ROWS_SHOWN = 8
 """How many rows a report names in a list before it gives their count instead."""
+
+
+class PropertyInputError(ValueError):
+    """A property was given params or arrays that do not fit its case (a bad artifact)."""
 
 
 class PropertyViolation(AssertionError):  # noqa: N818 - reads "the property is violated"

@@ -1,0 +1,245 @@
+"""Run a case on a backend and judge what came back: the steps most properties take.
+
+Each ``expect_*`` runs ``case`` through :func:`~tp_logprob.suite.running.execute` (with
+logits, or a fused head's operands, that require grad for a gradient) and hands the
+outputs to the judging (:mod:`tp_logprob.judging`), which raises a
+:class:`~tp_logprob.judging.violation.PropertyViolation` when they are out of bounds.
+The judging runs nothing itself, so the asserts of :mod:`tp_logprob.testing` judge a
+kernel's own outputs the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from tp_logprob.judging.fused import Bools, fused_only, judge_fused_gradients
+from tp_logprob.judging.gradients import (
+    Backward,
+    entropy_weights,
+    judge_exact_gradient,
+    upstream_weights,
+)
+from tp_logprob.judging.measuring import judge_exact, judge_reference
+from tp_logprob.judging.outputs import Outputs
+from tp_logprob.judging.processed import backend_support, judge_processed, judge_processed_gradient
+from tp_logprob.judging.violation import violation
+from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.running import execute, gathered_grad, summed_grad
+from tp_logprob.suite.summary import SuiteStats
+
+__all__ = [
+    "backward",
+    "expect_exact",
+    "expect_exact_and_gradient",
+    "expect_fused_gradients",
+    "expect_gradient",
+    "expect_processed_exact",
+    "expect_processed_gradient",
+    "expect_reference",
+]
+
+
+def expect_exact(
+    prop: str,
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    stats: SuiteStats | None = None,
+    *,
+    finite_headline: str | None = None,
+    count_ulps: bool = True,
+    outputs: Outputs | None = None,
+) -> None:
+    """Run ``case`` and judge it against the exact oracle, with a fused head's room, under
+    the bound of the backend's declared accumulation order
+    (:func:`~tp_logprob.judging.measuring.judge_exact`).
+
+    ``outputs``: those of a run of ``case`` already made (the forward a gradient flows
+    through), judged instead of running it again.
+    """
+    judge_exact(
+        prop,
+        case,
+        backend.backend_id,
+        execute(backend, case) if outputs is None else outputs,
+        stats,
+        finite_headline=finite_headline,
+        count_ulps=count_ulps,
+        order=backend.capability.accumulation_order,
+    )
+
+
+def expect_reference(
+    prop: str, backend: BackendUnderTest, case: LogprobCase, stats: SuiteStats | None = None
+) -> None:
+    """Run ``case`` and judge it against the float64 reference plus its own bound."""
+    judge_reference(prop, case, backend.backend_id, execute(backend, case), stats)
+
+
+def expect_exact_and_gradient(
+    prop: str,
+    gradient_prop: str,
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    stats: SuiteStats | None = None,
+    *,
+    count_ulps: bool = True,
+) -> None:
+    """The outputs within tolerance of the exact oracle (``prop``) and, for a ``train``
+    case, the gradient within its bound (``gradient_prop``), from one forward: a train
+    case's outputs are judged on the forward the gradient flows through, as a trainer
+    runs it, rather than on a second forward without grad."""
+    if case.contract.role.value != "train":
+        expect_exact(prop, backend, case, stats, count_ulps=count_ulps)
+        return
+    run = backward(gradient_prop, case, backend)
+    expect_exact(prop, backend, case, stats, count_ulps=count_ulps, outputs=run.outputs)
+    expect_gradient(gradient_prop, case, backend, stats, run=run)
+
+
+def expect_gradient(
+    prop: str,
+    case: LogprobCase,
+    backend: BackendUnderTest,
+    stats: SuiteStats | None = None,
+    *,
+    run: Backward | None = None,
+) -> None:
+    """Backprop every rank's (replicated) weighted loss, as TP training does; compare.
+
+    The loss is ``sum(w * selected_logp)`` with
+    :func:`~tp_logprob.judging.gradients.upstream_weights`, so the expected gradient is
+    ``w[:, None] * exact``. ``run``: that backward, already made.
+    """
+    if run is None:
+        run = backward(prop, case, backend)
+    judge_exact_gradient(prop, case, backend.backend_id, run, stats)
+
+
+def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backward:
+    """Run ``case`` with logits that require grad and backprop every rank's weighted loss
+    (:func:`~tp_logprob.judging.gradients.upstream_weights`,
+    :func:`~tp_logprob.judging.gradients.entropy_weights`); a gradient in another dtype than
+    the logits' is a violation."""
+    import torch
+
+    logits = case.torch_logits(backend.device).requires_grad_(True)
+    outputs = execute(backend, case, logits=logits)
+    contract = case.contract
+    weights = upstream_weights(contract.num_tokens)
+    entropy_w = entropy_weights(contract.num_tokens) * contract.export_entropy
+    upstream = torch.from_numpy(weights).to(device=logits.device, dtype=torch.float32)
+    upstream_h = torch.from_numpy(entropy_w).to(device=logits.device, dtype=torch.float32)
+    total = sum(
+        (upstream * result.selected_logp).sum()
+        + (0.0 if result.entropy is None else (upstream_h * result.entropy).sum())
+        for result in outputs.results
+    )
+    if isinstance(total, torch.Tensor) and total.requires_grad:
+        torch.autograd.backward(total)
+    own = logits.grad  # on a real process group, this rank's shard only
+    dtype = str(getattr(own, "dtype", None))
+    if own is not None and dtype != str(logits.dtype):
+        raise violation(
+            f"{prop}: gradient dtype",
+            case,
+            backend.backend_id,
+            [("problem", f"{dtype}, expected {logits.dtype}")],
+        )
+    grad = gathered_grad(logits, contract, backend)
+    observed = (
+        np.zeros(case.logits.shape)
+        if grad is None
+        else grad.detach().float().cpu().numpy().astype(np.float64)
+    )
+    return Backward(outputs, observed, weights, entropy_w)
+
+
+def expect_fused_gradients(
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    stats: SuiteStats | None = None,
+    *,
+    support_of: Callable[[Outputs], tuple[Bools, Bools]] | None = None,
+) -> None:
+    """Backprop ``sum(w selected_logp + v entropy)`` through a fused case and judge ``d
+    hidden`` (every rank's partial, summed as the caller's all-reduce does), ``d weight``
+    and ``d bias`` (:func:`~tp_logprob.judging.fused.judge_fused_gradients`).
+
+    For a processed op ``support_of(outputs)`` gives the ``(mask, defined)`` of the support
+    the run used: ``G`` is then the exact gradient on it, 0 outside it.
+    """
+    import torch
+
+    case = fused_only(case)
+    contract = case.contract
+    hidden, weight, bias = case.torch_inputs(backend.device)
+    leaves = [t.requires_grad_(True) for t in (hidden, weight, bias) if t is not None]
+    outputs = execute(backend, case, operands=(hidden, weight, bias))
+    rows = contract.num_tokens
+    w = upstream_weights(rows)
+    v = entropy_weights(rows) * contract.export_entropy
+
+    def to_torch(a: npt.NDArray[np.float64]) -> torch.Tensor:
+        return torch.from_numpy(a).to(device=hidden.device, dtype=torch.float32)
+
+    total = sum(
+        (to_torch(w) * r.selected_logp).sum()
+        + (0.0 if r.entropy is None else (to_torch(v) * r.entropy).sum())
+        for r in outputs.results
+    )
+    if isinstance(total, torch.Tensor) and total.requires_grad:
+        torch.autograd.backward(total)
+    # On a real process group each rank holds its partial d hidden and its own weight rows.
+    grads = [
+        summed_grad(hidden, contract, backend),
+        gathered_grad(weight, contract, backend, dim=0),
+    ]
+    if bias is not None:
+        grads.append(gathered_grad(bias, contract, backend, dim=0))
+    observed = [
+        np.zeros(t.shape) if grad is None else grad.detach().double().cpu().numpy()
+        for t, grad in zip(leaves, grads, strict=True)
+    ]
+    support = None if support_of is None else support_of(outputs)
+    judge_fused_gradients(case, backend.backend_id, observed, stats, support=support)
+
+
+def expect_processed_exact(
+    prop: str,
+    backend: BackendUnderTest,
+    case: LogprobCase,
+    stats: SuiteStats | None = None,
+    *,
+    count_ulps: bool = True,
+) -> Outputs:
+    """Run ``case``; its support must be admissible and every output exact on it within the
+    tolerance table. The outputs."""
+    outputs = execute(backend, case)
+    judge_processed(prop, case, backend.backend_id, outputs, stats, count_ulps=count_ulps)
+    return outputs
+
+
+def expect_processed_gradient(
+    prop: str, case: LogprobCase, backend: BackendUnderTest, stats: SuiteStats | None = None
+) -> None:
+    """The gradient of ``w selected_logp + v entropy`` on the backend's support: exactly 0 on
+    every column outside ``S`` (the target's too), and within the gradient bounds of the
+    exact one on ``S`` (:func:`~tp_logprob.judging.gradients.gradient_bound` on the
+    problem whose columns outside ``S`` are ``-inf``); a fused backend's ``d hidden``,
+    ``d weight`` and ``d bias`` from it."""
+    if isinstance(case, HiddenCase):
+
+        def support_of(outputs: Outputs) -> tuple[Bools, Bools]:
+            found = backend_support(case, outputs)
+            return found.mask, found.defined
+
+        expect_fused_gradients(backend, case, stats, support_of=support_of)
+        return
+    run = backward(prop, case, backend)
+    judge_processed_gradient(
+        prop, case, backend.backend_id, run, backend_support(case, run.outputs), stats
+    )
