@@ -5,10 +5,11 @@ emulation, the kernels and the peer adapters, which are backends like the kernel
 oracle beside it, the strategies, the judging (``judging``: expected values, bounds,
 comparisons and the violation they raise; it runs nothing, so the harness and
 ``tp_logprob.testing`` both judge with it), the suite's harness (``suite``: the session,
-the catalogue, draws, running and judging a case), the real-group runner
+a property as its test calls it, draws, running and judging a case), the real-group runner
 (``real_group``: it receives the session and hands it the group; the harness sees the
 group only as the ``RankGroup`` its backends carry),
-the property bodies (``properties``), replay, and the front on top (the command line,
+the property bodies (``properties``), replay (with the catalogue of properties by name,
+which imports every property module), and the front on top (the command line,
 the pytest plugin and ``tp_logprob.testing``, the asserts other projects' tests call,
 which judge and record as the suite does). The tools (``tools/``: GPU readiness,
 conformance, history) sit beside the package, outside its wheel, and nothing in it
@@ -76,6 +77,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 The package itself (``tp_logprob``, its ``__init__``) matches only by name."""
 
 RUNTIME_ONLY = ("tp_logprob.kernels",)
+PYTEST_ONLY = ("tp_logprob.pytest_plugin", "tp_logprob.real_group", "tp_logprob.properties")
+"""The only modules that may import pytest: the plugin, the real-group runner it starts,
+and the property tests. The harness raises its own exceptions; ``tp_logprob.testing``,
+replay and the command line run without pytest installed."""
+USER_MODULE_LOADERS = ("tp_logprob.suite.backends",)
+"""Modules whose dynamic import names no module of the package: they import the module a
+user names (``--tp-logprob-backend=my_kernels:register``)."""
 FOREIGN_TO_THE_ORACLE = ("torch", "triton", "hypothesis")
 
 
@@ -91,9 +99,11 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
-    """``(imported name, line)`` for every import in the module, relative ones resolved."""
+    """``(imported name, line)`` for every import in the module, relative ones resolved, and
+    every dynamic one (:func:`dynamic_imports`)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -105,6 +115,88 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str
             for alias in node.names:
                 full = f"{base}.{alias.name}"
                 yield (full if full in known else base), node.lineno
+    for target, line, _ in dynamic_imports(tree, known):
+        if target is not None:
+            yield target, line
+
+
+DYNAMIC = {"import_module", "__import__", "iter_modules", "walk_packages"}
+"""What imports a module by a name computed at run time: ``importlib.import_module``,
+``__import__`` and a ``pkgutil`` walk of a package's directory (which the walker then
+imports module by module)."""
+
+
+def dynamic_imports(
+    tree: ast.Module, known: dict[str, Path]
+) -> Iterator[tuple[str | None, int, str]]:
+    """``(package module or None, line, call)`` for every dynamic import in ``tree``.
+
+    The name is read from the call's argument: its string constants, an f-string's
+    constant start (``f"{PACKAGE}.{name}"`` imports a module of ``PACKAGE``), and the
+    values assigned to the names it uses, followed through the module; a walk's directory
+    by the package directory it names. An argument that names none of the package
+    falls back on every module name written in the module (a table of lazy imports);
+    None where the module writes none either (it imports a user's module). A name that
+    is another distribution's (``"torch"``) is no import of the package.
+    """
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        assigned.setdefault(leaf.id, []).append(node.value)
+    written = sorted(
+        {
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value in known
+            and node.value.startswith("tp_logprob.")
+        }
+    )
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if called not in DYNAMIC:
+            continue
+        strings = {text for arg in node.args for text in _strings(arg, assigned, set())}
+        names = {text.rstrip(".") for text in strings if text.startswith("tp_logprob")}
+        if called in {"iter_modules", "walk_packages"}:
+            names |= {f"tp_logprob.{text}" for text in strings if f"tp_logprob.{text}" in known}
+        if strings and not names:
+            continue  # a module of another distribution (``torch``)
+        for target in sorted(names) or written or [None]:
+            yield target, node.lineno, called
+
+
+def _strings(node: ast.AST, assigned: dict[str, list[ast.expr]], seen: set[str]) -> set[str]:
+    """The strings ``node`` may evaluate to or start with, as far as they are written."""
+    if isinstance(node, ast.Constant):
+        return {node.value} if isinstance(node.value, str) else set()
+    if isinstance(node, ast.Name):
+        if node.id in seen:
+            return set()
+        seen.add(node.id)
+        return {
+            text for value in assigned.get(node.id, []) for text in _strings(value, assigned, seen)
+        }
+    if isinstance(node, ast.JoinedStr):
+        prefixes = {""}
+        for part in node.values:
+            inner = part.value if isinstance(part, ast.FormattedValue) else part
+            pieces = _strings(inner, assigned, seen)
+            if not pieces:
+                return {prefix for prefix in prefixes if prefix}
+            prefixes = {prefix + piece for prefix in prefixes for piece in pieces}
+        return prefixes
+    return {
+        text for child in ast.iter_child_nodes(node) for text in _strings(child, assigned, seen)
+    }
 
 
 def layer_of(name: str) -> int:
@@ -206,23 +298,91 @@ def test_the_oracle_imports_only_itself_numpy_and_mpmath() -> None:
     assert not found, found
 
 
+def test_the_catalogues_walk_is_an_edge() -> None:
+    """The catalogue by name imports every property module by walking their directory: the
+    graph sees it, from replay (above the properties)."""
+    assert "tp_logprob.properties" in graph()["tp_logprob.replay.catalogue"]
+
+
+def test_the_harness_imports_no_property_dynamically() -> None:
+    """Nothing of the harness imports a higher layer (a property module) by a computed name
+    or by walking a directory; a test calls its property, the harness never looks one up."""
+    known = modules()
+    found = [
+        f"{name} imports {target} ({called}, line {line})"
+        for name, path in known.items()
+        if name.startswith("tp_logprob.suite")
+        for target, line, called in dynamic_imports(ast.parse(path.read_text()), known)
+        if target is not None and layer_of(target) > layer_of(name)
+    ]
+    assert not found, found
+
+
+def test_every_dynamic_import_is_resolved() -> None:
+    """A dynamic import whose target the checker cannot read would be an edge it misses:
+    only a loader of the user's own modules may name none of the package."""
+    known = modules()
+    unresolved = [
+        f"{name}: {called}, line {line}"
+        for name, path in known.items()
+        for target, line, called in dynamic_imports(ast.parse(path.read_text()), known)
+        if target is None and name not in USER_MODULE_LOADERS
+    ]
+    assert not unresolved, unresolved
+
+
+def test_only_the_plugin_the_real_group_and_the_properties_import_pytest() -> None:
+    """pytest is no dependency: the harness, judging, ``tp_logprob.testing``, replay and the
+    command line import it nowhere, inside functions neither."""
+    known = modules()
+    found = [
+        f"{name} imports {imported} (line {line})"
+        for name, path in known.items()
+        if not name.startswith(PYTEST_ONLY)
+        for imported, line in imports(name, path, known)
+        if imported.split(".")[0] in {"pytest", "_pytest"}
+    ]
+    assert not found, found
+
+
 def test_the_checker_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checks can fail: a planted upward import and a planted circle are reported."""
+    """The checks can fail: a planted upward import and a planted circle are reported, and so
+    are a dynamic upward import, a walk of the properties from the harness, an import no
+    checker can read and pytest in the harness."""
     package = tmp_path / "tp_logprob"
-    (package / "oracle").mkdir(parents=True)
+    for folder in ("oracle", "replay", "suite", "properties"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "contract.py").write_text("from tp_logprob.replay import artifacts\n")
     (package / "oracle" / "__init__.py").write_text("import torch\n")
-    (package / "replay").mkdir()
-    (package / "replay" / "__init__.py").write_text("")
     (package / "replay" / "artifacts.py").write_text("import tp_logprob.contract\n")
+    (package / "registry.py").write_text(
+        "import importlib\nPACKAGE = 'tp_logprob.replay'\n"
+        "def load(name):\n    return importlib.import_module(f'{PACKAGE}.{name}')\n"
+    )
+    (package / "suite" / "walker.py").write_text(
+        "import pkgutil\nfrom pathlib import Path\nimport pytest\n"
+        "HERE = Path(__file__).parents[1] / 'properties'\n"
+        "FOUND = list(pkgutil.iter_modules([str(HERE)]))\n"
+    )
+    (package / "suite" / "loader.py").write_text(
+        "import importlib\ndef load(name):\n    return importlib.import_module(name)\n"
+    )
     monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", tmp_path)
-    with pytest.raises(AssertionError, match=r"tp_logprob.contract \(core\) imports"):
+    with pytest.raises(AssertionError, match=r"tp_logprob.contract \(core\) imports") as caught:
         test_no_module_imports_a_higher_layer()
+    assert "tp_logprob.registry (core) imports tp_logprob.replay (replay)" in str(caught.value)
     with pytest.raises(AssertionError, match=r"tp_logprob\.contract"):
         test_the_import_graph_has_no_circle()
     with pytest.raises(AssertionError, match="imports torch"):
         test_the_oracle_imports_only_itself_numpy_and_mpmath()
+    with pytest.raises(AssertionError, match=r"walker imports tp_logprob.properties \(iter_mod"):
+        test_the_harness_imports_no_property_dynamically()
+    with pytest.raises(AssertionError, match=r"tp_logprob.suite.loader: import_module, line 3"):
+        test_every_dynamic_import_is_resolved()
+    with pytest.raises(AssertionError, match=r"tp_logprob.suite.walker imports pytest"):
+        test_only_the_plugin_the_real_group_and_the_properties_import_pytest()
 
 
 def test_the_package_never_imports_the_tools() -> None:

@@ -1,7 +1,7 @@
 """The ``replay``, ``pin``, ``report`` and ``rollout-check`` commands (``python -m tp_logprob``).
 
 The top of the layers: it hands the suite's properties
-(:func:`~tp_logprob.suite.catalogue.suite_properties`) to the replay layer.
+(:func:`~tp_logprob.replay.catalogue.suite_properties`) to the replay layer.
 Handlers import the property suite lazily, so ``python -m tp_logprob backends``
 stays light. The Triton backends run on CPU only through the interpreter, which
 must be switched on before triton is imported: when a command needs them and
@@ -153,8 +153,8 @@ def _replay(args: argparse.Namespace) -> int:
     if problem is not None:
         return problem
     from tp_logprob.registry import detect_platform
+    from tp_logprob.replay.catalogue import suite_properties
     from tp_logprob.replay.runner import replay_paths
-    from tp_logprob.suite.catalogue import suite_properties
 
     return replay_paths(
         args.paths,
@@ -168,8 +168,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _pin(args: argparse.Namespace) -> int:
     from tp_logprob.replay.artifacts import ArtifactError
+    from tp_logprob.replay.catalogue import suite_properties
     from tp_logprob.replay.pin import pin
-    from tp_logprob.suite.catalogue import suite_properties
 
     properties = suite_properties()
     try:
@@ -188,9 +188,9 @@ def _report(args: argparse.Namespace) -> int:
         return problem
     from tp_logprob.registry import detect_platform
     from tp_logprob.replay.artifacts import ArtifactError
+    from tp_logprob.replay.catalogue import suite_properties
     from tp_logprob.replay.report import build_report, generate_cases, load_cases, plot_report
     from tp_logprob.suite.backends import BackendSpecError, resolve_backends
-    from tp_logprob.suite.catalogue import suite_properties
 
     platform = args.platform or detect_platform()
     try:

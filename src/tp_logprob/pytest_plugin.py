@@ -314,7 +314,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not suite.active:
         return
     if any(is_property(item) for item in items):
-        from tp_logprob.suite.catalogue import suite_properties
+        from tp_logprob.replay.catalogue import suite_properties
 
         suite_properties()  # every property module, imported before a test runs
     _deselect_unclaimed(config, suite, items)
@@ -473,7 +473,8 @@ def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | Non
     a minimal (shrunk) example, not an intermediate failure.
     """
     from tp_logprob.replay.artifacts import write_artifact
-    from tp_logprob.suite.catalogue import failure_record, suite_properties
+    from tp_logprob.replay.catalogue import suite_properties
+    from tp_logprob.suite.property import failure_record
 
     lines = ""
     if not suite.writes_artifacts:  # a rank other than 0 of a real process group

@@ -9,9 +9,9 @@ import numpy as np
 
 from tp_logprob.contract import LogprobContract, MaskSpec, ReductionSpec, ShardingSpec
 from tp_logprob.replay.artifacts import write_artifact
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
-from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

@@ -19,9 +19,9 @@ from tools.conformance.catalog import PROCESSED_PEERS
 
 import tp_logprob as tpl
 from tp_logprob.judging.violation import PropertyViolation
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import resolve_backends
-from tp_logprob.suite.catalogue import run_property
 from tp_logprob.support import SupportSpec
 
 INF = math.inf
@@ -224,7 +224,7 @@ def test_a_finding_lists_the_properties_its_row_fails(finding) -> None:  # type:
     failing = set()
     for test, prop in SUITE_PROPERTIES.items():
         try:
-            run_property(prop, backend, case)
+            suite_properties()[prop].run(backend, case)
         except PropertyViolation:
             failing.add(test)
         except VLLMValidationError:  # the library refuses the row

@@ -16,9 +16,9 @@ from tp_logprob.kernels.builtin import TORCH_NATIVE_FUSED
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.registry import KernelRegistry
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.strategies import HiddenCase, hidden_cases
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

@@ -12,7 +12,7 @@ import dataclasses
 import io
 import math
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -28,14 +28,8 @@ from tp_logprob.real_group.lockstep import (
 )
 from tp_logprob.real_group.verdicts import Phase, Report, Status
 from tp_logprob.strategies import LogprobCase
-from tp_logprob.suite import catalogue
-from tp_logprob.suite.catalogue import (
-    FAILURE_ATTRIBUTE,
-    PropertyCatalogue,
-    SuiteProperty,
-    run_property,
-)
 from tp_logprob.suite.outcomes import NotApplicable
+from tp_logprob.suite.property import FAILURE_ATTRIBUTE, SuiteProperty
 
 from ..helpers.native_cases import make_contract
 
@@ -78,23 +72,28 @@ def lockstep(peer: Peer) -> tuple[Lockstep, Transport, io.StringIO]:
 CASE = LogprobCase(make_contract(num_tokens=2), [[0.0] * 24] * 2, [1, 2])
 
 
+FAILING = [False]
+"""Whether the property ``probe`` fails: its last item (see the fixture ``probe``)."""
+
+
+def _probe_body(backend: Any, case: Any, params: Any, **context: Any) -> None:
+    if FAILING[-1]:
+        raise PropertyViolation("probe: seen on rank 0", "  worst     row 1")
+
+
+PROBE = SuiteProperty("probe", _probe_body)
+
+
 @pytest.fixture
-def probe(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """A property ``probe`` that fails while its list's last item is True."""
-    failing = [False]
-
-    def body(backend: Any, case: Any, params: Any, **context: Any) -> None:
-        if failing[-1]:
-            raise PropertyViolation("probe: seen on rank 0", "  worst     row 1")
-
-    properties = PropertyCatalogue()
-    properties.add(SuiteProperty("probe", body))
-    monkeypatch.setattr(catalogue, "suite_properties", lambda: properties)
-    return failing
+def probe() -> Iterator[list[bool]]:
+    """The property ``probe``'s switch: it fails while the list's last item is True."""
+    FAILING[:] = [False]
+    yield FAILING
+    FAILING[:] = [False]
 
 
 def run_probe() -> None:
-    run_property("probe", "backend", CASE, {"seed": 3})
+    PROBE.run("backend", CASE, {"seed": 3})
 
 
 def raised_by(step: Lockstep) -> BaseException:

@@ -17,9 +17,9 @@ from tp_logprob.judging.violation import PropertyViolation
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.registry import KernelRegistry
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property
 
 _RAMP = np.array([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]], np.float32)
 _TP2 = ((0, 4), (4, 8))
@@ -158,16 +158,16 @@ BROKEN = {
 def test_broken_backend_fails_with_the_field_named(name: str) -> None:
     op, prop, case, params, message = BROKEN[name]
     with pytest.raises(PropertyViolation) as caught:
-        run_property(prop, _backend(op, "broken"), case, params)
+        suite_properties()[prop].run(_backend(op, "broken"), case, params)
     assert message in str(caught.value), str(caught.value)
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
 def test_torch_native_passes_the_same_case(name: str) -> None:
     _, prop, case, params, _ = BROKEN[name]
-    run_property(prop, NATIVE, case, params)
+    suite_properties()[prop].run(NATIVE, case, params)
 
 
 def test_recomputed_support_replays_with_the_same_bits() -> None:
     """A target outside the recomputed support is moved into it for both runs."""
-    run_property("processed_replayed_bits", NATIVE, _case(TOP_K, target=0), {})
+    suite_properties()["processed_replayed_bits"].run(NATIVE, _case(TOP_K, target=0), {})

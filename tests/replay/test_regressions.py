@@ -12,9 +12,9 @@ import pytest
 
 from tp_logprob.registry import detect_platform
 from tp_logprob.replay.artifacts import artifact_paths, load_artifact
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.replay.runner import Outcome, replay
 from tp_logprob.suite.backends import resolve_backends
-from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

@@ -17,12 +17,13 @@ from tests.helpers.artifacts import MUTANT, backend, padding_case, write_padding
 from tp_logprob.__main__ import main
 from tp_logprob.contract import LogprobInputKind
 from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.properties.test_metamorphic import padding_ignored
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.replay.pin import pin
 from tp_logprob.replay.runner import Outcome, replay, replay_paths
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import resolve_backends
-from tp_logprob.suite.catalogue import run_property, suite_properties
 
 SUITE = suite_properties()
 
@@ -58,14 +59,14 @@ def test_same_case_same_name_and_concurrent_writers(tmp_path: Path) -> None:
     assert other != paths[0]  # the backend is part of the content
 
 
-def test_run_property_tags_the_failing_case() -> None:
+def test_a_property_run_tags_the_failing_case() -> None:
     case = padding_case()
     params = {"padding": np.array([[1e30], [np.nan]], np.float32)}
     with pytest.raises(AssertionError) as caught:
-        run_property("padding_ignored", backend(MUTANT), case, params)
+        padding_ignored.run(backend(MUTANT), case, params)
     record = caught.value.tp_logprob_failure  # type: ignore[attr-defined]
     assert record.prop == "padding_ignored" and record.case == case
-    run_property("padding_ignored", backend("torch_native"), case, params)
+    padding_ignored.run(backend("torch_native"), case, params)
 
 
 def test_replay_passes_on_the_fixed_backend_and_fails_on_the_buggy_one(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from tp_logprob.contract import DeterminismScope, ReductionSpec
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact, write_artifact
 from tp_logprob.replay.bits import compare_bits, observed_bits, promises_bits
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.replay.runner import Outcome, replay, replay_paths
 from tp_logprob.replay.schema import MAX_RECORDED_ELEMENTS, bits_problems
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

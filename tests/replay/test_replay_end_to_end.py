@@ -15,8 +15,8 @@ from tests.helpers.artifacts import MUTANT, padding_case
 from tp_logprob.kernels.builtin import TRITON_ONLINE
 from tp_logprob.registry import registry
 from tp_logprob.replay.artifacts import load_artifact, write_artifact
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

@@ -27,10 +27,10 @@ from tp_logprob.replay.artifacts import (
     load_artifact,
     write_artifact,
 )
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.replay.runner import replay_paths
 from tp_logprob.result import LogprobResult
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
-from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

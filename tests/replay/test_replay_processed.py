@@ -23,9 +23,9 @@ from tp_logprob.replay.artifacts import (
     load_artifact,
     write_artifact,
 )
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.replay.runner import Outcome, replay
 from tp_logprob.strategies import LogprobCase
-from tp_logprob.suite.catalogue import suite_properties
 from tp_logprob.support import SupportMode, SupportSpec
 
 SUITE = suite_properties()

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers.artifacts import write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.replay.artifacts import ArtifactError, load_artifact
-from tp_logprob.suite.catalogue import suite_properties
+from tp_logprob.replay.catalogue import suite_properties
 
 SUITE = suite_properties()
 

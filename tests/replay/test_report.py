@@ -11,8 +11,8 @@ import pytest
 from tests.helpers.artifacts import MUTANT, backend, write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.replay.report import build_report, generate_cases, load_cases, plot_report
-from tp_logprob.suite.catalogue import suite_properties
 
 SUITE = suite_properties()
 

@@ -17,8 +17,8 @@ import pytest
 from tests.testing.helpers import batch, nudged
 from tp_logprob.__main__ import main
 from tp_logprob.replay.artifacts import load_artifact
+from tp_logprob.replay.catalogue import suite_properties
 from tp_logprob.replay.runner import replay_paths
-from tp_logprob.suite.catalogue import suite_properties
 from tp_logprob.testing import assert_logprob_close
 from tp_logprob.testing._close import REPLAYED_PROPERTIES
 

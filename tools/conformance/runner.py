@@ -193,7 +193,7 @@ def _run_processed(
 def _case_line(artifact: str) -> str | None:
     """The failing example in one line (contract, then what its logits hold), if it loads."""
     from tp_logprob.replay.artifacts import ArtifactError, load_artifact
-    from tp_logprob.suite.catalogue import suite_properties
+    from tp_logprob.replay.catalogue import suite_properties
 
     try:
         return load_artifact(artifact, suite_properties()).case.describe()

@@ -93,7 +93,7 @@ def _example(text: str) -> str | None:
     """The shrunk failing example in one line, from the artifact the plugin wrote."""
     from tools.conformance.records import Record
     from tp_logprob.replay.artifacts import ArtifactError, load_artifact
-    from tp_logprob.suite.catalogue import suite_properties
+    from tp_logprob.replay.catalogue import suite_properties
 
     artifact = Record("", "", "failed", text).artifact
     if artifact is None:

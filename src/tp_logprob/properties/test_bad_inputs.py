@@ -28,8 +28,8 @@ from tp_logprob.suite.applicability import (
     applies_to,
 )
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case, draw_processed_case
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute, run_logits
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -294,7 +294,7 @@ def test_rejects_bad_inputs(
     case = draw_case(data, backend, tp_logprob_suite)
     kinds = [k for k in BAD_INPUT_KINDS[:4] if k != BAD_INPUT_KINDS[0] or case.active.any()]
     kind = data.draw(st.sampled_from(kinds), label="bad input")
-    run_property("bad_inputs", backend, case, _draw_bad_input(data, case, kind))
+    bad_inputs.run(backend, case, _draw_bad_input(data, case, kind))
 
 
 @applies_to(REPLAYED_SUPPORT)
@@ -325,7 +325,7 @@ def test_rejects_targets_outside_replayed_support(
         "row": row,
         "target": data.draw(st.sampled_from(outside), label="target outside the kept ids"),
     }
-    run_property("bad_inputs", backend, case, params)
+    bad_inputs.run(backend, case, params)
 
 
 @suite_property("inputs_untouched")
@@ -404,4 +404,4 @@ def test_inputs_are_left_untouched(
     """local_logits and targets keep their bits and version through forward and backward."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, special_values=True)
-    run_property("inputs_untouched", backend, case, stats=tp_logprob_suite.stats)
+    inputs_untouched.run(backend, case, stats=tp_logprob_suite.stats)

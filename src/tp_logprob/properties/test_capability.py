@@ -31,7 +31,6 @@ from tp_logprob.contract import (
 from tp_logprob.oracle import exact_hidden_logits
 from tp_logprob.strategies import HiddenCase, LogprobCase, round_to_dtype
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import drawing_capability
 from tp_logprob.suite.expect import (
     expect_exact,
@@ -40,6 +39,7 @@ from tp_logprob.suite.expect import (
     expect_processed_exact,
     expect_processed_gradient,
 )
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 from tp_logprob.support import SupportMode, SupportSpec
@@ -235,4 +235,4 @@ def test_serves_every_claimed_contract_kind(
     for seed, contract in enumerate(contracts):
         case = _case(contract, seed)
         tp_logprob_suite.stats.example(backend.backend_id)
-        run_property("claimed_contract", backend, case)
+        claimed_contract.run(backend, case)

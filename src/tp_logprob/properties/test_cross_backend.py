@@ -20,9 +20,9 @@ from tp_logprob.judging.measuring import allowed_error, entropy_error, expect_cl
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -95,4 +95,4 @@ def test_backends_agree(
     if not candidates:
         pytest.skip(f"no other backend on {backend.platform} to compare {backend.backend_id} with")
     case = draw_case(data, backend, tp_logprob_suite, special_values=True)
-    run_property("backends_agree", backend, case, others=candidates)
+    backends_agree.run(backend, case, others=candidates)

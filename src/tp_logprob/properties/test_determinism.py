@@ -31,7 +31,6 @@ from tp_logprob.suite.case_kinds import (
     check_across_layouts,
     relaid,
 )
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import (
     batch_rows,
     draw_case,
@@ -39,6 +38,7 @@ from tp_logprob.suite.draws import (
 )
 from tp_logprob.suite.params import ArraySpec, any_length
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute, select_rows, sub_batch
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -65,7 +65,7 @@ def test_outputs_replicated_across_ranks(
     """Every rank returns the same bits, NaN payloads and signed zeros included."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, special_values=True)
-    run_property("replicated", backend, case)
+    replicated.run(backend, case)
 
 
 @suite_property("run_to_run")
@@ -95,7 +95,7 @@ def test_run_to_run_bitwise(
     """Running the same case twice gives the same bits."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
-    run_property("run_to_run", backend, case)
+    run_to_run.run(backend, case)
 
 
 @suite_property("batch_invariance", arrays={"rows": ArraySpec("int64", any_length)})
@@ -130,7 +130,7 @@ def test_batch_invariance(
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
     rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
-    run_property("batch_invariance", backend, case, {"rows": rows})
+    batch_invariance.run(backend, case, {"rows": rows})
 
 
 def position_rows(row: int, length: int, num_tokens: int) -> list[int]:
@@ -182,7 +182,7 @@ def test_row_positions(
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
     params = draw_positions(data, case, backend)
-    run_property("row_positions", backend, case, params)
+    row_positions.run(backend, case, params)
 
 
 @suite_property("tp_consistency", params={"tp_rank": "int", "vocab_shard_bounds": "bounds"})
@@ -237,4 +237,4 @@ def test_tp_consistency(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
 ) -> None:
     """Another TP degree and shard layout: bitwise for cross_tp_bitwise, else within tolerance."""
-    check_across_layouts(data, tp_logprob_backend, tp_logprob_suite, "logits", "tp_consistency")
+    check_across_layouts(data, tp_logprob_backend, tp_logprob_suite, "logits", tp_consistency)

@@ -29,6 +29,13 @@ from tp_logprob.judging.measuring import (
     expect_close,
 )
 from tp_logprob.judging.violation import PropertyInputError, violation
+from tp_logprob.properties.test_determinism import (
+    batch_invariance,
+    row_positions,
+    run_to_run,
+    tp_consistency,
+)
+from tp_logprob.properties.test_oracle import oracle
 from tp_logprob.registry import registry
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 from tp_logprob.suite.applicability import (
@@ -42,7 +49,6 @@ from tp_logprob.suite.case_kinds import (
     check_across_layouts,
     check_run_to_run_and_batch_invariance,
 )
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import (
     claims_batch_invariance,
     draw_fused_case,
@@ -50,6 +56,7 @@ from tp_logprob.suite.draws import (
 )
 from tp_logprob.suite.expect import expect_fused_gradients
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import (
     execute,
     outputs_of,
@@ -72,7 +79,7 @@ def test_fused_matches_exact_oracle(
     of the exact values on ``fp32(hidden @ W.T + b)``."""
     backend = tp_logprob_backend
     case = draw_fused_case(data, backend, tp_logprob_suite)
-    run_property("oracle", backend, case, stats=tp_logprob_suite.stats)
+    oracle.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 @suite_property("fused_exact_products")
@@ -143,7 +150,7 @@ def test_fused_exact_dot_products_match_logits_path(
     and within tolerance of torch_native run on the same logits."""
     backend = tp_logprob_backend
     case = draw_fused_case(data, backend, tp_logprob_suite, small_integers=True)
-    run_property("fused_exact_products", backend, case, stats=tp_logprob_suite.stats)
+    fused_exact_products.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 _GARBAGE = np.array([np.nan, np.inf, -np.inf, 2.0**100, -(2.0**100), 0.0], dtype=np.float32)
@@ -190,7 +197,7 @@ def test_fused_padding_rows_never_read(
     backend = tp_logprob_backend
     case = draw_fused_case(data, backend, tp_logprob_suite, padding=True)
     seed = data.draw(st.integers(0, 2**31 - 1), label="garbage seed")
-    run_property("fused_padding_rows", backend, case, {"seed": seed})
+    fused_padding_rows.run(backend, case, {"seed": seed})
 
 
 @suite_property("fused_gradients")
@@ -216,7 +223,7 @@ def test_fused_gradients(
     within their bounds; exactly 0 on inactive rows and padding rows."""
     backend = tp_logprob_backend
     case = draw_fused_case(data, backend, tp_logprob_suite, roles={"train"})
-    run_property("fused_gradients", backend, case, stats=tp_logprob_suite.stats)
+    fused_gradients.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 @applies_to(HIDDEN_INPUT)
@@ -227,7 +234,9 @@ def test_fused_run_to_run_and_batch_invariance(
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits
     (unless the backend claims run_to_run determinism only)."""
-    check_run_to_run_and_batch_invariance(data, tp_logprob_backend, tp_logprob_suite, "fused")
+    check_run_to_run_and_batch_invariance(
+        data, tp_logprob_backend, tp_logprob_suite, "fused", run_to_run, batch_invariance
+    )
 
 
 @applies_to(HIDDEN_INPUT, BATCH_INVARIANT)
@@ -240,7 +249,7 @@ def test_fused_row_positions(
     tiles: every copy has the bits of the row run alone."""
     backend = tp_logprob_backend
     case = draw_fused_case(data, backend, tp_logprob_suite)
-    run_property("row_positions", backend, case, draw_positions(data, case, backend))
+    row_positions.run(backend, case, draw_positions(data, case, backend))
 
 
 @applies_to(HIDDEN_INPUT, SEVERAL_LAYOUTS)
@@ -251,7 +260,7 @@ def test_fused_tp_consistency(
 ) -> None:
     """Another TP degree and shard layout of the same weight: bitwise for cross_tp_bitwise,
     else within tolerance (with the dot-product room of both runs)."""
-    check_across_layouts(data, tp_logprob_backend, tp_logprob_suite, "fused", "tp_consistency")
+    check_across_layouts(data, tp_logprob_backend, tp_logprob_suite, "fused", tp_consistency)
 
 
 MEMORY_ROWS = 384
@@ -355,4 +364,4 @@ def test_fused_never_materializes_the_logits(
     case = draw_fused_case(
         data, backend, tp_logprob_suite, max_num_tokens=4, min_padded_vocab_size=32
     )
-    run_property("fused_memory", backend, case)
+    fused_memory.run(backend, case)

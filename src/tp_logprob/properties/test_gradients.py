@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.expect import expect_gradient
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 
@@ -40,4 +40,4 @@ def test_gradients_match_exact(
     """Within bound of the exact gradient; exactly 0 on padding and inactive rows; rows sum to 0."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, roles={"train"})
-    run_property("gradients", backend, case, stats=tp_logprob_suite.stats)
+    gradients.run(backend, case, stats=tp_logprob_suite.stats)

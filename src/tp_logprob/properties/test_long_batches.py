@@ -21,7 +21,6 @@ from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import (
     draw_case,
     draw_fused_case,
@@ -31,6 +30,7 @@ from tp_logprob.suite.draws import (
 )
 from tp_logprob.suite.expect import expect_exact, expect_exact_and_gradient, expect_fused_gradients
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import expanded_batch
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -79,7 +79,7 @@ def test_long_batches(
     backend = tp_logprob_backend
     vocab = max_batch_vocab(backend, 48)
     case = draw_case(data, backend, tp_logprob_suite, max_padded_vocab_size=vocab)
-    run_property("long_batch", backend, case, _long_params(data, backend))
+    long_batch.run(backend, case, _long_params(data, backend))
 
 
 @applies_to(HIDDEN_INPUT)
@@ -93,4 +93,4 @@ def test_fused_long_batches(
     backend = tp_logprob_backend
     vocab = max_batch_vocab(backend, 40)
     case = draw_fused_case(data, backend, tp_logprob_suite, max_padded_vocab_size=vocab)
-    run_property("long_batch", backend, case, _long_params(data, backend))
+    long_batch.run(backend, case, _long_params(data, backend))

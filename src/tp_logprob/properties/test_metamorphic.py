@@ -30,7 +30,6 @@ from tp_logprob.judging.violation import PropertyInputError, violation
 from tp_logprob.strategies import LogprobCase, logits, round_to_dtype
 from tp_logprob.suite.applicability import EXPLICIT_MASK, LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.params import (
     ArraySpec,
@@ -38,6 +37,7 @@ from tp_logprob.suite.params import (
     padding_columns,
     per_row,
 )
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute, select_rows, sub_batch
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -78,7 +78,7 @@ def test_padding_is_ignored(
         label="logits whose padding columns replace the case's",
     )
     padding = np.ascontiguousarray(donor[:, real:], dtype=np.float32)
-    run_property("padding_ignored", backend, case, {"padding": padding})
+    padding_ignored.run(backend, case, {"padding": padding})
 
 
 _GARBAGE_TARGETS = st.one_of(
@@ -190,7 +190,7 @@ def test_inactive_rows(
     targets = np.array(case.targets)
     for row in np.flatnonzero(~active).tolist():
         targets[row] = data.draw(_GARBAGE_TARGETS, label=f"garbage target of inactive row {row}")
-    run_property("inactive_rows", backend, case, {"flipped": flipped, "inactive_targets": targets})
+    inactive_rows.run(backend, case, {"flipped": flipped, "inactive_targets": targets})
 
 
 _PRECISION_BITS = {LogprobDType.FP32: 24, LogprobDType.BF16: 8, LogprobDType.FP16: 11}
@@ -258,7 +258,7 @@ def test_shift_equivariance(
     )
     base = case.replace(logits=np.where(np.isneginf(case.logits), -np.inf, units * grid))
     shift = grid * data.draw(st.integers(-limit, limit), label="shift in grid units")
-    run_property("shift_equivariance", backend, base, {"shift": float(shift)})
+    shift_equivariance.run(backend, base, {"shift": float(shift)})
 
 
 @suite_property("vocabulary_permutation", arrays={"order": ArraySpec("int64", live_columns)})
@@ -314,4 +314,4 @@ def test_vocabulary_permutation(
         data.draw(st.permutations(range(real)), label="new column j holds old column order[j]"),
         dtype=np.int64,
     )
-    run_property("vocabulary_permutation", backend, case, {"order": order})
+    vocabulary_permutation.run(backend, case, {"order": order})

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from tp_logprob.strategies import SPECIAL_KINDS, LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.expect import expect_exact, expect_reference
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 
@@ -39,7 +39,7 @@ def test_matches_exact_oracle(
     """selected_logp and lse within the tolerance table of the correctly rounded values."""
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite)
-    run_property("oracle", backend, case, stats=tp_logprob_suite.stats)
+    oracle.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 @suite_property("special_values")
@@ -71,7 +71,7 @@ def test_special_values_match_oracle(
     case = draw_case(
         data, backend, tp_logprob_suite, special_values=True, logit_kinds=("random", *SPECIAL_KINDS)
     )
-    run_property("special_values", backend, case, stats=tp_logprob_suite.stats)
+    special_values.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 @suite_property("reference")
@@ -102,4 +102,4 @@ def test_matches_reference_on_larger_shapes(
         max_padded_vocab_size=320,
         max_num_tokens=16,
     )
-    run_property("reference", backend, case, stats=tp_logprob_suite.stats)
+    reference.run(backend, case, stats=tp_logprob_suite.stats)

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from tp_logprob.strategies import LogprobCase, order_cases
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import drawing_capability, interpreted
 from tp_logprob.suite.expect import expect_exact
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 
@@ -67,4 +67,4 @@ def test_declared_order(
         width = INTERPRETED_MAX_WIDTH
     case = data.draw(order_cases(drawing_capability(backend), max_width=width), label="case")
     tp_logprob_suite.stats.example(backend.backend_id)
-    run_property("declared_order", backend, case, stats=tp_logprob_suite.stats)
+    declared_order.run(backend, case, stats=tp_logprob_suite.stats)

@@ -26,8 +26,8 @@ from tp_logprob.contract import (
 from tp_logprob.strategies import DTYPE_MAX, LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.expect import expect_exact_and_gradient
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
 
@@ -158,4 +158,4 @@ def test_pinned_case(
     backend = tp_logprob_backend
     case = PINNED[name]
     tp_logprob_suite.stats.example(backend.backend_id)
-    run_property("pinned", backend, case, {"name": name}, stats=tp_logprob_suite.stats)
+    pinned.run(backend, case, {"name": name}, stats=tp_logprob_suite.stats)

@@ -25,9 +25,9 @@ from tp_logprob.kernels.builtin import PLATFORM_TWINS
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to, claims
 from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.expect import backward
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -98,4 +98,4 @@ def test_platform_twins_bitwise(
         pytest.skip(f"{backend.backend_id}: no twin registered that loads here")
     roles = backend.capability.roles & twin.capability.roles
     case = draw_case(data, backend, tp_logprob_suite, special_values=True, roles=roles)
-    run_property("platform_twins", backend, case, twin=twin)
+    platform_twins.run(backend, case, twin=twin)

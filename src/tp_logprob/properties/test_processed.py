@@ -31,6 +31,7 @@ from tp_logprob.judging.measuring import expect_bitwise
 from tp_logprob.judging.outputs import Outputs
 from tp_logprob.judging.processed import backend_support, judge_support
 from tp_logprob.judging.violation import PropertyInputError, format_value, violation
+from tp_logprob.properties.test_determinism import batch_invariance, run_to_run
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.strategies.supports import RULES
 from tp_logprob.suite.applicability import (
@@ -48,7 +49,6 @@ from tp_logprob.suite.case_kinds import (
     check_run_to_run_and_batch_invariance,
     relaid,
 )
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import (
     draw_case,
     draw_fused_case,
@@ -57,6 +57,7 @@ from tp_logprob.suite.draws import (
 )
 from tp_logprob.suite.expect import expect_processed_exact, expect_processed_gradient
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute, select_rows
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -90,7 +91,7 @@ def test_processed_matches_exact_oracle_on_its_support(
     values on it; NaN, +inf and all -inf rows (undefined supports) included."""
     backend = tp_logprob_backend
     case = draw_processed_case(data, backend, tp_logprob_suite, special_values=True)
-    run_property("processed_oracle", backend, case, stats=tp_logprob_suite.stats)
+    processed_oracle.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 RULE_SETS = tuple(
@@ -122,7 +123,7 @@ def test_every_sampling_rule_across_ranks(
         data, backend, tp_logprob_suite, modes=_RECOMPUTED, tp_world_sizes=several,
         support_rules=rules,
     )  # fmt: skip
-    run_property("processed_oracle", backend, case, stats=tp_logprob_suite.stats)
+    processed_oracle.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 @suite_property("processed_replayed_bits")
@@ -192,7 +193,7 @@ def test_replayed_own_support_gives_the_same_bits(
     """Sampling parameters, then the support they gave replayed as a mask: the same bits."""
     backend = tp_logprob_backend
     case = draw_processed_case(data, backend, tp_logprob_suite, modes=_RECOMPUTED)
-    run_property("processed_replayed_bits", backend, case)
+    processed_replayed_bits.run(backend, case)
 
 
 RULES_OFF = ("top_p", "min_p", "top_k", "all three")
@@ -287,7 +288,7 @@ def test_rules_off_is_the_raw_logprob(
         "rules_off": data.draw(st.sampled_from(RULES_OFF), label="rules off"),
         "top_k": real + data.draw(st.integers(0, 3), label="top_k past the vocabulary"),
     }
-    run_property("processed_rules_off", backend, case, params)
+    processed_rules_off.run(backend, case, params)
 
 
 @suite_property(
@@ -332,7 +333,7 @@ def test_processed_tp_consistency(
     """Another TP degree and shard layout: bitwise (the support too) for cross_tp_bitwise,
     else admissible and within tolerance at both layouts."""
     check_across_layouts(
-        data, tp_logprob_backend, tp_logprob_suite, "processed", "processed_tp_consistency"
+        data, tp_logprob_backend, tp_logprob_suite, "processed", processed_tp_consistency
     )
 
 
@@ -362,7 +363,7 @@ def test_processed_gradients(
     exact sums (0, or -w / T where the target lies outside the support)."""
     backend = tp_logprob_backend
     case = draw_processed_case(data, backend, tp_logprob_suite, roles={"train"})
-    run_property("processed_gradients", backend, case, stats=tp_logprob_suite.stats)
+    processed_gradients.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 @applies_to(SAMPLING_SUPPORT)
@@ -373,4 +374,6 @@ def test_processed_run_to_run_and_batch_invariance(
 ) -> None:
     """Two runs give the same bits, and rows run as their own batch keep their bits (unless
     the backend claims run_to_run only): support_lse, support_size and the threshold too."""
-    check_run_to_run_and_batch_invariance(data, tp_logprob_backend, tp_logprob_suite, "processed")
+    check_run_to_run_and_batch_invariance(
+        data, tp_logprob_backend, tp_logprob_suite, "processed", run_to_run, batch_invariance
+    )

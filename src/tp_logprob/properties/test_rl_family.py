@@ -29,10 +29,10 @@ from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.expect import expect_exact_and_gradient
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -74,7 +74,7 @@ def test_entropy_is_nan_free_where_exact_is_finite(
         special_values=True,
         logit_kinds=("neg_inf_columns", "special_in_padding", "max_in_padding", "ties_at_max"),
     )
-    run_property("entropy_nan_free", backend, case, stats=tp_logprob_suite.stats)
+    entropy_nan_free.run(backend, case, stats=tp_logprob_suite.stats)
 
 
 @suite_property("temperature_power_of_two", params={"exponent": "int"})
@@ -121,7 +121,7 @@ def test_power_of_two_temperature_is_exact_scaling(
     scaled_logits = case.logits.astype(np.float64) * 2.0**-exponent
     exact = round_to_dtype(scaled_logits, case.contract.dtype)
     assume(np.array_equal(exact, scaled_logits, equal_nan=True))  # else not an exact scaling
-    run_property("temperature_power_of_two", backend, case, {"exponent": exponent})
+    temperature_power_of_two.run(backend, case, {"exponent": exponent})
 
 
 @suite_property("neg_inf_columns_ignored", params={"columns": "int"})
@@ -188,4 +188,4 @@ def test_entropy_ignores_appended_neg_inf_columns(
     backend = tp_logprob_backend
     case = draw_case(data, backend, tp_logprob_suite, export_entropy=True)
     columns = data.draw(st.integers(1, 24), label="-inf columns appended")
-    run_property("neg_inf_columns_ignored", backend, case, {"columns": columns})
+    neg_inf_columns_ignored.run(backend, case, {"columns": columns})

@@ -37,10 +37,10 @@ from tp_logprob.strategies import LogprobCase, wide_cases, wide_hidden_cases
 from tp_logprob.strategies.wide_fused import INTEGER_BOUND
 from tp_logprob.suite.applicability import HIDDEN_INPUT, LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property, suite_property
 from tp_logprob.suite.draws import drawing_capability, interpreted
 from tp_logprob.suite.expect import expect_exact, expect_reference
 from tp_logprob.suite.profiles import scaled
+from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import sub_batch
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -97,7 +97,7 @@ def test_wide_vocabularies(
     capability = drawing_capability(backend)
     case = data.draw(wide_cases(capability, max_vocab=limit), label="wide case")
     tp_logprob_suite.stats.example(backend.backend_id)
-    run_property("wide_exact", backend, case, stats=tp_logprob_suite.stats)
+    wide_exact.run(backend, case, stats=tp_logprob_suite.stats)
     assert np.isfinite(case.logits).any()
 
 
@@ -162,4 +162,4 @@ def test_fused_wide_vocabularies(
     )
     case = data.draw(strategy, label="wide fused case")
     tp_logprob_suite.stats.example(backend.backend_id)
-    run_property("fused_wide_reference", backend, case, stats=tp_logprob_suite.stats)
+    fused_wide_reference.run(backend, case, stats=tp_logprob_suite.stats)

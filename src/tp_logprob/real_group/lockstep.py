@@ -43,8 +43,8 @@ from hypothesis.errors import HypothesisException
 from tp_logprob.comm import CollectiveError
 from tp_logprob.judging.violation import LABEL_WIDTH, PropertyViolation
 from tp_logprob.real_group.verdicts import Phase, Report, Settlement, Status, settle
-from tp_logprob.suite.catalogue import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
 from tp_logprob.suite.outcomes import NotApplicable
+from tp_logprob.suite.property import FAILURE_ATTRIBUTE, PropertyRun, recording_runs
 
 __all__ = [
     "AllGather",
@@ -70,7 +70,7 @@ class RealGroupAbort(BaseException):
 
     A BaseException, so that neither a property nor Hypothesis takes it for a failing
     example; the plugin stops the session. Like a failure, it carries the property
-    run in progress (:data:`~tp_logprob.suite.catalogue.FAILURE_ATTRIBUTE`), if
+    run in progress (:data:`~tp_logprob.suite.property.FAILURE_ATTRIBUTE`), if
     any, so that its case is written as an artifact.
     """
 
@@ -334,7 +334,7 @@ def _status_of(error: BaseException | None, runs: Sequence[PropertyRun]) -> dict
     """The report fields that say how an example ended on this rank.
 
     ``run_index`` names the property run that raised (the last one), when the
-    exception came out of :func:`~tp_logprob.suite.catalogue.run_property`.
+    exception came out of :meth:`~tp_logprob.suite.property.SuiteProperty.run`.
     """
     if error is None:
         return {}

@@ -51,8 +51,8 @@ from tp_logprob.replay.schema import ArtifactError, check_document
 from tp_logprob.replay.support import SUPPORT_ARRAYS, kept_arrays, support_arrays, support_names
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import SuiteProperty
 from tp_logprob.suite.params import PropertySpec
+from tp_logprob.suite.property import SuiteProperty
 
 __all__ = [
     "ARTIFACT_FORMAT",

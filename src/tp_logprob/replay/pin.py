@@ -12,7 +12,7 @@ from tp_logprob.replay.artifacts import (
     atomic_write,
     load_artifact,
 )
-from tp_logprob.suite.catalogue import SuiteProperty
+from tp_logprob.suite.property import SuiteProperty
 
 __all__ = ["DEFAULT_REGRESSIONS_DIR", "pin"]
 

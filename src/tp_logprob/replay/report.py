@@ -20,7 +20,7 @@ from tp_logprob.replay.artifacts import artifact_paths, load_artifact
 from tp_logprob.replay.drift import RowErrors, measure, worst_rows
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import SuiteProperty
+from tp_logprob.suite.property import SuiteProperty
 
 __all__ = ["DriftReport", "build_report", "generate_cases", "load_cases", "plot_report"]
 

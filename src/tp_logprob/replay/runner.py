@@ -28,7 +28,7 @@ from tp_logprob.replay.bits import compare_bits, observed_bits, promises_bits
 from tp_logprob.replay.drift import format_rows, measure, worst_rows
 from tp_logprob.replay.fused import describe_operands
 from tp_logprob.suite.backends import BackendSpecError, BackendUnderTest, resolve_backends
-from tp_logprob.suite.catalogue import SuiteProperty
+from tp_logprob.suite.property import SuiteProperty
 
 __all__ = ["Outcome", "ReplayResult", "replay", "replay_paths", "select_backends"]
 

@@ -1,7 +1,8 @@
 """The suite's harness: what runs the properties, apart from the properties themselves.
 
-The session (:mod:`.session`, the public :class:`~tp_logprob.suite.session.Suite`), the
-catalogue of properties (:mod:`.catalogue`), the backends under test (:mod:`.backends`),
+The session (:mod:`.session`, the public :class:`~tp_logprob.suite.session.Suite`), a
+property as its test declares and calls it (:mod:`.property`), the backends under test
+(:mod:`.backends`),
 what a property draws (:mod:`.draws`, :mod:`.params`) and where it applies
 (:mod:`.applicability`), the case kind as a parameter (:mod:`.case_kinds`), running a
 case (:mod:`.running`) and judging what came back (:mod:`.expect`), what does not apply

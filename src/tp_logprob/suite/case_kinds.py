@@ -19,7 +19,6 @@ from tp_logprob.errors import LogprobContractError
 from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.catalogue import run_property
 from tp_logprob.suite.draws import (
     batch_rows,
     claims_batch_invariance,
@@ -28,6 +27,7 @@ from tp_logprob.suite.draws import (
     draw_processed_case,
     relayouts,
 )
+from tp_logprob.suite.property import SuiteProperty
 from tp_logprob.suite.session import Suite
 
 __all__ = [
@@ -55,26 +55,32 @@ def draw_of_kind(
 
 
 def check_across_layouts(
-    data: Any, backend: BackendUnderTest, suite: Suite, kind: CaseKind, prop: str
+    data: Any, backend: BackendUnderTest, suite: Suite, kind: CaseKind, prop: SuiteProperty
 ) -> None:
     """Property ``prop`` on a case of ``kind`` and a second TP degree and shard layout of its
     vocabulary (the layout drawn as ``prop``'s params)."""
     case = draw_of_kind(data, backend, suite, kind)
     layout = data.draw(relayouts(case.contract.sharding, backend.capability), label="second layout")
-    run_property(prop, backend, case, layout)
+    prop.run(backend, case, layout)
 
 
 def check_run_to_run_and_batch_invariance(
-    data: Any, backend: BackendUnderTest, suite: Suite, kind: CaseKind
+    data: Any,
+    backend: BackendUnderTest,
+    suite: Suite,
+    kind: CaseKind,
+    run_to_run: SuiteProperty,
+    batch_invariance: SuiteProperty,
 ) -> None:
-    """Two runs of a case of ``kind`` give the same bits, and (unless the backend claims
-    run_to_run only) rows run as their own batch keep their bits."""
+    """Two runs of a case of ``kind`` give the same bits (``run_to_run``), and (unless the
+    backend claims run_to_run only) rows run as their own batch keep their bits
+    (``batch_invariance``, the rows drawn as its params)."""
     case = draw_of_kind(data, backend, suite, kind)
-    run_property("run_to_run", backend, case)
+    run_to_run.run(backend, case)
     if not claims_batch_invariance(backend):
         return
     rows = data.draw(batch_rows(case.contract.num_tokens), label="rows of the second batch")
-    run_property("batch_invariance", backend, case, {"rows": rows})
+    batch_invariance.run(backend, case, {"rows": rows})
 
 
 def relaid(case: LogprobCase, params: Mapping[str, Any]) -> tuple[LogprobCase, tuple[str, str]]:
