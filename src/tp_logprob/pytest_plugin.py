@@ -472,7 +472,7 @@ def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | Non
     Only the exceptions of Hypothesis' final runs reach here, so each artifact is
     a minimal (shrunk) example, not an intermediate failure.
     """
-    from tp_logprob.replay.artifacts import write_artifact
+    from tp_logprob.replay.artifacts import command_to_replay, write_artifact
     from tp_logprob.replay.catalogue import suite_properties
     from tp_logprob.suite.property import failure_record
 
@@ -496,7 +496,7 @@ def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | Non
         except (OSError, ValueError) as write_error:
             lines += f"\n  {'artifact'.ljust(LABEL_WIDTH)}  not written: {write_error}"
             continue
-        command = shlex.join(["python", "-m", "tp_logprob", "replay", str(path)])
+        command = command_to_replay(path, record.backend.spec)
         lines += f"\n  {'artifact'.ljust(LABEL_WIDTH)}  {command}{where}"
     return lines
 

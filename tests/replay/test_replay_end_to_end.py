@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +59,21 @@ def test_failing_property_writes_one_shrunk_artifact(tmp_path: Path) -> None:
     document = json.loads(written[0].read_text())
     assert document["test"].endswith("test_padding_is_ignored[mutant_padding_not_masked]")
     assert "padding independence" in document["failure"]["summary"]
+    pasted = re.search(r"^  artifact  (python -m tp_logprob replay .*)$", run.stdout, re.M)
+    assert pasted is not None, run.stdout[-2000:]
+    replayed = subprocess.run(
+        [sys.executable, *shlex.split(pasted.group(1))[1:]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    # The line works pasted as printed: it names the module:attr backend, so replay runs
+    # (and fails again on the mutant) instead of asking for --backend (exit 2).
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert "padding independence" in replayed.stdout, replayed.stdout
 
 
 @pytest.mark.triton

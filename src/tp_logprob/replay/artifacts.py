@@ -28,6 +28,7 @@ import io
 import json
 import os
 import platform as platform_module
+import shlex
 import tempfile
 import zipfile
 from collections.abc import Collection, Mapping
@@ -62,6 +63,7 @@ __all__ = [
     "FailureArtifact",
     "artifact_paths",
     "atomic_write",
+    "command_to_replay",
     "content_name",
     "load_artifact",
     "write_artifact",
@@ -166,6 +168,16 @@ def _environment() -> dict[str, Any]:
         "machine": platform_module.platform(),
         "packages": packages,
     }
+
+
+def command_to_replay(path: str | os.PathLike[str], backend_spec: str) -> str:
+    """The command that replays the artifact at ``path``, to paste as it is: a backend
+    given as ``module:attr`` (or ``path/to/file.py:attr``) is named with ``--backend``,
+    since replay never imports a module an artifact names."""
+    command = ["python", "-m", "tp_logprob", "replay", str(path)]
+    if ":" in backend_spec:
+        command += ["--backend", backend_spec]
+    return shlex.join(command)
 
 
 def write_artifact(

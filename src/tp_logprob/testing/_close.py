@@ -13,7 +13,6 @@ suite's and its artifact replays like the suite's.
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +229,7 @@ def _recorded(
     folder: Path,
 ) -> PropertyViolation:
     """``failure`` written as a suite artifact, with where it is and the command that replays it."""
-    from tp_logprob.replay.artifacts import write_artifact
+    from tp_logprob.replay.artifacts import command_to_replay, write_artifact
 
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     path = write_artifact(
@@ -243,9 +242,9 @@ def _recorded(
         failure=failure,
         test=current.rsplit(" ", 1)[0] or None,
     )
-    command = ["python", "-m", "tp_logprob", "replay", str(path)]
-    if ":" in backend.spec:  # replay never imports a module an artifact names
-        command += ["--backend", backend.spec]
-    lines = [("artifact", f"{path} (property {prop!r})"), ("replay", shlex.join(command))]
+    lines = [
+        ("artifact", f"{path} (property {prop!r})"),
+        ("replay", command_to_replay(path, backend.spec)),
+    ]
     tail = "\n".join(f"  {label.ljust(LABEL_WIDTH)}  {text}" for label, text in lines)
     return PropertyViolation(failure.prop, f"{failure.report}\n{tail}")
