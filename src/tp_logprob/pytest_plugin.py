@@ -32,6 +32,7 @@ session asks for the suite.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shlex
@@ -450,12 +451,11 @@ def pytest_runtest_makereport(
     suite.stats.outcome(backend.backend_id, report.passed, skipped=report.skipped)
     if report.passed or report.skipped:
         return report
+    error = call.excinfo.value if call.excinfo else None
     replay = f"  {'replay'.ljust(LABEL_WIDTH)}  {replay_command(item, suite, backend.spec)}"
-    replay += _write_artifacts(item, suite, call.excinfo.value if call.excinfo else None)
-    violations = _violations(call.excinfo.value if call.excinfo else None)
-    for found in violations:  # the failing example counts, measured or not along the way
-        if found.measured is not None:
-            suite.stats.failure(backend.backend_id, found.prop.split(":")[0], *found.measured)
+    replay += _write_artifacts(item, suite, error)
+    violations = _violations(error)
+    _count_failure(suite.stats, backend.backend_id, item, error, violations)
     if violations:
         reports = [f"{found.prop}\n{found.report}" for found in violations]
         report.longrepr = "\n\n".join(reports) + "\n" + replay
@@ -464,6 +464,31 @@ def pytest_runtest_makereport(
     else:
         report.sections.append(("tp-logprob replay", replay))
     return report
+
+
+def _count_failure(
+    stats: SuiteStats,
+    backend_id: str,
+    item: pytest.Item,
+    error: BaseException | None,
+    violations: list[PropertyViolation],
+) -> None:
+    """The failing example counts in the closing table, measured or not along the way: a
+    violation's worst row as it measured it; a failure that measured nothing (a kernel that
+    raised, a count that differs) as unbounded, so the table never reads lower than it."""
+    measured = [found for found in violations if found.measured is not None]
+    for found in measured:
+        stats.failure(backend_id, found.prop.split(":")[0], *found.measured)
+    if measured:
+        return
+    from tp_logprob.suite.property import failure_record
+
+    if violations:
+        prop = violations[0].prop.split(":")[0]
+    else:
+        records = failure_record(error)
+        prop = records[0].prop if records else getattr(item, "originalname", item.name)
+    stats.failure(backend_id, prop, math.nan, math.nan)
 
 
 def _write_artifacts(item: pytest.Item, suite: Suite, error: BaseException | None) -> str:

@@ -184,3 +184,29 @@ def test_the_closing_table_counts_the_failing_example() -> None:
     assert ulps == pytest.approx(float(failure.group(1)), rel=1e-3)
     assert used == pytest.approx(ulps / float(failure.group(2)), rel=1e-2)
     assert row.group(2) == row.group(4) == "capability truthfulness"
+
+
+@pytest.mark.slow
+def test_the_closing_table_counts_a_failure_with_no_tolerance() -> None:
+    """A bitwise property has no tolerance to measure against: its failure still counts, by
+    its ulp distance and as unbounded against the tolerance (0), never as 0 and -."""
+    done = _suite(
+        "--tp-logprob-backend=tests.mutants.partial_bugs:padding_not_masked",
+        "-n",
+        "0",
+        "-k",
+        "padding_is_ignored",
+        tests=("src/tp_logprob/properties/test_metamorphic.py",),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    failure = re.search(r"^  error +([0-9.e+]+) ulp; bitwise equality required", done.stdout, re.M)
+    assert failure is not None, done.stdout
+    row = re.search(
+        r"^mutant_padding_not_masked +0 passed, 1 failed, 0 skipped +\d+ +"
+        r"(\S+) \((.+?)\) +(\S+) \((.+?)\)$",
+        done.stdout,
+        re.M,
+    )
+    assert row is not None, done.stdout
+    assert row.group(1) == "inf" and row.group(2) == "padding independence"
+    assert float(row.group(3)) >= float(failure.group(1)) > 0

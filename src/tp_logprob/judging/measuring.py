@@ -392,6 +392,7 @@ def expect_bitwise(
         differ = np.flatnonzero(a != b if sizes else _bits(a) != _bits(b))
         if differ.size:
             row = int(differ[0])
+            distance = math.inf  # a count that differs is no ulp distance
             if sizes:
                 shown, error = (str(int(a[row])), str(int(b[row]))), "equality required"
             else:
@@ -408,6 +409,7 @@ def expect_bitwise(
                     (labels[1], shown[1]),
                     ("error", error),
                 ],
+                measured=(distance, math.inf),  # any difference is past a tolerance of 0
             )
 
 
