@@ -210,3 +210,37 @@ def test_the_closing_table_counts_a_failure_with_no_tolerance() -> None:
     assert row is not None, done.stdout
     assert row.group(1) == "inf" and row.group(2) == "padding independence"
     assert float(row.group(3)) >= float(failure.group(1)) > 0
+
+
+NARROW_BACKEND = """
+import dataclasses
+
+from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.kernels.native import torch_native_logprob
+
+CAPABILITY = dataclasses.replace(
+    TORCH_NATIVE, backend_id="narrow", exports_entropy=False, supports_temperature=False
+)
+narrow = (torch_native_logprob, CAPABILITY)
+"""
+
+
+@pytest.mark.slow
+def test_no_entropy_and_temperature_one_only_deselect_what_needs_them(tmp_path: Path) -> None:
+    """A backend that exports no entropy and serves temperature 1.0 only: the properties that
+    draw entropy or another temperature are deselected from its capability, not skipped
+    when their draw finds no contract."""
+    (tmp_path / "narrow.py").write_text(NARROW_BACKEND)
+    done = _suite(
+        f"--tp-logprob-backend={tmp_path / 'narrow.py'}:narrow",
+        "-n",
+        "0",
+        tests=("src/tp_logprob/properties/test_rl_family.py",),
+    )
+    assert done.returncode in (0, 5), done.stdout + done.stderr  # 5: every test deselected
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "skipped" not in summary, done.stdout
+    listed = re.search(r"^  narrow +(.+)$", done.stdout, re.M)
+    assert listed is not None, done.stdout
+    assert "export_entropy True (2)" in listed.group(1), listed.group(1)
+    assert "temperature 2.0 (1)" in listed.group(1), listed.group(1)

@@ -42,6 +42,8 @@ from tp_logprob.suite.applicability import (
     BATCH_INVARIANT,
     HIDDEN_INPUT,
     SEVERAL_LAYOUTS,
+    TRAIN_ROLE,
+    VOCAB_PADDING,
     applies_to,
 )
 from tp_logprob.suite.backends import BackendUnderTest
@@ -187,7 +189,7 @@ def fused_padding_rows(
     )
 
 
-@applies_to(HIDDEN_INPUT)
+@applies_to(HIDDEN_INPUT, VOCAB_PADDING)
 @scaled(0.5)
 @given(data=st.data())
 def test_fused_padding_rows_never_read(
@@ -214,7 +216,7 @@ def fused_gradients(
     expect_fused_gradients(backend, case, stats)
 
 
-@applies_to(HIDDEN_INPUT)
+@applies_to(HIDDEN_INPUT, TRAIN_ROLE)
 @given(data=st.data())
 def test_fused_gradients(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any

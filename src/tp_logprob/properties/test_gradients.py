@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tp_logprob.strategies import LogprobCase
-from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
+from tp_logprob.suite.applicability import LOGITS_INPUT, TRAIN_ROLE, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.expect import expect_gradient
@@ -31,7 +31,7 @@ def gradients(
     expect_gradient("gradients", case, backend, stats)
 
 
-@applies_to(LOGITS_INPUT)
+@applies_to(LOGITS_INPUT, TRAIN_ROLE)
 @scaled(0.6)
 @given(data=st.data())
 def test_gradients_match_exact(

@@ -28,7 +28,7 @@ from tp_logprob.judging.measuring import (
 from tp_logprob.judging.outputs import Outputs
 from tp_logprob.judging.violation import PropertyInputError, violation
 from tp_logprob.strategies import LogprobCase, logits, round_to_dtype
-from tp_logprob.suite.applicability import EXPLICIT_MASK, LOGITS_INPUT, applies_to
+from tp_logprob.suite.applicability import EXPLICIT_MASK, LOGITS_INPUT, VOCAB_PADDING, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.params import (
@@ -64,7 +64,7 @@ def padding_ignored(
     )
 
 
-@applies_to(LOGITS_INPUT)
+@applies_to(LOGITS_INPUT, VOCAB_PADDING)
 @given(data=st.data())
 def test_padding_is_ignored(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any

@@ -41,6 +41,7 @@ from tp_logprob.suite.applicability import (
     SAMPLING_SUPPORT,
     SEVERAL_LAYOUTS,
     SEVERAL_RANKS,
+    TRAIN_ROLE,
     applies_to,
 )
 from tp_logprob.suite.backends import BackendUnderTest
@@ -353,7 +354,7 @@ def processed_gradients(
     expect_processed_gradient("processed gradients", case, backend, stats)
 
 
-@applies_to(SAMPLING_SUPPORT)
+@applies_to(SAMPLING_SUPPORT, TRAIN_ROLE)
 @scaled(0.5)
 @given(data=st.data())
 def test_processed_gradients(

@@ -27,7 +27,12 @@ from tp_logprob.judging.measuring import (
 )
 from tp_logprob.judging.violation import PropertyInputError
 from tp_logprob.strategies import LogprobCase, round_to_dtype
-from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
+from tp_logprob.suite.applicability import (
+    EXPORTS_ENTROPY,
+    LOGITS_INPUT,
+    TEMPERATURE_NOT_ONE,
+    applies_to,
+)
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.expect import expect_exact_and_gradient
@@ -57,7 +62,7 @@ def entropy_nan_free(
     )
 
 
-@applies_to(LOGITS_INPUT)
+@applies_to(LOGITS_INPUT, EXPORTS_ENTROPY)
 @given(data=st.data())
 def test_entropy_is_nan_free_where_exact_is_finite(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, data: Any
@@ -108,7 +113,7 @@ def temperature_power_of_two(
     )
 
 
-@applies_to(LOGITS_INPUT)
+@applies_to(LOGITS_INPUT, TEMPERATURE_NOT_ONE)
 @scaled(0.5)
 @given(data=st.data())
 def test_power_of_two_temperature_is_exact_scaling(
@@ -178,7 +183,7 @@ def neg_inf_columns_ignored(
     )
 
 
-@applies_to(LOGITS_INPUT)
+@applies_to(LOGITS_INPUT, EXPORTS_ENTROPY)
 @scaled(0.5)
 @given(data=st.data())
 def test_entropy_ignores_appended_neg_inf_columns(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from tp_logprob.contract import DeterminismScope, LogprobInputKind, MaskMode
+from tp_logprob.contract import DeterminismScope, LogprobInputKind, LogprobRole, MaskMode
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.support import SupportMode
 
@@ -25,6 +25,7 @@ __all__ = [
     "BATCH_INVARIANT",
     "CROSS_TP_BITWISE",
     "EXPLICIT_MASK",
+    "EXPORTS_ENTROPY",
     "HIDDEN_INPUT",
     "LEAVES_INPUTS",
     "LOGITS_INPUT",
@@ -34,6 +35,9 @@ __all__ = [
     "SAMPLING_SUPPORT",
     "SEVERAL_LAYOUTS",
     "SEVERAL_RANKS",
+    "TEMPERATURE_NOT_ONE",
+    "TRAIN_ROLE",
+    "VOCAB_PADDING",
     "Requirement",
     "applies_to",
     "claims",
@@ -89,6 +93,12 @@ RECOMPUTED_SUPPORT = claims("support_mode", SupportMode.SAMPLING_PARAMS)
 REPLAYED_SUPPORT = claims("support_mode", SupportMode.REPLAYED_MASK)
 RAW_LOGPROB = claims("support_mode", SupportMode.FULL)
 """The logprob over the full vocabulary, without a sampling support."""
+EXPORTS_ENTROPY = claims("export_entropy", True)
+TEMPERATURE_NOT_ONE = claims("temperature", 2.0)
+"""A temperature other than 1.0 (``supports_temperature``): 2.0 stands for every other."""
+VOCAB_PADDING = claims("vocab_padding", True)
+TRAIN_ROLE = claims("role", LogprobRole.TRAIN)
+"""A gradient: the ``train`` role."""
 
 
 def _sampling_support(backend: BackendUnderTest, params: Mapping[str, Any]) -> str | None:
