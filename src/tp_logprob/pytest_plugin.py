@@ -53,6 +53,7 @@ from tp_logprob.suite.profiles import (
 )
 from tp_logprob.suite.session import DEFAULT_ARTIFACTS_DIR, Suite
 from tp_logprob.suite.summary import NotClaimed, SuiteStats
+from tp_logprob.suite.variants import declared_variants
 
 PROPERTIES_DIR = Path(__file__).resolve().parent / "properties"
 BACKEND_FIXTURE = "tp_logprob_backend"
@@ -287,6 +288,8 @@ def is_property(item: pytest.Item) -> bool:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A property test runs on every backend under test, then on each of its variants
+    (:func:`~tp_logprob.suite.variants.variants`)."""
     if BACKEND_FIXTURE not in metafunc.fixturenames:
         return
     backends = backends_of(metafunc.config.stash[_SUITE])
@@ -297,6 +300,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         indirect=True,
         scope="session",
     )
+    for declared in reversed(declared_variants(metafunc.function)):  # innermost first
+        metafunc.parametrize(declared.name, declared.values, ids=declared.ids)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: what it deselects is what was selected
@@ -476,9 +481,9 @@ def _count_failure(
     """The failing example counts in the closing table, measured or not along the way: a
     violation's worst row as it measured it; a failure that measured nothing (a kernel that
     raised, a count that differs) as unbounded, so the table never reads lower than it."""
-    measured = [found for found in violations if found.measured is not None]
-    for found in measured:
-        stats.failure(backend_id, found.prop.split(":")[0], *found.measured)
+    measured = [(found.prop, found.measured) for found in violations if found.measured]
+    for prop, (ulps, used) in measured:
+        stats.failure(backend_id, prop.split(":")[0], ulps, used)
     if measured:
         return
     from tp_logprob.suite.property import failure_record

@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +28,7 @@ from tp_logprob.suite.applicability import (
 )
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.draws import draw_case, draw_processed_case
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute, run_logits
 from tp_logprob.suite.session import Suite
@@ -84,7 +84,7 @@ def _skip_a_lone_rank(backend: BackendUnderTest, kind: str) -> None:
     reaches for torch.distributed's group even so, so off a real group the check is skipped
     for it (under torchrun it runs: the op must reject the input before any collective)."""
     if backend.capability.real_group_only and backend.group is None:
-        pytest.skip(
+        raise NotApplicable(
             f"{backend.backend_id} runs only on a real process group (real_group_only): "
             f"{kind!r} is handed to one rank alone, off the group"
         )

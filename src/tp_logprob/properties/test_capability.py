@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
@@ -39,6 +38,7 @@ from tp_logprob.suite.expect import (
     expect_processed_exact,
     expect_processed_gradient,
 )
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
@@ -227,7 +227,7 @@ def test_serves_every_claimed_contract_kind(
     contracts = claimed_contracts(drawing_capability(backend))
     group = backend.group
     if not contracts and group is not None:
-        pytest.skip(
+        raise NotApplicable(
             f"{backend.backend_id}: no TP degree it claims both splits the sweep's "
             f"{_PADDED} columns and is this group's ({group.world_size} ranks)"
         )

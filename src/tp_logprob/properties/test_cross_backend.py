@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,6 +20,7 @@ from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
 from tp_logprob.suite.draws import draw_case
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute
@@ -93,6 +93,8 @@ def test_backends_agree(
     backend = tp_logprob_backend
     candidates = _others(backend, tp_logprob_suite)
     if not candidates:
-        pytest.skip(f"no other backend on {backend.platform} to compare {backend.backend_id} with")
+        raise NotApplicable(
+            f"no other backend on {backend.platform} to compare {backend.backend_id} with"
+        )
     case = draw_case(data, backend, tp_logprob_suite, special_values=True)
     backends_agree.run(backend, case, others=candidates)

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 
 from tp_logprob.contract import (
     DeterminismScope,
@@ -30,6 +29,7 @@ from tp_logprob.suite.expect import expect_exact_and_gradient
 from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.variants import variants
 
 _INF = float("inf")
 _F32_MAX = DTYPE_MAX[LogprobDType.FP32]
@@ -150,7 +150,7 @@ def _claims_pinned_contract(backend: BackendUnderTest, params: Mapping[str, Any]
 
 
 @applies_to(LOGITS_INPUT, _claims_pinned_contract)
-@pytest.mark.parametrize("name", list(PINNED))
+@variants("name", list(PINNED))
 def test_pinned_case(
     tp_logprob_backend: BackendUnderTest, tp_logprob_suite: Suite, name: str
 ) -> None:

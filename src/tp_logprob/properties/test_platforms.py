@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,6 +26,7 @@ from tp_logprob.suite.applicability import LOGITS_INPUT, applies_to, claims
 from tp_logprob.suite.backends import BackendUnderTest, resolve_backends
 from tp_logprob.suite.draws import draw_case
 from tp_logprob.suite.expect import backward
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute
 from tp_logprob.suite.session import Suite
@@ -95,7 +95,7 @@ def test_platform_twins_bitwise(
     backend = tp_logprob_backend
     twin = platform_twin(backend)
     if twin is None:
-        pytest.skip(f"{backend.backend_id}: no twin registered that loads here")
+        raise NotApplicable(f"{backend.backend_id}: no twin registered that loads here")
     roles = backend.capability.roles & twin.capability.roles
     case = draw_case(data, backend, tp_logprob_suite, special_values=True, roles=roles)
     platform_twins.run(backend, case, twin=twin)

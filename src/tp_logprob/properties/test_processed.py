@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -57,11 +56,13 @@ from tp_logprob.suite.draws import (
     drawing_capability,
 )
 from tp_logprob.suite.expect import expect_processed_exact, expect_processed_gradient
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.profiles import scaled
 from tp_logprob.suite.property import suite_property
 from tp_logprob.suite.running import execute, select_rows
 from tp_logprob.suite.session import Suite
 from tp_logprob.suite.summary import SuiteStats
+from tp_logprob.suite.variants import variants
 from tp_logprob.support import SupportMode, SupportSpec
 
 _RECOMPUTED = (SupportMode.SAMPLING_PARAMS,)
@@ -103,7 +104,7 @@ RULE_SETS = tuple(
 
 @applies_to(RECOMPUTED_SUPPORT, SEVERAL_RANKS)
 @scaled(0.12)
-@pytest.mark.parametrize("rules", RULE_SETS, ids="+".join)
+@variants("rules", RULE_SETS, ids="+".join)
 @given(data=st.data())
 def test_every_sampling_rule_across_ranks(
     tp_logprob_backend: BackendUnderTest,
@@ -119,7 +120,9 @@ def test_every_sampling_rule_across_ranks(
     worlds = drawing_capability(backend).served_values("tp_world_size")
     several = [world for world in range(2, 9) if worlds is None or world in worlds]
     if not several:  # a real group of one rank
-        pytest.skip(f"a property of TP > 1; {backend.backend_id} runs at TP {sorted(worlds or ())}")
+        raise NotApplicable(
+            f"a property of TP > 1; {backend.backend_id} runs at TP {sorted(worlds or ())}"
+        )
     case = draw_processed_case(
         data, backend, tp_logprob_suite, modes=_RECOMPUTED, tp_world_sizes=several,
         support_rules=rules,

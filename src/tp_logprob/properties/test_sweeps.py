@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-import pytest
 
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import (
@@ -38,7 +37,9 @@ from tp_logprob.real_group.group import Launch, launched_by_torchrun
 from tp_logprob.strategies import LogprobCase, round_to_dtype
 from tp_logprob.suite.applicability import CROSS_TP_BITWISE, LOGITS_INPUT, applies_to
 from tp_logprob.suite.backends import BackendUnderTest
+from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.running import execute, select_rows
+from tp_logprob.suite.variants import variants
 
 ROWS = 64
 SWEEP_TEMPERATURE = 0.7
@@ -109,7 +110,9 @@ def _contract(
     )
     reasons = capability.incompatibilities(contract)
     if reasons:
-        pytest.skip(f"{capability.backend_id} does not claim this sweep's contract: {reasons[0]}")
+        raise NotApplicable(
+            f"{capability.backend_id} does not claim this sweep's contract: {reasons[0]}"
+        )
     return contract
 
 
@@ -140,7 +143,7 @@ def test_cross_tp_bitwise_sweep(tp_logprob_backend: BackendUnderTest) -> None:
 
 
 @applies_to(LOGITS_INPUT)
-@pytest.mark.parametrize("layout", ["tp1", UNEVEN])
+@variants("layout", ["tp1", UNEVEN])
 def test_batch_invariance_sweep(tp_logprob_backend: BackendUnderTest, layout: str) -> None:
     """Each row alone, and in batches of 2, 5 and 64, gives the same bits."""
     backend = tp_logprob_backend
