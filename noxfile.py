@@ -162,6 +162,13 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "src/tp_logprob", "tools", *session.posargs)
 
 
+@nox.session(default=False)
+def no_pytest(session: nox.Session) -> None:
+    """tp_logprob.testing, replay, report and rollout-check in a virtualenv without pytest."""
+    _install(session, "torch")
+    session.run("python", "ci/without_pytest.py")
+
+
 @nox.session
 def oracle_standalone(session: nox.Session) -> None:
     """Import and use tp_logprob.oracle with only numpy and mpmath installed."""

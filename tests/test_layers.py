@@ -77,11 +77,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 The package itself (``tp_logprob``, its ``__init__``) matches only by name."""
 
 RUNTIME_ONLY = ("tp_logprob.kernels",)
-PYTEST_ONLY = ("tp_logprob.pytest_plugin", "tp_logprob.real_group")
-"""The only modules that may import pytest: the plugin and the real-group runner it starts.
-The harness raises its own exceptions and the property modules declare their variants
-with the harness, so replay, which imports every property module, runs without pytest
-installed, as do ``tp_logprob.testing`` and the command line."""
+PYTEST_ONLY = ("tp_logprob.pytest_plugin", "tp_logprob.real_group.plugin")
+"""The only modules that may import pytest: the plugin and the real group's plugin. The
+harness raises its own exceptions and the property modules declare their variants with
+the harness, so replay, which imports every property module (and through them the real
+group's runner), runs without pytest installed, as do ``tp_logprob.testing`` and the
+command line."""
 USER_MODULE_LOADERS = ("tp_logprob.suite.backends",)
 """Modules whose dynamic import names no module of the package: they import the module a
 user names (``--tp-logprob-backend=my_kernels:register``)."""
@@ -332,7 +333,7 @@ def test_every_dynamic_import_is_resolved() -> None:
     assert not unresolved, unresolved
 
 
-def test_only_the_plugin_and_the_real_group_import_pytest() -> None:
+def test_only_the_plugins_import_pytest() -> None:
     """pytest is no dependency: the harness, judging, the properties, ``tp_logprob.testing``,
     replay and the command line import it nowhere, inside functions neither."""
     known = modules()
@@ -383,7 +384,7 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(AssertionError, match=r"tp_logprob.suite.loader: import_module, line 3"):
         test_every_dynamic_import_is_resolved()
     with pytest.raises(AssertionError, match=r"tp_logprob.suite.walker imports pytest"):
-        test_only_the_plugin_and_the_real_group_import_pytest()
+        test_only_the_plugins_import_pytest()
 
 
 def test_the_package_never_imports_the_tools() -> None:

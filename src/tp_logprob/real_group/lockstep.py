@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +37,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import HypothesisException
 
@@ -363,8 +363,10 @@ def error_fields(error: BaseException) -> dict[str, Any]:
 def _is_control(error: BaseException) -> bool:
     """A skip (the harness's :class:`NotApplicable` or pytest's), an assumption rejected, a
     draw Hypothesis stopped: not a failure. ``pytest.fail()`` is a failure, though pytest
-    raises it as a BaseException too (the real group runs only under pytest)."""
-    if isinstance(error, pytest.fail.Exception):
+    raises it as a BaseException too; it can come only from a process that loaded pytest
+    (this module, imported by the properties, must not import it: replay runs without it)."""
+    pytest = sys.modules.get("pytest")
+    if pytest is not None and isinstance(error, pytest.fail.Exception):
         return False
     if isinstance(error, (NotApplicable, HypothesisException)):
         return True
