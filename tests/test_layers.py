@@ -414,7 +414,7 @@ def test_the_peer_adapters_are_backends_not_suite() -> None:
 
 
 def test_the_properties_package_holds_property_bodies_only() -> None:
-    """The engine, the judging and the real group live beside ``properties/``: every module
+    """The harness, the judging and the real group live beside ``properties/``: every module
     in it is a ``test_*`` module of properties (the catalogue imports them all)."""
     found = [
         name

@@ -17,7 +17,7 @@ Under ``ci`` the verdict is the seed's alone: the profile writes the database bu
 never reads it (no ``Phase.reuse``). Replaying saved examples first would make the
 draws depend on what the database holds, which is whatever earlier runs left in
 the working directory (every backend's runs share a property's key): replayed
-examples count against ``max_examples``, their sampling advances the engine's
+examples count against ``max_examples``, their sampling advances Hypothesis'
 seeded random, and the choices they made are ones the generator then avoids, so
 the same seed stops short of, or steers around, the example that fails. Under
 ``dev`` and ``thorough`` a failure found once is still replayed first.

@@ -40,9 +40,10 @@ from tp_logprob.testing._case import build_case, full_logits
 
 NAME = "assert_logprob_close"
 REPLAYED_PROPERTIES = ("oracle", "gradients", "processed_oracle", "processed_gradients")
-"""The suite properties a failure is recorded under, by name: the registry itself would
-import the property modules, which apply ``@given``, refused inside a Hypothesis test
-(an assert may run in one). tests/testing checks every name is the suite's."""
+"""The suite properties a failure is recorded under, by name: the catalogue itself
+(:mod:`tp_logprob.replay.catalogue`) would import the property modules, which apply
+``@given``, refused inside a Hypothesis test (an assert may run in one). tests/testing
+checks every name is the suite's."""
 _UNNAMED = "(not named; pass backend=)"
 
 
