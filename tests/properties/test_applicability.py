@@ -244,3 +244,21 @@ def test_no_entropy_and_temperature_one_only_deselect_what_needs_them(tmp_path: 
     assert listed is not None, done.stdout
     assert "export_entropy True (2)" in listed.group(1), listed.group(1)
     assert "temperature 2.0 (1)" in listed.group(1), listed.group(1)
+
+
+def test_a_failure_that_measured_nothing_counts_as_unbounded() -> None:
+    """A violation with no measured row (an output of the wrong structure), or a kernel that
+    raised inside a property, still counts in the closing table: as unbounded."""
+    from tp_logprob.judging.violation import PropertyViolation
+    from tp_logprob.pytest_plugin import _count_failure
+    from tp_logprob.suite.property import FAILURE_ATTRIBUTE, FailureRecord
+
+    stats = SuiteStats()
+    structure = PropertyViolation("output structure: not fp32 [N] tensors", "  problem  lse")
+    _count_failure(stats, "b", None, structure, [structure])  # type: ignore[arg-type]
+    assert "inf (output structure)" in stats.table()[1]
+    raised = RuntimeError("CUDA error: an illegal memory access")
+    record = FailureRecord("oracle", None, None, {}, raised)  # type: ignore[arg-type]
+    setattr(raised, FAILURE_ATTRIBUTE, record)
+    _count_failure(stats, "c", None, raised, [])  # type: ignore[arg-type]
+    assert "inf (oracle)" in stats.table()[2]
