@@ -36,38 +36,54 @@ SGLANG_IMPORTS = [
 """What importing SGLang's sampling params, sampler softmax and ``sampling_mask`` needs
 (``tp_logprob.peers.sglang_sampler``); its sampler module itself needs a GPU build."""
 
-PEER_RELEASES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    # distribution: (releases, what the adapter imports beside it, its tests)
-    "verl": (
-        ("0.4.1", "0.5.0", "0.6.1", "0.7.1", "0.8.0", "0.9.0", "0.9.1"),
-        # transformers as verl 0.4 to 0.9 ask (<5); 0.4.1's package import needs pkg_resources,
-        # 0.4.1's and 0.5.0's pandas.
-        (*VERL_IMPORTS, "transformers>=4.51,<5", "setuptools<81", "pandas"),
-        ("tests/peers/test_verl_fused.py", "tests/peers/test_adapters.py", "-k", "verl"),
+_VERL_REQUIRES = (*VERL_IMPORTS, "transformers>=4.51,<5", "setuptools<81", "pandas")
+"""verl's imports, transformers as verl 0.4 to 0.9 ask (<5), and pkg_resources and pandas,
+which the package imports of 0.4.1 and 0.5.0 need."""
+
+PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    # adapter: (distribution, what the adapter imports beside it, its tests); the releases
+    # are tools/conformance/releases.py's.
+    "liger": (
+        "liger-kernel",
+        (),
+        ("tests/peers/test_adapters.py", "-k", "liger and not vocab_parallel"),
     ),
-    "sglang": (
-        # 0.5.20 has the API too, but its srt/utils/common.py imports torchvision at the
-        # top, and PyPI's torchvision for Linux x86-64 does not load beside the CPU torch.
-        ("0.5.21", "0.5.22", "0.5.23"),
-        tuple(SGLANG_IMPORTS),
-        ("tests/peers/test_sglang_sampler.py",),
+    "liger_fused": ("liger-kernel", (), ("tests/peers/test_fused_adapters.py", "-k", "liger")),
+    "liger_vocab_parallel": (
+        "liger-kernel",
+        ("transformers>=4.56,<5",),  # liger_kernel.transformers imports transformers
+        ("tests/peers/test_liger_vocab_parallel.py", "tests/peers/test_adapters.py", "-k", "vocab"),
     ),
-    "openrlhf": (("0.8.11", "0.9.5", "0.10.4", "0.11.2"), (), ("tests/peers/test_openrlhf.py",)),
-    "cut-cross-entropy": (("24.11.4", "24.12.3", "25.1.1"), (), ("tests/peers/test_cce.py",)),
+    # The newest release's dependencies, then each release alone.
+    "trl": ("trl", ("trl==1.16.0",), ("tests/peers/test_adapters.py", "-k", "trl")),
+    "trl_chunked": ("trl", ("trl==1.16.0",), ("tests/peers/test_trl_chunked.py",)),
+    "verl": ("verl", _VERL_REQUIRES, ("tests/peers/test_adapters.py", "-k", "verl and not naive")),
+    "verl_fused": ("verl", _VERL_REQUIRES, ("tests/peers/test_verl_fused.py",)),
+    "verl_naive": ("verl", _VERL_REQUIRES, ("tests/peers/test_adapters.py", "-k", "verl_naive")),
+    # 0.5.20 has the API too, but its srt/utils/common.py imports torchvision at the top, and
+    # PyPI's torchvision for Linux x86-64 does not load beside the CPU torch.
+    "sglang_sampler": ("sglang", tuple(SGLANG_IMPORTS), ("tests/peers/test_sglang_sampler.py",)),
+    "openrlhf": ("openrlhf", (), ("tests/peers/test_openrlhf.py",)),
+    "cce": ("cut-cross-entropy", (), ("tests/peers/test_cce.py",)),
 }
-"""The releases of each peer library that have its adapter's API (the newest is the
-conformance run's), what the adapter imports beside the library, and its tests."""
+"""Each adapter's library, what the adapter imports beside it, and its tests, for
+``nox -s peer_releases`` (the releases: ``tools/conformance/releases.py``)."""
 
 
-def _history_corpus() -> Any:
-    """The historical corpus module, read from its file (it imports nothing of the package)."""
-    path = ROOT / "tools" / "history" / "corpus.py"
-    spec = importlib.util.spec_from_file_location("_history_corpus", path)
+def _tool(relative: str) -> Any:
+    """A module of ``tools/`` that imports nothing of the package, read from its file."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(f"_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def _history_corpus() -> Any:
+    """The historical corpus module, read from its file (it imports nothing of the package)."""
+    return _tool("tools/history/corpus.py")
 
 
 def _constraints() -> list[str]:
@@ -254,11 +270,12 @@ def conformance(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
-@nox.parametrize("distribution", sorted(PEER_RELEASES))
-def peer_releases(session: nox.Session, distribution: str) -> None:
+@nox.parametrize("adapter", sorted(PEER_TESTS))
+def peer_releases(session: nox.Session, adapter: str) -> None:
     """An adapter's tests on each release of its library (posargs: some releases only)."""
     _install(session, "torch,triton,test")
-    releases, requires, tests = PEER_RELEASES[distribution]
+    distribution, requires, tests = PEER_TESTS[adapter]
+    releases = _tool("tools/conformance/releases.py").TESTED_RELEASES[adapter]
     if requires:
         session.install(*_constraints(), *requires)
     _cpu_interpreter_env(session)  # Triton kernels on CPU tensors
@@ -277,9 +294,9 @@ def peer_releases(session: nox.Session, distribution: str) -> None:
         if " skipped" in str(output).strip().splitlines()[-1]:  # an import that failed
             failed.append(release)
     passed = [release for release in session.posargs or releases if release not in failed]
-    session.log(f"{distribution}: passed on {passed}; failed on {failed}")
+    session.log(f"{adapter} ({distribution}): passed on {passed}; failed on {failed}")
     if failed:
-        session.error(f"{distribution}: the adapter's tests failed on {failed}")
+        session.error(f"{adapter}: the adapter's tests failed on {failed}")
 
 
 @nox.session(default=False)

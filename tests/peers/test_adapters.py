@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+from importlib.metadata import version
 
 import pytest
 import torch
 
 import tp_logprob as tpl
+from tp_logprob.peers._releases import parse_release
 
 INF = float("inf")
 
@@ -34,6 +36,7 @@ ADAPTERS = [
     ),
     pytest.param("trl", "honest", "trl", 1, id="trl"),
     pytest.param("verl", "honest", "verl.utils.torch_functional", 1, id="verl"),
+    pytest.param("verl_naive", "honest", "verl.utils.torch_functional", 1, id="verl_naive"),
 ]
 
 
@@ -70,7 +73,9 @@ def test_matches_torch_log_softmax_and_leaves_inputs_alone(
     expected_lse = torch.logsumexp(logits, dim=1)
     expected = torch.log_softmax(logits, dim=1).gather(1, targets[:, None])[:, 0]
     expected[3] = -INF  # torch's log_softmax: -inf - finite lse
-    if module in ("trl", "verl"):  # peer bugs, pinned: docs/repro_{trl,verl}_logprob_pos_inf.py
+    # Peer bugs, pinned: docs/repro_{trl,verl}_logprob_pos_inf.py; verl's from 0.2, whose CPU
+    # path is logprobs_from_logits_v2 (0.1's is log_softmax, as torch's).
+    if module == "trl" or (module == "verl" and parse_release(version("verl")) >= (0, 2)):
         expected[2] = -INF
     selected, lse = results[0].selected_logp, results[0].lse
     torch.testing.assert_close(lse, expected_lse, equal_nan=True)
@@ -102,3 +107,24 @@ def test_verls_entropy_is_its_own_and_nan_beside_a_neg_inf_logit() -> None:
     probs = torch.softmax(logits[:3], dim=1)
     torch.testing.assert_close(entropy[:3], -(probs * probs.log()).sum(dim=1))
     assert torch.isnan(entropy[3])
+
+
+def test_verl_naive_entropy_is_fp32_for_16bit_logits_and_nan_beside_a_neg_inf_logit() -> None:
+    """entropy_from_logits_with_chunking casts each chunk to fp32 (so a bf16 row's entropy
+    is the fp32 entropy of its bf16 values) and shares entropy_from_logits' formula (NaN
+    beside a -inf logit, a peer bug, pinned: docs/repro_verl_entropy_neg_inf.py)."""
+    op = _op("verl_naive", "honest", "verl.utils.torch_functional")
+    logits = torch.linspace(-3.0, 4.0, 32).reshape(4, 8)
+    logits[3, 4] = -INF
+    targets = torch.tensor([1, 2, 3, 0])
+    contract = dataclasses.replace(_contract("infer", 1), export_entropy=True)
+    entropy = tpl.run_tp(op, logits, targets, contract)[0].entropy
+    probs = torch.softmax(logits[:3], dim=1)
+    torch.testing.assert_close(entropy[:3], -(probs * probs.log()).sum(dim=1))
+    assert torch.isnan(entropy[3])
+    half = logits[:3].bfloat16()
+    bf16 = dataclasses.replace(_contract("infer", 1), dtype="bf16", export_entropy=True)
+    wide = tpl.run_tp(op, half, targets[:3], dataclasses.replace(bf16, mask=tpl.MaskSpec(3)))
+    probs = torch.softmax(half.float(), dim=1)
+    assert wide[0].entropy is not None and wide[0].entropy.dtype == torch.float32
+    torch.testing.assert_close(wide[0].entropy, -(probs * probs.log()).sum(dim=1))

@@ -10,6 +10,7 @@ thoroughly; these tests pin values, untouched inputs and gradients.
 from __future__ import annotations
 
 import os
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from tp_logprob.oracle import (
 )
 from tp_logprob.oracle.tolerance import within_tolerance
 from tp_logprob.peers import liger_fused
+from tp_logprob.peers._releases import parse_release
 
 VOCAB, SIZE, TOKENS = 19, 16, 6
 
@@ -73,7 +75,7 @@ def _oracle(
     The LSE bound carries the fused extra twice: liger_flce's LSE adds a nearly exact
     ``x[argmax]`` to Liger's ``lse - x[argmax]`` (see the adapter's docstring).
     """
-    h, w = hidden.double().numpy(), weight.double().numpy()
+    h, w = hidden.detach().double().numpy(), weight.double().numpy()
     b = None if bias is None else bias.double().numpy()
     x = exact_hidden_logits(h, w, b)
     x32 = x.astype(np.float32).astype(np.float64)
@@ -98,6 +100,7 @@ def _assert_within(got: torch.Tensor, want: np.ndarray, bound: np.ndarray, what:
 def test_liger_flce_matches_the_exact_oracle_and_leaves_inputs_alone(with_bias: bool) -> None:
     op = _liger_op()
     hidden, weight, bias, targets = _case(seed=11)
+    hidden.requires_grad_()  # a trainer's call (see the no-grad test for an engine's)
     biases = bias if with_bias else None
     before = [t.clone() for t in (hidden, weight, bias, targets)]
     versions = [t._version for t in (hidden, weight, bias)]
@@ -124,13 +127,13 @@ def test_liger_flce_special_rows() -> None:
     hidden[3, 0] = float("inf")
     weight[:, 0] = weight[:, 0].abs() + 0.5
     weight[7, 0] = -1.0  # row 3: +inf logits, and -inf in column 7
-    result = tpl.run_tp_hidden(op, hidden, weight, targets, _contract())[0]
+    result = tpl.run_tp_hidden(op, hidden.requires_grad_(), weight, targets, _contract())[0]
     assert result.lse is not None
-    x = exact_hidden_logits(hidden.double().numpy(), weight.double().numpy())
+    x = exact_hidden_logits(hidden.detach().double().numpy(), weight.double().numpy())
     want_selected, want_lse = exact_selected_logprob(x.astype(np.float32), targets.numpy())
     for name, got, want in (
         ("lse", result.lse, want_lse),
-        ("selected_logp", result.selected_logp, want_selected),
+        ("selected_logp", result.selected_logp.detach(), want_selected),
     ):
         for row in (2, 3):
             assert np.isnan(float(got[row])) == np.isnan(want[row]), (name, row)
@@ -138,7 +141,34 @@ def test_liger_flce_special_rows() -> None:
                 assert float(got[row]) == want[row], (name, row)
 
 
-def test_liger_flce_gradients_match_float64_autograd() -> None:
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_liger_flce_on_an_input_that_needs_no_gradient_by_release(with_bias: bool) -> None:
+    """An engine's call (no gradient). Peer bugs, pinned: 0.6.3 reads its gradient buffers
+    unassigned (``UnboundLocalError``); 0.6.4 to 0.7.x detach a gradient buffer it left
+    ``None`` where a bias is given (``AttributeError``); the other served releases answer."""
+    op = _liger_op()
+    hidden, weight, bias, targets = _case(seed=11)
+    release = parse_release(metadata.version("liger-kernel"))
+    crash: type[Exception] | None = None
+    if (0, 6, 3) <= release < (0, 6, 4):
+        crash = UnboundLocalError
+    elif (0, 6, 4) <= release < (0, 8, 0) and with_bias:
+        crash = AttributeError
+    biases = bias if with_bias else None
+    contract = _contract(bias=with_bias)
+    if crash is not None:
+        with pytest.raises(crash):
+            tpl.run_tp_hidden(op, hidden, weight, targets, contract, bias=biases)
+        return
+    result = tpl.run_tp_hidden(op, hidden, weight, targets, contract, bias=biases)[0]
+    selected, _, selected_bound, _ = _oracle(hidden, weight, biases, targets)
+    _assert_within(result.selected_logp, selected, selected_bound, "selected_logp")
+
+
+@pytest.mark.parametrize("varied", [False, True], ids=["uniform-upstream", "varied-upstream"])
+def test_liger_flce_gradients_match_float64_autograd(varied: bool) -> None:
+    """Before 0.8.2 (a peer bug, pinned) every row's gradient is scaled by the first
+    element of the upstream gradient; a uniform upstream gradient hides it."""
     op = _liger_op()
     hidden, weight, bias, targets = _case(seed=3)
     hidden[4] /= 40.0  # keep every softmax weight visible in fp32
@@ -146,8 +176,10 @@ def test_liger_flce_gradients_match_float64_autograd() -> None:
     result = tpl.run_tp_hidden(
         op, params[0], params[1], targets, _contract("train", bias=True), bias=params[2]
     )[0]
-    upstream = torch.linspace(-1.0, 2.0, TOKENS)
+    upstream = torch.linspace(-1.0, 2.0, TOKENS) if varied else torch.full((TOKENS,), 0.5)
     (result.selected_logp * upstream).sum().backward()
+    if parse_release(metadata.version("liger-kernel")) < (0, 8, 2):
+        upstream = torch.full_like(upstream, float(upstream[0]))
     reference = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
     logits = reference[0] @ reference[1].T + reference[2]
     logp = torch.log_softmax(logits, dim=1).gather(1, targets[:, None])[:, 0]

@@ -110,3 +110,14 @@ def test_argmax_logits_is_the_float64_argmax_rounded_once() -> None:
     assert torch.isnan(value[2])
     empty_top, empty_value = argmax_logits(hidden, weight[:0])
     assert empty_top.tolist() == [0] * 5 and torch.isneginf(empty_value).all()
+
+
+def test_argmax_logits_adds_the_bias_before_the_argmax() -> None:
+    gen = torch.Generator().manual_seed(1)
+    hidden, weight = torch.randn(4, 6, generator=gen), torch.randn(9, 6, generator=gen)
+    bias = torch.zeros(9)
+    bias[7] = 100.0  # every row's argmax is column 7
+    top, value = argmax_logits(hidden, weight, bias)
+    exact = hidden.double() @ weight.double().T + bias.double()
+    assert top.tolist() == [7] * 4
+    assert torch.equal(value, exact[:, 7].float())

@@ -10,7 +10,8 @@ import pytest
 from tools.history.corpus import CORPUS, HistoricalBug, releases
 from tools.history.runner import verdict
 
-from tp_logprob.peers.liger import liger_arguments
+from tp_logprob.peers._releases import UnservedReleaseError
+from tp_logprob.peers.liger import SERVED, liger_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 INF = math.inf
@@ -30,9 +31,9 @@ def test_liger_arguments_follow_each_releases_forward(
     assert arguments[weight : weight + 4] == (-100, 0.0, 0.0, "none")
 
 
-def test_liger_arguments_refuse_releases_before_reduction() -> None:
-    with pytest.raises(RuntimeError, match=r"liger-kernel 0\.4\.0"):
-        liger_arguments((0, 4, 0), -100)
+def test_liger_refuses_releases_before_reduction() -> None:
+    with pytest.raises(UnservedReleaseError, match=r"liger-kernel '0\.4\.0' is installed"):
+        SERVED.check("0.4.0")
 
 
 def test_every_runnable_entry_has_a_reproducer_and_its_releases() -> None:
@@ -144,17 +145,17 @@ def test_a_smoke_report_judges_only_its_entries(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version", ["0.15.0", "0.15.2", "0.16.0", "0.16.1"])
 def test_trl_grpo_adapter_serves_the_four_argument_method(version: str) -> None:
-    from tp_logprob.peers.trl_grpo import check_release
+    from tp_logprob.peers.trl_grpo import SERVED as TRL_GRPO
 
-    check_release(version)
+    TRL_GRPO.check(version)
 
 
 @pytest.mark.parametrize("version", ["0.14.0", "0.17.0", "1.16.0", "main"])
 def test_trl_grpo_adapter_refuses_other_releases_by_version(version: str) -> None:
-    from tp_logprob.peers.trl_grpo import check_release
+    from tp_logprob.peers.trl_grpo import SERVED as TRL_GRPO
 
-    with pytest.raises(RuntimeError, match=r"serves 0\.15 and 0\.16"):
-        check_release(version)
+    with pytest.raises(UnservedReleaseError, match=r"serves trl>=0\.15,<0\.17 only"):
+        TRL_GRPO.check(version)
 
 
 def test_requirements_follow_the_entries_of_a_release() -> None:
@@ -192,29 +193,27 @@ def test_the_vllm_entry_installs_the_same_sampler_imports_for_both_releases() ->
      ("0.10.2", (0, 10, 2))],
 )  # fmt: skip
 def test_vllm_010_adapter_serves_the_010_releases(version: str, release: tuple[int, ...]) -> None:
-    from tp_logprob.peers.vllm_sampler_010 import check_release
+    from tp_logprob.peers.vllm_sampler_010 import SERVED as VLLM_010
 
-    assert check_release(version) == release
+    assert VLLM_010.check(version) == release
 
 
 @pytest.mark.parametrize("version", ["0.9.2", "0.11.0", "0.33.0", "main"])
 def test_vllm_010_adapter_refuses_other_releases_by_version(version: str) -> None:
-    from tp_logprob.peers.vllm_sampler_010 import check_release
+    from tp_logprob.peers.vllm_sampler_010 import SERVED as VLLM_010
 
-    with pytest.raises(RuntimeError, match=r"serves 0\.10 \(0\.10\.0 to 0\.10\.2\)"):
-        check_release(version)
+    with pytest.raises(UnservedReleaseError, match=r"serves vllm>=0\.10,<0\.11 only"):
+        VLLM_010.check(version)
 
 
 def _installed_vllm_010() -> tuple[int, ...]:
     """The installed vllm 0.10 release; skips where vllm is absent or another release."""
-    from importlib import metadata
-
-    from tp_logprob.peers.vllm_sampler_010 import check_release
+    from tp_logprob.peers.vllm_sampler_010 import SERVED as VLLM_010
 
     pytest.importorskip("vllm", reason="vllm 0.10 is installed by nox -s history only")
     try:
-        return check_release(metadata.version("vllm"))
-    except RuntimeError as error:
+        return VLLM_010.installed()
+    except UnservedReleaseError as error:
         pytest.skip(str(error))
 
 

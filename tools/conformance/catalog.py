@@ -182,6 +182,23 @@ _VERL_HONEST = (
     ),
 )
 
+_VERL_CHUNKED_ENTROPY_CANCELS = Explanation(
+    PEER_LIMITATION,
+    "entropy_from_logits_with_chunking casts each chunk of 2048 rows to fp32 and takes "
+    "entropy_from_logits' formula, logsumexp(x) - sum(softmax(x) * x): two fp32 numbers the "
+    "size of the logits, so its absolute error grows with |x| (a two-column row: 0.48 ulp of "
+    "the row's scale where the tolerance is 0.06)",
+)
+_VERL_NAIVE_HONEST = tuple(
+    (test, _VERL_ENTROPY_NEG_INF)
+    for test in (
+        "test_gradients_match_exact",
+        "test_matches_reference_on_larger_shapes",
+        "test_entropy_is_nan_free_where_exact_is_finite",
+        "test_entropy_ignores_appended_neg_inf_columns",
+        "test_wide_vocabularies",
+    )
+)
 _OPENRLHF_POS_INF = Explanation(
     PEER_BUG,
     "log_probs_from_logits' fp32 path (gather - logsumexp) gives -inf for a finite target beside "
@@ -261,6 +278,29 @@ _VERL_FUSED_ENTROPY = Explanation(
     "the entropy is logsumexp(z) - sum(softmax(z) * z), entropy_from_logits' formula: two fp32 "
     "numbers the size of the logits, so its absolute error grows with |z| (exact dot products "
     "of |hidden| <= 8: 9.155e-05 where the entropy is 7.987e-05, with lse 125)",
+)
+_TRL_CHUNKED_16BIT = Explanation(
+    PEER_LIMITATION,
+    "each tile's logits are torch.mm's output in the input dtype (bias added there), so they "
+    "carry 8/11 bits before the fp32 fold",
+)
+_TRL_CHUNKED_UNMASKED = Explanation(
+    PEER_LIMITATION,
+    "ChunkedLogProbFunction has no mask: the fused head scores every position and drops the "
+    "-100 labels afterwards; a target outside [0, V) is found in no tile, so its logit stays "
+    "0 and the row's logprob is -lse, not the contract's 0",
+)
+_TRL_CHUNKED_MEMORY = Explanation(
+    PEER_LIMITATION,
+    "a tile is min(N, 4096) tokens by 32768 vocabulary columns (the chunk_size TRL's fused "
+    "head passes): below 32768 columns one tile holds every logit of up to 4096 rows, so the "
+    "saving is for real vocabularies only (a 4096 x 32768 fp32 tile is 512 MiB)",
+)
+_TRL_CHUNKED_WATCHED = (("test_fused_never_materializes_the_logits", _TRL_CHUNKED_MEMORY),)
+_TRL_CHUNKED_BATCH = Explanation(
+    PEER_LIMITATION,
+    "each tile's torch.mm has min(N, 4096) rows, and a matmul's bits for a row follow its "
+    "shape (the CPU GEMM's blocking here), so a row run alone gives other bits than in a batch",
 )
 _VERL_TRITON_CPU = (
     "not run: CUDA only, even under the Triton interpreter: its forward opens "
@@ -689,6 +729,59 @@ PEERS = (
         cells={
             "honest": Cell(note=_VERL_TRITON_CPU),
             **{key: _CUDA_ONLY for key, _ in COLUMNS if key != "honest"},
+        },
+    ),
+    Peer(
+        name="trl_chunked_logprob",
+        module="trl_chunked",
+        library="TRL ChunkedLogProbFunction (its fused LM head), hidden in, torch tiles on CPU",
+        distribution="trl",
+        cells={
+            "honest": Cell("honest", by_property=_TRL_CHUNKED_WATCHED),
+            "padding": Cell(
+                "assume_padding", explanation=_PADDING, by_property=_TRL_CHUNKED_WATCHED
+            ),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit", explanation=_TRL_CHUNKED_16BIT, by_property=_TRL_CHUNKED_WATCHED
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=_TRL_CHUNKED_UNMASKED,
+                by_property=_TRL_CHUNKED_WATCHED,
+            ),
+            "batch": Cell(
+                "assume_batch_invariant",
+                explanation=_TRL_CHUNKED_BATCH,
+                by_property=_TRL_CHUNKED_WATCHED,
+            ),
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="verl_logprobs_from_logits_naive",
+        module="verl_naive",
+        library="verl logprobs_from_logits_naive (+ entropy_from_logits_with_chunking)",
+        distribution="verl",
+        cells={
+            "honest": Cell(
+                "honest", explanation=_VERL_CHUNKED_ENTROPY_CANCELS, by_property=_VERL_NAIVE_HONEST
+            ),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "for bf16/fp16 logits logprobs_from_logits_naive takes log_softmax in the "
+                    "input dtype, so the logprob has 8/11 bits",
+                ),
+            ),
+            "inactive": Cell("assume_inactive_tokens", explanation=_gathers_every_label("verl")),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
         },
     ),
 )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from tools.conformance.catalog import PROCESSED_PEERS, UNAVAILABLE, Finding, ProcessedPeer
 from tools.conformance.records import Record, headline
+from tools.conformance.releases import served_and_tested
 
 __all__ = [
     "HEADING",
@@ -193,7 +194,8 @@ def peer_subsection(
         f"### `{peer.name}`",
         "",
         f"{peer.library}; {peer.distribution} {installed(peer.distribution)}, "
-        f"`tp_logprob.peers.{peer.module}`. Support modes: {modes}; serves {serves}.",
+        f"`tp_logprob.peers.{peer.module}`. Support modes: {modes}; serves {serves}. "
+        f"Releases served; tests run on: {served_and_tested(peer.module)}.",
         "",
         f"`{command}`: {tally or 'no tests'} in {seconds:.0f} s.",
         "",

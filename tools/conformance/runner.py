@@ -79,6 +79,7 @@ from tools.conformance.records import (
     read_records,
     recorded_nodeids,
 )
+from tools.conformance.releases import served_and_tested
 
 __all__ = ["main"]
 
@@ -355,7 +356,8 @@ def _markdown(
     table = [header, rule] + ["| " + " | ".join(row.cells) + " |" for _, row in rows]
     versions = [
         f"| `{peer.name}` | {peer.library} | {peer.distribution} "
-        f"{processed.installed(peer.distribution)} | `tp_logprob.peers.{peer.module}` |"
+        f"{processed.installed(peer.distribution)} | {served_and_tested(peer.module)} "
+        f"| `tp_logprob.peers.{peer.module}` |"
         for peer, _ in rows
     ]
     total = sum(timings.values())
@@ -387,9 +389,15 @@ def _markdown(
             "",
             "## Peers",
             "",
-            "| adapter | library | installed | module |",
-            "| --- | --- | --- | --- |",
+            "| adapter | library | installed | releases served; tests run on | module |",
+            "| --- | --- | --- | --- | --- |",
             *versions,
+            "",
+            "Each adapter serves the releases of its library its module declares (`SERVED`), "
+            "spelling each release's call, and refuses any other before the call "
+            "(`UnservedReleaseError`, naming the installed version and the range). "
+            "`nox -s peer_releases` runs the adapter's own tests on the releases listed after "
+            "the semicolon (`tools/conformance/releases.py`), one at a time.",
             "",
             f"Profile `{args.profile}` (fixed seed), `-n {args.workers}`; suite time "
             + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items())

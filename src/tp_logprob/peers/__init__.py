@@ -2,7 +2,9 @@
 
 Each module wraps one library's real, installed code (never a re-implementation)
 behind the standard op signature, with a capability taken from that library's
-documentation and source, and says which library versions it was verified with:
+documentation and source, and declares the releases of the library it serves
+(``SERVED``; any other is refused by name before any work,
+:class:`~tp_logprob.peers._releases.UnservedReleaseError`):
 
 - :mod:`.liger` - Liger-Kernel's Triton cross entropy (TP=1; on CPU under the
   Triton interpreter);
@@ -16,8 +18,12 @@ documentation and source, and says which library versions it was verified with:
   TorchTitan uses;
 - :mod:`.trl` - TRL's ``selective_log_softmax``, the logprob helper of its GRPO
   and PPO trainers;
+- :mod:`.trl_chunked` - TRL's ``ChunkedLogProbFunction``, the autograd function of its
+  fused LM head, hidden states in, with its temperature and entropy (TP=1);
 - :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
   helpers of its FSDP actor (TP=1, torch path);
+- :mod:`.verl_naive` - verl's ``logprobs_from_logits_naive`` and
+  ``entropy_from_logits_with_chunking``, the same module's other two helpers (TP=1);
 - :mod:`.openrlhf` - OpenRLHF's ``log_probs_from_logits``, the helper of its actor,
   with its temperature (TP=1, torch path; compiled from the installed file, whose
   package needs flash-attn to import);

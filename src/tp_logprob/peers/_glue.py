@@ -102,8 +102,11 @@ _PRODUCT_ELEMENTS = 1 << 22
 """Float64 logits per chunk of :func:`argmax_logits`: rows x vocabulary stay below this."""
 
 
-def argmax_logits(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's argmax of ``hidden @ weight.T`` and that logit, in float64 rounded to fp32.
+def argmax_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax of ``hidden @ weight.T (+ bias)`` and that logit, in float64 rounded
+    to fp32.
 
     For an LSE where the library exposes no logits: its logprob of the argmax is
     ``x[a] - lse``, and this ``x[a]`` is nearly exact (one rounding).
@@ -117,6 +120,8 @@ def argmax_logits(hidden: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Ten
     columns = weight.to(torch.float64).T
     for begin in range(0, rows, step):
         logits = hidden[begin : begin + step].to(torch.float64) @ columns
+        if bias is not None:
+            logits = logits + bias.to(torch.float64)
         best = logits.nan_to_num(nan=torch.inf).argmax(dim=1)  # a NaN row: its NaN column
         top[begin : begin + step] = best
         value[begin : begin + step] = logits.gather(1, best[:, None])[:, 0].float()

@@ -6,9 +6,11 @@ the default off macOS, is a Triton kernel). It drops the rows whose target equal
 ``ignore_index``, computes ``e @ c.T`` for the rest with one matmul *in the input
 dtype*, and takes ``F.cross_entropy(logits.float(), targets, reduction="none")``,
 all under ``torch.compile(fullgraph=True, dynamic=True)``; the ignored rows get a
-loss of 0 (``handle_reduction_none``). Verified with cut-cross-entropy 25.1.1 (the
-conformance run) and, with ``tests/peers/test_cce.py`` under ``nox -s peer_releases``,
-24.11.4 and 24.12.3 (``>=24.11.4,<25.2``).
+loss of 0 (``handle_reduction_none``). ``linear_cross_entropy`` has the same
+signature in every release, from the first (24.11.3) to 25.1.1 (:data:`SERVED`).
+Verified with cut-cross-entropy 25.1.1 (the conformance run) and, with
+``tests/peers/test_cce.py`` under ``nox -s peer_releases``, the releases
+``tools/conformance/releases.py`` lists.
 
 Capability, from ``linear_cross_entropy.py``, ``torch_compile.py`` and ``utils.py``:
 
@@ -67,10 +69,12 @@ from tp_logprob.peers._glue import (
     lse_from_max,
     selected_from_loss,
 )
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "assume_16bit",
     "assume_batch_invariant",
@@ -80,7 +84,14 @@ __all__ = [
     "honest",
 ]
 
-VERIFIED_VERSIONS = "cut-cross-entropy>=24.11.4,<25.2"
+SERVED = ServedReleases(
+    "cut-cross-entropy",
+    (((24, 11, 3), (25, 2)),),
+    "24.11.3 is the first release, and 25.2 is not yet verified",
+)
+"""The releases of cut-cross-entropy the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = fused_peer_capability("cce_linear_cross_entropy", MaskMode.IGNORE_INDEX)
 
@@ -96,6 +107,7 @@ _SKIPPED_FRAME = "found no compiled frames"
 
 @imported_once
 def _linear_cross_entropy() -> Any:
+    SERVED.installed()
     from cut_cross_entropy import linear_cross_entropy
 
     return linear_cross_entropy

@@ -4,13 +4,16 @@ Wraps ``liger_kernel.ops.cross_entropy.LigerCrossEntropyFunction`` with
 ``reduction="none"`` and no weight, smoothing, z-loss or softcap: the per-token
 loss is ``lse - x[target]``, computed by one Triton program per row (online
 softmax over blocks of ``min(32768, next_pow2(V))`` columns on CUDA) in fp32.
-Verified with liger-kernel 0.8.5 (``>=0.8,<0.9``); on CPU the kernel runs through
-the Triton interpreter (``TRITON_INTERPRET=1`` before triton is first imported).
-The adapter calls ``LigerCrossEntropyFunction.apply`` the way the installed
-release spells it (:func:`liger_arguments`), from 0.4.1 (the first release whose
-forward takes ``reduction`` and returns ``(loss, z_loss)``) on, so the historical
-benchmark (``tools.history``) runs the suite on the release a user
-pinned.
+On CPU the kernel runs through the Triton interpreter (``TRITON_INTERPRET=1``
+before triton is first imported). The adapter calls
+``LigerCrossEntropyFunction.apply`` the way the installed release spells it
+(:func:`liger_arguments`), from 0.4.1 (the first release whose forward takes
+``reduction`` and returns ``(loss, z_loss)``) to 0.8 (:data:`SERVED`), so the
+historical benchmark (``tools.history``) runs the suite on the release a user
+pinned; any other release is refused before the call
+(:class:`~tp_logprob.peers._releases.UnservedReleaseError`). Verified with
+liger-kernel 0.8.5 (the conformance run) and, with this adapter's tests under
+``nox -s peer_releases``, the releases ``tools/conformance/releases.py`` lists.
 
 Capability, from Liger's docs and ``ops/cross_entropy.py``:
 
@@ -43,9 +46,7 @@ Variants ("what users assume", each the same op): ``assume_padding``,
 from __future__ import annotations
 
 import os
-import re
 import warnings
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -61,10 +62,12 @@ from tp_logprob.contract import (
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import claiming, lse_from_max, private_copy, selected_from_loss
+from tp_logprob.peers._releases import Release, ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "assume_16bit",
     "assume_cross_tp_bitwise",
@@ -75,9 +78,14 @@ __all__ = [
     "liger_logprob",
 ]
 
-VERIFIED_VERSIONS = "liger-kernel>=0.8,<0.9"
+SERVED = ServedReleases(
+    "liger-kernel",
+    (((0, 4, 1), (0, 9)),),
+    "before 0.4.1 the forward takes no reduction, and 0.9 is not yet verified",
+)
+"""The releases whose ``LigerCrossEntropyFunction.forward`` :func:`liger_arguments` spells."""
 
-OLDEST_RELEASE = (0, 4, 1)
+VERIFIED_VERSIONS = str(SERVED)
 _WEIGHT_FROM = (0, 5, 3)  # ``weight`` (class weights) after ``target``
 _TOKEN_ACCURACY_FROM = (0, 6, 4)  # ``return_token_accuracy`` after ``return_z_loss``
 _PREDICTED_TOKENS_FROM = (0, 8, 0)  # then ``return_predicted_tokens``
@@ -103,8 +111,7 @@ def liger_logprob(
 ) -> LogprobResult:
     """``(selected_logp, lse)`` from Liger's per-token cross entropy."""
     check_op_inputs(local_logits, targets, contract, group)
-    function = _liger_function(local_logits.device)
-    release = _release()
+    function, release = _liger_function(local_logits.device)
     ignore_index = contract.mask.ignore_index
     targets = targets.contiguous()
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
@@ -128,40 +135,29 @@ def liger_logprob(
     return LogprobResult(selected_from_loss(loss), lse)
 
 
-def liger_arguments(release: tuple[int, ...], ignore_index: int) -> tuple[Any, ...]:
+def liger_arguments(release: Release, ignore_index: int) -> tuple[Any, ...]:
     """``LigerCrossEntropyFunction.apply``'s arguments after ``(input, target)`` in ``release``.
 
     No class weight, z-loss, smoothing or softcap, ``reduction="none"``; the
     positional list grew over the releases (``weight`` in 0.5.3, token accuracy in
     0.6.4, predicted tokens in 0.8.0), read from each release's ``forward``.
     """
-    if release < OLDEST_RELEASE:
-        raise RuntimeError(
-            f"liger-kernel {'.'.join(map(str, release))}: the adapter serves releases from "
-            f"{'.'.join(map(str, OLDEST_RELEASE))} on (the first whose forward takes reduction)"
-        )
     weight: tuple[Any, ...] = (None,) if release >= _WEIGHT_FROM else ()
     flags = 1 + (release >= _TOKEN_ACCURACY_FROM) + (release >= _PREDICTED_TOKENS_FROM)
     return (*weight, ignore_index, 0.0, 0.0, "none", None, *(False,) * flags)
 
 
-def _release() -> tuple[int, ...]:
-    """The installed liger-kernel's ``major.minor.patch`` (a suffix such as ``.dev1`` dropped)."""
-    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", metadata.version("liger-kernel"))
-    if found is None:
-        raise RuntimeError(f"liger-kernel {metadata.version('liger-kernel')!r}: not a release")
-    return tuple(int(number or 0) for number in found.groups())
-
-
-def _liger_function(device: torch.device) -> Any:
+def _liger_function(device: torch.device) -> tuple[Any, Release]:
+    """Liger's autograd function and the installed release, checked before the import."""
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "Liger's cross entropy is a Triton kernel: on CPU it runs only through the "
             "Triton interpreter; set TRITON_INTERPRET=1 before triton is first imported"
         )
+    release = SERVED.installed()
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
-    return LigerCrossEntropyFunction
+    return LigerCrossEntropyFunction, release
 
 
 honest = (liger_logprob, CAPABILITY)

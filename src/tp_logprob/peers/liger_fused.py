@@ -7,9 +7,23 @@ each chunk's logits with one torch matmul ``hidden @ W.T (+ bias)`` *in the inpu
 dtype*, and runs its cross-entropy Triton kernel (``ops/cross_entropy.py``, one
 program per row, online softmax in fp32) on that chunk. With ``reduction="none"``
 the gradient is deferred to the backward, which recomputes the chunks
-(``fused_linear_cross_entropy.py:521-528``). Verified with liger-kernel 0.8.5
-(``>=0.8,<0.9``); on CPU the kernel runs through the Triton interpreter
-(``TRITON_INTERPRET=1`` before triton is first imported).
+(``fused_linear_cross_entropy.py:521-528``). On CPU the kernel runs through the
+Triton interpreter (``TRITON_INTERPRET=1`` before triton is first imported).
+
+Releases (:data:`SERVED`, read from each release's ``forward``): per-token losses
+come back from 0.5.3 to 0.5.8 and from 0.6.3 on. Before 0.5.3 the forward sums
+the losses whatever the reduction, and from 0.5.9 to 0.6.2 its ``reduction ==
+"none"`` branch is commented out, so it sums them again: those releases are
+refused by name (:class:`~tp_logprob.peers._releases.UnservedReleaseError`).
+:func:`liger_arguments` spells the positional call of each served release
+(``accum_dtype`` and ``use_token_scaling`` from 0.6.2 and 0.6.3, token accuracy from
+0.6.4, predicted tokens from 0.8.0). Before 0.8.2 the gradient of
+``reduction="none"`` is computed in the forward and scaled in the backward by the
+*first* element of the upstream gradient (``element_mul_kernel`` loads one value),
+so every row's gradient is wrong unless the upstream gradient is uniform; 0.8.2
+defers the gradient to the backward. Verified with liger-kernel 0.8.5 (the
+conformance run) and, with this adapter's tests under ``nox -s peer_releases``, the
+releases ``tools/conformance/releases.py`` lists.
 
 Capability, from ``ops/fused_linear_cross_entropy.py`` (``FLCE`` below) and
 ``ops/cross_entropy.py`` (``CE``):
@@ -38,17 +52,23 @@ Glue (see :mod:`tp_logprob.peers._glue`):
 - ``selected_logp = 0.0 - loss`` (never ``-0.0``); Liger does not write into
   ``hidden``, ``weight`` or ``bias`` (the logits chunk is its own buffer), so no
   private copy is needed;
-- Liger returns no LSE. With ``return_predicted_tokens=True`` its kernel also
-  returns each row's argmax ``a`` (CE:164-174; the first index of the maximum,
+- Liger returns no LSE. With ``return_predicted_tokens=True`` (0.8.0 on) its kernel
+  also returns each row's argmax ``a`` (CE:164-174; the first index of the maximum,
   ``-1`` only on ignored rows, which a contract Liger serves never has: every
-  token is active and ``ignore_index`` lies outside ``[0, V)``). A second call
-  with target ``a`` gives ``lse - x[a]`` (the kernel's own ``m + log d`` minus its
-  ``x[a]``), and ``lse = x[a] + that``, with ``x[a] = hidden . W[a] (+ bias[a])``
-  computed by the adapter as one float64 dot product per row (nearly exact;
-  Liger's own ``x[a]`` is not exposed). Rows whose ``x[a]`` is ``+-inf`` get
+  token is active and ``ignore_index`` lies outside ``[0, V)``); before 0.8.0 ``a``
+  is the argmax of the adapter's own float64 logits
+  (:func:`~tp_logprob.peers._glue.argmax_logits`, an ``[N, V]`` product in chunks).
+  A second call with target ``a`` gives ``lse - x[a]`` (the kernel's own ``m + log
+  d`` minus its ``x[a]``), and ``lse = x[a] + that``, with ``x[a] = hidden . W[a]
+  (+ bias[a])`` computed by the adapter as one float64 dot product per row (nearly
+  exact; Liger's own ``x[a]`` is not exposed). Rows whose ``x[a]`` is ``+-inf`` get
   ``lse = x[a]`` (:func:`lse_from_max`). Adding the target's loss back to the
   target logit instead would cancel catastrophically when the target's
-  probability is tiny. Cost: a second Liger pass (another chunked matmul over the
+  probability is tiny. The second call's input needs a gradient (a detached copy that
+  does), because 0.6.3 to 0.7.x crash on an input that needs none: 0.6.3 reads its
+  gradient buffers unassigned, 0.6.4 to 0.7.x detach a bias gradient left ``None``; the
+  caller's own call under ``torch.no_grad`` (an engine's) still meets those crashes,
+  which the suite reports. Cost: a second Liger pass (another chunked matmul over the
   whole vocabulary) and an ``[N, H]`` gather of weight rows, in chunks;
   ``export_lse=False`` skips both. Error: the LSE combines Liger's logits
   (through ``lse - x[a]``) with a nearly exact ``x[a]``, so its distance to the
@@ -71,24 +91,42 @@ import torch
 
 from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
 from tp_logprob.peers._glue import (
+    argmax_logits,
     check_hidden_inputs,
     claiming,
     fused_peer_capability,
     lse_from_max,
     selected_from_loss,
 )
+from tp_logprob.peers._releases import Release, ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "assume_16bit",
+    "assume_batch_invariant",
     "assume_padding",
     "honest",
+    "liger_arguments",
     "liger_fused_logprob",
 ]
 
-VERIFIED_VERSIONS = "liger-kernel>=0.8,<0.9"
+SERVED = ServedReleases(
+    "liger-kernel",
+    (((0, 5, 3), (0, 5, 9)), ((0, 6, 3), (0, 9))),
+    'the others sum the losses under reduction="none" (before 0.5.3, and 0.5.9 to 0.6.2), '
+    "and 0.9 is not yet verified",
+)
+"""The releases whose fused linear cross entropy returns per-token losses."""
+
+VERIFIED_VERSIONS = str(SERVED)
+
+_SCALING_FROM = (0, 6, 3)  # ``accum_dtype`` (0.6.2) and ``use_token_scaling`` after ``z_loss``
+_TOKEN_ACCURACY_FROM = (0, 6, 4)  # then ``return_token_accuracy``
+PREDICTED_TOKENS_FROM = (0, 8, 0)
+"""The first release that returns each row's argmax (``return_predicted_tokens``)."""
 
 CAPABILITY = fused_peer_capability("liger_flce", MaskMode.IGNORE_INDEX, supports_bias=True)
 
@@ -113,62 +151,60 @@ def liger_fused_logprob(
         CAPABILITY.backend_id, hidden, targets, contract, group, weight, bias,
         logits_backend="liger_ce"
     )  # fmt: skip
-    function = _liger_function(hidden.device)
+    function, release = _liger_function(hidden.device)
     targets = targets.contiguous()
+    ignore_index = contract.mask.ignore_index
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
     # silent (inf - inf, all-NaN blocks on special rows); the values are the kernel's
     # either way. Liger serves TP=1 only, so no other rank thread shares the filters.
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        loss, argmax = _call(function, hidden, weight, bias, targets, contract.mask.ignore_index)
+        outputs = function.apply(
+            hidden, weight, targets, bias, *liger_arguments(release, ignore_index)
+        )
+        loss = outputs[0]
         lse = None
         if contract.export_lse:
             with torch.no_grad():
-                lse = _lse(function, hidden.detach(), weight.detach(), bias, argmax)
+                argmax = outputs[3] if release >= PREDICTED_TOKENS_FROM else None
+                lse = _lse(function, release, hidden.detach(), weight.detach(), bias, argmax)
     return LogprobResult(selected_from_loss(loss), lse)
 
 
-def _call(
-    function: Any,
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    ignore_index: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Liger's per-token loss and argmax (``-1`` on ignored rows)."""
-    loss, _, _, argmax = function.apply(
-        hidden,
-        weight,
-        targets,
-        bias,
-        None,  # ce_weight
-        ignore_index,
-        0.0,  # lse_square_scale
-        0.0,  # label_smoothing
-        "none",
-        None,  # softcap
-        False,  # return_z_loss
-        None,  # accum_dtype
-        False,  # use_token_scaling
-        False,  # return_token_accuracy
-        True,  # return_predicted_tokens
-    )
-    return loss, argmax
+def liger_arguments(release: Release, ignore_index: int) -> tuple[Any, ...]:
+    """``LigerFusedLinearCrossEntropyFunction.apply``'s arguments after ``(input, weight,
+    target, bias)`` in a served ``release``: no class weight, z-loss, smoothing, softcap or
+    token scaling, ``reduction="none"``, and each row's argmax where the release returns it.
+    """
+    arguments: tuple[Any, ...] = (None, ignore_index, 0.0, 0.0, "none", None, False)
+    if release >= _SCALING_FROM:
+        arguments += (None, False)  # accum_dtype, use_token_scaling
+    if release >= _TOKEN_ACCURACY_FROM:
+        arguments += (False,)  # return_token_accuracy
+    if release >= PREDICTED_TOKENS_FROM:
+        arguments += (True,)  # return_predicted_tokens
+    return arguments
 
 
 def _lse(
     function: Any,
+    release: Release,
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    argmax: torch.Tensor,
+    argmax: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``x[a] + (lse - x[a])`` with ``a`` Liger's argmax; see the module docstring."""
+    """``x[a] + (lse - x[a])`` with ``a`` each row's argmax; see the module docstring."""
     bias = None if bias is None else bias.detach()
-    argmax = argmax.to(torch.int64)
-    shift, _ = _call(function, hidden, weight, bias, argmax, _NEVER_IGNORED)
-    return lse_from_max(_logits_at(hidden, weight, bias, argmax), shift)
+    if argmax is None:
+        argmax, x_top = argmax_logits(hidden, weight, bias)
+    else:
+        argmax = argmax.to(torch.int64)
+        x_top = _logits_at(hidden, weight, bias, argmax)
+    arguments = liger_arguments(release, _NEVER_IGNORED)
+    # An input that needs a gradient: 0.6.3 to 0.7.x crash on one that does not.
+    shift = function.apply(hidden.detach().requires_grad_(), weight, argmax, bias, *arguments)[0]
+    return lse_from_max(x_top, shift)
 
 
 def _logits_at(
@@ -186,18 +222,20 @@ def _logits_at(
     return out.to(torch.float32)
 
 
-def _liger_function(device: torch.device) -> Any:
+def _liger_function(device: torch.device) -> tuple[Any, Release]:
+    """Liger's autograd function and the installed release, checked before the import."""
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "Liger's fused linear cross entropy runs a Triton kernel: on CPU it runs only "
             "through the Triton interpreter; set TRITON_INTERPRET=1 before triton is "
             "first imported"
         )
+    release = SERVED.installed()
     from liger_kernel.ops.fused_linear_cross_entropy import (
         LigerFusedLinearCrossEntropyFunction,
     )
 
-    return LigerFusedLinearCrossEntropyFunction
+    return LigerFusedLinearCrossEntropyFunction, release
 
 
 honest = (liger_fused_logprob, CAPABILITY)

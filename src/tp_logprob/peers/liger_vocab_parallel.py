@@ -64,10 +64,12 @@ from tp_logprob.contract import (
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import claiming, imported_once, lse_from_max, selected_from_loss
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "assume_inactive_tokens",
     "assume_padding",
@@ -76,7 +78,14 @@ __all__ = [
     "library",
 ]
 
-VERIFIED_VERSIONS = "liger-kernel>=0.8.1,<0.9"
+SERVED = ServedReleases(
+    "liger-kernel",
+    (((0, 8, 1), (0, 9)),),
+    "LigerVocabParallelCrossEntropy arrived in 0.8.1, and 0.9 is not yet verified",
+)
+"""The releases of liger-kernel the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="liger_vp_ce",
@@ -93,6 +102,7 @@ CAPABILITY = LogprobBackendCapability(
 
 @imported_once
 def _vocab_parallel_class() -> Any:
+    SERVED.installed()
     from liger_kernel.transformers import LigerVocabParallelCrossEntropy
 
     return LigerVocabParallelCrossEntropy

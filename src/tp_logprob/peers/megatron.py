@@ -89,10 +89,12 @@ from tp_logprob.peers._glue import (
     private_copy,
     selected_from_loss,
 )
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "assume_cross_tp_bitwise",
     "assume_inactive_tokens",
@@ -106,7 +108,14 @@ __all__ = [
     "tensor_parallel_state",
 ]
 
-VERIFIED_VERSIONS = "megatron-core>=0.19,<0.20"
+SERVED = ServedReleases(
+    "megatron-core",
+    (((0, 19), (0, 20)),),
+    "the releases outside are not yet verified",
+)
+"""The releases of megatron-core the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="megatron_vp_ce",
@@ -123,6 +132,7 @@ CAPABILITY = LogprobBackendCapability(
 @imported_once
 def _megatron() -> dict[str, Any]:
     """Megatron's classes."""
+    SERVED.installed()
     with warnings.catch_warnings():
         # "Transformer Engine and Apex are not installed", "absl.logging is not installed"
         warnings.simplefilter("ignore")

@@ -7,10 +7,12 @@ in place first, and the helper takes a ``temperature`` argument that does the sa
 flash-attn's Triton ``cross_entropy_loss`` when flash-attn imports, and otherwise
 to the path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)``, the
 ``logsumexp`` taken over chunks of 1024 rows (``_logsumexp_by_chunk``); 16-bit
-logits get ``log_softmax`` row by row in the input dtype. Verified with openrlhf
-0.11.2 (the conformance run) and, with ``tests/peers/test_openrlhf.py`` under ``nox -s
-peer_releases``, 0.8.11, 0.9.5 and 0.10.4 (``>=0.8.11,<0.12``; the two functions are
-the same there).
+logits get ``log_softmax`` row by row in the input dtype. The two functions are the
+same from 0.6.2, the first release with the temperature argument and the chunked
+``logsumexp``, to 0.11.2 (:data:`SERVED`; before 0.6.2 the helper takes no temperature).
+Verified with openrlhf 0.11.2 (the conformance run) and, with
+``tests/peers/test_openrlhf.py`` under ``nox -s peer_releases``, the releases
+``tools/conformance/releases.py`` lists.
 
 ``openrlhf.models.utils`` does not import here: the package's ``__init__`` imports
 its actor, whose ``ring_attn_utils`` imports ``flash_attn.bert_padding``; PyPI has
@@ -54,17 +56,27 @@ from tp_logprob.peers._glue import (
     torch_helper_backends,
 )
 from tp_logprob.peers._installed import installed_definitions as compile_installed
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "honest",
     "openrlhf_logprob",
     *TORCH_HELPER_VARIANTS,
 ]
 
-VERIFIED_VERSIONS = "openrlhf>=0.8.11,<0.12"
+SERVED = ServedReleases(
+    "openrlhf",
+    (((0, 6, 2), (0, 12)),),
+    "before 0.6.2 log_probs_from_logits takes no temperature (and log_softmax's all at once), "
+    "and 0.12 is not yet verified",
+)
+"""The releases of openrlhf the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 DEFINITIONS = {"models/utils.py": ("_logsumexp_by_chunk", "log_probs_from_logits")}
 """The definitions the adapter runs, by file of the installed ``openrlhf`` package."""
@@ -82,6 +94,7 @@ def installed_definitions() -> dict[str, Any]:
 
 @imported_once
 def _log_probs_from_logits() -> Any:
+    SERVED.installed()
     return installed_definitions()["log_probs_from_logits"]
 
 

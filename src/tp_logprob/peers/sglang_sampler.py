@@ -79,12 +79,21 @@ from tp_logprob.contract import (
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
 from tp_logprob.peers._installed import installed_definitions as compile_installed
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
-__all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "honest", "sglang_processed_logprob"]
+__all__ = ["CAPABILITY", "SERVED", "VERIFIED_VERSIONS", "honest", "sglang_processed_logprob"]
 
-VERIFIED_VERSIONS = "sglang>=0.5.21,<0.6"
+SERVED = ServedReleases(
+    "sglang",
+    (((0, 5, 21), (0, 6)),),
+    "0.5.20's package imports torchvision at the top, which does not load beside a CPU "
+    "torch, and the others are not yet verified",
+)
+"""The releases of sglang the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="sglang_sampler",
@@ -115,6 +124,7 @@ _DEFINITIONS = {
 
 @imported_once
 def _sglang() -> dict[str, Any]:
+    SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of SGLang's dependencies
         try:

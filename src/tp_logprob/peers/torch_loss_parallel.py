@@ -65,10 +65,12 @@ from tp_logprob.contract import (
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import claiming, lse_from_max, selected_from_loss
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "assume_cross_tp_bitwise",
     "assume_inactive_tokens",
@@ -78,7 +80,14 @@ __all__ = [
     "loss_parallel_logprob",
 ]
 
-VERIFIED_VERSIONS = "torch>=2.13,<2.14"
+SERVED = ServedReleases(
+    "torch",
+    (((2, 13), (2, 14)),),
+    "the adapter drives torch's private threaded process group, which other releases may move",
+)
+"""The torch releases the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="torch_loss_parallel",
@@ -187,6 +196,7 @@ def _shared_store(rank: int, group: Any) -> tuple[int, Any]:
 
 def _enable_loss_parallel(*, threaded: bool) -> None:
     """Install the threaded process group (if asked) and loss_parallel's handlers, once."""
+    SERVED.installed()
     with _SETUP_LOCK:
         if threaded and "threaded" not in _STATE:
             from torch.testing._internal.distributed.multi_threaded_pg import (

@@ -5,8 +5,17 @@ entropies with (``trl.trainer.utils``). On CUDA and XPU they run TRL's fused Tri
 kernel; everywhere else, including this adapter's CPU runs, a torch path:
 ``gather(logits) - logsumexp(logits)`` row by row for fp32, ``log_softmax`` row by
 row for 16-bit inputs, ``-(exp(logp) * logp).sum()`` for the entropy, and
-``logits / temperature`` first. Verified with trl 1.16.0 (``>=1.16,<1.17``) on its
-CPU path.
+``logits / temperature`` first.
+
+Releases (:data:`SERVED`, read from each release's ``trainer/utils.py``):
+``selective_log_softmax(logits, index)`` arrived in 0.15.0; 1.14.0 added its
+``temperature`` argument and ``selective_log_softmax_and_entropy``. Before 1.14 the
+adapter divides the logits by the temperature itself, ``logits / temperature`` as
+the trainers of those releases did before the call, and takes the entropy from
+``entropy_from_logits`` (0.20.0 on; an entropy asked of an older release is refused,
+:data:`ENTROPY_SERVED`). Verified with trl 1.16.0 (the conformance run) and, with
+this adapter's tests under ``nox -s peer_releases``, the releases
+``tools/conformance/releases.py`` lists, each on its CPU path.
 
 Capability, from TRL's docstrings and source:
 
@@ -45,25 +54,54 @@ from tp_logprob.peers._glue import (
     lse_from_max,
     torch_helper_backends,
 )
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "ENTROPY_SERVED",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "honest",
     "trl_logprob",
     *TORCH_HELPER_VARIANTS,
 ]
 
-VERIFIED_VERSIONS = "trl>=1.16,<1.17"
+SERVED = ServedReleases(
+    "trl",
+    (((0, 15), (1, 17)),),
+    "selective_log_softmax arrived in 0.15, and 1.17 is not yet verified",
+)
+"""The trl releases whose ``selective_log_softmax`` the adapter calls."""
+
+ENTROPY_SERVED = ServedReleases("trl", (((0, 20), (1, 17)),), "entropy_from_logits arrived in 0.20")
+"""The trl releases that also give the entropy."""
+
+VERIFIED_VERSIONS = str(SERVED)
+
+_TEMPERATURE_FROM = (1, 14, 0)
+"""The first release whose helpers take ``temperature`` (and with the joint helper)."""
 
 
 @imported_once
 def _trl() -> dict[str, Any]:
+    release = SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' import-time notices
-        from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
-    return {"logprob": selective_log_softmax, "both": selective_log_softmax_and_entropy}
+        from trl.trainer import utils
+    helpers = {"release": release, "logprob": utils.selective_log_softmax}
+    if release >= _TEMPERATURE_FROM:
+        helpers["both"] = utils.selective_log_softmax_and_entropy
+    elif release >= ENTROPY_SERVED.spans[0][0]:
+        helpers["entropy"] = utils.entropy_from_logits
+    return helpers
+
+
+def _logprob(trl: dict[str, Any], logits: torch.Tensor, index: torch.Tensor, t: float) -> Any:
+    """``selective_log_softmax`` at temperature ``t``, the way the installed release takes it."""
+    if "both" in trl:
+        return trl["logprob"](logits, index, temperature=t)
+    return trl["logprob"](logits / t if t != 1.0 else logits, index)
 
 
 def trl_logprob(
@@ -77,17 +115,22 @@ def trl_logprob(
     trl = _trl()
     temperature = contract.temperature
     index = targets.long()
+    if contract.export_entropy and "both" not in trl and "entropy" not in trl:
+        ENTROPY_SERVED.check(".".join(map(str, trl["release"])))  # refused: no entropy helper
     entropy = None
-    if contract.export_entropy:
+    if contract.export_entropy and "both" in trl:
         selected, entropy = trl["both"](local_logits, index, temperature=temperature)
     else:
-        selected = trl["logprob"](local_logits, index, temperature=temperature)
+        selected = _logprob(trl, local_logits, index, temperature)
+    if contract.export_entropy and "entropy" in trl:
+        z = local_logits / temperature if temperature != 1.0 else local_logits
+        entropy = trl["entropy"](z)
     lse = None
     if contract.export_lse:
         with torch.no_grad():
             logits = local_logits.detach()
             z_max = (logits / temperature if temperature != 1.0 else logits).amax(dim=1)
-            top = trl["logprob"](logits, logits.argmax(dim=1), temperature=temperature)
+            top = _logprob(trl, logits, logits.argmax(dim=1), temperature)
             lse = lse_from_max(z_max, -top.float())
     return LogprobResult(selected.float(), lse, None if entropy is None else entropy.float())
 

@@ -13,7 +13,7 @@ are loaded.
 
 The method has this signature from trl 0.15.0 until 0.17.0, which added a
 ``batch_size`` argument (read from each release's ``grpo_trainer.py``); other
-releases are refused by version (:func:`check_release`), not guessed at.
+releases are refused by version (:data:`SERVED`), not guessed at.
 
 Capability: TP=1, fp32, no padding, every token active (the method has no mask),
 train and infer, ``fixed_topology``, temperature (what the trainer samples with),
@@ -24,9 +24,7 @@ target, ``lse = z_max - logprob`` (``lse = z_max`` where ``z_max`` is ``+-inf``)
 
 from __future__ import annotations
 
-import re
 import warnings
-from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,12 +40,17 @@ from tp_logprob.contract import (
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, lse_from_max
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
-__all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "trl_grpo_logprob"]
+__all__ = ["CAPABILITY", "SERVED", "honest", "trl_grpo_logprob"]
 
-SERVED_RELEASES = ((0, 15), (0, 17))
-"""``[first, end)`` (major, minor) of the trl releases whose method takes four arguments."""
+SERVED = ServedReleases(
+    "trl",
+    (((0, 15), (0, 17)),),
+    "0.14 has no GRPOTrainer._get_per_token_logps, and 0.17 added its batch_size argument",
+)
+"""The trl releases whose ``_get_per_token_logps`` takes four arguments (0.15 and 0.16)."""
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="trl_grpo_per_token_logps",
@@ -63,22 +66,9 @@ CAPABILITY = LogprobBackendCapability(
 )
 
 
-def check_release(version: str) -> None:
-    """Raise unless trl ``version`` has the four-argument ``_get_per_token_logps``."""
-    found = re.match(r"(\d+)\.(\d+)", version)
-    release = (int(found.group(1)), int(found.group(2))) if found else None
-    first, end = SERVED_RELEASES
-    if release is None or not first <= release < end:
-        raise RuntimeError(
-            f"trl {version!r}: the adapter serves 0.15 and 0.16, whose "
-            "GRPOTrainer._get_per_token_logps takes (model, input_ids, attention_mask, "
-            "logits_to_keep); 0.17 added batch_size, and 0.14 has no such method"
-        )
-
-
 @imported_once
 def _method() -> Any:
-    check_release(metadata.version("trl"))
+    SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' import-time notices
         from trl.trainer.grpo_trainer import GRPOTrainer

@@ -6,10 +6,12 @@ flash-attn importable (and ``VERL_DISABLE_FLASH_ATTN_CE`` unset) flash-attn's Tr
 ``cross_entropy_loss``, a CUDA kernel; otherwise ``logprobs_from_logits_v2``, the
 path this adapter runs on CPU: ``gather(logits) - logsumexp(logits)`` row by row
 for fp32, ``log_softmax`` row by row for 16-bit inputs. ``entropy_from_logits`` is
-``logsumexp(logits) - sum(softmax(logits) * logits)``. Verified with verl 0.9.1 on
-its torch path (the conformance run), and 0.4.1, 0.5.0, 0.6.1, 0.7.1, 0.8.0 and 0.9.0
-with this adapter's tests in ``tests/peers/test_adapters.py`` under ``nox -s
-peer_releases`` (``>=0.4.1,<0.10``; 0.4.1's package import also needs
+``logsumexp(logits) - sum(softmax(logits) * logits)``. Both helpers are in every
+release, 0.1 to 0.9.1 (:data:`SERVED`); 0.1's CPU path is ``logprobs_from_logits_naive``
+(``log_softmax``), ``logprobs_from_logits_v2`` from 0.2. Verified with verl 0.9.1 on
+its torch path (the conformance run) and, with this adapter's tests in
+``tests/peers/test_adapters.py`` under ``nox -s peer_releases``, the releases
+``tools/conformance/releases.py`` lists (0.4.1's package import also needs
 ``pkg_resources``, 0.4.1's and 0.5.0's pandas).
 
 verl imports ``ray`` at package import (``verl.protocol``); the conformance session
@@ -49,21 +51,31 @@ from tp_logprob.peers._glue import (
     lse_from_max,
     torch_helper_backends,
 )
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "honest",
     "verl_logprob",
     *TORCH_HELPER_VARIANTS,
 ]
 
-VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
+SERVED = ServedReleases(
+    "verl",
+    (((0, 1), (0, 10)),),
+    "0.1 is the first release, and 0.10 is not yet verified",
+)
+"""The releases of verl the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 
 @imported_once
 def _verl() -> dict[str, Any]:
+    SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
         from verl.utils import torch_functional

@@ -75,10 +75,12 @@ from tp_logprob.peers._glue import (
     imported_once,
     lse_from_max,
 )
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 
 __all__ = [
     "CAPABILITY",
+    "SERVED",
     "VERIFIED_VERSIONS",
     "assume_16bit",
     "assume_batch_invariant",
@@ -89,7 +91,14 @@ __all__ = [
     "verl_fused_logprob",
 ]
 
-VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
+SERVED = ServedReleases(
+    "verl",
+    (((0, 4, 1), (0, 10)),),
+    "the releases outside are not yet verified",
+)
+"""The releases of verl the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = fused_peer_capability(
     "verl_fused_linear_for_ppo",
@@ -101,6 +110,7 @@ CAPABILITY = fused_peer_capability(
 
 @imported_once
 def _verl() -> dict[str, Any]:
+    SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
         from verl.utils.experimental.torch_functional import FusedLinearForPPO

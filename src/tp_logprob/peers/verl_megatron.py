@@ -57,12 +57,20 @@ from tp_logprob.contract import (
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, private_copy
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.peers.megatron import tensor_parallel_state
 from tp_logprob.result import LogprobResult
 
-__all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "library", "verl_megatron_logprob"]
+__all__ = ["CAPABILITY", "SERVED", "VERIFIED_VERSIONS", "library", "verl_megatron_logprob"]
 
-VERIFIED_VERSIONS = "verl>=0.4.1,<0.10"
+SERVED = ServedReleases(
+    "verl",
+    (((0, 4, 1), (0, 10)),),
+    "the releases outside are not yet verified",
+)
+"""The releases of verl the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="verl_megatron_vocab_parallel",
@@ -81,6 +89,7 @@ CAPABILITY = LogprobBackendCapability(
 
 @imported_once
 def _verl() -> dict[str, Any]:
+    SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # verl's and Megatron's import-time notices
         from verl.utils.megatron import tensor_parallel

@@ -60,12 +60,20 @@ from tp_logprob.contract import (
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
-__all__ = ["CAPABILITY", "VERIFIED_VERSIONS", "honest", "vllm_processed_logprob"]
+__all__ = ["CAPABILITY", "SERVED", "VERIFIED_VERSIONS", "honest", "vllm_processed_logprob"]
 
-VERIFIED_VERSIONS = "vllm>=0.33,<0.34"
+SERVED = ServedReleases(
+    "vllm",
+    (((0, 33), (0, 34)),),
+    "0.10's sampler is tp_logprob.peers.vllm_sampler_010's; the others are not yet verified",
+)
+"""The releases of vllm the adapter serves; it refuses the others before any work."""
+
+VERIFIED_VERSIONS = str(SERVED)
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="vllm_sampler",
@@ -84,6 +92,7 @@ CAPABILITY = LogprobBackendCapability(
 
 @imported_once
 def _vllm() -> dict[str, Any]:
+    SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
         from vllm import SamplingParams

@@ -24,7 +24,7 @@ by release, read from each wheel's ``vllm/v1/sample/sampler.py``:
   returns those.
 
 The APIs the adapter calls differ by release too, and are chosen by the installed
-version (:func:`check_release`), not guessed at: in 0.10.0 the logits processors
+version (:data:`SERVED`), not guessed at: in 0.10.0 the logits processors
 live in ``vllm.v1.sample.logits_processor`` (one module: ``MinPLogitsProcessor(
 max_num_reqs, pin_memory, device)``, ``LogitsProcessorManager``, three-field added
 requests); from 0.10.1 in a package (``MinPLogitsProcessor(vllm_config, device,
@@ -52,9 +52,7 @@ processed logit, or a NaN or ``+inf`` in ``z``; docs/semantics.md) gets NaN,
 
 from __future__ import annotations
 
-import re
 import warnings
-from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
 
@@ -70,13 +68,19 @@ from tp_logprob.contract import (
 )
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
+from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
-__all__ = ["CAPABILITY", "SERVED_RELEASES", "check_release", "honest", "vllm_processed_logprob"]
+__all__ = ["CAPABILITY", "SERVED", "honest", "vllm_processed_logprob"]
 
-SERVED_RELEASES = ((0, 10), (0, 11))
-"""``[first, end)`` (major, minor) of the vllm releases whose sampler the adapter drives."""
+SERVED = ServedReleases(
+    "vllm",
+    (((0, 10), (0, 11)),),
+    "the adapter drives 0.10's Sampler (logprobs_mode, SamplingMetadata.logitsprocs); "
+    "tp_logprob.peers.vllm_sampler serves 0.33",
+)
+"""The vllm releases whose sampler the adapter drives (0.10.0 to 0.10.2)."""
 
 _PROCESSORS_PACKAGE = (0, 10, 1)
 """From here ``vllm.v1.sample.logits_processor`` is a package with the newer API."""
@@ -98,23 +102,9 @@ CAPABILITY = LogprobBackendCapability(
 )
 
 
-def check_release(version: str) -> tuple[int, ...]:
-    """The release of vllm ``version`` as numbers; raise unless it is a 0.10 release."""
-    found = re.match(r"\d+(\.\d+)*", version)
-    release = tuple(int(part) for part in found.group(0).split(".")) if found else ()
-    first, end = SERVED_RELEASES
-    if not first <= release[:2] < end:
-        raise RuntimeError(
-            f"vllm {version!r}: the adapter serves 0.10 (0.10.0 to 0.10.2), whose "
-            "Sampler takes logprobs_mode and SamplingMetadata.logitsprocs; "
-            "tp_logprob.peers.vllm_sampler serves 0.33"
-        )
-    return release
-
-
 @imported_once
 def _vllm() -> dict[str, Any]:
-    release = check_release(metadata.version("vllm"))
+    release = SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
         from vllm import SamplingParams

@@ -1,0 +1,126 @@
+"""TRL's chunked LM-head adapter against torch in float64 on tiny cases; skipped without trl.
+
+The adapter takes hidden states, weight rows and a bias (``input_kind="hidden"``) and
+runs ``trl.kernels.ChunkedLogProbFunction``; only the argument checks run without
+trl. The property suite judges the adapter thoroughly; these tests pin values, the LSE
+glue, the temperature, entropy, untouched inputs, gradients and the tiles' reach.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+import tp_logprob as tpl
+from tp_logprob.peers import trl_chunked
+
+VOCAB, SIZE, TOKENS = 19, 16, 6
+
+
+def _op() -> Any:
+    pytest.importorskip("trl.kernels")
+    from importlib.metadata import version
+
+    if version("trl").startswith("1.15.") and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("trl 1.15 runs its Triton kernel: on CPU only with TRITON_INTERPRET=1")
+    return trl_chunked.honest[0]
+
+
+def _contract(role: str = "infer", **fields: Any) -> tpl.LogprobContract:
+    sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
+    return tpl.LogprobContract(
+        role, fields.pop("dtype", "fp32"), fields.pop("mask", tpl.MaskSpec(TOKENS)), sharding,
+        tpl.ReductionSpec("run_to_run"), input_kind="hidden", hidden_size=SIZE, **fields,
+    )  # fmt: skip
+
+
+def _case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(TOKENS, SIZE, generator=gen)
+    hidden[1] = 0.0  # a row of ties on the bias
+    hidden[4] *= 30.0  # a peaked row
+    weight = torch.randn(VOCAB, SIZE, generator=gen) * 0.5
+    bias = torch.randn(VOCAB, generator=gen)
+    return hidden, weight, bias, torch.randint(0, VOCAB, (TOKENS,), generator=gen)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_matches_float64_torch_and_leaves_inputs_alone(temperature: float, with_bias: bool) -> None:
+    op = _op()
+    hidden, weight, bias, targets = _case(seed=3)
+    before = [t.clone() for t in (hidden, weight, bias, targets)]
+    contract = _contract(temperature=temperature, export_entropy=True, has_bias=with_bias)
+    biases = bias if with_bias else None
+    result = tpl.run_tp_hidden(op, hidden, weight, targets, contract, bias=biases)[0]
+    x = hidden.double() @ weight.double().T + (bias.double() if with_bias else 0.0)
+    logp = torch.log_softmax(x / temperature, dim=1)
+    expected = logp.gather(1, targets[:, None])[:, 0]
+    torch.testing.assert_close(result.selected_logp.double(), expected, rtol=1e-5, atol=1e-5)
+    lse = torch.logsumexp(x / temperature, dim=1)
+    torch.testing.assert_close(result.lse.double(), lse, rtol=1e-6, atol=1e-6)
+    entropy = -(logp.exp() * logp).sum(dim=1)
+    torch.testing.assert_close(result.entropy.double(), entropy, rtol=1e-5, atol=1e-5)
+    assert result.selected_logp.dtype == result.lse.dtype == result.entropy.dtype == torch.float32
+    for now, then in zip((hidden, weight, bias, targets), before, strict=True):
+        assert torch.equal(now, then)
+
+
+def test_no_entropy_unless_asked() -> None:
+    op = _op()
+    hidden, weight, _, targets = _case(seed=5)
+    result = tpl.run_tp_hidden(op, hidden, weight, targets, _contract())[0]
+    assert result.entropy is None and result.lse is not None
+
+
+def test_gradients_reach_hidden_weight_and_bias() -> None:
+    op = _op()
+    hidden, weight, bias, targets = _case(seed=8)
+    hidden[4] /= 30.0  # keep every softmax weight visible in fp32
+    params = [t.clone().requires_grad_() for t in (hidden, weight, bias)]
+    contract = _contract("train", temperature=0.7, has_bias=True)
+    result = tpl.run_tp_hidden(op, params[0], params[1], targets, contract, bias=params[2])[0]
+    upstream = torch.linspace(-1.0, 2.0, TOKENS)
+    (result.selected_logp * upstream).sum().backward()
+    reference = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
+    z = (reference[0] @ reference[1].T + reference[2]) / 0.7
+    logp = torch.log_softmax(z, dim=1).gather(1, targets[:, None])[:, 0]
+    (logp * upstream.double()).sum().backward()
+    for name, got, want in zip(("hidden", "weight", "bias"), params, reference, strict=True):
+        assert got.grad is not None and want.grad is not None
+        torch.testing.assert_close(
+            got.grad.double(), want.grad, rtol=1e-4, atol=1e-5, msg=f"d {name}"
+        )
+
+
+def test_an_out_of_range_target_is_never_found() -> None:
+    """What assume_inactive_tokens claims away: no mask, and a target outside [0, V)
+    leaves its logit at 0, so the row's logprob is -lse, not the contract's 0."""
+    op, _ = trl_chunked.assume_inactive_tokens
+    _op()
+    hidden, weight, _, targets = _case(seed=1)
+    targets[2] = VOCAB + 3
+    active = [True] * TOKENS
+    active[2] = False
+    contract = _contract(mask=tpl.MaskSpec(TOKENS, active_mask=active))
+    result = op(hidden, targets, contract, weight=weight)
+    lse = torch.logsumexp(hidden.double() @ weight.double().T, dim=1)
+    torch.testing.assert_close(result.selected_logp[2].double(), -lse[2], rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_are_refused_before_the_library_runs() -> None:
+    op = trl_chunked.honest[0]
+    hidden, weight, bias, targets = _case(seed=0)
+    with pytest.raises(tpl.LogprobContractError, match="has_bias=False"):
+        op(hidden, targets, _contract(), weight=weight, bias=bias)
+    with pytest.raises(tpl.LogprobContractError, match="weight: shape"):
+        op(hidden, targets, _contract(), weight=weight[:-1])
+    sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
+    logits_contract = tpl.LogprobContract(
+        "infer", "fp32", tpl.MaskSpec(TOKENS), sharding, tpl.ReductionSpec("run_to_run")
+    )
+    with pytest.raises(tpl.LogprobContractError, match="input_kind='logits'"):
+        op(hidden, targets, logits_contract, weight=weight)

@@ -1,0 +1,55 @@
+"""The releases of each peer library that ``nox -s peer_releases`` runs an adapter's tests on.
+
+Keyed by the adapter's module in ``tp_logprob.peers``: the first release with the
+adapter's entry point (or the first whose tests pass, where an older one is
+refused or pinned), each release that changed the call, and the newest (the
+conformance run's). ``noxfile.py`` reads this file (it imports nothing of the package
+until :func:`served_and_tested` runs) for its sessions, and the conformance report lists
+it beside each adapter's served range.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+TESTED_RELEASES: dict[str, tuple[str, ...]] = {
+    "liger": ("0.5.0", "0.5.3", "0.5.8", "0.6.4", "0.7.0", "0.8.0", "0.8.5"),
+    "liger_fused": (
+        "0.5.3",
+        "0.5.8",
+        "0.6.3",
+        "0.6.4",
+        "0.7.0",
+        "0.8.0",
+        "0.8.1",
+        "0.8.2",
+        "0.8.5",
+    ),
+    "liger_vocab_parallel": ("0.8.1", "0.8.5"),
+    "trl_chunked": ("1.15.0", "1.16.0"),
+    "trl": ("1.0.0", "1.14.0", "1.16.0"),
+    "verl": (
+        "0.1",
+        "0.2.0.post2",
+        "0.3.0.post1",
+        "0.4.1",
+        "0.5.0",
+        "0.6.1",
+        "0.7.1",
+        "0.8.0",
+        "0.9.0",
+        "0.9.1",
+    ),
+    "verl_naive": ("0.4.1", "0.5.0", "0.9.1"),
+    "verl_fused": ("0.4.1", "0.5.0", "0.6.1", "0.7.1", "0.8.0", "0.9.0", "0.9.1"),
+    "sglang_sampler": ("0.5.21", "0.5.22", "0.5.23"),
+    "openrlhf": ("0.6.2", "0.7.0", "0.8.0", "0.8.11", "0.9.5", "0.10.4", "0.11.2"),
+    "cce": ("24.11.3", "24.11.4", "24.12.3", "25.1.1"),
+}
+
+
+def served_and_tested(module: str) -> str:
+    """The releases ``tp_logprob.peers.module`` serves, and those its tests ran on."""
+    served = importlib.import_module(f"tp_logprob.peers.{module}").SERVED
+    tested = ", ".join(TESTED_RELEASES.get(module, ())) or "the installed one only"
+    return f"`{served}`; {tested}"
