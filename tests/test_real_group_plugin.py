@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tp_logprob.real_group.group import Launch, RealGroupError, launched_by_torchrun
-from tp_logprob.real_group.plugin import check_scheduling, collection_difference
+from tp_logprob.real_group.plugin import (
+    RealGroupPlugin,
+    check_scheduling,
+    collection_difference,
+)
 
 TORCHRUN = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1"}
 
@@ -86,3 +93,33 @@ def test_per_process_scheduling_is_refused(
 ) -> None:
     with pytest.raises(pytest.UsageError, match=message):
         check_scheduling(_Config(options, plugins))
+
+
+class _Lockstep:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def start_test(self, nodeid: str) -> None:
+        self.started.append(nodeid)
+
+
+@pytest.mark.parametrize("is_property", [True, False], ids=["property", "other test"])
+def test_only_a_property_test_shrinks_without_a_time_limit_and_only_while_it_runs(
+    is_property: bool,
+) -> None:
+    from hypothesis.internal.conjecture import engine
+
+    lockstep = _Lockstep()
+    plugin = SimpleNamespace(
+        group=SimpleNamespace(lockstep=lockstep), is_property=lambda item: is_property
+    )
+    item = SimpleNamespace(path=Path("tests/test_x.py"), name="test_y")
+    before = engine.MAX_SHRINKING_SECONDS
+    call = RealGroupPlugin.pytest_runtest_call(plugin, item)  # type: ignore[arg-type]
+    next(call)
+    during = engine.MAX_SHRINKING_SECONDS
+    with pytest.raises(StopIteration):
+        call.send(None)
+    assert lockstep.started == ["test_x.py::test_y"]
+    after = engine.MAX_SHRINKING_SECONDS
+    assert (during, after) == (math.inf if is_property else before, before)

@@ -107,7 +107,9 @@ def suspend_shrink_time_limit() -> Iterator[None]:
 
     A rank that reached the limit a moment before its peers would stop shrinking
     while they went on. Hypothesis has no setting for it; its engine reads the
-    module constant each time it starts shrinking.
+    module constant each time it starts shrinking. The plugin lifts it around each
+    property test's run on a rank (a process ``torchrun`` started for the suite) and
+    restores it after, so no other test in the session shrinks without the limit.
     """
     from hypothesis.internal.conjecture import engine
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Generator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +169,6 @@ class RealGroupPlugin:
         self.is_property = is_property
         self.rank, self.world_size = group.rank, group.world_size
         self.log_dir = Path(config.getoption("--tp-logprob-rank-logs"))
-        self._stack = ExitStack()
-        self._stack.enter_context(suspend_shrink_time_limit())
         suite.launcher = ["torchrun", "--standalone", f"--nproc-per-node={self.world_size}", "-m"]
         suite.writes_artifacts = self.rank == 0
 
@@ -181,7 +178,8 @@ class RealGroupPlugin:
             f"tp-logprob: real process group of {group.describe()} (this is rank {self.rank}), "
             f"timeout {group.tp.timeout:g} s, control group gloo; lockstep: rank 0's seed "
             f"{self.suite.seed} on every rank, no example database, no deadline, no shrinking "
-            f"time limit; rank logs in {self.log_dir}/ (ranks 1+ also write rank<r>.out)"
+            f"time limit in the properties; rank logs in {self.log_dir}/ (ranks 1+ also "
+            "write rank<r>.out)"
         ]
 
     @pytest.hookimpl(trylast=True)
@@ -211,9 +209,15 @@ class RealGroupPlugin:
         if problem is not None:
             raise pytest.UsageError(f"tp-logprob on a real process group: {problem}")
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """Every rank starts the test together; a property test shrinks with no time limit,
+        for its own run only (any other test in the session keeps Hypothesis' limit)."""
         self.group.lockstep.start_test(f"{Path(str(item.path)).name}::{item.name}")
+        if not self.is_property(item):
+            return (yield)
+        with suspend_shrink_time_limit():
+            return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -226,5 +230,4 @@ class RealGroupPlugin:
         return report
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        self._stack.close()
         self.group.close()
