@@ -91,3 +91,16 @@ def test_a_relative_import_outside_a_package_says_to_make_one(tmp_path: Path) ->
     kernel = write(tmp_path / "relative.py", "from .parts import PAIR\n")
     with pytest.raises(BackendSpecError, match="a relative import needs a package: add an "):
         resolve_backends([f"{kernel}:PAIR"], "cpu")
+
+
+@pytest.mark.usefixtures("fresh_imports")
+def test_a_module_found_in_the_working_directory_leaves_it_off_sys_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path / "cwd_kernel_mod.py", PAIR.format(backend_id="from_cwd"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    before = list(sys.path)
+    (backend,) = resolve_backends(["cwd_kernel_mod:PAIR"], "cpu")
+    assert backend.backend_id == "from_cwd"
+    assert sys.path == before

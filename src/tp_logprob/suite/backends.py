@@ -167,7 +167,8 @@ def _import(spec: str, module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         # The `pytest` script, unlike `python -m pytest`, does not put the working
-        # directory on sys.path; a module named on the command line is looked up there.
+        # directory on sys.path; a module named on the command line is looked up there,
+        # with the directory on sys.path while it loads, not after.
         cwd = os.getcwd()
         if error.name != module_name.split(".")[0] or cwd in sys.path:
             raise _unimportable(spec, module_name, error) from error
@@ -176,6 +177,8 @@ def _import(spec: str, module_name: str) -> Any:
             return importlib.import_module(module_name)
         except ImportError as retry_error:
             raise _unimportable(spec, module_name, retry_error) from retry_error
+        finally:
+            sys.path.remove(cwd)
     except ImportError as error:
         raise _unimportable(spec, module_name, error) from error
 
