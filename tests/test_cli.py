@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -85,3 +87,31 @@ def test_python_dash_m_runs_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "torch_native" in done.stdout and "FAILED" not in done.stdout
+
+
+def test_the_interpreter_rerun_passes_its_variable_to_the_new_process_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("triton", reason="the rerun is for the Triton backends")
+    from tp_logprob.cli import _interpreter_problem
+
+    class RerunError(Exception):
+        """Stands for the process image that os.execve would replace this one with."""
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        raise RerunError(path, argv, env)
+
+    def execv(path: str, argv: list[str]) -> None:  # a rerun through os.environ fails here
+        raise RerunError(path, argv, dict(os.environ))
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.setattr("os.execve", execve)
+    monkeypatch.setattr("os.execv", execv)
+    args = argparse.Namespace(platform="cpu", all_backends=True, argv=["backends"], may_exec=True)
+    with pytest.raises(RerunError) as rerun:
+        _interpreter_problem(args, {"triton_tp"})
+    path, argv, env = rerun.value.args
+    assert (path, argv[1:]) == (sys.executable, ["-m", "tp_logprob", "backends"])
+    assert env["TRITON_INTERPRET"] == "1"
+    assert "TRITON_INTERPRET" not in os.environ

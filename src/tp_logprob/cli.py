@@ -136,9 +136,8 @@ def _interpreter_problem(args: argparse.Namespace, wanted: set[str]) -> int | No
             "tp-logprob: the Triton backends need TRITON_INTERPRET=1 on CPU; re-running with it",
             file=sys.stderr,
         )
-        os.environ["TRITON_INTERPRET"] = "1"
         sys.stdout.flush()
-        os.execv(sys.executable, command)
+        os.execve(sys.executable, command, {**os.environ, "TRITON_INTERPRET": "1"})
     print(
         "tp-logprob: the Triton backends run on CPU only through the interpreter; run: "
         f"TRITON_INTERPRET=1 {' '.join(command[1:])}",
