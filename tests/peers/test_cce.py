@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from torch.torch_version import TorchVersion
 from torch.utils.flop_counter import FlopCounterMode
 
 import tp_logprob as tpl
@@ -152,6 +154,56 @@ def test_the_capability_rejects_what_the_library_cannot_serve(
     reasons = cce.CAPABILITY.incompatibilities(_contract(**fields))
     assert len(reasons) == 1 and reason in reasons[0], reasons
     assert cce.CAPABILITY.supports(_contract("train"))
+
+
+def test_refuses_a_torch_whose_dynamo_config_is_the_whole_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.11.0"))
+    monkeypatch.setattr(cce, "_linear_cross_entropy", lambda: pytest.fail("library called"))
+    hidden, weight, targets = _case(seed=1)
+    with pytest.raises(tpl.LogprobDispatchError, match=r"torch 2\.11\.0: .* whole process's"):
+        cce.cce_logprob(hidden, targets, _contract(), weight=weight)
+
+
+@pytest.mark.skipif(torch.__version__ < "2.12", reason="the adapter refuses torch<2.12")
+def test_the_raised_recompile_limit_is_the_calling_threads_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user's thread beside the call reads its own Dynamo recompile limit while the call
+    holds 256, and a limit it sets meanwhile is still its own after the call."""
+    inside, user_set, call_done = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, int] = {}
+
+    def user() -> None:
+        seen["user before"] = torch._dynamo.config.recompile_limit
+        inside.wait(timeout=60)
+        seen["user during"] = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = 12
+        user_set.set()
+        call_done.wait(timeout=60)
+        seen["user after"] = torch._dynamo.config.recompile_limit
+
+    def library(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, **_: Any) -> Any:
+        seen["call"] = torch._dynamo.config.recompile_limit
+        inside.set()
+        user_set.wait(timeout=60)
+        return torch.zeros(targets.shape[0])
+
+    monkeypatch.setattr(cce, "_linear_cross_entropy", lambda: library)
+    before = torch._dynamo.config.recompile_limit
+    hidden, weight, targets = _case(seed=2)
+    thread = threading.Thread(target=user)
+    thread.start()
+    try:
+        cce.cce_logprob(hidden, targets, _contract(export_lse=False), weight=weight)
+    finally:
+        call_done.set()
+        thread.join()
+    assert seen["call"] == 256
+    assert seen["user during"] == seen["user before"] != 256
+    assert seen["user after"] == 12
+    assert torch._dynamo.config.recompile_limit == before
 
 
 def test_checks_its_arguments_before_calling_the_library() -> None:

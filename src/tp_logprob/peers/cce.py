@@ -34,10 +34,15 @@ stays on the code object, so every later call in the process raises too
 Glue (see :mod:`tp_logprob.peers._glue`): the call needs torch's ``"highest"`` fp32
 matmul precision (no TF32), which the matmul follows (the adapter refuses another and
 never changes it: the setting is the whole process's), and runs with Dynamo's
-``recompile_limit`` raised from 8 to 256 (``torch._dynamo.config.patch``, for the call
-only): every new specialisation (a size of 0 or 1, a dtype, grad mode) is a recompile,
-the suite's cases hold dozens, and under ``fullgraph=True`` the ninth one raises
-instead of falling back to eager. Where the library raises Dynamo's "found no compiled
+``recompile_limit`` raised from 8 to 256 in the calling thread, for the call only:
+every new specialisation (a size of 0 or 1, a dtype, grad mode) is a recompile, the
+suite's cases hold dozens, and under ``fullgraph=True`` the ninth one raises instead of
+falling back to eager. The library compiles its function at import, so no per-call
+option of ``torch.compile`` reaches it; ``torch._dynamo.config.patch`` holds the raised
+limit in a context variable from torch 2.12 on (the patching thread's alone: a user's
+``torch.compile`` on another thread meanwhile reads its own limit). Under torch 2.11 and
+earlier the patch is the whole process's, and the adapter refuses to run there rather
+than change it. Where the library raises Dynamo's "found no compiled
 frames" error (under a dispatch mode), the adapter passes it on after
 ``torch._dynamo.reset()``, so that the skip does not outlive the call that met it and
 later calls (other tests, other variants in the process) run the library again.
@@ -60,6 +65,7 @@ from typing import Any
 import torch
 
 from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
+from tp_logprob.errors import LogprobDispatchError
 from tp_logprob.peers._glue import (
     argmax_logits,
     check_hidden_inputs,
@@ -101,6 +107,9 @@ _NEVER_IGNORED = -1
 _RECOMPILE_LIMIT = 256
 """Dynamo's recompiles per code object during the call (its default is 8; see Glue)."""
 
+_PER_THREAD_CONFIG_FROM = "2.12"
+"""The first torch whose Dynamo config patches are the patching thread's (see Glue)."""
+
 _SKIPPED_FRAME = "found no compiled frames"
 """What Dynamo's error says when ``fullgraph=True`` meets a frame it did not compile."""
 
@@ -111,6 +120,17 @@ def _linear_cross_entropy() -> Any:
     from cut_cross_entropy import linear_cross_entropy
 
     return linear_cross_entropy
+
+
+def _check_per_thread_config() -> None:
+    """Raise where raising Dynamo's recompile limit for the call would raise it for every
+    thread of the process (torch 2.11 and earlier)."""
+    if torch.__version__ < _PER_THREAD_CONFIG_FROM:
+        raise LogprobDispatchError(
+            f"torch {torch.__version__}: {CAPABILITY.backend_id} needs Dynamo's recompile "
+            "limit raised for its call, and before torch 2.12 that setting is the whole "
+            "process's; run it under torch>=2.12, where it is the calling thread's"
+        )
 
 
 def _loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore: int) -> Any:
@@ -140,6 +160,7 @@ def cce_logprob(
         CAPABILITY.backend_id, hidden, targets, contract, group, weight, bias,
         no_bias="Cut Cross-Entropy's classifier has no bias"
     )  # fmt: skip
+    _check_per_thread_config()
     targets = targets.long().contiguous()
     loss = _loss(hidden, weight, targets, contract.mask.ignore_index)
     lse = None
