@@ -46,7 +46,6 @@ Variants ("what users assume", each the same op): ``assume_padding``,
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import numpy as np
@@ -116,9 +115,9 @@ def liger_logprob(
     targets = targets.contiguous()
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
     # silent (inf - inf, all-NaN blocks on special rows); the values are the kernel's
-    # either way. Liger serves TP=1 only, so no other rank thread shares the filters.
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    # either way. np.errstate is the calling thread's; numpy's all-NaN warning goes
+    # through the warnings filters, the whole process's, which are the caller's to set.
+    with np.errstate(all="ignore"):
         loss = function.apply(
             private_copy(local_logits), targets, *liger_arguments(release, ignore_index)
         )[0]

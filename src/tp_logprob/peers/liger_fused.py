@@ -83,7 +83,6 @@ outside the logits chunk, which crashes the interpreter's process.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import numpy as np
@@ -156,9 +155,9 @@ def liger_fused_logprob(
     ignore_index = contract.mask.ignore_index
     # The interpreter evaluates the kernel with numpy, which warns where the GPU is
     # silent (inf - inf, all-NaN blocks on special rows); the values are the kernel's
-    # either way. Liger serves TP=1 only, so no other rank thread shares the filters.
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    # either way. np.errstate is the calling thread's; numpy's all-NaN warning goes
+    # through the warnings filters, the whole process's, which are the caller's to set.
+    with np.errstate(all="ignore"):
         outputs = function.apply(
             hidden, weight, targets, bias, *liger_arguments(release, ignore_index)
         )
