@@ -230,8 +230,20 @@ def test_a_call_under_a_dispatch_mode_breaks_the_later_calls() -> None:
 
 
 def test_the_adapter_runs_the_library_again_after_a_call_under_a_dispatch_mode() -> None:
-    """The call under the mode raises (the library's limitation); the next one computes."""
+    """The call under the mode raises (the library's limitation); the next one computes, and
+    a user's own compiled function keeps its compiled code throughout (no recompile)."""
     op = _op()
+    compiles: list[int] = []
+
+    def counting(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        compiles.append(len(inputs))
+        return graph.forward
+
+    @torch.compile(backend=counting, fullgraph=True)
+    def user(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2.0).sum()
+
+    user(torch.ones(3))
     hidden, weight, targets = _case(seed=7)
     with FlopCounterMode(display=False), pytest.raises(RuntimeError, match="compiled frames"):
         op(hidden, targets, _contract(), weight=weight)
@@ -239,6 +251,8 @@ def test_the_adapter_runs_the_library_again_after_a_call_under_a_dispatch_mode()
     logp = torch.log_softmax(hidden.double() @ weight.double().T, dim=1)
     expected = logp.gather(1, targets[:, None])[:, 0]
     torch.testing.assert_close(result.selected_logp.double(), expected, rtol=1e-5, atol=1e-5)
+    assert user(torch.ones(3)).item() == 6.0
+    assert len(compiles) == 1
 
 
 def test_an_out_of_range_target_kills_the_process_with_two_threads() -> None:

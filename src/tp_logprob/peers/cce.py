@@ -42,10 +42,11 @@ option of ``torch.compile`` reaches it; ``torch._dynamo.config.patch`` holds the
 limit in a context variable from torch 2.12 on (the patching thread's alone: a user's
 ``torch.compile`` on another thread meanwhile reads its own limit). Under torch 2.11 and
 earlier the patch is the whole process's, and the adapter refuses to run there rather
-than change it. Where the library raises Dynamo's "found no compiled
-frames" error (under a dispatch mode), the adapter passes it on after
-``torch._dynamo.reset()``, so that the skip does not outlive the call that met it and
-later calls (other tests, other variants in the process) run the library again.
+than change it. Where the library raises Dynamo's "found no compiled frames" error
+(under a dispatch mode), the adapter passes it on after ``torch._dynamo.reset_code`` on
+the library's compiled function alone, so that the skip does not outlive the call that
+met it and later calls (other tests, other variants in the process) run the library
+again, while every other compiled function in the process keeps its compiled code.
 ``selected_logp = 0.0 - loss``. Cut Cross-Entropy
 returns no LSE: a second call with each row's argmax ``a`` as the target gives
 ``lse - x[a]``, and ``lse = x[a] + that``, with ``a`` and ``x[a] = hidden . W[a]``
@@ -60,6 +61,8 @@ Variants ("what users assume", each the same op): ``assume_padding``,
 
 from __future__ import annotations
 
+import inspect
+import types
 from typing import Any
 
 import torch
@@ -122,6 +125,16 @@ def _linear_cross_entropy() -> Any:
     return linear_cross_entropy
 
 
+@imported_once
+def _compiled_code() -> types.CodeType:
+    """The code object of the library's compiled function, where Dynamo keeps its compiled
+    code and the skip (see Glue)."""
+    from cut_cross_entropy.torch_compile import torch_compile_linear_cross_entropy_apply
+
+    code: types.CodeType = inspect.unwrap(torch_compile_linear_cross_entropy_apply).__code__
+    return code
+
+
 def _check_per_thread_config() -> None:
     """Raise where raising Dynamo's recompile limit for the call would raise it for every
     thread of the process (torch 2.11 and earlier)."""
@@ -142,7 +155,7 @@ def _loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ign
             )
     except RuntimeError as error:
         if _SKIPPED_FRAME in str(error):
-            torch._dynamo.reset()  # the skip would outlive this call: see Glue
+            torch._dynamo.reset_code(_compiled_code())  # the skip would outlive this call
         raise
 
 
