@@ -11,6 +11,7 @@ filters, the real group's shrinking time limit); this is the net under all of th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,8 +26,10 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tests.helpers.fused_cases import PADDED, fused_case, fused_contract
 from tests.helpers.process_settings import GLOBAL_SETTINGS, THREAD_SETTINGS, snapshot
 from tp_logprob.kernels.native import torch_native_logprob
+from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.testing import assert_logprob_close
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,10 +108,34 @@ def _native_train(seen: list[dict[str, str]]) -> None:
     result.selected_logp.sum().backward()
 
 
+def _fused_train(seen: list[dict[str, str]]) -> None:
+    """The built-in fused kernel's train call (its float64 products) and backward pass."""
+    hidden, weight, _, targets = fused_case("fp32", seed=2)
+    hidden.requires_grad_(True)
+    result = torch_native_fused_logprob(
+        hidden, targets, fused_contract(((0, PADDED),), role="train"), weight=weight
+    )
+    result.selected_logp.sum().backward()
+
+
+def _triton(seen: list[dict[str, str]]) -> None:
+    """A built-in Triton kernel at TP=2 (the interpreter on CPU, with its shortcuts)."""
+    if importlib.util.find_spec("triton") is None or (
+        not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
+        return
+    from tp_logprob.kernels.triton.online import triton_online_logprob
+
+    logits, targets = _case()
+    tpl.run_tp(triton_online_logprob, logits, targets, _contract(tp=2))
+
+
 CALLS: dict[str, Callable[[list[dict[str, str]]], None]] = {
     "run_tp": _run_tp,
     "assert_logprob_close": _assert_close,
     "torch_native train": _native_train,
+    "torch_native_fused train": _fused_train,
+    "triton_online": _triton,
 }
 
 
