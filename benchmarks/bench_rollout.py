@@ -1,15 +1,13 @@
-"""The rollout check on one long response: its time, the exact oracle included.
+"""The rollout check on a corpus from two forward passes: what it names, and its time.
 
-A response of ``--tokens`` tokens at vocabulary ``--vocab`` (4,096 and 152,064 by
-default, Qwen2's vocabulary), fp32 logits ``4 * randn`` in TP shards (``--tp``), the
-engine's mask the ``--top-k`` largest logits at temperature 0.7, its logprob the
-fp32 ``log_softmax`` over that mask (as an engine computes it), every fourth token
-nudged by a few ulps and one token given the full vocabulary's logprob, so that
-the hypotheses run too. The check runs ``--repeat`` times; the median wall time
-(and CPU time, which a machine shared with other work inflates less) is printed,
-with and without the sampling parameters (with them, each row's support is also
-classified exactly). The logits take 2.5 GB at the default shape; the check holds
-one 16 MiB float64 block besides.
+The corpus (``benchmarks/rollout_corpus.py``): ``--tokens`` tokens in 12 responses
+at vocabulary ``--vocab`` (4,096 and 152,064 by default, Qwen2's vocabulary), the
+trainer's fp32 logits in ``--tp`` shards, the engine's logits the trainer's plus a
+perturbation the size of two bf16 forward passes, rounded to bf16, every common
+cause planted on a response or a subset of tokens. It prints, per planted cause,
+the share of the tokens it affects that the check names, the verdicts on the clean
+tokens, the noise it estimated, and the median wall and CPU time of ``--repeat``
+runs (the check only; building the corpus is not timed).
 
     python benchmarks/bench_rollout.py --repeat 3
 """
@@ -18,32 +16,37 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from tp_logprob.engine_formats import EngineRollout, prime_rl_rollout
-from tp_logprob.replay.rollout import check_rollout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TEMPERATURE = 0.7
+from rollout_corpus import TEMPERATURE, TOP_K, TOP_P, Corpus, build_corpus  # noqa: E402
+
+from tp_logprob.rollout import check_rollout  # noqa: E402
+from tp_logprob.rollout.report import ENGINE_FAULTS  # noqa: E402
 
 
-def response(x: torch.Tensor, top_k: int) -> EngineRollout:
-    """The engine's masks and logprobs for ``x`` (one response)."""
-    z = x / TEMPERATURE
-    kept = torch.topk(z, top_k, dim=1).indices.sort(dim=1).values
-    tokens = kept[:, 0]
-    values = z.gather(1, kept)
-    logprobs = values[:, 0] - torch.logsumexp(values, dim=1)
-    logprobs[::4] = torch.nextafter(logprobs[::4], torch.tensor(-np.inf))
-    logprobs[1] = torch.log_softmax(z[1], 0)[tokens[1]]
-    counts = np.full(x.shape[0], top_k)
-    rollout = prime_rl_rollout(
-        kept.flatten().numpy(), counts, tokens.numpy(), logprobs=logprobs.double().tolist(),
-        vocab_size=x.shape[1],
-    )  # fmt: skip
-    return rollout
+def named_shares(
+    planted: list[str], affects: np.ndarray, beyond: np.ndarray, verdict: list[str]
+) -> list[tuple[str, str]]:
+    """Per planted cause: named on how many of the tokens it affects, of those beyond the
+    check's noise, and of all it was planted on."""
+    found = []
+    for cause in sorted(set(planted) - {""}):
+        tokens = [t for t, p in enumerate(planted) if p == cause]
+        cells = []
+        for chosen in ([t for t in tokens if affects[t]], [t for t in tokens if beyond[t]], tokens):
+            named = sum(verdict[t] == cause for t in chosen)
+            share = f"{named / len(chosen):.1%}" if chosen else "-"
+            cells.append(f"{named}/{len(chosen)} ({share})")
+        found.append((cause, "; ".join(cells)))
+    return found
 
 
 def main() -> None:
@@ -51,29 +54,52 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=152_064)
     parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    x = 4 * torch.randn(args.tokens, args.vocab)
-    rollout = response(x, args.top_k)
-    shards = list(torch.tensor_split(x, args.tp, dim=1))
+    corpus = build_corpus(args.vocab, args.tokens, args.seed)
+    shards = list(torch.tensor_split(corpus.logits, args.tp, dim=1))
     print(
-        f"rollout check: {args.tokens} tokens, V={args.vocab}, TP={args.tp}, top-k "
-        f"{args.top_k} masks, torch threads {torch.get_num_threads()}"
+        f"rollout check: {corpus.logits.shape[0]} tokens in {len(corpus.rollouts)} responses, "
+        f"V={args.vocab}, TP={args.tp}, top-k {TOP_K} then top-p {TOP_P}, T={TEMPERATURE}, "
+        f"torch threads {torch.get_num_threads()}"
     )
-    for label, params in (("mask only", {}), ("with top_k", {"top_k": args.top_k})):
-        times, cpu = [], []
-        for _ in range(args.repeat):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            check = check_rollout(shards, rollout, engine_temperature=TEMPERATURE, **params)
-            times.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - start_cpu)
-        print(
-            f"  {label:10s}: median {statistics.median(times):.2f} s of {args.repeat} "
-            f"(min {min(times):.2f}, max {max(times):.2f}; CPU time, all threads, median "
-            f"{statistics.median(cpu):.2f} s); verdicts {check.counts()}"
+    times, cpu = [], []
+    for _ in range(args.repeat):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        check = check_rollout(
+            shards, corpus.rollouts, engine_temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P
         )
+        times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    print(f"  {check.noise.describe(TEMPERATURE)}")
+    print(
+        f"  the true perturbation over each returned mask: median {np.median(corpus.eps):.3g}, "
+        f"99th percentile {np.quantile(corpus.eps, 0.99):.3g}, max {corpus.eps.max():.3g}"
+    )
+    beyond = ~(
+        (check.engine_logprob >= check.noise_low - check.bound)
+        & (check.engine_logprob <= check.noise_high + check.bound)
+    )
+    print("  per planted cause, named on: the tokens it moves beyond the true perturbation; "
+          "beyond the check's stated noise; all it was planted on")  # fmt: skip
+    for cause, share in named_shares(corpus.planted, corpus.affects, beyond, check.verdict):
+        print(f"    {cause:20s}: {share}")
+    clean = [t for t in range(len(corpus.planted)) if _clean_response(corpus, check.response, t)]
+    faults = Counter(check.verdict[t] for t in clean if check.verdict[t] in ENGINE_FAULTS)
+    print(
+        f"  clean responses: {len(clean)} tokens, verdicts "
+        f"{dict(Counter(check.verdict[t] for t in clean))}, engine faults {dict(faults)}"
+    )
+    print(
+        f"  time: median {statistics.median(times):.2f} s wall of {args.repeat} (min "
+        f"{min(times):.2f}, max {max(times):.2f}); CPU time, all threads, median "
+        f"{statistics.median(cpu):.2f} s"
+    )
+
+
+def _clean_response(corpus: Corpus, response: np.ndarray, t: int) -> bool:
+    return not any(corpus.planted[u] for u in np.flatnonzero(response == response[t]))
 
 
 if __name__ == "__main__":

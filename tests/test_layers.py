@@ -58,7 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", ("tp_logprob.suite",)),
     ("real group", ("tp_logprob.real_group",)),
     ("properties", ("tp_logprob.properties",)),
-    ("replay", ("tp_logprob.replay",)),
+    ("replay", ("tp_logprob.replay", "tp_logprob.rollout")),
     (
         "front",
         (

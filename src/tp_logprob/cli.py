@@ -63,26 +63,38 @@ def add_commands(commands: Any) -> None:
     report.set_defaults(handler=_report)
     rollout = commands.add_parser(
         "rollout-check",
-        help="explain every mismatch between a trainer's logits and an engine's response",
-        description="Read a saved SGLang, vLLM or prime-rl response (JSON) and the trainer's "
-        "logits (torch.save of a [N, V] tensor, or one file per TP rank in rank order) and "
-        "print, per token, the exact logprob over the engine's mask, the trainer's and the "
-        "engine's, with the cause of each mismatch. Exit 0 if every token agrees, 1 if not, "
-        "2 on bad input.",
+        help="judge an engine's response against the trainer's logits, token by token",
+        description="Read a saved SGLang, vLLM or prime-rl response (JSON; a batch is checked "
+        "whole, its responses' tokens in order on the logits' rows) and the trainer's logits "
+        "(torch.save of a [N, V] tensor, or one file per TP rank in rank order). The engine's "
+        "logits are taken as the trainer's plus a perturbation (the logit noise, estimated or "
+        "--logit-noise); each token is clean (agree, noise, borderline) or gets its cause "
+        "(temperature missing / twice / another value, raw or unrenormalised logprobs, a "
+        "recomputed mask, a mask the rules refuse, a stale policy, unexplained), with RL units "
+        "(KL, importance ratios, clip shares). Exit 0 if no token has a fault, 1 if one does, "
+        "2 on bad input (checked before any work).",
     )
     rollout.add_argument("response", metavar="RESPONSE", help="the engine's HTTP JSON, saved")
     rollout.add_argument("--logits", nargs="+", required=True, metavar="TRAINER.pt")
     rollout.add_argument("--engine", default="auto", choices=("auto", "sglang", "vllm", "prime_rl"))
-    rollout.add_argument("--index", type=int, default=0, help="which response of a batch (0)")
+    rollout.add_argument(
+        "--index", type=int, default=None, help="check one response of a batch (default: all)"
+    )
     rollout.add_argument("--engine-temperature", type=float, default=1.0, metavar="T")
     rollout.add_argument("--temperature", type=float, default=None, help="the trainer's T")
     rollout.add_argument("--top-k", type=int, default=None)
     rollout.add_argument("--top-p", type=float, default=None)
     rollout.add_argument("--min-p", type=float, default=None)
     rollout.add_argument("--vocab", type=int, default=None, help="real vocabulary size")
+    rollout.add_argument(
+        "--logit-noise", type=float, default=None, metavar="EPS",
+        help="the perturbation between the engine's and the trainer's logits (sup norm, in "
+        "logits); estimated from the tokens by default",
+    )  # fmt: skip
+    rollout.add_argument("--clip", type=float, default=0.2, help="PPO's clip range (0.2)")
     rollout.add_argument("--backend", default="torch_native", help="the trainer's backend")
     rollout.add_argument("--json", metavar="FILE", help="also write the check as JSON")
-    rollout.add_argument("--plot", metavar="FILE.png", help="also draw the log-ratio histogram")
+    rollout.add_argument("--plot", metavar="FILE.png", help="also draw the check (matplotlib)")
     rollout.set_defaults(handler=_rollout_check)
 
 
@@ -232,42 +244,44 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _rollout_check(args: argparse.Namespace) -> int:
-    import torch
-
-    from tp_logprob.engine_formats import read_rollouts
     from tp_logprob.errors import LogprobContractError
-    from tp_logprob.replay.rollout import check_rollout, plot_rollout
+    from tp_logprob.rollout import RolloutInputError, check_rollout, plot_rollout
+    from tp_logprob.rollout.inputs import OPTION, check_outputs, load_logits, load_response
 
     try:
-        document = json.loads(Path(args.response).read_text(encoding="utf-8"))
-        shards = [torch.load(path, map_location="cpu", weights_only=True) for path in args.logits]
-        vocab = args.vocab if args.vocab is not None else sum(int(s.shape[-1]) for s in shards)
-        rollouts = read_rollouts(document, engine=args.engine, vocab_size=vocab)
-        if not 0 <= args.index < len(rollouts):
-            raise LogprobContractError(
-                f"--index={args.index}: the response holds {len(rollouts)} responses"
+        check_outputs(args.json, args.plot)
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            raise RolloutInputError(
+                OPTION, None, "--plot needs matplotlib: pip install 'tp-logprob[plot]'"
             )
+        rollouts = load_response(args.response, args.engine)
+        if args.index is not None:
+            if not 0 <= args.index < len(rollouts):
+                raise RolloutInputError(
+                    OPTION, None, f"--index={args.index}: the response holds {len(rollouts)}"
+                )
+            rollouts = [rollouts[args.index]]
+        shards = load_logits(args.logits)
         check = check_rollout(
             shards if len(shards) > 1 else shards[0],
-            rollouts[args.index],
+            rollouts,
             engine_temperature=args.engine_temperature,
             trainer_temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
             min_p=args.min_p,
             real_vocab_size=args.vocab,
+            logit_noise=args.logit_noise,
+            clip=args.clip,
             backend=args.backend,
+            files=args.logits,
         )
-    except (OSError, ValueError, RuntimeError) as error:
+    except LogprobContractError as error:
         print(f"BAD   {error}", file=sys.stderr)
         return EXIT_BAD
     print(check.markdown())
     if args.json:
         Path(args.json).write_text(json.dumps(check.to_json(), indent=1, allow_nan=False) + "\n")
     if args.plot:
-        try:
-            plot_rollout(check, args.plot)
-        except RuntimeError as error:
-            print(str(error), file=sys.stderr)
-            return EXIT_BAD
+        plot_rollout(check, args.plot)
     return 1 if check.failed() else 0

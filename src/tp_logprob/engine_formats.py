@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tp_logprob._validation import check_int_array
+from tp_logprob._validation import check_int, check_int_array
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.support import SupportSpec, kept_rows_csr
 
@@ -242,6 +242,19 @@ def _support(
         raise LogprobContractError(
             f"{where}: {len(masks)} masks for {tokens.size} output tokens (one per token)"
         )
+    if not tokens.size:
+        raise LogprobContractError(
+            f"{where}: the response has no output tokens (an empty response has nothing to check)"
+        )
+    if vocab_size is not None:
+        check_int("vocab_size", vocab_size, min_value=1)
+    outside = (tokens < 0) | (tokens >= vocab_size) if vocab_size is not None else tokens < 0
+    if outside.any():
+        position = int(np.flatnonzero(outside)[0])
+        raise LogprobContractError(
+            f"{where}[token {position}]: the sampled token {int(tokens[position])} is outside "
+            f"the vocabulary [0, {vocab_size if vocab_size is not None else 'inf'})"
+        )
     offsets, flat = kept_rows_csr(where, masks, "token")
     rows = [flat[offsets[t] : offsets[t + 1]] for t in range(tokens.size)]
     for position, row in enumerate(rows):
@@ -275,16 +288,25 @@ def _support(
 
 
 def _truncation(flag: Any, num_tokens: int, where: str) -> None:
+    """The truncation flag: a bool, or one bool (or 0 / 1) per token; any truncated mask
+    is refused."""
+    name = f"{where}.meta_info.output_token_sampling_mask_truncated"
     if flag is None or flag is False:
         return
     flags = [flag] if isinstance(flag, bool) else flag
-    if not isinstance(flags, Sequence):
-        raise LogprobContractError(f"{where}.output_token_sampling_mask_truncated={flag!r}")
+    if isinstance(flags, (str, bytes)) or not isinstance(flags, Sequence):
+        raise LogprobContractError(f"{name}={flag!r}: expected a bool or one bool per token")
+    if not isinstance(flag, bool) and len(flags) != num_tokens:
+        raise LogprobContractError(
+            f"{name}: {len(flags)} flags for {num_tokens} output tokens (one per token)"
+        )
     for position, value in enumerate(flags):
-        if value is True:
+        if not isinstance(value, (bool, int)) or value not in (0, 1):
+            raise LogprobContractError(f"{name}[token {position}]={value!r}: expected a bool")
+        if value:
             at = "" if isinstance(flag, bool) else f"[token {position}]"
             raise LogprobContractError(
-                f"{where}.output_token_sampling_mask_truncated{at}=True: the engine returned "
+                f"{name}{at}={value!r}: the engine returned "
                 "part of the support only; a truncated mask cannot be replayed"
             )
 

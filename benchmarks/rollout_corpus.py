@@ -1,0 +1,196 @@
+"""A corpus of rollouts from two forward passes, with every common cause planted.
+
+The trainer's logits are ``4 * randn`` (float32). The engine's are the trainer's
+plus a perturbation the size of two bf16 forward passes (``sqrt(2) u |x| randn``,
+``u = 2^-8`` the bf16 unit roundoff), then rounded to bf16: each a different
+forward pass of the same policy. The engine samples at temperature 0.7 from
+top-k 50 then top-p 0.95 (vLLM's order, ties kept) on its own logits, returns its
+mask, and gives the fp32 logprob over it. Causes are planted on responses or on
+subsets of tokens (:data:`PLAN`); one response is half one cause, half another.
+
+A planted token *affects* the check when the planted logprob lies outside what
+the two forward passes' perturbation (its sup norm over the returned mask, the
+logits the logprob reads) allows around the trainer's value
+(:func:`tp_logprob.rollout.noise.noise_interval`): a change the noise could make
+cannot be told from the noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tp_logprob.engine_formats import EngineRollout, prime_rl_rollout
+from tp_logprob.rollout.noise import noise_interval
+
+TEMPERATURE = 0.7
+TOP_K = 50
+TOP_P = 0.95
+BF16_UNIT = 2.0**-8
+
+PLAN: tuple[tuple[str, str], ...] = (
+    ("clean", "all"),
+    ("clean", "all"),
+    ("temperature_missing", "half"),
+    ("temperature_twice", "all"),
+    ("temperature_other", "all"),
+    ("unrenormalised", "half"),
+    ("raw", "all"),
+    ("recomputed_mask", "half"),
+    ("support", "quarter"),
+    ("stale_policy", "all"),
+    ("temperature_missing+unrenormalised", "halves"),
+    ("clean", "all"),
+)
+"""Per response: the cause, and on which tokens (all, half at random, a quarter at random,
+or the first half one cause and the second half the other)."""
+
+OTHER_TEMPERATURE = 0.9
+STALE_SIZE = 1.0
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The trainer's logits (all responses' tokens in order), the engine's responses, and
+    per token the cause planted there (``""`` where none), whether it affects the check, and
+    the two forward passes' perturbation over its returned mask (sup norm)."""
+
+    logits: torch.Tensor
+    rollouts: list[EngineRollout]
+    planted: list[str]
+    affects: np.ndarray
+    eps: np.ndarray
+
+
+def build_corpus(vocab: int, tokens: int, seed: int = 0, plan: tuple[tuple[str, str], ...] = PLAN) -> Corpus:
+    """``len(plan)`` responses of ``tokens // len(plan)`` tokens each at vocabulary ``vocab``."""
+    generator = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    per = max(1, tokens // len(plan))
+    x = 4.0 * torch.randn(per * len(plan), vocab, generator=generator)
+    rollouts, planted, affects, sizes = [], [], [], []
+    for index, (cause, where) in enumerate(plan):
+        rows = x[index * per : (index + 1) * per]
+        size = math.sqrt(2.0) * BF16_UNIT * rows.abs()
+        clean = (rows + size * torch.randn(rows.shape, generator=generator)).bfloat16().float()
+        engine = clean
+        if cause == "stale_policy":
+            engine = rows + STALE_SIZE * torch.randn(rows.shape, generator=generator)
+            engine = engine.bfloat16().float()
+        causes = _where(cause, where, per, rng)
+        rollout, hit, eps = _response(rows, engine, clean, causes, generator)
+        rollouts.append(rollout)
+        planted += causes
+        affects += hit
+        sizes.append(eps)
+    return Corpus(x, rollouts, planted, np.array(affects, dtype=np.bool_), np.concatenate(sizes))
+
+
+def _where(cause: str, where: str, count: int, rng: np.random.Generator) -> list[str]:
+    if cause == "clean":
+        return [""] * count
+    if where == "halves":
+        first, second = cause.split("+")
+        return [first if t < count // 2 else second for t in range(count)]
+    share = {"all": 1.0, "half": 0.5, "quarter": 0.25}[where]
+    chosen = rng.random(count) < share
+    return [cause if c else "" for c in chosen]
+
+
+def _support(z: torch.Tensor) -> torch.Tensor:
+    """The engine's mask: top-k then top-p on its tempered logits, ties at a boundary kept."""
+    kth = torch.topk(z, TOP_K, dim=1).values[:, -1:]
+    keep = z >= kth
+    masked = torch.where(keep, z, -math.inf)
+    p = torch.softmax(masked.double(), dim=1)
+    order = torch.argsort(masked, dim=1, descending=True)
+    sorted_p = p.gather(1, order)
+    above = torch.cumsum(sorted_p, dim=1) - sorted_p
+    cut = torch.zeros_like(keep)
+    cut.scatter_(1, order, above < TOP_P)
+    threshold = torch.where(cut & keep, z, math.inf).min(dim=1, keepdim=True).values
+    return keep & (z >= threshold)
+
+
+def _logprob(z: torch.Tensor, mask: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """The fp32 logprob of ``token`` over ``mask`` (all True: the full vocabulary)."""
+    return torch.log_softmax(torch.where(mask, z, -math.inf), dim=1).gather(1, token[:, None])[:, 0]
+
+
+def _response(
+    trainer: torch.Tensor,
+    engine: torch.Tensor,
+    clean: torch.Tensor,
+    causes: list[str],
+    generator: torch.Generator,
+) -> tuple[EngineRollout, list[bool], np.ndarray]:
+    t = TEMPERATURE
+    z = engine / t
+    mask = _support(z)
+    probs = torch.softmax(torch.where(mask, z, -math.inf), dim=1)
+    token = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    full = torch.ones_like(mask)
+    values = {
+        "": _logprob(z, mask, token),
+        "stale_policy": _logprob(z, mask, token),
+        "temperature_missing": _logprob(engine, mask, token),
+        "temperature_twice": _logprob(z / t, mask, token),
+        "temperature_other": _logprob(engine / OTHER_TEMPERATURE, mask, token),
+        "unrenormalised": _logprob(z, full, token),
+        "raw": _logprob(engine, full, token),
+        "recomputed_mask": _logprob(z, mask, token),
+        "support": _logprob(z, mask, token),
+    }
+    returned = mask.clone()
+    logprobs = values[""].clone()
+    for row, cause in enumerate(causes):
+        if cause == "recomputed_mask":
+            # The returned mask is top-k's alone; the logprob is over top-k and top-p.
+            returned[row] = z[row] >= torch.topk(z[row], TOP_K).values[-1]
+        elif cause == "support":
+            # The returned mask drops the most likely token the engine did not sample.
+            drop = torch.argsort(torch.where(mask[row], z[row], -math.inf), descending=True)
+            victim = int(drop[0]) if int(drop[0]) != int(token[row]) else int(drop[1])
+            if mask[row].sum() < 2:
+                causes[row] = ""  # a mask of one token has nothing to drop
+                continue
+            returned[row, victim] = False
+            one = slice(row, row + 1)
+            logprobs[row] = _logprob(z[one], returned[one], token[one])[0]
+        if cause and cause not in ("support", "recomputed_mask"):
+            logprobs[row] = values[cause][row]
+    rollout = _rollout(returned, token, logprobs)
+    eps = torch.where(returned, (clean - trainer).abs(), 0.0).max(dim=1).values.double().numpy()
+    return rollout, _affects(trainer, eps, returned, token, logprobs, causes), eps
+
+
+def _rollout(mask: torch.Tensor, token: torch.Tensor, logprobs: torch.Tensor) -> EngineRollout:
+    counts = mask.sum(dim=1).numpy()
+    ids = torch.nonzero(mask)[:, 1].numpy()
+    return prime_rl_rollout(
+        ids, counts, token.numpy(), logprobs=logprobs.double().tolist(), vocab_size=mask.shape[1]
+    )
+
+
+def _affects(
+    trainer: torch.Tensor,
+    eps: np.ndarray,
+    returned: torch.Tensor,
+    token: torch.Tensor,
+    logprobs: torch.Tensor,
+    causes: list[str],
+) -> list[bool]:
+    """Per token: a cause is planted there and moves the logprob beyond what the true
+    perturbation allows around the trainer's value over the returned mask (a support fault
+    always affects the check: the mask itself is wrong)."""
+    z = trainer.double() / TEMPERATURE
+    reference = _logprob(z, returned, token).numpy()
+    found = []
+    for row, cause in enumerate(causes):
+        low, high = noise_interval(reference[row : row + 1], float(eps[row]), TEMPERATURE)
+        value = float(logprobs[row])
+        found.append(bool(cause) and (cause == "support" or not low[0] <= value <= high[0]))
+    return found

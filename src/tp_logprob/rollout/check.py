@@ -1,0 +1,433 @@
+"""The rollout check: a trainer's logits against an engine's responses, token by token.
+
+For every sampled token three logprobs sit side by side: the **oracle**, the exact
+processed logprob over the engine's own mask at the engine's temperature, from
+the trainer's logits (:func:`~tp_logprob.oracle.exact_selected_logprob`,
+correctly rounded); the **trainer**'s, its backend on the same logits
+(:mod:`tp_logprob.rollout.trainer`); and the **engine**'s own, from another
+forward pass. The trainer is held to the op's tight bound
+(:mod:`tp_logprob.rollout.numerics`). The engine is judged against the logit
+noise (:mod:`tp_logprob.rollout.noise`) plus that bound: within it a token is
+``agree`` or ``noise``; beyond it the first common cause that reproduces it is
+named (:mod:`tp_logprob.rollout.causes`), else ``unexplained``. The mask is
+judged against the sampling rules under the same noise
+(:mod:`tp_logprob.rollout.support`): ``borderline`` or ``support``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tp_logprob.engine_formats import EngineRollout
+from tp_logprob.oracle import exact_processed_logprob, exact_selected_logprob, exact_support
+from tp_logprob.oracle import support_margins as op_margins
+from tp_logprob.rollout.causes import (
+    Hypothesis,
+    explained,
+    fixed_hypotheses,
+    full_vocabulary_lse,
+    is_stale,
+    kept_logprob,
+    solve_temperature,
+)
+from tp_logprob.rollout.inputs import check_logits, check_options, join_rollouts
+from tp_logprob.rollout.noise import (
+    estimate_noise,
+    given_noise,
+    noise_interval,
+    token_shift,
+)
+from tp_logprob.rollout.numerics import op_bound
+from tp_logprob.rollout.report import ResponseFinding, RolloutCheck
+from tp_logprob.rollout.support import judge_under_noise, screen_masks
+from tp_logprob.rollout.trainer import (
+    dense_mask,
+    kept_values,
+    logit_rows,
+    trainer_contract,
+    trainer_logprobs,
+)
+
+__all__ = ["check_rollout"]
+
+BLOCK_VALUES = 1 << 21  # float64 values per block: 16 MiB, a few rows at a 152k vocabulary
+RESPONSE_FIT = 3.0
+"""A response fits a cause when the cause's median misfit is this many times smaller."""
+MIN_RESPONSE = 8
+
+Floats = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
+
+
+def check_rollout(
+    logits: Any,
+    rollouts: EngineRollout | Sequence[EngineRollout],
+    *,
+    engine_temperature: float = 1.0,
+    trainer_temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    real_vocab_size: int | None = None,
+    logit_noise: float | None = None,
+    clip: float = 0.2,
+    backend: str = "torch_native",
+    group: Any = None,
+    files: Sequence[str] | None = None,
+) -> RolloutCheck:
+    """Check engine responses against the trainer's ``logits``: a ``[N, V]`` tensor whose
+    rows are the responses' tokens in order, or one shard per TP rank (a list, in rank
+    order), or, with ``group``, this rank's shard on the real group (every rank calls it).
+
+    ``top_k`` / ``top_p`` / ``min_p`` are the engine's sampling parameters, when known;
+    ``logit_noise`` the size of the perturbation between the engine's and the trainer's
+    logits (estimated from the tokens when None); ``clip`` PPO's clip range.
+
+    >>> check = check_rollout(logits, rollout, engine_temperature=0.7)  # doctest: +SKIP
+    >>> print(check.markdown())  # doctest: +SKIP
+    """
+    import torch
+
+    responses = [rollouts] if isinstance(rollouts, EngineRollout) else list(rollouts)
+    params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+    check_options(engine_temperature, trainer_temperature, params, logit_noise, clip)
+    shards = list(logits) if isinstance(logits, (list, tuple)) else [logits]
+    rollout, owner = join_rollouts(responses)
+    dtype = check_logits(shards, rollout, real_vocab_size, group, files)
+    trainer_t = engine_temperature if trainer_temperature is None else trainer_temperature
+    contract, columns = trainer_contract(shards, rollout, dtype, trainer_t, real_vocab_size, group)
+    rv = contract.sharding.real_vocab_size
+    tp = contract.sharding.tp_world_size
+    has_params = any(v is not None for v in params.values())
+    t = engine_temperature
+    block = max(1, BLOCK_VALUES // max(contract.sharding.padded_vocab_size, 1))
+    margins = op_margins(dtype, rv, num_shards=tp)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The masks are screened (numpy, one thread) while the backend runs (its ranks' threads).
+        screening = None
+        if has_params:
+            context = copy_context()  # the caller's oracle settings (slow_path_only)
+            screening = pool.submit(
+                lambda: context.run(screen_masks, columns, rollout, margins, rv, t, params, block)
+            )
+        trainer = trainer_logprobs(
+            columns if group is None else shards[0], rollout, contract, backend, group
+        )
+        # Over a replayed mask the oracle needs the kept columns only: every other column
+        # counts as -inf, so the kept values, padded with -inf, give the same correctly
+        # rounded result.
+        kept, local = kept_values(columns, rollout)
+        active = rollout.has_mask
+        oracle, support_lse = exact_selected_logprob(kept, local, active_mask=active, temperature=t)
+        problems = {} if screening is None else screening.result()
+    n = rollout.num_tokens
+    engine = np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.copy()
+    bound = op_bound(dtype, rv, tp, oracle, support_lse)
+    finite = np.isfinite(engine) & np.isfinite(oracle) & np.isfinite(trainer)
+    judged = active & finite
+    verdict = np.array(["agree"] * n, dtype=object)
+    detail = np.array([""] * n, dtype=object)
+    verdict[~active], detail[~active] = "no_mask", "no mask at this position"
+    missing = active & np.isnan(engine)
+    verdict[missing], detail[missing] = "no_logprob", "the engine gave no logprob"
+    for t_ in np.flatnonzero(active & ~missing & ~finite).tolist():
+        verdict[t_], detail[t_] = "nonfinite", _nonfinite(oracle[t_], trainer[t_], engine[t_])
+
+    hypotheses = fixed_hypotheses(t, has_params)
+    predicted = _predictions(hypotheses, kept, local, columns, judged, rv, block)
+    informative = judged & (rollout.support.kept_counts() > 1)
+    shift = np.where(informative, token_shift(engine, oracle, t), math.nan)
+    misfit = {h: token_shift(engine, v, h.temperature) for h, v in predicted.items()}
+    fitted = np.zeros(n, dtype=np.bool_)
+    for values in misfit.values():
+        with np.errstate(invalid="ignore"):
+            fitted |= informative & (values < shift)
+    largest = float(np.max(np.abs(kept[np.isfinite(kept)]), initial=0.0))
+    noise = (
+        estimate_noise(shift, fitted, largest)
+        if logit_noise is None
+        else given_noise(logit_noise, largest)
+    )
+    eps = noise.eps
+    low, high = noise_interval(oracle, eps, t)
+    with np.errstate(invalid="ignore"):
+        within_op = np.abs(engine - oracle) <= bound
+    inside = explained(engine, oracle, bound, eps, t)
+    verdict[judged & ~within_op & inside] = "noise"
+    beyond = judged & ~inside
+    if has_params and beyond.any():
+        recomputed = next(h for h in hypotheses if h.support == "recomputed")
+        values = _recomputed(columns, rollout, beyond, t, rv, params, block)
+        predicted[recomputed] = values
+        misfit[recomputed] = token_shift(engine, values, t)
+    open_ = _name_tokens(beyond, engine, bound, eps, predicted, misfit, verdict, detail)
+    findings = []
+    for index, (begin, end) in enumerate(_spans(owner)):
+        span = np.zeros(n, dtype=np.bool_)
+        span[begin:end] = True
+        solved = _solve(engine, kept, local, t, span & informative)
+        if solved is not None and min(abs(solved / c - 1.0) for c in (t, 1.0, t * t)) > 0.02:
+            other = Hypothesis(
+                "temperature_other", solved, "mask",
+                f"the logprob is at T={solved:.4g} (solved for this response)",
+            )  # fmt: skip
+            predicted[other] = kept_logprob(kept, local, solved)
+            misfit[other] = token_shift(engine, predicted[other], solved)
+        else:
+            solved = None
+        fit = _response_fit(span & informative, shift, misfit, predicted)
+        if fit is not None:
+            # The whole response fits one cause: it is named on every token it fits better
+            # than the noise does, within the noise too, before any cause of a single token.
+            with np.errstate(invalid="ignore"):
+                hit = span & judged & (misfit[fit] < shift)
+            hit |= span & open_ & explained(engine, predicted[fit], bound, eps, fit.temperature)
+            verdict[hit] = fit.name
+            detail[hit] = _said(fit, predicted[fit], hit)
+            open_ &= ~hit
+        if fit is None or fit.name != "temperature_other":
+            solved = None
+        stale = fit is None and is_stale(span & beyond, span & open_, span & informative)
+        if stale:
+            hit = span & beyond
+            verdict[hit] = "stale_policy"
+            detail[hit] = "most of this response is far beyond the noise and no cause fits it"
+            open_ &= ~hit
+        findings.append(ResponseFinding(index, begin, end, solved, stale, _name(fit)))
+    verdict[open_] = "unexplained"
+    for t_ in np.flatnonzero(open_).tolist():
+        detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps:.3g}"
+    _judge_masks(problems, columns, rollout, margins, rv, t, eps, params, block, verdict, detail)
+    _judge_trainer(trainer, oracle, bound, kept, local, trainer_t, t, judged, verdict, detail)
+    settings = {
+        "engine_temperature": t,
+        "trainer_temperature": trainer_t,
+        "backend": backend,
+        "tp": tp,
+        "vocab": rv,
+        "dtype": dtype,
+        "clip": clip,
+        **{k: v for k, v in params.items() if v is not None},
+    }
+    return RolloutCheck(
+        engine=rollout.engine,
+        settings=settings,
+        noise=noise,
+        response=owner,
+        token_ids=rollout.token_ids,
+        oracle=oracle,
+        trainer=trainer,
+        engine_logprob=engine,
+        bound=bound,
+        noise_low=low,
+        noise_high=high,
+        verdict=[str(v) for v in verdict],
+        details=[str(d) for d in detail],
+        responses=findings,
+    )
+
+
+def _predictions(
+    hypotheses: list[Hypothesis],
+    kept: Floats,
+    local: npt.NDArray[np.int64],
+    columns: list[Any],
+    judged: Bools,
+    rv: int,
+    block: int,
+) -> dict[Hypothesis, Floats]:
+    """Each mask or full-vocabulary hypothesis' logprob on every judged token."""
+    found: dict[Hypothesis, Floats] = {}
+    full = [h.temperature for h in hypotheses if h.support == "full"]
+    lse = full_vocabulary_lse(columns, rv, list(dict.fromkeys(full)), block) if full else {}
+    sampled = np.take_along_axis(kept, local[:, None], axis=1)[:, 0]
+    for h in hypotheses:
+        if h.support == "mask":
+            found[h] = kept_logprob(kept, local, h.temperature)
+        elif h.support == "full":
+            z = (sampled.astype(np.float32) / np.float32(h.temperature)).astype(np.float64)
+            found[h] = np.where(judged, z - lse[h.temperature], math.nan)
+    return found
+
+
+def _recomputed(
+    columns: list[Any],
+    rollout: EngineRollout,
+    rows_wanted: Bools,
+    temperature: float,
+    rv: int,
+    params: dict[str, Any],
+    block: int,
+) -> Floats:
+    """The logprob over the rules' support on the trainer's logits, on ``rows_wanted``."""
+    import torch
+
+    found = np.full(rollout.num_tokens, math.nan)
+    rows = np.flatnonzero(rows_wanted)
+    for start in range(0, rows.size, block):
+        part = rows[start : start + block]
+        x = logit_rows(columns, torch.as_tensor(part)).to(torch.float32).numpy()
+        support = exact_support(x, real_vocab_size=rv, temperature=temperature, **params)
+        usable = support.mask[np.arange(part.size), rollout.token_ids[part]]
+        value, _, _ = exact_processed_logprob(
+            x, np.where(usable, rollout.token_ids[part], 0), support.mask,
+            active_mask=usable, real_vocab_size=rv, temperature=temperature,
+        )  # fmt: skip
+        found[part] = np.where(usable, value, math.nan)
+    return found
+
+
+def _name_tokens(
+    beyond: Bools,
+    engine: Floats,
+    bound: Floats,
+    eps: float,
+    predicted: dict[Hypothesis, Floats],
+    misfit: dict[Hypothesis, Floats],
+    verdict: npt.NDArray[Any],
+    detail: npt.NDArray[Any],
+) -> Bools:
+    """Each token beyond the noise takes the cause that explains it with the least misfit;
+    the tokens left open are returned."""
+    best = np.full(engine.size, math.inf)
+    choice: list[Hypothesis | None] = [None] * engine.size
+    for h, values in predicted.items():
+        fits = beyond & explained(engine, values, bound, eps, h.temperature)
+        score = np.where(np.isnan(misfit[h]), 0.0, misfit[h])
+        for row in np.flatnonzero(fits & (score < best)).tolist():
+            best[row], choice[row] = score[row], h
+    for row, h in enumerate(choice):
+        if h is not None:
+            verdict[row] = h.name
+            detail[row] = f"{h.what}: it predicts {predicted[h][row]:.6g}"
+    return np.asarray(beyond & np.array([h is None for h in choice]), dtype=np.bool_)
+
+
+def _response_fit(
+    tokens: Bools,
+    shift: Floats,
+    misfit: dict[Hypothesis, Floats],
+    predicted: dict[Hypothesis, Floats],
+) -> Hypothesis | None:
+    """The cause a whole response fits: its median misfit over the response's tokens a
+    :data:`RESPONSE_FIT` part of the noise's (the engine's own temperature, the mask
+    returned), and the smallest such; None if none."""
+    if int(tokens.sum()) < MIN_RESPONSE:
+        return None
+    null = float(np.nanmedian(shift[tokens]))
+    best, found = math.inf, None
+    for h, values in misfit.items():
+        if np.isnan(values[tokens]).any():
+            continue
+        score = float(np.median(values[tokens]))
+        if score * RESPONSE_FIT < null and score < best:
+            best, found = score, h
+    return found
+
+
+def _name(h: Hypothesis | None) -> str | None:
+    return None if h is None else h.name
+
+
+def _solve(
+    engine: Floats, kept: Floats, local: npt.NDArray[np.int64], t: float, rows: Bools
+) -> float | None:
+    picked = np.flatnonzero(rows)
+    if not picked.size:
+        return None
+    return solve_temperature(engine[picked], kept[picked], local[picked], t)
+
+
+def _spans(owner: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
+    ends = np.flatnonzero(np.diff(owner)) + 1
+    starts = np.concatenate([[0], ends]).tolist()
+    stops = np.concatenate([ends, [owner.size]]).tolist()
+    return list(zip(starts, stops, strict=True))
+
+
+def _said(h: Hypothesis, values: Floats, hit: Bools) -> list[str]:
+    return [f"{h.what}: it predicts {values[i]:.6g}" for i in np.flatnonzero(hit).tolist()]
+
+
+def _nonfinite(oracle: float, trainer: float, engine: float) -> str:
+    parts = [
+        f"{name} {value!r}"
+        for name, value in (("oracle", oracle), ("trainer", trainer), ("engine", engine))
+        if not math.isfinite(value)
+    ]
+    return "non-finite: " + ", ".join(parts)
+
+
+def _judge_masks(
+    problems: dict[int, str],
+    columns: list[Any],
+    rollout: EngineRollout,
+    margins: Any,
+    rv: int,
+    t: float,
+    eps: float,
+    params: dict[str, Any],
+    block: int,
+    verdict: npt.NDArray[Any],
+    detail: npt.NDArray[Any],
+) -> None:
+    """Each mask the op's margins refuse, again under the noise: borderline or support."""
+    import torch
+
+    if not problems:
+        return
+    rows = np.array(sorted(problems), dtype=np.int64)
+    fine: list[bool] = []
+    for start in range(0, rows.size, block):
+        part = rows[start : start + block]
+        x = logit_rows(columns, torch.as_tensor(part)).to(torch.float32).numpy()
+        mask = dense_mask(rollout, part, x.shape[1])
+        fine += judge_under_noise(x, mask, margins, rv, t, eps, params)
+    for row, ok in zip(rows.tolist(), fine, strict=True):
+        current = str(verdict[row])
+        if ok:
+            if current in ("agree", "noise", "no_logprob"):
+                verdict[row] = "borderline"
+                detail[row] = f"within the noise: {problems[row]}"
+        elif current in ("agree", "noise", "no_logprob"):
+            verdict[row], detail[row] = "support", problems[row]
+        else:
+            detail[row] = f"{detail[row]}; the mask too: {problems[row]}"
+
+
+def _judge_trainer(
+    trainer: Floats,
+    oracle: Floats,
+    bound: Floats,
+    kept: Floats,
+    local: npt.NDArray[np.int64],
+    trainer_t: float,
+    t: float,
+    judged: Bools,
+    verdict: npt.NDArray[Any],
+    detail: npt.NDArray[Any],
+) -> None:
+    """The trainer's backend against the oracle, within the op's bound alone."""
+    with np.errstate(invalid="ignore"):
+        off = judged & (np.abs(trainer - oracle) > bound)
+    if not off.any():
+        return
+    at_own = kept_logprob(kept, local, trainer_t) if trainer_t != t else None
+    for row in np.flatnonzero(off).tolist():
+        if at_own is not None and abs(trainer[row] - at_own[row]) <= bound[row]:
+            cause, why = "trainer_temperature", f"trainer: its logprob is at T={trainer_t!r}"
+        else:
+            cause = "trainer_numerics"
+            why = f"trainer: {abs(trainer[row] - oracle[row]):.3g} from the oracle, bound " \
+                f"{bound[row]:.3g}"  # fmt: skip
+        if str(verdict[row]) in ("agree", "noise", "borderline"):
+            verdict[row], detail[row] = cause, why
+        else:
+            detail[row] = f"{detail[row]}; {why}"
