@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout_corpus import TEMPERATURE, TOP_K, TOP_P, Corpus, build_corpus  # noqa: E402
+from rollout_corpus import TEMPERATURE, TOP_K, TOP_P, Corpus, build_corpus
 
-from tp_logprob.rollout import check_rollout  # noqa: E402
-from tp_logprob.rollout.report import ENGINE_FAULTS  # noqa: E402
+from tp_logprob.rollout import check_rollout
+from tp_logprob.rollout.report import ENGINE_FAULTS
 
 
 def named_shares(

@@ -65,7 +65,9 @@ class Corpus:
     eps: np.ndarray
 
 
-def build_corpus(vocab: int, tokens: int, seed: int = 0, plan: tuple[tuple[str, str], ...] = PLAN) -> Corpus:
+def build_corpus(
+    vocab: int, tokens: int, seed: int = 0, plan: tuple[tuple[str, str], ...] = PLAN
+) -> Corpus:
     """``len(plan)`` responses of ``tokens // len(plan)`` tokens each at vocabulary ``vocab``."""
     generator = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)

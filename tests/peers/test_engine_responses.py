@@ -22,7 +22,7 @@ import torch
 import tp_logprob as tpl
 from tp_logprob.engine_formats import sglang_rollout, vllm_rollout
 from tp_logprob.oracle import exact_support
-from tp_logprob.replay.rollout import check_rollout
+from tp_logprob.rollout import check_rollout
 from tp_logprob.support import SupportSpec
 
 N, V = 16, 40
@@ -84,16 +84,16 @@ def test_vllm_responses_round_trip_and_agree(params: dict[str, Any]) -> None:
     rollout = vllm_rollout(document, vocab_size=V)
     assert np.array_equal(rollout.support.dense(V), kept)
     check = check_rollout(x, rollout, engine_temperature=0.8)
-    assert set(check.engine_cause) == {"agree"}, check.markdown()
-    assert set(check.trainer_cause) == {"agree"}, check.markdown()
+    assert set(check.verdict) <= {"agree", "noise"}, check.markdown()
+    assert not check.failed()
 
 
 def test_vllm_raw_logprobs_are_over_the_full_vocabulary() -> None:
     pytest.importorskip("vllm", reason="vLLM is installed by nox -s conformance only")
     x = _logits(11)
     document, _ = _vllm_response(x, {"top_k": 4}, 1.0, "raw_logprobs")
-    check = check_rollout(x, vllm_rollout(document, vocab_size=V), top_k=4)
-    assert set(check.verdict) == {"engine_support"}, check.markdown()
+    check = check_rollout(x, vllm_rollout(document, vocab_size=V), top_k=4, logit_noise=0.0)
+    assert set(check.verdict) == {"raw"}, check.markdown()
     assert all("full vocabulary" in detail for detail in check.details)
 
 
@@ -134,5 +134,5 @@ def test_sglang_mask_lists_round_trip(params: dict[str, Any], support_mode: bool
     assert np.array_equal(rollout.support.dense(V), found.mask)
     check = check_rollout(x, rollout, engine_temperature=0.8, **params)
     # fp32 logprobs: within the bound, or off by the float32 rounding SGLang's lists carry.
-    assert set(check.verdict) <= {"agree", "numerics"}, check.markdown()
+    assert set(check.verdict) <= {"agree", "noise"}, check.markdown()
     assert "support" not in check.verdict

@@ -23,8 +23,8 @@ and the op's bound, holds the engine's value:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -123,9 +123,7 @@ def kept_logprob(kept: Floats, local: npt.NDArray[np.int64], temperature: float)
 def _divided(values: Floats, temperature: float) -> Floats:
     with np.errstate(over="ignore", invalid="ignore"):
         x32 = values.astype(np.float32)
-        return np.asarray(
-            (x32 / np.float32(temperature)).astype(np.float64), dtype=np.float64
-        )
+        return np.asarray((x32 / np.float32(temperature)).astype(np.float64), dtype=np.float64)
 
 
 def full_vocabulary_lse(
@@ -152,9 +150,7 @@ def full_vocabulary_lse(
             for t in temperatures:
                 z = x if t == 1.0 else x / torch.tensor(t, dtype=torch.float32)
                 lse = torch.logsumexp(z, dim=1).double().numpy()
-                found[t][start : start + block] = np.logaddexp(
-                    found[t][start : start + block], lse
-                )
+                found[t][start : start + block] = np.logaddexp(found[t][start : start + block], lse)
     return found
 
 

@@ -93,7 +93,6 @@ def check_rollout(
     >>> check = check_rollout(logits, rollout, engine_temperature=0.7)  # doctest: +SKIP
     >>> print(check.markdown())  # doctest: +SKIP
     """
-    import torch
 
     responses = [rollouts] if isinstance(rollouts, EngineRollout) else list(rollouts)
     params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
@@ -205,6 +204,10 @@ def check_rollout(
     for t_ in np.flatnonzero(open_).tolist():
         detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps:.3g}"
     _judge_masks(problems, columns, rollout, margins, rv, t, eps, params, block, verdict, detail)
+    for finding in findings:
+        if finding.stale:  # its masks come from the other weights too
+            part = verdict[finding.begin : finding.end]  # a view: written through
+            part[part == "support"] = "stale_policy"
     _judge_trainer(trainer, oracle, bound, kept, local, trainer_t, t, judged, verdict, detail)
     settings = {
         "engine_temperature": t,
@@ -303,11 +306,11 @@ def _name_tokens(
         score = np.where(np.isnan(misfit[h]), 0.0, misfit[h])
         for row in np.flatnonzero(fits & (score < best)).tolist():
             best[row], choice[row] = score[row], h
-    for row, h in enumerate(choice):
-        if h is not None:
-            verdict[row] = h.name
-            detail[row] = f"{h.what}: it predicts {predicted[h][row]:.6g}"
-    return np.asarray(beyond & np.array([h is None for h in choice]), dtype=np.bool_)
+    for row, chosen in enumerate(choice):
+        if chosen is not None:
+            verdict[row] = chosen.name
+            detail[row] = f"{chosen.what}: it predicts {predicted[chosen][row]:.6g}"
+    return np.asarray(beyond & np.array([c is None for c in choice]), dtype=np.bool_)
 
 
 def _response_fit(
@@ -358,7 +361,7 @@ def _said(h: Hypothesis, values: Floats, hit: Bools) -> list[str]:
 
 def _nonfinite(oracle: float, trainer: float, engine: float) -> str:
     parts = [
-        f"{name} {value!r}"
+        f"{name} {float(value)!r}"
         for name, value in (("oracle", oracle), ("trainer", trainer), ("engine", engine))
         if not math.isfinite(value)
     ]

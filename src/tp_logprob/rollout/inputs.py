@@ -177,7 +177,10 @@ def join_rollouts(
         None
         if all(v is None for v in given)
         else np.concatenate(
-            [np.full(r.num_tokens, math.nan) if v is None else v for r, v in zip(rollouts, given, strict=True)]
+            [
+                np.full(r.num_tokens, math.nan) if v is None else v
+                for r, v in zip(rollouts, given, strict=True)
+            ]
         )
     )
     joined = EngineRollout(
@@ -221,7 +224,8 @@ def check_logits(
         if str(shard.dtype) not in DTYPES or shard.dtype != shards[0].dtype:
             raise RolloutInputError(
                 TRAINER, file,
-                f"{where}: dtype {shard.dtype}, expected one of fp32/bf16/fp16, alike on every shard",
+                f"{where}: dtype {shard.dtype}, expected one of fp32/bf16/fp16, alike on every "
+                "shard",
             )  # fmt: skip
         if shard.shape[0] != rollout.num_tokens:
             raise RolloutInputError(
@@ -235,8 +239,8 @@ def check_logits(
     if real_vocab_size is not None and real_vocab_size > width:
         raise RolloutInputError(
             TRAINER, None,
-            f"the {len(shards)} shard(s) hold {width} columns, fewer than --vocab={real_vocab_size}: "
-            "a TP shard missing?",
+            f"the {len(shards)} shard(s) hold {width} columns, fewer than "
+            f"--vocab={real_vocab_size}: a TP shard missing?",
         )  # fmt: skip
     _ids_inside(rollout, real_vocab_size, width, len(shards))
     return DTYPES[str(shards[0].dtype)]

@@ -50,7 +50,7 @@ def plot_rollout(check: RolloutCheck, path: str) -> None:
         raise RuntimeError(
             "--plot needs matplotlib: pip install 'tp-logprob[plot]' (or matplotlib>=3.7)"
         ) from None
-    figure = Figure(figsize=(14, 5.2), layout="constrained")
+    figure = Figure(figsize=(15, 5.6), layout="constrained")
     FigureCanvasAgg(figure)
     left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     _tokens(left, check)
@@ -105,7 +105,7 @@ def _tokens(axis: Any, check: RolloutCheck) -> None:
     axis.set_ylabel("log p_engine - log p_oracle")
     axis.set_title("every token against the logit noise")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8, loc="lower left", ncol=2)
+    axis.legend(fontsize=7, loc="center", ncol=3, framealpha=0.9)  # the band's middle is empty
 
 
 def _ratios(axis: Any, check: RolloutCheck) -> None:
@@ -140,7 +140,7 @@ def _ratios(axis: Any, check: RolloutCheck) -> None:
     axis.set_ylabel("tokens")
     axis.set_title("importance ratios by verdict")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8, loc="upper right")
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def _symlog(axis: Any, which: str, floor: float, top: float) -> None:

@@ -134,9 +134,7 @@ class RolloutCheck:
             "oracle": float(self.oracle[t]),
             "trainer": float(self.trainer[t]),
             "engine": float(self.engine_logprob[t]),
-            "engine_ulp": float(
-                abs(self.engine_logprob[t] - self.oracle[t]) / fp32_ulp(scale)[0]
-            ),
+            "engine_ulp": float(abs(self.engine_logprob[t] - self.oracle[t]) / fp32_ulp(scale)[0]),
             "bound": float(self.bound[t]),
             "noise_low": float(self.noise_low[t]),
             "noise_high": float(self.noise_high[t]),
@@ -186,9 +184,10 @@ class RolloutCheck:
     def markdown(self, shown: int = 10) -> str:
         t = self.settings["engine_temperature"]
         faults = self.engine_at_fault()
+        settings = ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
         lines = [
             f"Rollout check: {self.engine}, {len(self.responses)} response(s), "
-            f"{self.token_ids.size} tokens ({', '.join(f'{k}={v!r}' for k, v in self.settings.items())})",
+            f"{self.token_ids.size} tokens ({settings})",
             "",
             self.noise.describe(t) + ".",
             "",

@@ -164,9 +164,7 @@ def logit_rows(columns: list[Any], index: Any) -> Any:
     return torch.cat([part[index] for part in columns], dim=1)
 
 
-def kept_values(
-    columns: list[Any], rollout: EngineRollout
-) -> tuple[Floats, npt.NDArray[np.int64]]:
+def kept_values(columns: list[Any], rollout: EngineRollout) -> tuple[Floats, npt.NDArray[np.int64]]:
     """The logits of every row's kept ids, ``[N, max kept]`` float64 padded with -inf, and
     the sampled token's place among them (0 for a row without a mask). Each id is read
     from the shard that holds it."""

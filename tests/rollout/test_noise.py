@@ -1,0 +1,109 @@
+"""The noise model: the log-odds bound holds for every perturbation and is reached; the estimate
+finds a clean two-pass rollout clean; the RL units are the textbook ones."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tp_logprob.rollout.noise import (
+    MIN_TOKENS,
+    estimate_noise,
+    log_odds,
+    noise_interval,
+    token_shift,
+)
+from tp_logprob.rollout.units import k3, rl_units
+
+
+def _logprob(z: np.ndarray, y: int) -> float:
+    top = z.max()
+    return float(z[y] - top - math.log(np.exp(z - top).sum()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(2, 40),
+    seed=st.integers(0, 2**32 - 1),
+    eps=st.floats(1e-4, 2.0),
+    temperature=st.sampled_from([0.3, 0.7, 1.0, 1.5]),
+)
+def test_no_perturbation_of_eps_leaves_the_interval(
+    size: int, seed: int, eps: float, temperature: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, 4.0, size)
+    y = int(rng.integers(size))
+    reference = _logprob(x / temperature, y)
+    low, high = noise_interval(np.array([reference]), eps, temperature)
+    slack = 1e-12 * (1.0 + abs(reference))
+    for _ in range(20):
+        d = rng.uniform(-eps, eps, size)
+        d[rng.random(size) < 0.5] = eps * rng.choice([-1.0, 1.0])
+        value = _logprob((x + d) / temperature, y)
+        assert low[0] - slack <= value <= high[0] + slack
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("sampled", [0, 3])
+def test_the_bound_is_reached_by_plus_eps_on_the_token_and_minus_eps_elsewhere(
+    temperature: float, sampled: int
+) -> None:
+    x = np.array([3.0, 1.0, -2.0, 0.5, -1.0])
+    eps = 0.3
+    reference = _logprob(x / temperature, sampled)
+    low, high = noise_interval(np.array([reference]), eps, temperature)
+    up = np.full(x.size, -eps)
+    up[sampled] = eps
+    assert _logprob((x + up) / temperature, sampled) == pytest.approx(high[0], abs=1e-12)
+    assert _logprob((x - up) / temperature, sampled) == pytest.approx(low[0], abs=1e-12)
+    # Tighter than 2 eps / T wherever the token is likely: here p = 0.83 for token 0.
+    if sampled == 0:
+        assert high[0] - reference < 0.5 * 2 * eps / temperature
+
+
+def test_a_certain_token_stays_certain_and_log_odds_invert() -> None:
+    low, high = noise_interval(np.array([0.0, -math.inf]), 1.0, 0.7)
+    assert low.tolist() == [0.0, -math.inf] and high.tolist() == [0.0, -math.inf]
+    lp = np.array([-1e-9, -0.5, -30.0])
+    back, _ = noise_interval(lp, 0.0, 1.0)
+    assert np.allclose(back, lp, rtol=1e-12)
+    assert math.isinf(float(log_odds(np.array([0.0]))[0]))
+    assert token_shift(np.array([-1.0]), np.array([-1.0]), 0.7)[0] == 0.0
+
+
+def test_the_estimate_covers_a_clean_run_and_ignores_what_a_cause_fits() -> None:
+    rng = np.random.default_rng(0)
+    shift = np.abs(rng.normal(0.0, 0.01, 4000))
+    fitted = np.zeros(4000, dtype=bool)
+    clean = estimate_noise(shift, fitted, largest_logit=20.0)
+    assert clean.source == "estimated"
+    assert shift.max() < clean.eps < 2 * 5 * 0.01
+    faulty = shift.copy()
+    faulty[:1500] = 5.0  # a cause fits these: they do not move the estimate
+    fitted[:1500] = True
+    assert estimate_noise(faulty, fitted, 20.0).eps == pytest.approx(
+        estimate_noise(shift[1500:], fitted[1500:], 20.0).eps
+    )
+    few = estimate_noise(shift[: MIN_TOKENS - 1], np.zeros(MIN_TOKENS - 1, dtype=bool), 20.0)
+    assert few.source == "smallest" and few.eps == shift[: MIN_TOKENS - 1].max()
+    capped = estimate_noise(shift * 1000, np.zeros(4000, dtype=bool), 1.0)
+    assert capped.source == "capped" and capped.eps == capped.ceiling
+
+
+def test_the_rl_units_are_the_textbook_ones() -> None:
+    log_ratio = np.array([0.0, math.log(1.05), math.log(0.85), math.log(1.3), math.nan])
+    owner = np.array([0, 0, 1, 1, 1])
+    units = rl_units(log_ratio, owner, clip=0.2)
+    assert units.tokens == 4
+    assert units.max_abs == pytest.approx(math.log(1.3))
+    assert units.k3 == pytest.approx(np.mean([r - 1 - math.log(r) for r in (1, 1.05, 0.85, 1.3)]))
+    assert units.outside_band == 0.5  # 0.85 and 1.3
+    assert units.outside_clip == 0.25  # 1.3 only
+    assert units.sequence_mean == pytest.approx((math.log(1.05) + math.log(0.85 * 1.3)) / 2)
+    assert units.sequence_worst == pytest.approx(math.log(0.85 * 1.3))
+    assert np.all(k3(np.linspace(-3, 3, 61)) >= 0)
