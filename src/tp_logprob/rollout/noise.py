@@ -24,8 +24,9 @@ the tokens that no cause fits better than the noise does, ``sigma`` is the robus
 scale of ``eps_t`` (its median over 0.6745, a half-normal's), and ``eps = 5 sigma``:
 a clean token beyond it is a five-sigma event (one in 1.7 million). A perturbation
 larger than :data:`CEILING_UNITS` bf16 roundings of the largest kept logit is not two
-forward passes of one policy: the estimate is capped there and the report says so. With fewer than :data:`MIN_TOKENS` tokens to
-estimate from, ``eps`` is the smallest size that explains them all.
+forward passes of one policy: the estimate is capped there and the report says so.
+With fewer than :data:`MIN_TOKENS` tokens to estimate from, ``eps`` is the smallest
+size that explains them all.
 """
 
 from __future__ import annotations
