@@ -103,18 +103,15 @@ def _where(cause: str, where: str, count: int, rng: np.random.Generator) -> list
 
 
 def _support(z: torch.Tensor) -> torch.Tensor:
-    """The engine's mask: top-k then top-p on its tempered logits, ties at a boundary kept."""
-    kth = torch.topk(z, TOP_K, dim=1).values[:, -1:]
-    keep = z >= kth
-    masked = torch.where(keep, z, -math.inf)
-    p = torch.softmax(masked.double(), dim=1)
-    order = torch.argsort(masked, dim=1, descending=True)
-    sorted_p = p.gather(1, order)
-    above = torch.cumsum(sorted_p, dim=1) - sorted_p
-    cut = torch.zeros_like(keep)
-    cut.scatter_(1, order, above < TOP_P)
-    threshold = torch.where(cut & keep, z, math.inf).min(dim=1, keepdim=True).values
-    return keep & (z >= threshold)
+    """The engine's mask: top-k then top-p on its tempered logits, ties at a boundary kept.
+
+    Top-p reads the top-k survivors only, so it runs on the ``TOP_K`` largest values (in
+    descending order); a tie at either boundary keeps every tied column."""
+    top = torch.topk(z, TOP_K, dim=1).values
+    p = torch.softmax(top.double(), dim=1)
+    above = torch.cumsum(p, dim=1) - p
+    threshold = torch.where(above < TOP_P, top, math.inf).min(dim=1, keepdim=True).values
+    return z >= torch.maximum(threshold, top[:, -1:])
 
 
 def _logprob(z: torch.Tensor, mask: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
@@ -135,19 +132,16 @@ def _response(
     probs = torch.softmax(torch.where(mask, z, -math.inf), dim=1)
     token = torch.multinomial(probs, 1, generator=generator)[:, 0]
     full = torch.ones_like(mask)
-    values = {
-        "": _logprob(z, mask, token),
-        "stale_policy": _logprob(z, mask, token),
-        "temperature_missing": _logprob(engine, mask, token),
-        "temperature_twice": _logprob(z / t, mask, token),
-        "temperature_other": _logprob(engine / OTHER_TEMPERATURE, mask, token),
-        "unrenormalised": _logprob(z, full, token),
-        "raw": _logprob(engine, full, token),
-        "recomputed_mask": _logprob(z, mask, token),
-        "support": _logprob(z, mask, token),
+    planted = {
+        "temperature_missing": lambda: _logprob(engine, mask, token),
+        "temperature_twice": lambda: _logprob(z / t, mask, token),
+        "temperature_other": lambda: _logprob(engine / OTHER_TEMPERATURE, mask, token),
+        "unrenormalised": lambda: _logprob(z, full, token),
+        "raw": lambda: _logprob(engine, full, token),
     }
+    values = {cause: planted[cause]() for cause in set(causes) & set(planted)}
     returned = mask.clone()
-    logprobs = values[""].clone()
+    logprobs = _logprob(z, mask, token)
     for row, cause in enumerate(causes):
         if cause == "recomputed_mask":
             # The returned mask is top-k's alone; the logprob is over top-k and top-p.
@@ -162,7 +156,7 @@ def _response(
             returned[row, victim] = False
             one = slice(row, row + 1)
             logprobs[row] = _logprob(z[one], returned[one], token[one])[0]
-        if cause and cause not in ("support", "recomputed_mask"):
+        if cause in values:
             logprobs[row] = values[cause][row]
     rollout = _rollout(returned, token, logprobs)
     eps = torch.where(returned, (clean - trainer).abs(), 0.0).max(dim=1).values.double().numpy()

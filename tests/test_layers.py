@@ -423,3 +423,24 @@ def test_the_properties_package_holds_property_bodies_only() -> None:
         and not name.rpartition(".")[2].startswith("test_")
     ]
     assert not found, found
+
+
+def test_the_rollout_check_needs_neither_pytest_nor_the_suite() -> None:
+    """``rollout-check`` runs on the base install plus torch: nothing it imports, however
+    deep, reaches the suite's engine, the judging, the properties, pytest or Hypothesis."""
+    known, edges = modules(), graph()
+    reached, todo = set(), [name for name in known if name.startswith("tp_logprob.rollout")]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(edges[name])
+    banned = ("tp_logprob.suite", "tp_logprob.judging", "tp_logprob.properties")
+    found = sorted(name for name in reached if name.startswith(banned))
+    found += [
+        f"{name} imports {imported}"
+        for name in sorted(reached)
+        for imported, _ in imports(name, known[name], known)
+        if imported.split(".")[0] in ("pytest", "_pytest", "hypothesis")
+    ]
+    assert not found, found

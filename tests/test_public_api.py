@@ -7,7 +7,13 @@ import types
 
 import pytest
 
-PUBLIC_MODULES = ["tp_logprob", "tp_logprob.oracle", "tp_logprob.strategies", "tp_logprob.testing"]
+PUBLIC_MODULES = [
+    "tp_logprob",
+    "tp_logprob.oracle",
+    "tp_logprob.rollout",
+    "tp_logprob.strategies",
+    "tp_logprob.testing",
+]
 
 DOCUMENTED_NAMES = {
     "tp_logprob": {
@@ -21,6 +27,7 @@ DOCUMENTED_NAMES = {
         "exact_logsumexp", "exact_selected_logprob", "exact_logprob_grad",
         "reference_selected_logprob",
     },
+    "tp_logprob.rollout": {"check_rollout", "plot_rollout", "RolloutCheck", "RolloutInputError"},
     "tp_logprob.testing": {
         "assert_logprob_close", "assert_support_admissible", "assert_batch_invariant",
         "assert_bitwise_across_tp",
