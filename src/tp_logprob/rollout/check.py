@@ -161,9 +161,13 @@ def check_rollout(
     inside = explained(engine, oracle, bound, eps, t)
     verdict[judged & ~within_op & inside] = "noise"
     beyond = judged & ~inside
-    if has_params and beyond.any():
+    refused = np.zeros(n, dtype=np.bool_)
+    refused[list(problems)] = True
+    if has_params and (beyond & refused).any():
+        # A mask the rules admit is their support up to borderline ids: the recomputed
+        # support is tried where the rules refuse the mask only.
         recomputed = next(h for h in hypotheses if h.support == "recomputed")
-        values = _recomputed(columns, rollout, beyond, t, rv, params, block)
+        values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block)
         predicted[recomputed] = values
         misfit[recomputed] = token_shift(engine, values, t)
     open_ = _name_tokens(beyond, engine, bound, eps, predicted, misfit, verdict, detail)
