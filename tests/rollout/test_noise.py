@@ -82,7 +82,7 @@ def test_the_estimate_covers_a_clean_run_and_ignores_what_a_cause_fits() -> None
     fitted = np.zeros(4000, dtype=bool)
     clean = estimate_noise(shift, fitted, largest_logit=20.0)
     assert clean.source == "estimated"
-    assert shift.max() < clean.eps < 2 * 5 * 0.01
+    assert shift.max() < clean.eps < 2 * 6 * 0.01
     faulty = shift.copy()
     faulty[:1500] = 5.0  # a cause fits these: they do not move the estimate
     fitted[:1500] = True

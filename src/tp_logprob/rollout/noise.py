@@ -21,8 +21,9 @@ barely moves while a rare one moves by the full ``2 eps / T``.
 
 **The estimate.** Each token needs at least ``eps_t = T |d log-odds| / 2``. Over
 the tokens that no cause fits better than the noise does, ``sigma`` is the robust
-scale of ``eps_t`` (its median over 0.6745, a half-normal's), and ``eps = 5 sigma``:
-a clean token beyond it is a five-sigma event (one in 1.7 million). A perturbation
+scale of ``eps_t`` (its median over 0.6745, a half-normal's), and ``eps = 6 sigma``:
+a Gaussian token beyond it is a six-sigma event; the margin is for the heavier tails
+of bf16 rounding, which grows with each logit. A perturbation
 larger than :data:`CEILING_UNITS` bf16 roundings of the largest kept logit is not two
 forward passes of one policy: the estimate is capped there and the report says so.
 With fewer than :data:`MIN_TOKENS` tokens to estimate from, ``eps`` is the smallest
@@ -51,7 +52,7 @@ __all__ = [
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
-SIGMAS = 5.0
+SIGMAS = 6.0
 """The noise is this many robust scales of the per-token shift."""
 HALF_NORMAL_MEDIAN = 0.6744897501960817
 MIN_TOKENS = 16
