@@ -132,9 +132,10 @@ def full_vocabulary_lse(
     """The log-sum-exp over the live vocabulary of every row at each of ``temperatures``,
     shard by shard and block by block, combined in float64.
 
-    Each shard's log-sum-exp is torch's float32 one (max-shifted, a relative error of a
-    few float32 units): the hypotheses it serves are judged against the noise and the
-    op's bound, which are larger."""
+    Each block's is a float32 one in numpy (max-shifted, pairwise sums: a relative error
+    of a few float32 units; numpy's vectorised ``exp`` is several times faster than
+    torch's on CPU): the hypotheses it serves are judged against the noise and the op's
+    bound, which are larger."""
     import torch
 
     rows = int(columns[0].shape[0])
@@ -146,12 +147,22 @@ def full_vocabulary_lse(
         if not width:
             continue
         for start in range(0, rows, block):
-            x = part[start : start + block, :width].to(torch.float32)
+            x = part[start : start + block, :width].to(torch.float32).numpy()
             for t in temperatures:
-                z = x if t == 1.0 else x / torch.tensor(t, dtype=torch.float32)
-                lse = torch.logsumexp(z, dim=1).double().numpy()
-                found[t][start : start + block] = np.logaddexp(found[t][start : start + block], lse)
+                lse = _lse32(x if t == 1.0 else x / np.float32(t))
+                done = found[t][start : start + block]
+                found[t][start : start + block] = np.logaddexp(done, lse)
     return found
+
+
+def _lse32(z: npt.NDArray[np.float32]) -> Floats:
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = z.max(axis=1, keepdims=True)
+        top = np.where(np.isfinite(top), top, np.float32(0.0))
+        shifted = z - top
+        np.exp(shifted, out=shifted)
+        total = np.log(shifted.sum(axis=1).astype(np.float64))
+        return np.asarray(top[:, 0].astype(np.float64) + total, dtype=np.float64)
 
 
 def explained(
