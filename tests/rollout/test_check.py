@@ -86,6 +86,17 @@ def test_each_fault_is_attributed_to_its_cause() -> None:
     assert check.worst(1)[0]["token"] in faults
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_logits_in_strided_shards_agree(dtype: torch.dtype) -> None:
+    x = _logits().to(dtype)
+    shards = list(torch.tensor_split(x, 2, dim=1))  # column views: not contiguous
+    response = _response(x.float(), faults={2: "full"})
+    check = check_rollout(shards, sglang_rollout(response), engine_temperature=T, top_k=K)
+    assert check.settings["dtype"] == ("bf16" if dtype == torch.bfloat16 else "fp16")
+    assert check.verdict[2] == "unrenormalised"
+    assert [v for t, v in enumerate(check.verdict) if t != 2] == ["agree"] * (N - 1)
+
+
 def test_a_nudge_within_the_given_noise_is_noise_and_beyond_it_unexplained() -> None:
     x = _logits()
     response = _response(x)

@@ -274,13 +274,12 @@ def _recomputed(
     block: int,
 ) -> Floats:
     """The logprob over the rules' support on the trainer's logits, on ``rows_wanted``."""
-    import torch
 
     found = np.full(rollout.num_tokens, math.nan)
     rows = np.flatnonzero(rows_wanted)
     for start in range(0, rows.size, block):
         part = rows[start : start + block]
-        x = logit_rows(columns, torch.as_tensor(part)).to(torch.float32).numpy()
+        x = logit_rows(columns, part)
         support = exact_support(x, real_vocab_size=rv, temperature=temperature, **params)
         usable = support.mask[np.arange(part.size), rollout.token_ids[part]]
         value, _, _ = exact_processed_logprob(
@@ -386,7 +385,6 @@ def _judge_masks(
     detail: npt.NDArray[Any],
 ) -> None:
     """Each mask the op's margins refuse, again under the noise: borderline or support."""
-    import torch
 
     if not problems:
         return
@@ -394,7 +392,7 @@ def _judge_masks(
     fine: list[bool] = []
     for start in range(0, rows.size, block):
         part = rows[start : start + block]
-        x = logit_rows(columns, torch.as_tensor(part)).to(torch.float32).numpy()
+        x = logit_rows(columns, part)
         mask = dense_mask(rollout, part, x.shape[1])
         fine += judge_under_noise(x, mask, margins, rv, t, eps, params)
     for row, ok in zip(rows.tolist(), fine, strict=True):

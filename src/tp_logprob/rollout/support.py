@@ -52,12 +52,11 @@ def screen_masks(
     rows_per_block: int,
 ) -> dict[int, str]:
     """:func:`_support_problems` of every block of rows."""
-    import torch
 
     problems: dict[int, str] = {}
     for start in range(0, rollout.num_tokens, rows_per_block):
         end = min(rollout.num_tokens, start + rows_per_block)
-        x = logit_rows(columns, slice(start, end)).to(torch.float32).numpy()
+        x = logit_rows(columns, slice(start, end))
         problems.update(_support_problems(x, rollout, start, margins, rv, temperature, params))
     return problems
 

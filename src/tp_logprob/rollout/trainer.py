@@ -155,13 +155,21 @@ def _block_contract(
     return replace(contract, mask=mask, support=support)
 
 
-def logit_rows(columns: list[Any], index: Any) -> Any:
-    """Rows ``index`` of the logits given as shards in rank order, as one ``[rows, V]`` tensor."""
+def logit_rows(columns: list[Any], index: Any) -> npt.NDArray[np.float32]:
+    """Rows ``index`` (a slice or an array of row numbers) of the logits given as shards in
+    rank order, as one float32 ``[rows, V]`` array. An fp32 shard is read through numpy
+    (its row gather is several times torch's)."""
     import torch
 
-    if len(columns) == 1:
-        return columns[0][index]
-    return torch.cat([part[index] for part in columns], dim=1)
+    parts = []
+    for part in columns:
+        if part.dtype == torch.float32:  # strided views too
+            values = part.numpy()
+            parts.append(values[index] if isinstance(index, slice) else np.take(values, index, 0))
+        else:
+            parts.append(part[torch.as_tensor(index) if not isinstance(index, slice) else index]
+                         .to(torch.float32).numpy())  # fmt: skip
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
 def kept_values(columns: list[Any], rollout: EngineRollout) -> tuple[Floats, npt.NDArray[np.int64]]:
