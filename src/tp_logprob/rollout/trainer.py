@@ -157,18 +157,17 @@ def _block_contract(
 
 def logit_rows(columns: list[Any], index: Any) -> npt.NDArray[np.float32]:
     """Rows ``index`` (a slice or an array of row numbers) of the logits given as shards in
-    rank order, as one float32 ``[rows, V]`` array. An fp32 shard is read through numpy
-    (its row gather is several times torch's)."""
+    rank order, as one float32 ``[rows, V]`` array. An fp32 shard, strided views included,
+    is read through numpy's indexing (several times faster than torch's row gather)."""
     import torch
 
     parts = []
     for part in columns:
-        if part.dtype == torch.float32:  # strided views too
-            values = part.numpy()
-            parts.append(values[index] if isinstance(index, slice) else np.take(values, index, 0))
+        if part.dtype == torch.float32:
+            parts.append(part.numpy()[index])
         else:
-            parts.append(part[torch.as_tensor(index) if not isinstance(index, slice) else index]
-                         .to(torch.float32).numpy())  # fmt: skip
+            rows = index if isinstance(index, slice) else torch.as_tensor(index)
+            parts.append(part[rows].to(torch.float32).numpy())
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
