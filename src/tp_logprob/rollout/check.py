@@ -175,28 +175,27 @@ def check_rollout(
     for index, (begin, end) in enumerate(_spans(owner)):
         span = np.zeros(n, dtype=np.bool_)
         span[begin:end] = True
+        # The temperature solved for this response joins the causes for it alone.
+        tried, misfits = dict(predicted), dict(misfit)
         solved = _solve(engine, kept, local, t, span & informative)
         if solved is not None and min(abs(solved / c - 1.0) for c in (t, 1.0, t * t)) > 0.02:
             other = Hypothesis(
                 "temperature_other", solved, "mask",
                 f"the logprob is at T={solved:.4g} (solved for this response)",
             )  # fmt: skip
-            predicted[other] = kept_logprob(kept, local, solved)
-            misfit[other] = token_shift(engine, predicted[other], solved)
-        else:
-            solved = None
-        fit = _response_fit(span & informative, shift, misfit, predicted)
+            tried[other] = kept_logprob(kept, local, solved)
+            misfits[other] = token_shift(engine, tried[other], solved)
+        fit = _response_fit(span & informative, shift, misfits)
         if fit is not None:
             # The whole response fits one cause: it is named on every token it fits better
             # than the noise does, within the noise too, before any cause of a single token.
             with np.errstate(invalid="ignore"):
-                hit = span & judged & (misfit[fit] < shift)
-            hit |= span & open_ & explained(engine, predicted[fit], bound, eps, fit.temperature)
+                hit = span & judged & (misfits[fit] < shift)
+            hit |= span & open_ & explained(engine, tried[fit], bound, eps, fit.temperature)
             verdict[hit] = fit.name
-            detail[hit] = _said(fit, predicted[fit], hit)
+            detail[hit] = _said(fit, tried[fit], hit)
             open_ &= ~hit
-        if fit is None or fit.name != "temperature_other":
-            solved = None
+        solved = fit.temperature if fit is not None and fit.name == "temperature_other" else None
         stale = fit is None and is_stale(span & beyond, span & open_, span & informative)
         if stale:
             hit = span & beyond
@@ -317,10 +316,7 @@ def _name_tokens(
 
 
 def _response_fit(
-    tokens: Bools,
-    shift: Floats,
-    misfit: dict[Hypothesis, Floats],
-    predicted: dict[Hypothesis, Floats],
+    tokens: Bools, shift: Floats, misfit: dict[Hypothesis, Floats]
 ) -> Hypothesis | None:
     """The cause a whole response fits: its median misfit over the response's tokens a
     :data:`RESPONSE_FIT` part of the noise's (the engine's own temperature, the mask
