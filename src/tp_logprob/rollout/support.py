@@ -178,9 +178,31 @@ def judge_under_noise(
     found = []
     for start in range(0, len(x), ROWS):
         part, kept = x[start : start + ROWS], mask[start : start + ROWS]
+        favoured, width = favoured_logits(part, kept, eps), rv
+        top_k = params.get("top_k")
+        if top_k is not None and top_k < rv and not kept[:, rv:].any():
+            favoured, kept = _top_columns(favoured[:, :rv], kept[:, :rv], top_k)
+            width = favoured.shape[1]
         c = classify_support(
-            favoured_logits(part, kept, eps), margins=wide, real_vocab_size=rv,
-            temperature=temperature, **params,
-        )  # fmt: skip
+            favoured, margins=wide, real_vocab_size=width, temperature=temperature, **params
+        )
         found += [not admissible_support(_one_row(c, r), kept[r : r + 1]) for r in range(len(part))]
     return found
+
+
+def _top_columns(
+    x: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], top_k: int
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+    """Each row's columns at or above its k-th largest value, and its kept ones, first, the
+    rest -inf: top-k keeps none of the others (min-p's survivors are an upper set, so their
+    top k are among these), and top-p reads the survivors of top-k only, so the decisions
+    on these columns are the row's."""
+    kth = np.partition(x, x.shape[1] - top_k, axis=1)[:, x.shape[1] - top_k][:, None]
+    columns = [np.flatnonzero(row) for row in (x >= kth) | mask]
+    width = max(c.size for c in columns)
+    values = np.full((x.shape[0], width), -np.inf, dtype=np.float32)
+    kept = np.zeros((x.shape[0], width), dtype=np.bool_)
+    for row, chosen in enumerate(columns):
+        values[row, : chosen.size] = x[row, chosen]
+        kept[row, : chosen.size] = mask[row, chosen]
+    return values, kept
