@@ -81,3 +81,44 @@ def test_the_guide_declares_the_capability_the_template_declares() -> None:
     section = guide[guide.index("## 3. Declare what it serves") :]
     block = section[section.index("```python\n") + len("```python\n") :]
     assert block[: block.index("```")] in template_text()
+
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "verify-your-kernel.md"
+PLANTED = "live = local_logits.float()"
+"""The padding bug section 6 of the guide plants: ``_live`` reads every column."""
+
+
+def test_the_guide_registers_and_counts_the_template_as_it_is() -> None:
+    guide = GUIDE.read_text(encoding="utf-8")
+    section = guide[guide.index("## 4. Hand it to the suite") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    assert block[: block.index("```")] in template_text()
+    assert f"{len(template_text().splitlines())} lines of torch" in guide
+
+
+def test_the_guide_s_planted_padding_bug_is_caught(tmp_path: Path) -> None:
+    guide = GUIDE.read_text(encoding="utf-8")
+    assert f"`_live` reading every column, `{PLANTED}`" in guide
+    sliced = "live = local_logits[:, : live_end - start].float()"
+    assert template_text().count(sliced) == 1
+    target = tmp_path / "planted_kernel.py"
+    target.write_text(template_text().replace(sliced, PLANTED), encoding="utf-8")
+    (backend,) = resolve_backends([f"{target}:register"], "cpu")
+    contract = tpl.LogprobContract(
+        role="infer",
+        dtype="fp32",
+        mask=tpl.MaskSpec(num_tokens=1),
+        sharding=tpl.ShardingSpec(
+            tp_rank=0,
+            tp_world_size=1,
+            vocab_shard_bounds=((0, 2),),
+            real_vocab_size=1,
+            padded_vocab_size=2,
+        ),
+        reduction=tpl.ReductionSpec(determinism_scope="fixed_topology"),
+    )
+    logits = torch.tensor([[0.12573, -0.132105]])  # the guide's shrunk row: live, padding
+    targets = torch.tensor([0])
+    selected, lse = backend.op_for(contract)(logits, targets, contract)
+    with pytest.raises(AssertionError, match="outside the tolerance"):
+        assert_logprob_close(selected, logits[:, :1], targets, lse=lse)
