@@ -50,6 +50,7 @@ from tp_logprob.suite.profiles import (
     CI_SEED,
     DEFAULT_PROFILE,
     PROFILES,
+    name_suite_profile,
 )
 from tp_logprob.suite.session import DEFAULT_ARTIFACTS_DIR, Suite
 from tp_logprob.suite.summary import NotClaimed, SuiteStats
@@ -68,7 +69,19 @@ OPT_IN_INI = "tp_logprob_suite"
 _SUITE = pytest.StashKey[Suite]()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+class _SuiteProfileNames:
+    """``--hypothesis-profile=dev`` (or ``ci``, ``thorough``) names the suite's profile:
+    registered under that name before Hypothesis' own plugin loads it."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        chosen = config.getoption("hypothesis_profile", None)
+        if chosen is not None:
+            name_suite_profile(str(chosen))
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.register(_SuiteProfileNames(), "tp_logprob_profile_names")
     group = parser.getgroup("tp-logprob")
     group.addoption(
         "--tp-logprob-backend",

@@ -24,12 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PROPERTIES = ROOT / "src" / "tp_logprob" / "properties"
 
 
-def _examples(test: str) -> int:
-    """The examples ``test`` drew on ``torch_native`` under ``ci``, from the closing table."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+def _examples(test: str, profile: str = "--tp-logprob-profile=ci") -> int:
+    """The examples ``test`` drew on ``torch_native`` under ``profile``, from the closing table."""
+    unset = ("TRITON_INTERPRET", "TP_LOGPROB_PROFILE")
+    env = {key: value for key, value in os.environ.items() if key not in unset}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT)]))
     command = [sys.executable, "-m", "pytest", test, "-p", "no:cacheprovider", "-q"]
-    command += ["--tp-logprob-profile=ci", "--tp-logprob-platform=cpu"]
+    command += [profile, "--tp-logprob-platform=cpu"]
     command += ["--tp-logprob-backend=torch_native", "-o", "tp_logprob_suite=false"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -43,6 +44,13 @@ def test_a_property_draws_the_profiles_examples() -> None:
     assert examples_fraction(oracle.test_matches_exact_oracle) == 1.0
     path = PROPERTIES / "test_oracle.py"
     assert _examples(f"{path}::test_matches_exact_oracle") == 25
+
+
+def test_hypothesis_profile_names_the_suite_profile() -> None:
+    """``--hypothesis-profile=dev`` is the suite's ``dev``, which Hypothesis' own plugin
+    loads by that name (the suite registers it as ``tp_logprob.dev``)."""
+    path = PROPERTIES / "test_oracle.py"
+    assert _examples(f"{path}::test_matches_exact_oracle", "--hypothesis-profile=dev") == 25
 
 
 @pytest.mark.slow

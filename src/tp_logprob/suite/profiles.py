@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import InvalidArgument
 
 from tp_logprob.suite.databases import example_database
 
@@ -38,6 +39,7 @@ __all__ = [
     "PROFILES",
     "SEEDED_PHASES",
     "examples_fraction",
+    "name_suite_profile",
     "profile_name",
     "property_settings",
     "register_profiles",
@@ -102,6 +104,23 @@ def register_profiles() -> None:
         phases=list(Phase),
         suppress_health_check=_SLOW_OK,
     )
+
+
+def name_suite_profile(name: str) -> None:
+    """Let Hypothesis load the suite's profile ``name`` by its plain name, as
+    ``--hypothesis-profile=dev`` (or ``ci``, ``thorough``) asks it to.
+
+    The suite registers its profiles under :func:`profile_name` only, so that a project's
+    own ``dev`` stays its own; a name already registered (the project's, or Hypothesis' own
+    ``ci``) is left as it is.
+    """
+    if name not in PROFILES:
+        return
+    try:
+        settings.get_profile(name)
+    except InvalidArgument:
+        register_profiles()
+        settings.register_profile(name, parent=settings.get_profile(profile_name(name)))
 
 
 def scaled(fraction: float) -> Callable[[Test], Test]:
