@@ -6,13 +6,21 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers.artifacts import MUTANT, backend, write_padding_artifact
 from tp_logprob.__main__ import main
 from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.replay.catalogue import suite_properties
-from tp_logprob.replay.report import build_report, generate_cases, load_cases, plot_report
+from tp_logprob.replay.report import (
+    ASTRONOMICAL_ULP,
+    axis_top,
+    build_report,
+    generate_cases,
+    load_cases,
+    plot_report,
+)
 
 SUITE = suite_properties()
 
@@ -84,3 +92,16 @@ def test_plot_without_matplotlib_says_how_to_install(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(RuntimeError, match=r"tp-logprob\[plot\]"):
         plot_report(report, str(tmp_path / "x.png"))
+
+
+def test_the_plot_axis_ignores_astronomical_tolerances_however_many() -> None:
+    """Rows whose exact value is zero have tolerances near 1e39 ulps; when more than a tenth
+    of the rows have one (inactive rows), the axis still ends near the ordinary ones."""
+    errors = np.full(100, 0.5)
+    tolerance = np.concatenate([np.full(80, 10.0), np.full(20, 7.5e38)])
+    assert axis_top(errors, tolerance) == 20.0
+    assert axis_top(errors, np.full(100, 7.5e38)) == 2.0
+    assert axis_top(np.array([300.0]), np.array([10.0])) == 600.0
+    generated = build_report(backend("torch_native"), generate_cases(TORCH_NATIVE, 64, 0), "test")
+    for errors, tolerance in generated.ulp_errors().values():
+        assert axis_top(errors, tolerance) < ASTRONOMICAL_ULP

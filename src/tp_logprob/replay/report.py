@@ -22,7 +22,15 @@ from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.property import SuiteProperty
 
-__all__ = ["DriftReport", "build_report", "generate_cases", "load_cases", "plot_report"]
+__all__ = [
+    "ASTRONOMICAL_ULP",
+    "DriftReport",
+    "axis_top",
+    "build_report",
+    "generate_cases",
+    "load_cases",
+    "plot_report",
+]
 
 TP_DEGREES = (1, 2, 4, 8)
 WORST_SHOWN = 5
@@ -210,6 +218,19 @@ def build_report(
     return DriftReport(backend.backend_id, source, dict(groups))
 
 
+ASTRONOMICAL_ULP = 2.0**24
+"""A tolerance wider than this many fp32 ulps is wider than the value itself (a row whose
+exact value is zero, or whose bound holds no bit of it); the plot clips it into its last bin."""
+
+
+def axis_top(errors: np.ndarray[Any, Any], tolerance: np.ndarray[Any, Any]) -> float:
+    """The right end of a plot's ulp axis: twice the largest error or the 90th percentile of
+    the ordinary tolerances, however many rows have an astronomical one."""
+    ordinary = tolerance[tolerance <= ASTRONOMICAL_ULP]
+    wide = float(np.percentile(ordinary, 90)) if ordinary.size else 1.0
+    return max(float(errors.max(initial=0.0)), wide, 1.0) * 2.0
+
+
 def plot_report(report: DriftReport, path: str) -> None:
     """A PNG histogram of ulp errors per quantity, with the tightest tolerance as a line."""
     try:
@@ -228,9 +249,7 @@ def plot_report(report: DriftReport, path: str) -> None:
     axes = figure.subplots(1, len(data) or 1, squeeze=False)
     for axis, (quantity, (errors, tolerance)) in zip(axes[0], sorted(data.items()), strict=False):
         tightest = float(tolerance.min()) if tolerance.size else 1.0
-        # Tolerances at exact zeros are astronomically wide: clip them into the last bin.
-        wide = float(np.percentile(tolerance, 90)) if tolerance.size else 1.0
-        top = max(float(errors.max(initial=0.0)), wide, 1.0) * 2.0
+        top = axis_top(errors, tolerance)
         tolerance = np.minimum(tolerance, top * 0.999)
         edges = np.concatenate([[0.0], np.geomspace(0.01, top, 48)])
         axis.hist(errors, bins=edges, color="tab:blue", label=f"ulp error ({errors.size} rows)")
