@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -115,3 +116,18 @@ def test_the_interpreter_rerun_passes_its_variable_to_the_new_process_alone(
     assert (path, argv[1:]) == (sys.executable, ["-m", "tp_logprob", "backends"])
     assert env["TRITON_INTERPRET"] == "1"
     assert "TRITON_INTERPRET" not in os.environ
+
+
+def test_the_interpreter_command_it_prints_runs_when_pasted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process (no rerun), the command printed is this Python's, quoted for a shell."""
+    pytest.importorskip("triton", reason="the command is for the Triton backends")
+    from tp_logprob.cli import _interpreter_problem
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = ["replay", "my failures/", "--backend", "my_kernel.py:register"]
+    args = argparse.Namespace(platform="cpu", all_backends=False, argv=argv, may_exec=False)
+    assert _interpreter_problem(args, {"my_kernel"}) == 2
+    printed = capsys.readouterr().err.rstrip("\n").split("; run: ", 1)[1]
+    assert shlex.split(printed) == ["TRITON_INTERPRET=1", sys.executable, "-m", "tp_logprob", *argv]

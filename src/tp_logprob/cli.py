@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,7 +153,7 @@ def _interpreter_problem(args: argparse.Namespace, wanted: set[str]) -> int | No
         os.execve(sys.executable, command, {**os.environ, "TRITON_INTERPRET": "1"})
     print(
         "tp-logprob: the Triton backends run on CPU only through the interpreter; run: "
-        f"TRITON_INTERPRET=1 {' '.join(command[1:])}",
+        f"TRITON_INTERPRET=1 {shlex.join(command)}",
         file=sys.stderr,
     )
     return EXIT_BAD
