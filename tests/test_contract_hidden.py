@@ -84,7 +84,7 @@ def test_positional_construction_still_works() -> None:
 def test_provenance_round_trips_and_fingerprint_sees_the_input_fields() -> None:
     contract = make_contract(has_bias=True)
     data = contract.to_dict()
-    assert data["schema"] == CONTRACT_SCHEMA_VERSION == 4
+    assert data["schema"] == CONTRACT_SCHEMA_VERSION == 5
     assert data["input"] == {
         "kind": "hidden",
         "hidden_size": 16,

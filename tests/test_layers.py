@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tp_logprob.contract_schema",
             "tp_logprob.contract",
             "tp_logprob.result",
+            "tp_logprob.row_groups",
             "tp_logprob.capability",
             "tp_logprob.comm",
             "tp_logprob.registry",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 
 import numpy as np
@@ -174,3 +175,80 @@ def test_results_carry_the_support_outputs_without_changing_iteration() -> None:
     with pytest.raises(AttributeError):
         result.support_lse = 0.0  # type: ignore[misc]
     assert tpl.LogprobResult(1.0, 2.0).support_lse is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"top_k": [1, 0]}, "support.top_k[row 1]=0: must be >= 1"),
+        ({"top_k": [2, True]}, "support.top_k[row 1]=True: expected an int"),
+        ({"top_p": [0.5, 1.5]}, "support.top_p[row 1]=1.5: must lie in (0, 1]"),
+        ({"min_p": [None, "0.1"]}, "support.min_p[row 1]='0.1'"),
+        ({"top_k": []}, "support.top_k=[]: per-row values need one entry per row"),
+        (
+            {"top_k": [1, 2], "top_p": [0.5]},
+            "different row counts (support.top_k 2, support.top_p 1)",
+        ),
+        ({"top_k": [1], "kept_offsets": [0, 1], "kept_ids": [1]}, "not both"),
+    ],
+)
+def test_bad_per_row_rules_name_the_row(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(LogprobContractError) as raised:
+        SupportSpec(**kwargs)  # type: ignore[arg-type]
+    assert message in str(raised.value)
+
+
+def test_per_row_rules_give_each_row_its_own() -> None:
+    spec = SupportSpec(top_k=np.array([3, 5, 2]), top_p=0.9, min_p=[None, 0.1, None])
+    assert spec.per_row and spec.num_rows == 3 and spec.mode is SupportMode.SAMPLING_PARAMS
+    assert spec.top_k == (3, 5, 2) and type(spec.top_k[0]) is int
+    assert [spec.row_rules(row) for row in range(3)] == [
+        (3, 0.9, None),
+        (5, 0.9, 0.1),
+        (2, 0.9, None),
+    ]
+    assert spec.rules() == "per-row min_p/top_k/top_p (3 rows)"
+    assert spec != SupportSpec(top_k=3, top_p=0.9)
+    assert not SupportSpec(top_k=3).per_row and SupportSpec(top_k=3).num_rows is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"support": SupportSpec(top_k=[1, 2])}, "per-row sampling parameters describe 2 rows"),
+        ({"temperature": [0.5, 1.0]}, "temperature: 2 per-row values, expected num_tokens=3"),
+        ({"temperature": [0.5, -1.0, 1.0]}, "temperature[row 1]=-1.0: must be a finite float"),
+        ({"temperature": [0.5, True, 1.0]}, "temperature[row 1]=True: expected a finite float"),
+        ({"temperature": [0.5, 1e-50, 1.0]}, "temperature[row 1]=1e-50: rounds to 0.0 in fp32"),
+        ({"temperature": 0.0}, "temperature=0.0: must be a finite float > 0"),
+    ],
+)
+def test_the_contract_checks_per_row_values(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(LogprobContractError) as raised:
+        _contract(**changes)
+    assert message in str(raised.value)
+
+
+def test_a_heterogeneous_contract_round_trips_as_schema_five() -> None:
+    support = SupportSpec(top_k=[3, None, 5], top_p=0.8)
+    contract = _contract(support=support, temperature=[0.7, 0.0, 1.5])
+    data = contract.to_dict()
+    assert data["schema"] == 5 and data["temperature"] == [0.7, 0.0, 1.5]
+    assert data["support"]["top_k"] == [3, None, 5] and data["support"]["kept_rows"] is None
+    assert json.loads(json.dumps(data)) == data
+    again = tpl.LogprobContract.from_dict(data)
+    assert again == contract and again.heterogeneous
+    assert again.cross_rank_fingerprint() == contract.cross_rank_fingerprint()
+    assert again.greedy_rows().tolist() == [False, True, False]
+    assert again.row_divisors().tolist() == [np.float32(0.7), 1.0, 1.5]
+    assert "T=per-row (3 values, 1 greedy rows)" in contract.describe()
+    with pytest.raises(LogprobContractError, match="per-row values have no single divisor"):
+        contract.temperature_fp32  # noqa: B018
+
+
+def test_a_schema_four_document_loads_unchanged() -> None:
+    contract = _contract(support=SupportSpec(top_k=4, top_p=0.9), temperature=0.7)
+    data = contract.to_dict()
+    assert tpl.LogprobContract.from_dict({**data, "schema": 4}) == contract
+    assert data["support"]["sha256"] == SupportSpec(top_k=4, top_p=0.9).digest
+    assert not contract.heterogeneous and contract.row_divisors().tolist() == [np.float32(0.7)] * 3

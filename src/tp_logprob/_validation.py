@@ -124,6 +124,18 @@ def check_temperature(value: object) -> float:
     return temperature
 
 
+def check_row_temperature(name: str, value: object) -> float:
+    """One row's temperature in a per-row list: ``0.0`` marks a greedy row (as engines take
+    ``temperature=0``), anything else is checked as :func:`check_temperature`."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    try:
+        return check_temperature(value)
+    except LogprobContractError as error:
+        message = str(error).removeprefix(f"temperature={value!r}: ")
+        raise LogprobContractError(f"{name}={value!r}: {message}") from None
+
+
 def _first_non_int(values: Sequence[Any]) -> int | None:
     """The position of the first item that is not a real integer (a bool, a float, a string)."""
     for position, item in enumerate(values):

@@ -221,6 +221,16 @@ CAPABILITY_RULES = (
         lambda cap, c: f"temperature={c.temperature!r} requested but supports_temperature=False",
     ),
     CapabilityRule(
+        "heterogeneous",
+        _BOOLS,
+        lambda c: c.heterogeneous,
+        lambda cap: _flag(cap.supports_row_parameters),
+        lambda cap, c: (
+            "per-row sampling parameters (a heterogeneous batch: per-row temperature, top_k, "
+            "top_p or min_p) requested but supports_row_parameters=False"
+        ),
+    ),
+    CapabilityRule(
         "export_entropy",
         _BOOLS,
         lambda c: c.export_entropy,
@@ -308,7 +318,10 @@ class LogprobBackendCapability:
     ``support_modes`` says over which supports the op normalises (see
     :class:`~tp_logprob.SupportMode`): ``full`` (no support, the default),
     ``sampling_params`` (recomputed from top-k / top-p / min-p) and
-    ``replayed_mask`` (the engine's kept ids). ``bitwise_platforms`` names the
+    ``replayed_mask`` (the engine's kept ids). ``supports_row_parameters`` means it
+    serves a heterogeneous batch, each row with its own temperature (0 for a greedy
+    row) and sampling parameters (``docs/semantics.md``, "Heterogeneous batches");
+    without it dispatch refuses such a contract. ``bitwise_platforms`` names the
     platforms (of :data:`PLATFORMS`) on which a backend claiming
     ``cross_platform_bitwise`` gives the same bits as on every other one of them: it is
     required with that scope, refused without it, and the registry refuses the claim on a
@@ -341,6 +354,7 @@ class LogprobBackendCapability:
     input_kinds: frozenset[LogprobInputKind] = frozenset({LogprobInputKind.LOGITS})
     supports_bias: bool = False
     support_modes: frozenset[SupportMode] = frozenset({SupportMode.FULL})
+    supports_row_parameters: bool = False
     bitwise_platforms: frozenset[str] = frozenset()
     accumulation_order: AccumulationOrder = ANY_ORDER
 
@@ -373,6 +387,9 @@ class LogprobBackendCapability:
             "supports_bias": check_bool("supports_bias", self.supports_bias),
             "support_modes": check_enum_set(
                 "support_modes", self.support_modes, SupportMode, non_empty=True
+            ),
+            "supports_row_parameters": check_bool(
+                "supports_row_parameters", self.supports_row_parameters
             ),
         }
         if not isinstance(self.accumulation_order, AccumulationOrder):
@@ -440,6 +457,7 @@ class LogprobBackendCapability:
             "input_kinds": _names(self.input_kinds),
             "supports_bias": self.supports_bias,
             "support_modes": _names(self.support_modes),
+            "supports_row_parameters": self.supports_row_parameters,
             "bitwise_platforms": sorted(self.bitwise_platforms),
             "accumulation_order": self.accumulation_order.to_dict(),
         }

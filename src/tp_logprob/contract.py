@@ -27,6 +27,7 @@ from tp_logprob._validation import (
     check_instance,
     check_int,
     check_optional_int,
+    check_row_temperature,
     check_temperature,
 )
 from tp_logprob.contract_schema import CONTRACT_SCHEMA_VERSION, upgrade
@@ -425,7 +426,7 @@ class LogprobContract:
     reduction: ReductionSpec
     output: LogprobOutputSpec = field(default_factory=LogprobOutputSpec)
     export_lse: bool = True
-    temperature: float = 1.0
+    temperature: float | tuple[float, ...] = 1.0
     export_entropy: bool = False
     input_kind: LogprobInputKind = LogprobInputKind.LOGITS
     hidden_size: int | None = None
@@ -441,7 +442,7 @@ class LogprobContract:
         check_instance("reduction", self.reduction, ReductionSpec)
         check_instance("output", self.output, LogprobOutputSpec)
         object.__setattr__(self, "export_lse", check_bool("export_lse", self.export_lse))
-        object.__setattr__(self, "temperature", check_temperature(self.temperature))
+        object.__setattr__(self, "temperature", self._checked_temperature())
         object.__setattr__(
             self, "export_entropy", check_bool("export_entropy", self.export_entropy)
         )
@@ -453,6 +454,23 @@ class LogprobContract:
                 f"mask.ignore_index={ignore_index!r}: lies inside [0, real_vocab_size={real}), "
                 "so it would collide with a real token id; use a negative value such as -100"
             )
+
+    def _checked_temperature(self) -> float | tuple[float, ...]:
+        """One temperature, or one per row: each ``> 0``, or ``0.0`` for a greedy row."""
+        value = self.temperature
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value.item()
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            return check_temperature(value)
+        rows = self.mask.num_tokens if isinstance(self.mask, MaskSpec) else None
+        if len(value) != rows:
+            raise LogprobContractError(
+                f"temperature: {len(value)} per-row values, expected num_tokens={rows} "
+                "(one per row)"
+            )
+        return tuple(
+            check_row_temperature(f"temperature[row {row}]", item) for row, item in enumerate(value)
+        )
 
     def _check_input_kind(self) -> None:
         """``hidden_size`` is required with ``hidden`` input; bias and TF32 only exist there."""
@@ -486,9 +504,14 @@ class LogprobContract:
         if support is None:
             return
         check_instance("support", support, SupportSpec)
-        if support.mode is not SupportMode.REPLAYED_MASK:
-            return
         rows, num_tokens = support.num_rows, self.mask.num_tokens
+        if support.mode is not SupportMode.REPLAYED_MASK:
+            if rows is not None and rows != num_tokens:
+                raise LogprobContractError(
+                    f"support: per-row sampling parameters describe {rows} rows, expected "
+                    f"num_tokens={num_tokens} (one entry per row)"
+                )
+            return
         if rows != num_tokens:
             raise LogprobContractError(
                 f"support.kept_offsets: describes {rows} rows, expected num_tokens={num_tokens} "
@@ -527,9 +550,45 @@ class LogprobContract:
         return self.mask.mode
 
     @property
+    def heterogeneous(self) -> bool:
+        """Whether rows bring their own sampling parameters: a per-row temperature or per-row
+        ``top_k`` / ``top_p`` / ``min_p`` (see ``docs/semantics.md``, "Heterogeneous batches")."""
+        per_row_support = self.support is not None and self.support.per_row
+        return isinstance(self.temperature, tuple) or per_row_support
+
+    def greedy_rows(self) -> npt.NDArray[np.bool_]:
+        """bool ``[num_tokens]``: the rows whose per-row temperature is 0 (greedy requests)."""
+        if not isinstance(self.temperature, tuple):
+            return np.zeros(self.num_tokens, dtype=np.bool_)
+        return np.array([value == 0.0 for value in self.temperature], dtype=np.bool_)
+
+    def row_divisors(self) -> npt.NDArray[np.float32]:
+        """fp32 ``[num_tokens]``: each row's divisor ``fp32(T)`` of ``z = fp32(x) / fp32(T)``,
+        1 for a greedy row (one value repeated for one temperature per batch)."""
+        temperature = self.temperature
+        if not isinstance(temperature, tuple):
+            return np.full(self.num_tokens, temperature, dtype=np.float32)
+        values = [1.0 if value == 0.0 else value for value in temperature]
+        return np.asarray(values, dtype=np.float64).astype(np.float32)
+
+    @property
+    def batch_temperature(self) -> float:
+        """The batch's one temperature, as given.
+
+        A per-row temperature has none: a backend serves such a contract group by group of
+        rows (:func:`tp_logprob.row_groups.row_groups`), each with one temperature."""
+        if isinstance(self.temperature, tuple):
+            raise LogprobContractError(
+                "temperature: per-row values have no single divisor; split the batch with "
+                "tp_logprob.row_groups.row_groups(contract)"
+            )
+        return self.temperature
+
+    @property
     def temperature_fp32(self) -> float:
-        """``fp32(temperature)``: the divisor of ``z = fp32(x) / T``, exact as a Python float."""
-        return float(np.float32(self.temperature))
+        """``fp32(temperature)``: the divisor of ``z = fp32(x) / T``, exact as a Python float
+        (one temperature per batch, :attr:`batch_temperature`)."""
+        return float(np.float32(self.batch_temperature))
 
     def with_rank(self, tp_rank: int) -> LogprobContract:
         """The same invocation as seen by another tensor-parallel rank."""
@@ -564,7 +623,9 @@ class LogprobContract:
             "reduction": {"determinism_scope": self.reduction.determinism_scope.value},
             "output": {"dtype": self.output.dtype.value},
             "export_lse": self.export_lse,
-            "temperature": self.temperature,
+            "temperature": (
+                list(self.temperature) if isinstance(self.temperature, tuple) else self.temperature
+            ),
             "export_entropy": self.export_entropy,
             "input": {
                 "kind": self.input_kind.value,
@@ -647,7 +708,11 @@ class LogprobContract:
     def describe(self) -> str:
         """The contract in one line, for reports."""
         s = self.sharding
-        extras = "" if self.temperature == 1.0 else f" T={self.temperature!r}"
+        if isinstance(self.temperature, tuple):
+            greedy = int(self.greedy_rows().sum())
+            extras = f" T=per-row ({len(set(self.temperature))} values, {greedy} greedy rows)"
+        else:
+            extras = "" if self.temperature == 1.0 else f" T={self.temperature!r}"
         extras += " +entropy" if self.export_entropy else ""
         if self.input_kind is LogprobInputKind.HIDDEN:
             extras += f" hidden H={self.hidden_size}"

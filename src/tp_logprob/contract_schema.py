@@ -16,13 +16,16 @@ from tp_logprob.errors import LogprobContractError
 
 __all__ = ["CONTRACT_SCHEMA_VERSION", "READABLE_SCHEMAS", "upgrade"]
 
-CONTRACT_SCHEMA_VERSION = 4
-"""Version 4 added the sampling support (``support``); version 3 the input kind
-(``input_kind``, ``hidden_size``, ``has_bias``, ``allow_tf32``); version 2
-``temperature``, ``export_entropy`` and the RL-Kernel mask vocabulary. Version 1 to 3
-documents still load (as logits-input contracts over the full vocabulary)."""
+CONTRACT_SCHEMA_VERSION = 5
+"""Version 5 allows per-row values (lists) for ``temperature`` and the support's
+``top_k``, ``top_p`` and ``min_p`` (a heterogeneous engine batch); version 4 added the
+sampling support (``support``); version 3 the input kind (``input_kind``,
+``hidden_size``, ``has_bias``, ``allow_tf32``); version 2 ``temperature``,
+``export_entropy`` and the RL-Kernel mask vocabulary. Version 1 to 4 documents still
+load (as logits-input contracts over the full vocabulary before 4, with one
+temperature and one set of sampling parameters per batch before 5)."""
 
-READABLE_SCHEMAS = (1, 2, 3, 4)
+READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 
 
 def _from_1(data: dict[str, Any]) -> dict[str, Any]:
@@ -42,10 +45,17 @@ def _from_3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "support": None}
 
 
+def _from_4(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 4 held one temperature and one value per sampling rule, which schema 5 reads
+    unchanged (a list there is one value per row)."""
+    return data
+
+
 _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _from_1,
     2: _from_2,
     3: _from_3,
+    4: _from_4,
 }
 """The step from each schema to the next."""
 

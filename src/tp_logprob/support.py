@@ -6,6 +6,8 @@ same support ``S``. :class:`SupportSpec` gives ``S`` one of two ways:
 
 * **sampling parameters** (``top_k``, ``top_p``, ``min_p``): ``S`` is recomputed
   from the logits by the rules of ``docs/semantics.md``, "Processed logprobs";
+  each is one value for the batch or one value per row (a heterogeneous engine
+  batch, where every request brings its own);
 * **a replayed mask**: the engine's kept token ids per row, as CSR offsets and
   global vocabulary ids (what vLLM's ``--return-sampling-mask`` and SGLang's
   ``output_token_sampling_mask`` return).
@@ -22,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -33,9 +35,12 @@ import numpy.typing as npt
 from tp_logprob._validation import check_int, check_int_array
 from tp_logprob.errors import LogprobContractError
 
-__all__ = ["SupportMode", "SupportSpec", "kept_rows_csr"]
+__all__ = ["RowRules", "SupportMode", "SupportSpec", "kept_rows_csr"]
 
 IntArray = npt.NDArray[np.int64]
+
+RowRules = tuple[int | None, float | None, float | None]
+"""One row's ``(top_k, top_p, min_p)``; None leaves a rule off."""
 
 
 class SupportMode(str, Enum):
@@ -69,6 +74,32 @@ def _check_fraction(name: str, value: object, *, low_open: bool) -> float | None
     return number
 
 
+def _check_top_k(name: str, value: object) -> int | None:
+    return None if value is None else check_int(name, value, min_value=1)
+
+
+def _check_top_p(name: str, value: object) -> float | None:
+    return _check_fraction(name, value, low_open=True)
+
+
+def _check_min_p(name: str, value: object) -> float | None:
+    return _check_fraction(name, value, low_open=False)
+
+
+def _rule(name: str, value: object, check: Callable[[str, object], Any]) -> Any:
+    """One checked value, or a tuple of one checked value per row (a list, tuple or 1-D
+    array)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return check(name, value)
+    if len(value) == 0:
+        raise LogprobContractError(
+            f"{name}={value!r}: per-row values need one entry per row (got none)"
+        )
+    return tuple(check(f"{name}[row {row}]", item) for row, item in enumerate(value))
+
+
 def kept_rows_csr(name: str, rows: object, row_label: str = "row") -> tuple[IntArray, IntArray]:
     """CSR ``(offsets, ids)`` of one sequence (or int array) of kept ids per row.
 
@@ -96,6 +127,11 @@ class SupportSpec:
 
         SupportSpec(top_k=50, top_p=0.9, min_p=0.05)
 
+    one per row where the engine batched requests with their own (a list per
+    rule, one entry per token; None in an entry leaves that row's rule off)::
+
+        SupportSpec(top_k=[50, None, 5], top_p=0.9)
+
     or the engine's kept ids per row (``S`` replayed), as CSR: row ``t`` keeps
     ``kept_ids[kept_offsets[t]:kept_offsets[t + 1]]``, global vocabulary ids,
     sorted and unique::
@@ -109,20 +145,21 @@ class SupportSpec:
     replay different masks disagree at preflight, before any collective.
     """
 
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
+    top_k: int | Sequence[int | None] | None = None
+    top_p: float | Sequence[float | None] | None = None
+    min_p: float | Sequence[float | None] | None = None
     kept_offsets: Any = None
     kept_ids: Any = None
     _digest: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        top_k = None if self.top_k is None else check_int("support.top_k", self.top_k, min_value=1)
-        top_p = _check_fraction("support.top_p", self.top_p, low_open=True)
-        min_p = _check_fraction("support.min_p", self.min_p, low_open=False)
+        top_k = _rule("support.top_k", self.top_k, _check_top_k)
+        top_p = _rule("support.top_p", self.top_p, _check_top_p)
+        min_p = _rule("support.min_p", self.min_p, _check_min_p)
         object.__setattr__(self, "top_k", top_k)
         object.__setattr__(self, "top_p", top_p)
         object.__setattr__(self, "min_p", min_p)
+        self._check_row_counts()
         has_params = (top_k, top_p, min_p) != (None, None, None)
         given = (self.kept_offsets is not None, self.kept_ids is not None)
         if given[0] != given[1]:
@@ -146,6 +183,20 @@ class SupportSpec:
             object.__setattr__(self, "kept_offsets", offsets)
             object.__setattr__(self, "kept_ids", ids)
         object.__setattr__(self, "_digest", self._compute_digest())
+
+    def _check_row_counts(self) -> None:
+        """Every per-row rule describes the same rows."""
+        counts = {
+            name: len(value)
+            for name, value in (("top_k", self.top_k), ("top_p", self.top_p), ("min_p", self.min_p))
+            if isinstance(value, tuple)
+        }
+        if len(set(counts.values())) > 1:
+            described = ", ".join(f"support.{name} {count}" for name, count in counts.items())
+            raise LogprobContractError(
+                f"support: per-row rules describe different row counts ({described}); give "
+                "each one entry per row"
+            )
 
     def _checked_csr(self) -> tuple[IntArray, IntArray]:
         offsets = check_int_array("support.kept_offsets", self.kept_offsets)
@@ -232,9 +283,39 @@ class SupportSpec:
         return SupportMode.SAMPLING_PARAMS
 
     @property
+    def per_row(self) -> bool:
+        """Whether some sampling parameter is given per row (a heterogeneous batch)."""
+        return any(isinstance(value, tuple) for value in (self.top_k, self.top_p, self.min_p))
+
+    @property
     def num_rows(self) -> int | None:
-        """Rows of a replayed mask (None for sampling parameters)."""
-        return None if self.kept_offsets is None else len(self.kept_offsets) - 1
+        """Rows of a replayed mask or of per-row parameters (None for one set per batch)."""
+        if self.kept_offsets is not None:
+            return len(self.kept_offsets) - 1
+        for value in (self.top_k, self.top_p, self.min_p):
+            if isinstance(value, tuple):
+                return len(value)
+        return None
+
+    def batch_rules(self) -> RowRules:
+        """``(top_k, top_p, min_p)`` of one set per batch; per-row rules have none (a backend
+        serves them group by group of rows, :func:`tp_logprob.row_groups.row_groups`)."""
+        if self.per_row:
+            raise LogprobContractError(
+                "support: per-row sampling parameters have no single set; split the batch "
+                "with tp_logprob.row_groups.row_groups(contract)"
+            )
+        return self.row_rules(0)
+
+    def row_rules(self, row: int) -> RowRules:
+        """``(top_k, top_p, min_p)`` of ``row`` (the batch's own for one set per batch)."""
+        if self.kept_offsets is not None:
+            raise LogprobContractError("support: a replayed mask has no sampling parameters")
+
+        def pick(value: Any) -> Any:
+            return value[row] if isinstance(value, tuple) else value
+
+        return pick(self.top_k), pick(self.top_p), pick(self.min_p)
 
     def kept_counts(self) -> IntArray:
         """``|S|`` of every row of a replayed mask, int64 ``[num_rows]``."""
@@ -276,6 +357,10 @@ class SupportSpec:
         """The support in a few words, for reports."""
         if self.mode is SupportMode.REPLAYED_MASK:
             return f"replayed mask ({int(self.kept_offsets[-1])} kept ids)"
+        if self.per_row:
+            rules = (("min_p", self.min_p), ("top_k", self.top_k), ("top_p", self.top_p))
+            named = [name for name, value in rules if value is not None]
+            return f"per-row {'/'.join(named)} ({self.num_rows} rows)"
         parts = [
             f"{name}={value!r}"
             for name, value in (("min_p", self.min_p), ("top_k", self.top_k), ("top_p", self.top_p))
@@ -288,10 +373,10 @@ class SupportSpec:
         replayed = self.kept_offsets is not None
         return {
             "mode": self.mode.value,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "kept_rows": self.num_rows,
+            "top_k": _stored(self.top_k),
+            "top_p": _stored(self.top_p),
+            "min_p": _stored(self.min_p),
+            "kept_rows": self.num_rows if replayed else None,
             "kept_count": int(self.kept_offsets[-1]) if replayed else None,
             "sha256": self._digest,
         }
@@ -303,6 +388,11 @@ class SupportSpec:
 
     def __hash__(self) -> int:
         return hash(self._digest)
+
+
+def _stored(value: object) -> object:
+    """A rule as JSON stores it: per-row values as a list."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _short(values: list[int], limit: int = 8) -> str:

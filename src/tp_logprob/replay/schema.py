@@ -104,6 +104,8 @@ def capability_from_dict(data: Mapping[str, Any]) -> LogprobBackendCapability:
         mask_modes=frozenset(_MASK_MODE_NAMES.get(mode, mode) for mode in data["mask_modes"]),
         # Recorded before sampling supports: the backend served the full vocabulary only.
         support_modes=frozenset(data.get("support_modes", ["full"])),
+        # Recorded before heterogeneous batches: one set of parameters per batch only.
+        supports_row_parameters=data.get("supports_row_parameters", False),
         # Recorded before cross_platform_bitwise: no platform's bits were claimed.
         bitwise_platforms=frozenset(data.get("bitwise_platforms", [])),
         # Recorded before declared orders: any order.
