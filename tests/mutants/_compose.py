@@ -30,6 +30,7 @@ import torch
 from tp_logprob.capability import LogprobBackendCapability
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.builtin import TORCH_NATIVE
+from tp_logprob.kernels.heterogeneous import by_row_groups
 from tp_logprob.kernels.merge import gather, gather_and_merge, merge_entropy, merge_partials
 from tp_logprob.kernels.native import native_forward
 from tp_logprob.kernels.partials import live_logits, local_grad, local_partial
@@ -285,4 +286,5 @@ def compose_processed(backend_id: str, forward: ProcessedForward) -> MutantPair:
         return forward(*inputs)[0]
 
     op.__qualname__ = op.__name__ = backend_id
-    return op, dataclasses.replace(TORCH_NATIVE, backend_id=backend_id)
+    # torch_native's heterogeneous batches, group by group (kernels/heterogeneous.py).
+    return by_row_groups(op), dataclasses.replace(TORCH_NATIVE, backend_id=backend_id)

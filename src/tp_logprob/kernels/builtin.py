@@ -87,9 +87,14 @@ _FIXED_POINT = AccumulationOrder.fixed_point()
 """Exact int64 sums of ``floor(exp(z - M) 2^K)``, ``K = 62 - bitlength(V - 1)``."""
 
 TORCH_NATIVE = _capability(
-    "torch_native", DeterminismScope.FIXED_TOPOLOGY, accumulation_order=AccumulationOrder.tree()
+    "torch_native",
+    DeterminismScope.FIXED_TOPOLOGY,
+    accumulation_order=AccumulationOrder.tree(),
+    supports_row_parameters=True,
 )
-"""Each shard summed by ``partials.tree_sum``: a fixed pairwise tree of elementwise adds."""
+"""Each shard summed by ``partials.tree_sum``: a fixed pairwise tree of elementwise adds.
+Serves heterogeneous batches group by group (``kernels/heterogeneous.py``); the Triton
+and fused backends take one set of sampling parameters per batch."""
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),

@@ -36,6 +36,7 @@ import torch
 
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
+from tp_logprob.kernels.heterogeneous import by_row_groups
 from tp_logprob.kernels.merge import gather_and_merge
 from tp_logprob.kernels.partials import live_logits, local_grad, local_partial
 from tp_logprob.kernels.processed import processed_forward
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 
+@by_row_groups
 def torch_native_logprob(
     local_logits: torch.Tensor,
     targets: torch.Tensor,

@@ -104,10 +104,11 @@ def sampling_rules(contract: LogprobContract) -> SamplingRules:
             f"support_mode={mode!r}: a support threshold needs sampling parameters"
         )
     real = contract.sharding.real_vocab_size
+    top_k, top_p, min_p = support.batch_rules()
     return SamplingRules(
-        min_p=support.min_p if support.min_p else None,
-        top_k=support.top_k if support.top_k is not None and support.top_k < real else None,
-        top_p=support.top_p if support.top_p is not None and support.top_p < 1.0 else None,
+        min_p=min_p if min_p else None,
+        top_k=top_k if top_k is not None and top_k < real else None,
+        top_p=top_p if top_p is not None and top_p < 1.0 else None,
     )
 
 
