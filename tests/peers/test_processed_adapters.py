@@ -106,7 +106,7 @@ def test_processed_logits_are_what_processed_logprobs_mode_returns() -> None:
     x = torch.randn(6, 40, generator=generator) * 3
     contract = _contract(6, 40, SupportSpec(top_k=9, top_p=0.8, min_p=0.01), temperature=0.7)
     processed = vllm_sampler.processed_logits(x, contract)
-    metadata = vllm_sampler._metadata(vllm_sampler.sampling_params(contract), 6, 40)
+    metadata = vllm_sampler._metadata(vllm_sampler.sampling_params(contract), 40)
     sampler = vllm_sampler._vllm()["Sampler"](logprobs_mode="processed_logprobs")
     returned = sampler(x.clone(), metadata).logprobs_tensors.logprobs
     assert torch.equal(vllm_sampler._vllm()["Sampler"].compute_logprobs(processed), returned)
@@ -230,3 +230,52 @@ def test_a_finding_lists_the_properties_its_row_fails(finding) -> None:  # type:
         except VLLMValidationError:  # the library refuses the row
             failing.add(test)
     assert failing == set(finding.properties)
+
+
+def _mixed_batch() -> tuple[torch.Tensor, torch.Tensor, tpl.LogprobContract]:
+    """An engine batch: sampled requests at their own temperature and rules beside greedy
+    ones (one of them with rules of its own, which greedy decoding turns off)."""
+    x = torch.randn(5, 24, generator=torch.Generator().manual_seed(7)) * 2
+    support = SupportSpec(top_k=[3, 4, None, None, 6], top_p=[None, None, 0.8, None, 0.9])
+    contract = _contract(5, 24, support, temperature=[0.7, 0.0, 1.3, 0.0, 0.9])
+    return x, torch.tensor([0, 5, 2, 7, 1]), contract
+
+
+def test_a_mixed_batch_gives_each_row_what_its_request_alone_gives() -> None:
+    x, targets, contract = _mixed_batch()
+    op, capability = vllm_sampler.honest
+    assert capability.supports(contract)
+    mixed = op(x, targets, contract)
+    for row in range(5):
+        top_k, top_p, _ = contract.support.row_rules(row)
+        temperature = contract.temperature[row]
+        if temperature == 0.0:
+            continue  # a greedy request alone is the scalar contract's refused T = 0
+        alone = op(
+            x[row : row + 1],
+            targets[row : row + 1],
+            _contract(1, 24, SupportSpec(top_k=top_k, top_p=top_p), temperature=temperature),
+        )
+        for name in ("selected_logp", "lse", "support_lse", "support_size", "support_threshold"):
+            assert torch.equal(getattr(mixed, name)[row : row + 1], getattr(alone, name)), name
+
+
+def test_a_greedy_row_is_the_raw_logprob_at_temperature_one() -> None:
+    """docs/semantics.md, "Heterogeneous batches": vLLM divides a greedy row by 1 and keeps
+    every token, whatever rules the request named."""
+    x, targets, contract = _mixed_batch()
+    result = vllm_sampler.honest[0](x, targets, contract)
+    raw = torch.log_softmax(x, dim=1).gather(1, targets[:, None])[:, 0]
+    for row in (1, 3):
+        assert result.support_size[row].item() == 24
+        assert result.selected_logp[row].item() == pytest.approx(raw[row].item(), abs=1e-6)
+        assert result.support_lse[row].item() == pytest.approx(result.lse[row].item(), abs=1e-6)
+
+
+def test_an_all_greedy_batch_takes_the_greedy_branch_and_keeps_every_token() -> None:
+    x, targets, _ = _mixed_batch()
+    contract = _contract(5, 24, SupportSpec(top_k=[2] * 5), temperature=[0.0] * 5)
+    result = vllm_sampler.honest[0](x, targets, contract)
+    raw = torch.log_softmax(x, dim=1).gather(1, targets[:, None])[:, 0]
+    assert result.support_size.tolist() == [24] * 5
+    assert torch.allclose(result.selected_logp, raw, atol=1e-6)

@@ -200,3 +200,43 @@ def test_a_finding_lists_the_properties_its_row_fails(finding) -> None:  # type:
         except RuntimeError:  # the library refuses the batch
             failing.add(test)
     assert failing == set(finding.properties)
+
+
+def _mixed_batch() -> tuple[torch.Tensor, torch.Tensor, tpl.LogprobContract]:
+    """An engine batch: sampled requests at their own temperature and rules beside greedy
+    ones."""
+    x = torch.randn(5, 24, generator=torch.Generator().manual_seed(7)) * 2
+    support = SupportSpec(top_k=[3, 4, None, None, 6], top_p=[None, None, 0.8, None, 0.9])
+    contract = _contract(5, 24, support, temperature=[0.7, 0.0, 1.3, 0.0, 0.9])
+    return x, torch.tensor([0, 5, 2, 7, 1]), contract
+
+
+def test_a_mixed_batch_gives_each_sampled_row_what_its_request_alone_gives() -> None:
+    x, targets, contract = _mixed_batch()
+    op, capability = sglang_sampler.honest
+    assert capability.supports(contract)
+    mixed = op(x, targets, contract)
+    for row in (0, 2, 4):
+        top_k, top_p, _ = contract.support.row_rules(row)
+        alone = op(
+            x[row : row + 1],
+            targets[row : row + 1],
+            _contract(
+                1, 24, SupportSpec(top_k=top_k, top_p=top_p), temperature=contract.temperature[row]
+            ),
+        )
+        for name in ("selected_logp", "lse", "support_lse", "support_size", "support_threshold"):
+            assert torch.equal(getattr(mixed, name)[row : row + 1], getattr(alone, name)), name
+
+
+def test_a_greedy_row_keeps_its_argmax_alone() -> None:
+    """SGLang turns a greedy request into T = 1, top_k = 1: its sampling mask keeps the argmax
+    alone (logprob 0), where the contract's greedy row keeps every live column."""
+    x, _, contract = _mixed_batch()
+    argmax = x.argmax(dim=1)
+    result = sglang_sampler.honest[0](x, argmax, contract)
+    for row in (1, 3):
+        assert result.support_size[row].item() == 1
+        assert result.selected_logp[row].item() == 0.0
+        assert result.support_threshold[row].item() == x[row].max().item()
+        assert result.lse[row].item() == pytest.approx(torch.logsumexp(x[row], 0).item())

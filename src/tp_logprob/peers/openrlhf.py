@@ -107,7 +107,7 @@ def openrlhf_logprob(
     """``(selected_logp, lse)`` from OpenRLHF's ``log_probs_from_logits``."""
     check_op_inputs(local_logits, targets, contract, group)
     log_probs = _log_probs_from_logits()
-    temperature = contract.temperature
+    temperature = contract.batch_temperature
     # The helper writes logits / T into its input; at T = 1 it leaves it alone.
     logits = local_logits if temperature == 1.0 else private_copy(local_logits)
     selected = log_probs(logits, targets.long(), temperature)

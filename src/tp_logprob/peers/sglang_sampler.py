@@ -45,6 +45,12 @@ Capability, from SGLang's source:
 - infer only (the sampler runs in place, under no gradient);
 - every token is read as a sampled token (mask mode ``all_active``);
 - temperature: SGLang's division by ``fp32(T)``; no entropy;
+- heterogeneous batches: one request per row with its own temperature and rules,
+  greedy requests (temperature 0) beside sampled ones, through the branch
+  ``SamplingBatchInfo`` picks for the whole batch. SGLang turns a greedy request into
+  ``T = 1, top_k = 1``, so its sampling mask gives a greedy row the argmax alone and
+  logprob 0 where the contract's greedy row keeps every live column (a finding, see
+  ``docs/semantics.md``, "Heterogeneous batches");
 - support mode ``sampling_params`` only; ``run_to_run``.
 
 Glue: the sampler writes into its input, so it gets a private copy, and its random
@@ -107,6 +113,7 @@ CAPABILITY = LogprobBackendCapability(
     determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
     supports_temperature=True,
     support_modes=frozenset({SupportMode.SAMPLING_PARAMS}),
+    supports_row_parameters=True,
 )
 
 _DEFINITIONS = {
@@ -156,27 +163,34 @@ def installed_definitions() -> dict[str, Any]:
     return compile_installed("sglang", _DEFINITIONS, namespace)
 
 
-def sampling_params(contract: LogprobContract) -> Any:
-    """The SGLang ``SamplingParams`` of one row, checked as SGLang checks a request."""
+def sampling_params(contract: LogprobContract) -> list[Any]:
+    """The SGLang ``SamplingParams`` of each row (one request per row, its temperature 0 for
+    a greedy request), checked as SGLang checks a request."""
     support = contract.support
     if support is None or support.mode is not SupportMode.SAMPLING_PARAMS:
         raise ValueError(f"support={support!r}: the SGLang sampler needs sampling parameters")
-    params = _sglang()["SamplingParams"](
-        temperature=contract.temperature,
-        top_k=-1 if support.top_k is None else support.top_k,
-        top_p=1.0 if support.top_p is None else support.top_p,
-        min_p=0.0 if support.min_p is None else support.min_p,
-    )
-    params.verify(contract.sharding.real_vocab_size)
+    temperature = contract.temperature
+    params = []
+    for row in range(contract.num_tokens):
+        top_k, top_p, min_p = support.row_rules(row)
+        request = _sglang()["SamplingParams"](
+            temperature=temperature[row] if isinstance(temperature, tuple) else temperature,
+            top_k=-1 if top_k is None else top_k,
+            top_p=1.0 if top_p is None else top_p,
+            min_p=0.0 if min_p is None else min_p,
+        )
+        request.verify(contract.sharding.real_vocab_size)
+        params.append(request)
     return params
 
 
 def sampling_mask(logits: torch.Tensor, contract: LogprobContract) -> Any:
     """SGLang's ``SamplingMaskOutput`` of ``logits`` (a private copy), every token packed.
 
-    The branch is ``Sampler.forward``'s for a batch of requests with these parameters:
-    greedy when ``top_k <= 1`` (``is_all_greedy``), plain sampling when no rule is
-    active, else ``top_k_top_p_min_p_sampling_from_probs_torch``.
+    The branch is ``Sampler.forward``'s for a batch of requests with these parameters
+    (``SamplingBatchInfo``): greedy when every request has ``top_k <= 1``
+    (``is_all_greedy``), plain sampling when no request turns a rule on, else
+    ``top_k_top_p_min_p_sampling_from_probs_torch`` with one value per row.
     """
     sglang = _sglang()
     params = sampling_params(contract)
@@ -184,13 +198,18 @@ def sampling_mask(logits: torch.Tensor, contract: LogprobContract) -> Any:
     probs = private_copy(logits)
     batch = torch.arange(rows)
     owner = SimpleNamespace(sampling_mask_max_tokens=width, tp_sync_group=None, cp_sync_group=None)
-    if params.top_k <= 1:
+    if all(request.top_k <= 1 for request in params):
         tokens = torch.argmax(probs, -1)
         return sglang["Sampler._build_greedy_sampling_mask_output"](owner, batch, tokens, batch)
-    probs.div_(torch.full((rows, 1), params.temperature, dtype=torch.float32))
+    top_ks = [request.top_k for request in params]
+    top_ps = [request.top_p for request in params]
+    min_ps = [request.min_p for request in params]
+    temperatures = [[request.temperature] for request in params]
+    probs.div_(torch.tensor(temperatures, dtype=torch.float32))
     probs[:] = sglang["softmax"](probs)
     with torch.random.fork_rng(devices=[]):
-        if params.top_k == sglang["TOP_K_ALL"] and params.top_p == 1.0 and params.min_p == 0:
+        rules_off = all(k == sglang["TOP_K_ALL"] for k in top_ks) and all(p == 1.0 for p in top_ps)
+        if rules_off and not any(min_ps):
             tokens = sglang["sampling_from_probs_torch"](probs)
             weights, token_ids = probs, None
             selected = torch.gather(probs, 1, tokens.long().view(-1, 1)).squeeze(1)
@@ -199,10 +218,10 @@ def sampling_mask(logits: torch.Tensor, contract: LogprobContract) -> Any:
                 "top_k_top_p_min_p_sampling_from_probs_torch"
             ](
                 probs,
-                torch.full((rows,), params.top_k, dtype=torch.int32),
-                torch.full((rows,), params.top_p, dtype=torch.float32),
-                torch.full((rows,), params.min_p, dtype=torch.float32),
-                params.min_p > 0,
+                torch.tensor(top_ks, dtype=torch.int32),
+                torch.tensor(top_ps, dtype=torch.float32),
+                torch.tensor(min_ps, dtype=torch.float32),
+                any(value > 0 for value in min_ps),
                 None,
                 torch.zeros(rows, dtype=torch.int64),
                 return_filtered_probs=True,
@@ -228,7 +247,7 @@ def sglang_processed_logprob(
         logprobs = torch.full((rows, width), -torch.inf)
         logprobs.scatter_(1, output.token_ids.long(), output.support_logprobs)
         selected = logprobs.gather(1, targets.long()[:, None])[:, 0]
-        z = logits.float() / torch.tensor(contract.temperature, dtype=torch.float32)
+        z = logits.float() / torch.from_numpy(contract.row_divisors())[:, None]
         lse = torch.logsumexp(z, dim=1)
         kept = logprobs > -torch.inf
         top = torch.where(kept, z, -torch.inf).argmax(dim=1, keepdim=True)

@@ -113,7 +113,7 @@ def trl_logprob(
     """``(selected_logp, lse[, entropy])`` from TRL's logprob helpers."""
     check_op_inputs(local_logits, targets, contract, group)
     trl = _trl()
-    temperature = contract.temperature
+    temperature = contract.batch_temperature
     index = targets.long()
     if contract.export_entropy and "both" not in trl and "entropy" not in trl:
         ENTROPY_SERVED.check(".".join(map(str, trl["release"])))  # refused: no entropy helper

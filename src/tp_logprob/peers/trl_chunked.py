@@ -139,7 +139,7 @@ def trl_chunked_logprob(
         CAPABILITY.backend_id, hidden, targets, contract, group, weight, bias,
         logits_backend="trl_selective_log_softmax",
     )  # fmt: skip
-    temperature = contract.temperature
+    temperature = contract.batch_temperature
     selected, entropy = _call(
         hidden, weight, bias, targets.long(), temperature, contract.export_entropy
     )

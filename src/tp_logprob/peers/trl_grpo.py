@@ -107,7 +107,7 @@ def trl_grpo_logprob(
     if rows == 0:
         empty = local_logits.new_empty(0, dtype=torch.float32)
         return LogprobResult(empty, empty.clone() if contract.export_lse else None)
-    temperature = contract.temperature
+    temperature = contract.batch_temperature
     selected = _logps(local_logits, targets.long(), temperature)
     lse = None
     if contract.export_lse:

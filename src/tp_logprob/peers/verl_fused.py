@@ -140,7 +140,7 @@ def verl_fused_logprob(
         CAPABILITY.backend_id, hidden, targets, contract, group, weight, bias,
         no_bias="verl's FusedLinearForPPO takes the vocabulary weights alone",
     )  # fmt: skip
-    fused, temperature = _verl()["torch"], contract.temperature
+    fused, temperature = _verl()["torch"], contract.batch_temperature
     selected, entropy = fused(hidden, weight, targets.long(), temperature)
     lse = None
     if contract.export_lse:

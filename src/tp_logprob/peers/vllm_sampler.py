@@ -2,10 +2,14 @@
 
 Runs ``vllm.v1.sample.sampler.Sampler`` (``logprobs_mode="processed_logits"``) on
 one request per row, with the request's ``SamplingParams`` built from the
-contract's temperature and support, as vLLM's input batch builds its
-``SamplingMetadata``: the temperature ``SamplingParams`` keeps (it raises one below
-``0.01`` to ``0.01``), top-k off unless ``0 < top_k < V``, top-p off at ``1.0``,
-min-p through vLLM's ``MinPLogitsProcessor``. The sampler then runs vLLM's own order: logits to
+contract's temperature and support (the row's own in a heterogeneous batch, a
+greedy request at temperature 0), as vLLM's input batch builds its
+``SamplingMetadata`` (``InputBatch.add_request``, ``_make_sampling_metadata``: a
+greedy request's temperature 0, ``all_greedy`` / ``all_random``, top-k and top-p
+tensors only when some request turns the rule on): the temperature
+``SamplingParams`` keeps (it raises one below ``0.01`` to ``0.01``), top-k off
+unless ``0 < top_k < V``, top-p off at ``1.0``, min-p through vLLM's
+``MinPLogitsProcessor``. The sampler then runs vLLM's own order: logits to
 fp32, ``logits / temperature`` (a tensor division), min-p on ``softmax`` (drop
 ``p < min_p * max p``), then ``apply_top_k_top_p``, whose PyTorch path sorts the
 row ascending, keeps values ``>=`` the k-th largest, and drops the positions whose
@@ -30,6 +34,9 @@ Capability, from vLLM's source:
 - every token is read as a sampled token (mask mode ``all_active``);
 - temperature: vLLM's division by ``fp32(T)``, except that ``SamplingParams``
   raises a temperature below ``0.01`` to ``0.01``; no entropy;
+- heterogeneous batches: one request per row with its own temperature and rules,
+  greedy requests beside sampled ones (vLLM divides a greedy row by 1 and turns its
+  rules off, ``SamplingParams`` and ``Sampler.apply_temperature``);
 - support mode ``sampling_params`` only: vLLM produces sampling masks, it does not
   consume one; ``run_to_run``.
 
@@ -87,6 +94,7 @@ CAPABILITY = LogprobBackendCapability(
     determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
     supports_temperature=True,
     support_modes=frozenset({SupportMode.SAMPLING_PARAMS}),
+    supports_row_parameters=True,
 )
 
 
@@ -96,6 +104,7 @@ def _vllm() -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
         from vllm import SamplingParams
+        from vllm.sampling_params import SamplingType
         from vllm.v1.sample.logits_processor import LogitsProcessors
         from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
         from vllm.v1.sample.logits_processor.interface import BatchUpdate
@@ -103,6 +112,7 @@ def _vllm() -> dict[str, Any]:
         from vllm.v1.sample.sampler import Sampler
     return {
         "SamplingParams": SamplingParams,
+        "SamplingType": SamplingType,
         "LogitsProcessors": LogitsProcessors,
         "MinPLogitsProcessor": MinPLogitsProcessor,
         "BatchUpdate": BatchUpdate,
@@ -111,36 +121,56 @@ def _vllm() -> dict[str, Any]:
     }
 
 
-def sampling_params(contract: LogprobContract) -> Any:
-    """The vLLM ``SamplingParams`` of one row: the contract's temperature and rules."""
+def sampling_params(contract: LogprobContract) -> list[Any]:
+    """The vLLM ``SamplingParams`` of each row: its temperature (0 for a greedy request) and
+    rules, one request per row as a heterogeneous engine batch brings them."""
     support = contract.support
     if support is None or support.mode is not SupportMode.SAMPLING_PARAMS:
         raise ValueError(f"support={support!r}: the vLLM sampler needs sampling parameters")
-    return _vllm()["SamplingParams"](
-        temperature=contract.temperature,
-        top_k=0 if support.top_k is None else support.top_k,
-        top_p=1.0 if support.top_p is None else support.top_p,
-        min_p=0.0 if support.min_p is None else support.min_p,
-    )
+    temperature = contract.temperature
+    params = []
+    for row in range(contract.num_tokens):
+        top_k, top_p, min_p = support.row_rules(row)
+        params.append(
+            _vllm()["SamplingParams"](
+                temperature=temperature[row] if isinstance(temperature, tuple) else temperature,
+                top_k=0 if top_k is None else top_k,
+                top_p=1.0 if top_p is None else top_p,
+                min_p=0.0 if min_p is None else min_p,
+            )
+        )
+    return params
 
 
-def _metadata(params: Any, rows: int, width: int) -> Any:
-    """``SamplingMetadata`` of ``rows`` requests with ``params``, as vLLM's input batch has it."""
+def _metadata(params: list[Any], width: int) -> Any:
+    """``SamplingMetadata`` of one request per row, as vLLM's input batch builds it
+    (``InputBatch.add_request`` and ``_make_sampling_metadata``): a greedy request's
+    temperature 0, no temperature tensor when every request is greedy, top-k and top-p
+    tensors only when some request turns the rule on."""
     vllm = _vllm()
+    rows = len(params)
     min_p = vllm["MinPLogitsProcessor"](
         SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=rows)),
         torch.device("cpu"),
         False,
     )
-    added: list[tuple[int, Any, None, list[int]]] = [(row, params, None, []) for row in range(rows)]
+    added: list[tuple[int, Any, None, list[int]]] = [
+        (row, request, None, []) for row, request in enumerate(params)
+    ]
     min_p.update_state(vllm["BatchUpdate"](batch_size=rows, removed=[], added=added, moved=[]))
-    top_k = params.top_k if 0 < params.top_k < width else width
+    temperature, all_random = _temperatures(params)
+    all_greedy = not bool((temperature > 0).any())
+    top_k = torch.tensor(
+        [request.top_k if 0 < request.top_k < width else width for request in params],
+        dtype=torch.int32,
+    )
+    top_p = torch.tensor([request.top_p for request in params])
     return vllm["SamplingMetadata"](
-        temperature=torch.full((rows,), params.temperature),
-        all_greedy=False,
-        all_random=True,
-        top_p=torch.full((rows,), params.top_p) if params.top_p < 1 else None,
-        top_k=torch.full((rows,), top_k, dtype=torch.int32) if top_k < width else None,
+        temperature=None if all_greedy else temperature,
+        all_greedy=all_greedy,
+        all_random=all_random,
+        top_p=top_p if bool((top_p < 1).any()) else None,
+        top_k=top_k if bool((top_k < width).any()) else None,
         generators={},
         max_num_logprobs=-1,
         no_penalties=True,
@@ -155,11 +185,21 @@ def _metadata(params: Any, rows: int, width: int) -> Any:
     )
 
 
+def _temperatures(params: list[Any]) -> tuple[torch.Tensor, bool]:
+    """Each request's temperature as the input batch holds it (0 for a greedy request), and
+    whether no request is greedy (``all_random``)."""
+    greedy = [request.sampling_type == _vllm()["SamplingType"].GREEDY for request in params]
+    values = [
+        0.0 if is_greedy else request.temperature
+        for is_greedy, request in zip(greedy, params, strict=True)
+    ]
+    return torch.tensor(values), not any(greedy)
+
+
 def processed_logits(logits: torch.Tensor, contract: LogprobContract) -> torch.Tensor:
     """vLLM's processed logits of ``logits`` (a private copy): -inf outside its support."""
     vllm = _vllm()
-    rows, width = logits.shape
-    metadata = _metadata(sampling_params(contract), rows, width)
+    metadata = _metadata(sampling_params(contract), logits.shape[1])
     sampler = vllm["Sampler"](logprobs_mode="processed_logits")
     with torch.random.fork_rng(devices=[]):
         output = sampler(private_copy(logits), metadata)
@@ -181,9 +221,7 @@ def vllm_processed_logprob(
         selected = logprobs.gather(1, targets.long()[:, None])[:, 0]
         kept = torch.isfinite(processed)
         z = vllm["Sampler"].apply_temperature(
-            local_logits.detach().float().clone(),
-            torch.full((len(targets),), contract.temperature),
-            True,
+            local_logits.detach().float().clone(), torch.from_numpy(contract.row_divisors()), True
         )
         lse = None
         if contract.export_lse:

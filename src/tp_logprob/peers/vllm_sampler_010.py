@@ -147,11 +147,9 @@ def sampling_params(contract: LogprobContract) -> Any:
     support = contract.support
     if support is not None and support.mode is not SupportMode.SAMPLING_PARAMS:
         raise ValueError(f"support={support!r}: the vLLM sampler takes sampling parameters")
-    top_k = None if support is None else support.top_k
-    top_p = None if support is None else support.top_p
-    min_p = None if support is None else support.min_p
+    top_k, top_p, min_p = (None, None, None) if support is None else support.batch_rules()
     return _vllm()["SamplingParams"](
-        temperature=contract.temperature,
+        temperature=contract.batch_temperature,
         top_k=0 if top_k is None else top_k,
         top_p=1.0 if top_p is None else top_p,
         min_p=0.0 if min_p is None else min_p,
@@ -227,7 +225,7 @@ def vllm_processed_logprob(
         sampler = vllm["Sampler"](logprobs_mode=vllm["mode"])
         z = sampler.apply_temperature(
             local_logits.detach().float().clone(),
-            torch.full((len(targets),), contract.temperature),
+            torch.full((len(targets),), contract.batch_temperature),
         )
         lse = None
         if contract.export_lse:
