@@ -18,6 +18,7 @@ from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.registry import KernelRegistry
 from tp_logprob.replay.catalogue import suite_properties
+from tp_logprob.row_groups import contract_rows
 from tp_logprob.strategies import LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 
@@ -115,6 +116,46 @@ def _leaks_gradient(local_logits: Any, targets: Any, contract: Any, group: Any =
     )
 
 
+def _greedy_rows_keep_their_rules(
+    local_logits: Any, targets: Any, contract: Any, group: Any = None
+) -> Any:
+    """Row by row, a greedy row at T = 1 but still under its request's rules."""
+    results = []
+    for row in range(contract.num_tokens):
+        one = contract_rows(contract, [row])
+        top_k, top_p, min_p = one.support.row_rules(0)
+        one = dataclasses.replace(
+            one,
+            temperature=one.temperature[0] or 1.0,
+            support=tpl.SupportSpec(top_k=top_k, top_p=top_p, min_p=min_p),
+        )
+        results.append(
+            torch_native_logprob(local_logits[row : row + 1], targets[row : row + 1], one, group)
+        )
+    return tpl.LogprobResult(
+        torch.cat([r.selected_logp for r in results]),
+        torch.cat([r.lse for r in results]),
+        **{
+            name: torch.cat([getattr(r, name) for r in results])
+            for name in tpl.LogprobResult.SUPPORT_FIELDS
+        },
+    )
+
+
+def _cuts_the_graph(local_logits: Any, targets: Any, contract: Any, group: Any = None) -> Any:
+    """The op on a detached copy of its input: the caller's tensor gets no gradient."""
+    return torch_native_logprob(
+        local_logits.detach().requires_grad_(True), targets, contract, group
+    )
+
+
+_MIXED = dataclasses.replace(
+    _case(TOP_K).contract,
+    mask=tpl.MaskSpec(2),
+    temperature=(0.0, 0.7),
+    support=tpl.SupportSpec(top_k=[3, 3]),
+)
+
 BROKEN = {
     "threshold below the least kept z": (
         _changed(support_threshold=_below),
@@ -143,6 +184,20 @@ BROKEN = {
         _case(REPLAYED, target=5),
         {},
         "worst     selected_logp",
+    ),
+    "a greedy row keeps its request's rules": (
+        _greedy_rows_keep_their_rules,
+        "processed_oracle",
+        LogprobCase(_MIXED, np.concatenate([_RAMP, _RAMP]), np.array([7, 7])),
+        {},
+        "the backend's support is not admissible",
+    ),
+    "gradient cut from the caller's tensor": (
+        _cuts_the_graph,
+        "processed_gradients",
+        _case(TOP_K, role="train", target=6),
+        {},
+        "gradient outside its bound",
     ),
     "gradient outside the support": (
         _leaks_gradient,

@@ -69,6 +69,33 @@ def test_processed_case_round_trip(tmp_path: Path, support: SupportSpec) -> None
     assert replay(artifact, backend("torch_native"), SUITE).outcome is Outcome.PASSED
 
 
+def test_a_heterogeneous_batch_round_trips_and_replays(tmp_path: Path) -> None:
+    """Per-row temperatures and rules (a greedy row among them) are stored as lists and
+    judged group by group on replay."""
+    case = processed_case(SAMPLING)
+    rows = case.contract.num_tokens
+    mixed = dataclasses.replace(
+        case.contract,
+        temperature=tuple(0.0 if row % 2 else 0.7 for row in range(rows)),
+        support=SupportSpec(top_k=[2 + row % 2 for row in range(rows)], top_p=0.9),
+    )
+    path = write_artifact(
+        tmp_path,
+        SUITE,
+        prop="processed_oracle",
+        backend=backend("torch_native"),
+        case=case.replace(contract=mixed),
+        params={},
+        failure="recorded by tests/replay/test_replay_processed.py",
+        seed=1234,
+    )
+    contract = json.loads(path.read_text())["contract"]
+    assert contract["schema"] == 5 and contract["temperature"][:2] == [0.7, 0.0]
+    artifact = load_artifact(path, SUITE)
+    assert artifact.case.contract == mixed and artifact.case.contract.heterogeneous
+    assert replay(artifact, backend("torch_native"), SUITE).outcome is Outcome.PASSED
+
+
 def test_older_artifacts_still_load(tmp_path: Path) -> None:
     path = write_artifact(
         tmp_path,

@@ -230,9 +230,13 @@ def _drawable(
     TP degrees are drawn up to MAX_TP_WORLD_SIZE, CP only as 1, temperatures as 1.0
     or "other"; a logits contract has no bias, and allow_tf32 is never True (no
     backend serves it). run_to_run is drawn only for a backend that serves nothing
-    stronger (asked for, it is drawn: checked on its own below).
+    stronger (asked for, it is drawn: checked on its own below). A heterogeneous batch is
+    made from a case, its parameters aimed at the logits (strategies.engine_batches,
+    tests/strategies/test_engine_batches.py), never by contracts().
     """
     served = capability.served_values(dimension)
+    if dimension == "heterogeneous":
+        return {False}
     if dimension == "input_kind":
         return {kind}
     if dimension == "has_bias" and kind is LogprobInputKind.LOGITS:
@@ -335,9 +339,8 @@ def test_the_capabilities_cover_every_claim() -> None:
     """The capabilities above make and withhold every claim, so both tests see each rule."""
     for dimension in CONTRACT_DIMENSIONS:
         answers = {frozenset(_drawable(c, dimension, k)) for c, k in (p.values for p in CASES)}
-        assert len(answers) > 1 or dimension in ("allow_tf32", "cp_world_size", "support_mode"), (
-            dimension
-        )
+        fixed = ("allow_tf32", "cp_world_size", "support_mode", "heterogeneous")
+        assert len(answers) > 1 or dimension in fixed, dimension
 
 
 @pytest.mark.parametrize(("capability", "kind"), CASES)

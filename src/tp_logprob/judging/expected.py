@@ -20,7 +20,7 @@ def exact_outputs(case: LogprobCase) -> tuple[Floats, Floats]:
         case.targets,
         active_mask=case.active,
         real_vocab_size=case.contract.sharding.real_vocab_size,
-        temperature=case.contract.temperature,
+        temperature=case.contract.batch_temperature,
     )
 
 
@@ -30,7 +30,7 @@ def exact_entropy_of(case: LogprobCase) -> Floats:
         case.logits,
         active_mask=case.active,
         real_vocab_size=case.contract.sharding.real_vocab_size,
-        temperature=case.contract.temperature,
+        temperature=case.contract.batch_temperature,
     )
 
 
@@ -41,7 +41,7 @@ def row_max_of_z(case: LogprobCase) -> Floats:
     float64 copy of the batch."""
     live: npt.NDArray[np.floating] = case.logits[:, : case.contract.sharding.real_vocab_size]
     if case.contract.temperature_fp32 != 1.0:
-        live = apply_temperature(live, case.contract.temperature)
+        live = apply_temperature(live, case.contract.batch_temperature)
     if not live.shape[1]:
         return np.full(live.shape[0], -np.inf)
     with np.errstate(invalid="ignore"):

@@ -104,10 +104,12 @@ def _expected_grads(
     if support is None:
         plain = LogprobCase(plain_contract, case.logits, case.targets)
         g_sel = exact_logprob_grad(
-            x32, case.targets, active_mask=active, temperature=contract.temperature
+            x32, case.targets, active_mask=active, temperature=contract.batch_temperature
         )
         if contract.export_entropy:
-            g_ent = exact_entropy_grad(x32, active_mask=active, temperature=contract.temperature)
+            g_ent = exact_entropy_grad(
+                x32, active_mask=active, temperature=contract.batch_temperature
+            )
     else:
         mask, defined = support
         plain = LogprobCase(
@@ -117,7 +119,7 @@ def _expected_grads(
         )
         common: dict[str, Any] = {
             "active_mask": active,
-            "temperature": contract.temperature,
+            "temperature": contract.batch_temperature,
             "defined": defined,
         }
         g_sel = exact_processed_logprob_grad(x32, case.targets, mask[:, :real], **common)

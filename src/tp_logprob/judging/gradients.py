@@ -168,7 +168,7 @@ def judge_exact_gradient(
         case.targets,
         active_mask=case.active,
         real_vocab_size=real,
-        temperature=contract.temperature,
+        temperature=contract.batch_temperature,
     )
     entropy_grad = None
     if contract.export_entropy:
@@ -176,7 +176,7 @@ def judge_exact_gradient(
             case.logits,
             active_mask=case.active,
             real_vocab_size=real,
-            temperature=contract.temperature,
+            temperature=contract.batch_temperature,
         )
     bound = gradient_bound(case, exact, entropy_grad, (run.weights, run.entropy_weights))
     judge_gradient(prop, case, backend_id, run, exact, entropy_grad, bound, stats)

@@ -434,7 +434,7 @@ def input_error(case: LogprobCase) -> tuple[Floats, Floats, Floats]:
         case.exact_logits,
         case.dot_bound,
         case.targets,
-        temperature=case.contract.temperature,
+        temperature=case.contract.batch_temperature,
     )
     finite = [np.nan_to_num(np.asarray(v, np.float64), nan=0.0) for v in (selected, lse, entropy)]
     return finite[0], finite[1], finite[2]
@@ -514,7 +514,7 @@ def judge_reference(
     """:func:`expect_close` of a run's ``outputs`` to the float64 reference plus its own
     bound."""
     real = case.contract.sharding.real_vocab_size
-    temperature = case.contract.temperature
+    temperature = case.contract.batch_temperature
     selected, lse = reference_selected_logprob(
         case.logits,
         case.targets,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Floats", "Outputs"]
+__all__ = ["Floats", "Outputs", "select_rows"]
 
 Floats = npt.NDArray[np.float64]
 
@@ -33,3 +33,20 @@ class Outputs:
     support_lse: Floats | None = None
     support_size: npt.NDArray[np.int64] | None = None
     support_threshold: Floats | None = None
+
+
+def select_rows(outputs: Outputs, rows: Any) -> Outputs:
+    """The outputs of ``rows`` only (in that order)."""
+
+    def pick(values: Any) -> Any:
+        return None if values is None else values[rows]
+
+    return Outputs(
+        outputs.selected[rows],
+        pick(outputs.lse),
+        outputs.results,
+        pick(outputs.entropy),
+        support_lse=pick(outputs.support_lse),
+        support_size=pick(outputs.support_size),
+        support_threshold=pick(outputs.support_threshold),
+    )

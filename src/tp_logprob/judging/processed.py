@@ -47,7 +47,7 @@ from tp_logprob.judging.measuring import (
     input_error,
     working_scale,
 )
-from tp_logprob.judging.outputs import Floats, Outputs
+from tp_logprob.judging.outputs import Floats, Outputs, select_rows
 from tp_logprob.judging.violation import format_value, row_list, violation
 from tp_logprob.oracle import (
     SupportClassification,
@@ -63,6 +63,7 @@ from tp_logprob.oracle import (
     support_margins,
     support_masked_logits,
 )
+from tp_logprob.row_groups import row_groups
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.support import SupportMode, SupportSpec
 
@@ -72,10 +73,13 @@ __all__ = [
     "backend_support",
     "expect_processed_close",
     "judge_processed",
+    "judge_processed_backward",
     "judge_processed_gradient",
     "judge_support",
     "masked_case",
+    "processed_comparisons",
     "processed_expected",
+    "row_cases",
     "support_margins_of",
     "support_notes",
 ]
@@ -117,8 +121,16 @@ class BackendSupport:
 
 
 def _live_z(case: LogprobCase) -> Floats:
-    real = case.contract.sharding.real_vocab_size
-    return apply_temperature(case.logits[:, :real], case.contract.temperature)
+    """``z`` of the live columns, each row at its own temperature (a greedy row's is 1)."""
+    contract = case.contract
+    real = contract.sharding.real_vocab_size
+    if not contract.heterogeneous:
+        return apply_temperature(case.logits[:, :real], contract.batch_temperature)
+    z = np.empty((contract.num_tokens, real))
+    for group in row_groups(contract):
+        rows = group.rows
+        z[rows] = apply_temperature(case.logits[rows, :real], group.contract.batch_temperature)
+    return z
 
 
 def backend_support(case: LogprobCase, outputs: Outputs) -> BackendSupport:
@@ -156,14 +168,15 @@ def judge_support(
     spec = _spec(contract)
     found = backend_support(case, outputs)
     if spec.mode is SupportMode.SAMPLING_PARAMS:
+        top_k, top_p, min_p = spec.batch_rules()
         classification = classify_support(
             case.logits,
             margins=support_margins_of(contract),
-            top_k=spec.top_k,
-            top_p=spec.top_p,
-            min_p=spec.min_p,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
             real_vocab_size=contract.sharding.real_vocab_size,
-            temperature=contract.temperature,
+            temperature=contract.batch_temperature,
         )
         found = dataclasses.replace(found, classification=classification)
         _check_admissible(prop, case, backend_id, outputs, found)
@@ -309,7 +322,7 @@ def processed_expected(case: LogprobCase, found: BackendSupport) -> ProcessedExp
     common: dict[str, Any] = {
         "active_mask": case.active,
         "real_vocab_size": contract.sharding.real_vocab_size,
-        "temperature": contract.temperature,
+        "temperature": contract.batch_temperature,
         "defined": found.defined,
     }
     selected, support_lse, lse = exact_processed_logprob(
@@ -333,7 +346,7 @@ def _support_room(case: LogprobCase, found: BackendSupport) -> tuple[Floats, Flo
         np.where(live, case.exact_logits, 0.0),
         np.where(live, case.dot_bound, 0.0),
         case.targets,
-        temperature=case.contract.temperature,
+        temperature=case.contract.batch_temperature,
     )
     rooms = [np.nan_to_num(np.asarray(v, np.float64), nan=0.0) for v in (selected, lse, entropy)]
     return rooms[0], rooms[1], rooms[2]
@@ -352,6 +365,23 @@ def expect_processed_close(
     """Raise unless ``selected_logp``, ``support_lse``, ``lse`` and entropy are within the
     tolerance table of the exact values on the support ``found`` (``support_lse``, ``lse``
     and entropy where ``outputs`` holds them)."""
+    expect_within(
+        prop,
+        case,
+        backend_id,
+        processed_comparisons(case, outputs, found),
+        expected_name="exact on the backend's support",
+        stats=stats,
+        count_ulps=count_ulps,
+        notes=support_notes(case, found, outputs),
+    )
+
+
+def processed_comparisons(
+    case: LogprobCase, outputs: Outputs, found: BackendSupport
+) -> list[Compared]:
+    """The outputs of ``case`` (one set of sampling parameters) beside their exact values on
+    the support ``found`` and the tolerance table's bounds, field by field."""
     expected = processed_expected(case, found)
     masked = masked_case(case, found)
     active = case.active
@@ -409,16 +439,7 @@ def expect_processed_close(
                 zero_inactive=True,
             )
         )
-    expect_within(
-        prop,
-        case,
-        backend_id,
-        fields,
-        expected_name="exact on the backend's support",
-        stats=stats,
-        count_ulps=count_ulps,
-        notes=support_notes(case, found, outputs),
-    )
+    return fields
 
 
 def judge_processed(
@@ -431,16 +452,124 @@ def judge_processed(
     count_ulps: bool = True,
 ) -> None:
     """A run's support must be admissible and every output of it exact on that support
-    within the tolerance table."""
-    found = judge_support(f"{prop}: support", case, backend_id, outputs)
-    expect_processed_close(
-        f"{prop}: output outside the tolerance table of the exact values on the backend's support",
+    within the tolerance table.
+
+    A heterogeneous batch (the backend ran the engine's mixed batch whole) is judged group
+    by group of rows that share their parameters (:func:`row_cases`), every output once."""
+    headline = "output outside the tolerance table of the exact values on the backend's support"
+    parts = row_cases(prop, case)
+    if len(parts) == 1 and parts[0][2] is None:
+        found = judge_support(f"{prop}: support", case, backend_id, outputs)
+        expect_processed_close(
+            f"{prop}: {headline}", case, backend_id, outputs, found, stats,
+            count_ulps=count_ulps,
+        )  # fmt: skip
+        return
+    compared: list[tuple[npt.NDArray[np.int64], list[Compared], Notes]] = []
+    for label, part, rows in parts:
+        assert rows is not None
+        part_outputs = select_rows(outputs, rows)
+        found = judge_support(f"{label}: support", part, backend_id, part_outputs)
+        compared.append(
+            (
+                rows,
+                processed_comparisons(part, part_outputs, found),
+                support_notes(part, found, part_outputs),
+            )
+        )
+    fields, notes = _in_batch_order(compared, case.contract.num_tokens)
+    expect_within(
+        f"{prop}: {headline}",
         case,
         backend_id,
-        outputs,
-        found,
-        stats,
+        fields,
+        expected_name="exact on the backend's support",
+        stats=stats,
         count_ulps=count_ulps,
+        notes=notes,
+    )
+
+
+def _in_batch_order(
+    compared: list[tuple[npt.NDArray[np.int64], list[Compared], Notes]], num_tokens: int
+) -> tuple[list[Compared], Notes]:
+    """The row groups' comparisons joined into one per field, rows in batch order, and notes
+    that read a batch row's group's: each output is judged once, on the whole batch."""
+    group_of = np.zeros(num_tokens, dtype=np.int64)
+    local = np.zeros(num_tokens, dtype=np.int64)
+    for index, (rows, _, _) in enumerate(compared):
+        group_of[rows] = index
+        local[rows] = np.arange(rows.size)
+    order = np.concatenate([rows for rows, _, _ in compared])
+
+    def placed(position: int, name: str) -> Any:
+        values = np.concatenate(
+            [np.asarray(getattr(part[position], name)) for _, part, _ in compared]
+        )
+        out = np.empty_like(values)
+        out[order] = values
+        return out
+
+    def joined(position: int) -> Compared:
+        first = compared[0][1][position]
+        return Compared(
+            first.name,
+            placed(position, "value"),
+            placed(position, "exact"),
+            placed(position, "bound"),
+            placed(position, "rows"),
+            placed(position, "scale"),
+            zero_inactive=first.zero_inactive,
+        )
+
+    def notes(row: int) -> list[tuple[str, str]]:
+        rows, _, group_notes = compared[int(group_of[row])]
+        return [("row group", f"rows {rows.tolist()}"), *group_notes(int(local[row]))]
+
+    return [joined(position) for position in range(len(compared[0][1]))], notes
+
+
+def row_cases(
+    prop: str, case: LogprobCase
+) -> list[tuple[str, LogprobCase, npt.NDArray[np.int64] | None]]:
+    """``(label, case, rows)`` to judge: the case itself (rows None) when it has one set of
+    sampling parameters, else one case per group of rows that share theirs
+    (:func:`~tp_logprob.row_groups.row_groups`), labelled with the group's rows of the batch.
+    Every output of a row depends on that row alone (``docs/semantics.md``, "Heterogeneous
+    batches"), so each group is judged as a batch of its own."""
+    contract = case.contract
+    if not contract.heterogeneous:
+        return [(prop, case, None)]
+    parts: list[tuple[str, LogprobCase, npt.NDArray[np.int64] | None]] = []
+    for group in row_groups(contract):
+        rows = group.rows
+        part = LogprobCase(group.contract, case.logits[rows], case.targets[rows])
+        parts.append((f"{prop} (rows {rows.tolist()}: {group.contract.describe()})", part, rows))
+    return parts
+
+
+def judge_processed_backward(
+    prop: str,
+    case: LogprobCase,
+    backend_id: str,
+    run: Backward,
+    stats: ErrorTally | None = None,
+) -> None:
+    """:func:`judge_processed_gradient` of ``run`` on the support the run used, group by group
+    of rows for a heterogeneous batch (:func:`row_cases`)."""
+    for label, part, rows in row_cases(prop, case):
+        part_run = run if rows is None else _run_rows(run, rows)
+        found = backend_support(part, part_run.outputs)
+        judge_processed_gradient(label, part, backend_id, part_run, found, stats)
+
+
+def _run_rows(run: Backward, rows: npt.NDArray[np.int64]) -> Backward:
+    """``run`` restricted to ``rows``: their outputs, gradient rows and upstream weights."""
+    return Backward(
+        select_rows(run.outputs, rows),
+        run.gradient[rows],
+        run.weights[rows],
+        run.entropy_weights[rows],
     )
 
 
@@ -459,7 +588,7 @@ def judge_processed_gradient(
     common: dict[str, Any] = {
         "active_mask": case.active,
         "real_vocab_size": contract.sharding.real_vocab_size,
-        "temperature": contract.temperature,
+        "temperature": contract.batch_temperature,
         "defined": found.defined,
     }
     exact = exact_processed_logprob_grad(case.logits, case.targets, found.mask, **common)

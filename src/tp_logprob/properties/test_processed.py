@@ -5,7 +5,11 @@ logits' boundaries (:func:`~tp_logprob.strategies.supports`: ties at the k-th
 value, masses on and one ulp around ``top_p``, ``min_p`` at a token's
 ``exp(z - M)``, replayed masks of one token, of the largest values, of random
 subsets), drawn from the support modes the backend claims; a backend that claims
-none skips this module, with the reason. Each output is judged on the support the
+none skips this module, with the reason. For a backend that serves per-row
+parameters (``supports_row_parameters``), two logits cases in three are engine
+batches: requests with their own temperature and rules, greedy rows among them
+(``docs/semantics.md``, "Heterogeneous batches"), run whole and judged group by
+group of rows that share their parameters. Each output is judged on the support the
 backend used, once that support is shown admissible
 (:mod:`tp_logprob.judging.processed`); a fused LM-head backend is judged on
 its hidden-state cases (exact products with a recomputed support). Batch

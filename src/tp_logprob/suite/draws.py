@@ -29,6 +29,7 @@ from tp_logprob.strategies import (
     hidden_cases,
     shard_bounds,
 )
+from tp_logprob.strategies.engine_batches import engine_batches
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.session import Suite
@@ -45,6 +46,7 @@ __all__ = [
     "draw_case",
     "draw_fused_case",
     "draw_positions",
+    "BATCH_KINDS",
     "draw_processed_case",
     "drawing_capability",
     "interpreted",
@@ -124,6 +126,12 @@ def support_modes_served(backend: BackendUnderTest) -> list[SupportMode]:
     return [mode for mode in SAMPLING_SUPPORTS if backend.capability.serves("support_mode", mode)]
 
 
+BATCH_KINDS = ("one set per batch", "engine batch", "engine batch")
+"""How a processed logits case is batched, for a backend that serves per-row parameters:
+one temperature and one set of rules for the batch, or an engine batch of requests with
+their own (twice as often; it shrinks to one set per batch)."""
+
+
 def draw_processed_case(
     data: Any,
     backend: BackendUnderTest,
@@ -134,8 +142,12 @@ def draw_processed_case(
 ) -> LogprobCase:
     """A case with a sampling support (one of ``modes`` the backend claims), drawn as
     :func:`draw_case` or :func:`draw_fused_case` for what the backend takes; not
-    applicable to a backend that claims none of ``modes``. A fused case with a recomputed
-    support has small-integer operands (exact products: the backend's ``x`` is the oracle's)."""
+    applicable to a backend that claims none of ``modes``. For a backend that serves
+    per-row parameters, two logits cases in three (:data:`BATCH_KINDS`) become
+    heterogeneous engine batches
+    (:func:`~tp_logprob.strategies.engine_batches.engine_batches`). A fused case with a
+    recomputed support has small-integer operands (exact products: the backend's ``x``
+    is the oracle's)."""
     served = [mode for mode in support_modes_served(backend) if mode in modes]
     if not served:
         claimed = sorted(mode.value for mode in backend.capability.support_modes)
@@ -146,7 +158,12 @@ def draw_processed_case(
         )
     mode = data.draw(st.sampled_from(served), label="support mode")
     if backend.capability.serves("input_kind", LogprobInputKind.LOGITS):
-        return draw_case(data, backend, suite, support_modes={mode}, **filters)
+        case = draw_case(data, backend, suite, support_modes={mode}, **filters)
+        if backend.capability.serves("heterogeneous", True):
+            batch = data.draw(st.sampled_from(BATCH_KINDS), label="batch kind")
+            if batch == "engine batch":
+                case = data.draw(engine_batches(case), label="engine batch")
+        return case
     filters.pop("special_values", None)
     exact = mode is SupportMode.SAMPLING_PARAMS
     return draw_fused_case(

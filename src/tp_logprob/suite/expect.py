@@ -11,6 +11,7 @@ kernel's own outputs the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,11 +25,22 @@ from tp_logprob.judging.gradients import (
 )
 from tp_logprob.judging.measuring import judge_exact, judge_reference
 from tp_logprob.judging.outputs import Outputs
-from tp_logprob.judging.processed import backend_support, judge_processed, judge_processed_gradient
+from tp_logprob.judging.processed import (
+    backend_support,
+    judge_processed,
+    judge_processed_backward,
+)
 from tp_logprob.judging.violation import violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
-from tp_logprob.suite.running import execute, gathered_grad, summed_grad
+from tp_logprob.suite.running import (
+    execute,
+    gathered_grad,
+    on_real_group,
+    shifted_rows,
+    summed_grad,
+    trainer_view,
+)
 from tp_logprob.suite.summary import SuiteStats
 
 __all__ = [
@@ -123,16 +135,26 @@ def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backwar
     """Run ``case`` with logits that require grad and backprop every rank's weighted loss
     (:func:`~tp_logprob.judging.gradients.upstream_weights`,
     :func:`~tp_logprob.judging.gradients.entropy_weights`); a gradient in another dtype than
-    the logits' is a violation."""
+    the logits' is a violation.
+
+    On the emulated group the logits come as a trainer holds them
+    (:func:`~tp_logprob.suite.running.trainer_view`: the shifted slice of a
+    ``[B, T + 1, V]`` leaf, flattened), so the gradient must reach that leaf through the
+    view, and nothing may land on the position the shift drops."""
     import torch
 
-    logits = case.torch_logits(backend.device).requires_grad_(True)
-    outputs = execute(backend, case, logits=logits)
     contract = case.contract
+    full = case.torch_logits(backend.device)
+    real_group = on_real_group(contract, backend)
+    if real_group:
+        leaf = logits = full.requires_grad_(True)
+    else:
+        leaf, logits = trainer_view(full)
+    outputs = execute(backend, case, logits=logits)
     weights = upstream_weights(contract.num_tokens)
     entropy_w = entropy_weights(contract.num_tokens) * contract.export_entropy
-    upstream = torch.from_numpy(weights).to(device=logits.device, dtype=torch.float32)
-    upstream_h = torch.from_numpy(entropy_w).to(device=logits.device, dtype=torch.float32)
+    upstream = torch.from_numpy(weights).to(device=leaf.device, dtype=torch.float32)
+    upstream_h = torch.from_numpy(entropy_w).to(device=leaf.device, dtype=torch.float32)
     total = sum(
         (upstream * result.selected_logp).sum()
         + (0.0 if result.entropy is None else (upstream_h * result.entropy).sum())
@@ -140,22 +162,39 @@ def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backwar
     )
     if isinstance(total, torch.Tensor) and total.requires_grad:
         torch.autograd.backward(total)
-    own = logits.grad  # on a real process group, this rank's shard only
+    own = leaf.grad  # on a real process group, this rank's shard only
     dtype = str(getattr(own, "dtype", None))
-    if own is not None and dtype != str(logits.dtype):
+    if own is not None and dtype != str(leaf.dtype):
         raise violation(
             f"{prop}: gradient dtype",
             case,
             backend.backend_id,
-            [("problem", f"{dtype}, expected {logits.dtype}")],
+            [("problem", f"{dtype}, expected {leaf.dtype}")],
         )
-    grad = gathered_grad(logits, contract, backend)
+    if real_group:
+        grad = gathered_grad(leaf, contract, backend)
+    else:
+        grad = None if own is None else _shifted_back(prop, case, backend.backend_id, own)
     observed = (
         np.zeros(case.logits.shape)
         if grad is None
         else grad.detach().float().cpu().numpy().astype(np.float64)
     )
     return Backward(outputs, observed, weights, entropy_w)
+
+
+def _shifted_back(prop: str, case: LogprobCase, backend_id: str, grad: Any) -> Any:
+    """The ``[N, D]`` gradient of the rows from a trainer leaf's; the position the shift
+    drops must hold 0."""
+    rows = shifted_rows(grad)
+    if rows is None:
+        raise violation(
+            f"{prop}: gradient on the position the shift drops",
+            case,
+            backend_id,
+            [("problem", "the trainer's leaf [:, -1] (not an input row) has a nonzero gradient")],
+        )
+    return rows
 
 
 def expect_fused_gradients(
@@ -177,8 +216,13 @@ def expect_fused_gradients(
     case = fused_only(case)
     contract = case.contract
     hidden, weight, bias = case.torch_inputs(backend.device)
-    leaves = [t.requires_grad_(True) for t in (hidden, weight, bias) if t is not None]
-    outputs = execute(backend, case, operands=(hidden, weight, bias))
+    # On the emulated group hidden comes as a trainer holds it (the shifted [B, T + 1, H]).
+    real_group = on_real_group(contract, backend)
+    leaf, rows_in = (hidden, hidden) if real_group else trainer_view(hidden)
+    for tensor in (leaf, weight, bias):
+        if tensor is not None:
+            tensor.requires_grad_(True)
+    outputs = execute(backend, case, operands=(rows_in, weight, bias))
     rows = contract.num_tokens
     w = upstream_weights(rows)
     v = entropy_weights(rows) * contract.export_entropy
@@ -194,15 +238,21 @@ def expect_fused_gradients(
     if isinstance(total, torch.Tensor) and total.requires_grad:
         torch.autograd.backward(total)
     # On a real process group each rank holds its partial d hidden and its own weight rows.
-    grads = [
-        summed_grad(hidden, contract, backend),
-        gathered_grad(weight, contract, backend, dim=0),
-    ]
+    if real_group:
+        d_hidden = summed_grad(hidden, contract, backend)
+    else:
+        d_hidden = (
+            None
+            if leaf.grad is None
+            else _shifted_back("fused gradients", case, backend.backend_id, leaf.grad)
+        )
+    grads = [d_hidden, gathered_grad(weight, contract, backend, dim=0)]
     if bias is not None:
         grads.append(gathered_grad(bias, contract, backend, dim=0))
+    shapes = [hidden.shape, weight.shape, *([] if bias is None else [bias.shape])]
     observed = [
-        np.zeros(t.shape) if grad is None else grad.detach().double().cpu().numpy()
-        for t, grad in zip(leaves, grads, strict=True)
+        np.zeros(shape) if grad is None else grad.detach().double().cpu().numpy()
+        for shape, grad in zip(shapes, grads, strict=True)
     ]
     support = None if support_of is None else support_of(outputs)
     judge_fused_gradients(case, backend.backend_id, observed, stats, support=support)
@@ -240,6 +290,4 @@ def expect_processed_gradient(
         expect_fused_gradients(backend, case, stats, support_of=support_of)
         return
     run = backward(prop, case, backend)
-    judge_processed_gradient(
-        prop, case, backend.backend_id, run, backend_support(case, run.outputs), stats
-    )
+    judge_processed_backward(prop, case, backend.backend_id, run, stats)

@@ -25,29 +25,32 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from tp_logprob.comm import DEFAULT_TIMEOUT_S, EmulationUnavailableError
 from tp_logprob.contract import LogprobContract, MaskSpec
-from tp_logprob.judging.outputs import Floats, Outputs
+from tp_logprob.judging.outputs import Floats, Outputs, select_rows
 from tp_logprob.judging.violation import violation
 from tp_logprob.result import LogprobResult
+from tp_logprob.row_groups import contract_rows
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest, RankGroup
 from tp_logprob.suite.outcomes import NotApplicable
-from tp_logprob.support import SupportMode, SupportSpec
+from tp_logprob.support import SupportMode
 
 __all__ = [
     "GARBAGE_TARGETS",
     "execute",
     "expanded_batch",
     "gathered_grad",
+    "on_real_group",
     "outputs_of",
     "run_hidden",
     "run_logits",
     "select_rows",
+    "shifted_rows",
     "sub_batch",
     "summed_grad",
+    "trainer_view",
 ]
 
 
@@ -195,6 +198,37 @@ def gathered_grad(
     return group.assemble(leaf, contract.sharding.vocab_shard_bounds, dim)
 
 
+def on_real_group(contract: LogprobContract, backend: BackendUnderTest) -> bool:
+    """Whether ``contract`` runs on the ranks of a real process group (each its shard)."""
+    group = backend.group
+    return group is not None and contract.sharding.tp_world_size == group.world_size
+
+
+def trainer_view(full: Any) -> tuple[Any, Any]:
+    """``(leaf, rows)``: a ``[B, T + 1, D]`` leaf that requires grad, holding the ``[N, D]``
+    rows ``full`` (logits or hidden states) at positions ``[:, :-1]`` (``B = 2`` for an even
+    ``N``, else 1; the last position 0), and ``leaf[:, :-1]`` flattened to ``[N, D]``: the
+    shift before the loss, a view for ``B = 1`` and a copy for ``B = 2``, as a trainer hands
+    its activations over. :func:`shifted_rows` reads the gradient back."""
+    import torch
+
+    rows, width = full.shape
+    batch = 2 if rows >= 2 and rows % 2 == 0 else 1
+    leaf = full.new_zeros(batch, rows // batch + 1, width)
+    with torch.no_grad():
+        leaf[:, :-1] = full.reshape(batch, rows // batch, width)
+    leaf.requires_grad_(True)
+    return leaf, leaf[:, :-1].reshape(rows, width)
+
+
+def shifted_rows(grad: Any) -> Any:
+    """The ``[N, D]`` rows of a :func:`trainer_view` leaf's gradient, or None when the
+    position the shift drops holds a nonzero gradient (it is no input row)."""
+    if bool((grad[:, -1] != 0).any()):
+        return None
+    return grad[:, :-1].reshape(-1, grad.shape[-1])
+
+
 def summed_grad(leaf: Any, contract: LogprobContract, backend: BackendUnderTest) -> Any:
     """``leaf.grad`` summed over the ranks (the partial ``d hidden`` of each rank), in rank
     order on a real group; on the emulated group autograd already summed it into ``leaf``."""
@@ -282,23 +316,6 @@ def _support_structure_problems(result: Any, contract: LogprobContract) -> list[
     return problems
 
 
-def select_rows(outputs: Outputs, rows: Any) -> Outputs:
-    """The outputs of ``rows`` only (in that order)."""
-
-    def pick(values: Any) -> Any:
-        return None if values is None else values[rows]
-
-    return Outputs(
-        outputs.selected[rows],
-        pick(outputs.lse),
-        outputs.results,
-        pick(outputs.entropy),
-        support_lse=pick(outputs.support_lse),
-        support_size=pick(outputs.support_size),
-        support_threshold=pick(outputs.support_threshold),
-    )
-
-
 def sub_batch(
     case: LogprobCase, rows: Any, *, targets: Any = None, active: Any = None
 ) -> LogprobCase:
@@ -309,15 +326,15 @@ def sub_batch(
     and dot-product bounds, when already computed, are carried over row by row
     instead of being computed again.
     """
-    contract = case.contract
     rows = np.asarray(rows, dtype=np.int64)
-    mask = contract.mask.active_mask if active is None else np.asarray(active, dtype=np.bool_)
-    if active is None and mask is not None:
-        mask = mask[rows]
-    sub_mask = MaskSpec(len(rows), mask, ignore_index=contract.mask.ignore_index)
-    sub_contract = dataclasses.replace(
-        contract, mask=sub_mask, support=_support_rows(contract.support, rows)
-    )
+    sub_contract = contract_rows(case.contract, rows)
+    if active is not None:
+        sub_mask = MaskSpec(
+            len(rows),
+            np.asarray(active, dtype=np.bool_),
+            ignore_index=sub_contract.mask.ignore_index,
+        )
+        sub_contract = dataclasses.replace(sub_contract, mask=sub_mask)
     new_targets = case.targets[rows] if targets is None else np.asarray(targets)
     if isinstance(case, HiddenCase):
         sub = HiddenCase(
@@ -333,13 +350,6 @@ def sub_batch(
                 sub.__dict__[name] = case.__dict__[name][rows]
         return sub
     return LogprobCase(sub_contract, case.logits[rows], new_targets)
-
-
-def _support_rows(support: SupportSpec | None, rows: npt.NDArray[np.int64]) -> SupportSpec | None:
-    """A replayed support's ``rows`` (in that order); any other support as it is."""
-    if support is None or support.mode is not SupportMode.REPLAYED_MASK:
-        return support
-    return SupportSpec.from_kept_lists([support.kept_row(int(row)).tolist() for row in rows])
 
 
 GARBAGE_TARGETS = (-1, -100, 2**31 - 1, 2**40, -(2**40))

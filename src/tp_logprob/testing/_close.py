@@ -185,7 +185,7 @@ def _judge_gradient(case: LogprobCase, backend_id: str, observed: Outputs, grad:
         case.targets,
         active_mask=case.active,
         real_vocab_size=case.contract.sharding.real_vocab_size,
-        temperature=case.contract.temperature,
+        temperature=case.contract.batch_temperature,
     )
     judge_gradient(NAME, case, backend_id, run, exact, None, gradient_bound(case, exact))
 

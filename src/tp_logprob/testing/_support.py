@@ -74,14 +74,15 @@ def assert_support_admissible(
     )
     mask = _kept_mask(kept, full.shape)
     contract = case.contract
+    top_k, top_p, min_p = rules.batch_rules()
     classification = classify_support(
         case.logits,
         margins=support_margins_of(contract),
-        top_k=rules.top_k,
-        top_p=rules.top_p,
-        min_p=rules.min_p,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
         real_vocab_size=contract.sharding.real_vocab_size,
-        temperature=contract.temperature,
+        temperature=contract.batch_temperature,
     )
     problems = admissible_support(classification, mask, active_mask=case.active)
     if not problems:
@@ -93,7 +94,7 @@ def assert_support_admissible(
         if admissible_support(classification, mask, active_mask=case.active & (rows == r))
     )
     lines = [
-        ("logits", f"{list(full.shape)} {contract.dtype.value}, T={contract.temperature!r}"),
+        ("logits", f"{list(full.shape)} {contract.dtype.value}, T={contract.batch_temperature!r}"),
         *(("problem", problem) for problem in problems[:5]),
         *_row_lines(classification, mask, row),
     ]
