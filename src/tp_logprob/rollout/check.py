@@ -46,7 +46,7 @@ from tp_logprob.rollout.noise import (
 )
 from tp_logprob.rollout.numerics import op_bound
 from tp_logprob.rollout.report import ResponseFinding, RolloutCheck
-from tp_logprob.rollout.support import judge_under_noise, screen_masks
+from tp_logprob.rollout.support import judge_under_noise, screen_masks, top_columns
 from tp_logprob.rollout.trainer import (
     dense_mask,
     kept_values,
@@ -272,18 +272,30 @@ def _recomputed(
     params: dict[str, Any],
     block: int,
 ) -> Floats:
-    """The logprob over the rules' support on the trainer's logits, on ``rows_wanted``."""
+    """The logprob over the rules' support on the trainer's logits, on ``rows_wanted``.
+
+    With top-k the rules keep none but each row's top columns (:func:`top_columns`), and
+    the logprob over a support reads its kept columns only, so both are computed on those
+    columns: the same decisions and the same correctly rounded values."""
 
     found = np.full(rollout.num_tokens, math.nan)
     rows = np.flatnonzero(rows_wanted)
+    top_k = params.get("top_k")
     for start in range(0, rows.size, block):
         part = rows[start : start + block]
-        x = logit_rows(columns, part)
-        support = exact_support(x, real_vocab_size=rv, temperature=temperature, **params)
-        usable = support.mask[np.arange(part.size), rollout.token_ids[part]]
+        x, width = logit_rows(columns, part), rv
+        targets = rollout.token_ids[part]
+        if top_k is not None and top_k < rv:
+            x, ids = top_columns(x[:, :rv], top_k)
+            width = x.shape[1]
+            places = ids == targets[:, None]
+            targets = np.where(places.any(axis=1), places.argmax(axis=1), -1)
+        support = exact_support(x, real_vocab_size=width, temperature=temperature, **params)
+        usable = targets >= 0
+        usable[usable] = support.mask[np.flatnonzero(usable), targets[usable]]
         value, _, _ = exact_processed_logprob(
-            x, np.where(usable, rollout.token_ids[part], 0), support.mask,
-            active_mask=usable, real_vocab_size=rv, temperature=temperature,
+            x, np.where(usable, targets, 0), support.mask,
+            active_mask=usable, real_vocab_size=width, temperature=temperature,
         )  # fmt: skip
         found[part] = np.where(usable, value, math.nan)
     return found

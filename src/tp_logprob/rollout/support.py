@@ -36,7 +36,13 @@ from tp_logprob.oracle import (
 )
 from tp_logprob.rollout.trainer import dense_mask, logit_rows
 
-__all__ = ["favoured_logits", "judge_under_noise", "noisy_margins", "screen_masks"]
+__all__ = [
+    "favoured_logits",
+    "judge_under_noise",
+    "noisy_margins",
+    "screen_masks",
+    "top_columns",
+]
 
 ROWS = 16
 """Rows judged at once under the noise: a few MiB at a 152k vocabulary."""
@@ -178,11 +184,17 @@ def judge_under_noise(
     found = []
     for start in range(0, len(x), ROWS):
         part, kept = x[start : start + ROWS], mask[start : start + ROWS]
-        favoured, width = favoured_logits(part, kept, eps), rv
+        width = rv
         top_k = params.get("top_k")
         if top_k is not None and top_k < rv and not kept[:, rv:].any():
-            favoured, kept = _top_columns(favoured[:, :rv], kept[:, :rv], top_k)
+            # The favoured logits' top k lie among x's own top columns and the kept ones
+            # (every value moves down by eps at most, and a column outside them is below k
+            # columns by more than that), so they are computed on those columns alone.
+            part, kept = _top_columns(part[:, :rv], kept[:, :rv], top_k)
+            favoured, kept = _top_columns(favoured_logits(part, kept, eps), kept, top_k)
             width = favoured.shape[1]
+        else:
+            favoured = favoured_logits(part, kept, eps)
         c = classify_support(
             favoured, margins=wide, real_vocab_size=width, temperature=temperature, **params
         )
@@ -197,12 +209,24 @@ def _top_columns(
     rest -inf: top-k keeps none of the others (min-p's survivors are an upper set, so their
     top k are among these), and top-p reads the survivors of top-k only, so the decisions
     on these columns are the row's."""
+    values, ids = top_columns(x, top_k, mask)
+    return values, np.take_along_axis(mask, np.maximum(ids, 0), axis=1) & (ids >= 0)
+
+
+def top_columns(
+    x: npt.NDArray[np.float32], top_k: int, mask: npt.NDArray[np.bool_] | None = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Each row's columns at or above its ``top_k``-th largest value (and those ``mask``
+    keeps), in column order: their values, padded with -inf, and their column ids, padded
+    with -1."""
     kth = np.partition(x, x.shape[1] - top_k, axis=1)[:, x.shape[1] - top_k][:, None]
-    columns = [np.flatnonzero(row) for row in (x >= kth) | mask]
-    width = max(c.size for c in columns)
+    chosen = x >= kth if mask is None else (x >= kth) | mask
+    rows, found = np.nonzero(chosen)
+    sizes = np.bincount(rows, minlength=x.shape[0])
+    places = np.arange(rows.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    width = int(sizes.max(initial=0))
     values = np.full((x.shape[0], width), -np.inf, dtype=np.float32)
-    kept = np.zeros((x.shape[0], width), dtype=np.bool_)
-    for row, chosen in enumerate(columns):
-        values[row, : chosen.size] = x[row, chosen]
-        kept[row, : chosen.size] = mask[row, chosen]
-    return values, kept
+    ids = np.full((x.shape[0], width), -1, dtype=np.int64)
+    values[rows, places] = x[rows, found]
+    ids[rows, places] = found
+    return values, ids
