@@ -26,6 +26,7 @@ from tp_logprob.rollout.check import _recomputed
 from tp_logprob.rollout.support import (
     favoured_logits,
     judge_under_noise,
+    kth_largest,
     noisy_margins,
     top_columns,
 )
@@ -53,6 +54,16 @@ def _masks(x: np.ndarray, seed: int) -> np.ndarray:
         mask[row, kept] = True
     mask[::3] = exact_support(x[::3], real_vocab_size=V, temperature=T, **PARAMS).mask
     return mask
+
+
+@pytest.mark.parametrize("k", [1, 6, 40, 150, 300])
+def test_the_kth_largest_is_numpys_partition_on_ties_and_minus_inf(k: int) -> None:
+    x = np.round(_logits(3) * 2) / 2  # many ties
+    x[0, : V - 20] = -np.inf  # a row with fewer finite values than k
+    x[1] = -np.inf
+    x[2, ::16] = 50.0  # the sampled columns the row's largest
+    expected = np.partition(x, V - k, axis=1)[:, V - k]
+    assert kth_largest(x, k).tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
