@@ -93,6 +93,11 @@ def add_commands(commands: Any) -> None:
         "logits); estimated from the tokens by default",
     )  # fmt: skip
     rollout.add_argument("--clip", type=float, default=0.2, help="PPO's clip range (0.2)")
+    rollout.add_argument(
+        "--engine-order", default=None, metavar="JSON",
+        help="how the engine's logprob op sums a shard, if it declares it (the numerics bound), "
+        'as AccumulationOrder.to_dict() writes it: \'{"kind": "tree", "fan_in": 2}\' (any order)',
+    )  # fmt: skip
     rollout.add_argument("--backend", default="torch_native", help="the trainer's backend")
     rollout.add_argument("--json", metavar="FILE", help="also write the check as JSON")
     rollout.add_argument("--plot", metavar="FILE.png", help="also draw the check (matplotlib)")
@@ -244,6 +249,21 @@ def _report(args: argparse.Namespace) -> int:
     return status
 
 
+def _engine_order(text: str | None) -> Any:
+    """``--engine-order``'s JSON as an :class:`~tp_logprob.accumulation.AccumulationOrder`."""
+    from tp_logprob.accumulation import AccumulationOrder
+    from tp_logprob.errors import LogprobContractError
+    from tp_logprob.rollout import RolloutInputError
+    from tp_logprob.rollout.inputs import OPTION
+
+    if text is None:
+        return None
+    try:
+        return AccumulationOrder.from_dict(json.loads(text))
+    except (ValueError, LogprobContractError) as error:
+        raise RolloutInputError(OPTION, None, f"--engine-order={text!r}: {error}") from None
+
+
 def _rollout_check(args: argparse.Namespace) -> int:
     from tp_logprob.errors import LogprobContractError
     from tp_logprob.rollout import RolloutInputError, check_rollout, plot_rollout
@@ -274,6 +294,7 @@ def _rollout_check(args: argparse.Namespace) -> int:
             real_vocab_size=args.vocab,
             logit_noise=args.logit_noise,
             clip=args.clip,
+            engine_order=_engine_order(args.engine_order),
             backend=args.backend,
             files=args.logits,
         )

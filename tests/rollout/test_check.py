@@ -284,3 +284,46 @@ def test_the_masks_are_judged_under_the_callers_oracle_settings() -> None:
         check_rollout(x, rollout, engine_temperature=T, top_p=0.9)
     counts = fast_path_stats(reset=True)["support_top_p"]
     assert counts.hits == 0 and counts.fallbacks >= N
+
+
+def test_a_declared_engine_order_tightens_the_numerics_bound_and_is_named() -> None:
+    from tp_logprob.accumulation import AccumulationOrder
+
+    x = _logits()
+    rollout = sglang_rollout(_response(x))
+    loose = check_rollout(x, rollout, engine_temperature=T, top_k=K)
+    tree = AccumulationOrder.tree()
+    tight = check_rollout(x, rollout, engine_temperature=T, top_k=K, engine_order=tree)
+    assert np.all(tight.bound < loose.bound)
+    assert tight.verdict == loose.verdict == ["agree"] * N
+    assert loose.settings["engine_order"] == AccumulationOrder.any().describe()
+    assert tight.settings["engine_order"] == tree.describe()
+    # The trainer is held to the order its backend's capability declares.
+    assert loose.settings["trainer_order"] == tree.describe()  # torch_native's pairwise tree
+
+
+@pytest.mark.parametrize(
+    ("order", "status", "said"),
+    [
+        ('{"kind": "tree", "fan_in": 2}', 1, None),
+        ('{"kind": "spiral"}', 2, '--engine-order=\'{"kind": "spiral"}\''),
+        ("tree", 2, "--engine-order='tree'"),
+    ],
+    ids=["a tree", "an unknown kind", "not JSON"],
+)
+def test_the_command_line_takes_the_engines_order(
+    tmp_path: Path, capsys: Any, order: str, status: int, said: str | None
+) -> None:
+    x = _logits()
+    response = tmp_path / "response.json"
+    response.write_text(json.dumps([_response(x, faults={2: "full"})]))
+    torch.save(x, tmp_path / "x.pt")
+    report = tmp_path / "check.json"
+    args = ["rollout-check", str(response), "--logits", str(tmp_path / "x.pt"), "--top-k", str(K)]
+    args += ["--engine-temperature", str(T), "--engine-order", order, "--json", str(report)]
+    assert main(args) == status
+    if said is None:
+        assert "pairwise" in json.loads(report.read_text())["settings"]["engine_order"]
+    else:
+        assert said in capsys.readouterr().err
+        assert not report.exists()

@@ -1,5 +1,5 @@
 """Judging a run: the exact values a case is held to (:mod:`.expected`), the bounds and
-the comparisons that raise a violation (:mod:`.measuring`, :mod:`.gradients`), for
+the comparisons that raise a violation (:mod:`.bounds`, :mod:`.measuring`, :mod:`.gradients`), for
 fused LM-head (:mod:`.fused`) and processed (:mod:`.processed`) cases too.
 
 Below the harness (:mod:`tp_logprob.suite`, which runs a case and hands the outputs

@@ -25,20 +25,19 @@ import numpy.typing as npt
 from hypothesis import currently_in_test_context, target
 
 from tp_logprob.accumulation import AccumulationOrder
-from tp_logprob.contract import LogprobContract
+from tp_logprob.judging.bounds import fp32_ulp, order_note, suite_tolerance
 from tp_logprob.judging.expected import exact_entropy_of, exact_outputs, row_max_of_z
 from tp_logprob.judging.outputs import Floats, Outputs
 from tp_logprob.judging.violation import format_value, row_list, violation
 from tp_logprob.oracle import fused_extra_bounds
 from tp_logprob.oracle.reference import reference_error_bounds, reference_selected_logprob
 from tp_logprob.oracle.reference_entropy import reference_entropy, reference_entropy_error_bounds
-from tp_logprob.oracle.tolerance import LogprobTolerance, tolerance
+from tp_logprob.oracle.tolerance import LogprobTolerance
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
-from tp_logprob.oracle.ulp import ulp_distance, ulp_exponent
+from tp_logprob.oracle.ulp import ulp_distance
 from tp_logprob.strategies import HiddenCase, LogprobCase
 
 __all__ = [
-    "MIN_ONLINE_BLOCK",
     "Compared",
     "ErrorTally",
     "allowed_error",
@@ -47,13 +46,10 @@ __all__ = [
     "expect_bitwise",
     "expect_close",
     "expect_within",
-    "fp32_ulp",
     "input_error",
     "judge_exact",
     "judge_reference",
-    "order_note",
     "row_summary",
-    "suite_tolerance",
     "ulps",
     "working_scale",
 ]
@@ -65,64 +61,6 @@ class ErrorTally(Protocol):
 
     def error(self, backend_id: str, prop: str, ulps: float, tolerance_used: float) -> None:
         """Count an observed error: in fp32 ulps, and as a fraction of its tolerance."""
-
-
-MIN_ONLINE_BLOCK = 16
-"""The tolerance allows one exp-rescaling per 16 columns of a shard (an online
-softmax over blocks of at least 16 columns) plus the cross-rank merge."""
-
-
-def suite_tolerance(
-    contract: LogprobContract,
-    order: AccumulationOrder | None = None,
-    *,
-    shard_partials: bool = False,
-) -> LogprobTolerance:
-    """The tolerance table entry for ``contract`` when each rank sums its shard in ``order``.
-
-    Without an order (or with the any order) the bound allows any summation order, an
-    online softmax over blocks of :data:`MIN_ONLINE_BLOCK` columns or more, and a sum
-    over the whole row (``shard_partials``: over each rank's live columns, merged across
-    ranks). A declared order is a promise about each rank's shard: its path of additions
-    (and rescalings) on the widest shard, its fixed-point bits from the padded vocabulary,
-    then the merge (``docs/tolerances.md``, "Declared orders"). The rollout check's
-    numerics verdict calls this with the trainer backend's
-    ``capability.accumulation_order``.
-    """
-    sharding = contract.sharding
-    widest = max(
-        end - start
-        for start, end in (sharding.live_bounds(r) for r in range(sharding.tp_world_size))
-    )
-    if order is None or order.is_any:
-        return tolerance(
-            contract.dtype.value,
-            sharding.real_vocab_size,
-            num_shards=sharding.tp_world_size,
-            max_shard_size=max(widest, 1) if shard_partials else None,
-            rescales=math.ceil(widest / MIN_ONLINE_BLOCK) + 1,
-        )
-    bits = order.fraction_bits(sharding.padded_vocab_size)
-    return tolerance(
-        contract.dtype.value,
-        sharding.real_vocab_size,
-        num_shards=sharding.tp_world_size,
-        max_shard_size=max(widest, 1),
-        order=order if bits is None else AccumulationOrder.fixed_point(bits),
-    )
-
-
-def order_note(order: AccumulationOrder) -> tuple[str, str]:
-    """The report line that names the accumulation order a bound assumed."""
-    if order.is_any:
-        return ("bound", "assumes sums in any order (declare order= for a tighter bound)")
-    return ("bound", f"assumes the declared order: {order.describe()}")
-
-
-def fp32_ulp(scale: Floats) -> Floats:
-    """The fp32 ulp at each ``scale`` (finite; +-inf and NaN count as 0)."""
-    finite = np.where(np.isfinite(scale), np.abs(scale), 0.0)
-    return np.asarray(np.ldexp(1.0, ulp_exponent(finite, "fp32")), dtype=np.float64)
 
 
 def ulps(exact: Floats, value: Floats, scale: Floats | None = None) -> Floats:

@@ -36,9 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tp_logprob.contract import LogprobContract
+from tp_logprob.judging.bounds import MIN_ONLINE_BLOCK
 from tp_logprob.judging.gradients import Backward, gradient_bound, judge_gradient
 from tp_logprob.judging.measuring import (
-    MIN_ONLINE_BLOCK,
     Compared,
     ErrorTally,
     allowed_error,
@@ -93,7 +93,7 @@ _SHOWN_IDS = 8
 def support_margins_of(contract: LogprobContract) -> SupportMargins:
     """The support's error bounds for ``contract``: its dtype, live vocabulary, shard count
     and widest live shard, sums in any order, and the rescalings the tolerance table
-    allows (:data:`~tp_logprob.judging.measuring.MIN_ONLINE_BLOCK`)."""
+    allows (:data:`~tp_logprob.judging.bounds.MIN_ONLINE_BLOCK`)."""
     sharding = contract.sharding
     widest = max(
         end - start

@@ -15,14 +15,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.judging.bounds import fp32_ulp, suite_tolerance
 from tp_logprob.judging.expected import exact_outputs
-from tp_logprob.judging.measuring import (
-    allowed_error,
-    fp32_ulp,
-    suite_tolerance,
-    ulps,
-    working_scale,
-)
+from tp_logprob.judging.measuring import allowed_error, ulps, working_scale
 from tp_logprob.judging.processed import backend_support, masked_case, processed_expected
 from tp_logprob.oracle.tolerance import within_tolerance as within_bound
 from tp_logprob.strategies import LogprobCase

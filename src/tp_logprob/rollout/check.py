@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.engine_formats import EngineRollout
 from tp_logprob.oracle import exact_processed_logprob, exact_selected_logprob, exact_support
 from tp_logprob.oracle import support_margins as op_margins
@@ -78,6 +79,7 @@ def check_rollout(
     real_vocab_size: int | None = None,
     logit_noise: float | None = None,
     clip: float = 0.2,
+    engine_order: AccumulationOrder | None = None,
     backend: str = "torch_native",
     group: Any = None,
     files: Sequence[str] | None = None,
@@ -88,7 +90,10 @@ def check_rollout(
 
     ``top_k`` / ``top_p`` / ``min_p`` are the engine's sampling parameters, when known;
     ``logit_noise`` the size of the perturbation between the engine's and the trainer's
-    logits (estimated from the tokens when None); ``clip`` PPO's clip range.
+    logits (estimated from the tokens when None); ``clip`` PPO's clip range;
+    ``engine_order`` how the engine's logprob op sums a shard, when it declares one (its
+    numerics bound; None: any order). The trainer's backend is held to the bound of the
+    order its capability declares.
 
     >>> check = check_rollout(logits, rollout, engine_temperature=0.7)  # doctest: +SKIP
     >>> print(check.markdown())  # doctest: +SKIP
@@ -116,7 +121,7 @@ def check_rollout(
             screening = pool.submit(
                 lambda: context.run(screen_masks, columns, rollout, margins, rv, t, params, block)
             )
-        trainer = trainer_logprobs(
+        trainer, trainer_order = trainer_logprobs(
             columns if group is None else shards[0], rollout, contract, backend, group
         )
         # Over a replayed mask the oracle needs the kept columns only: every other column
@@ -128,7 +133,8 @@ def check_rollout(
         problems = {} if screening is None else screening.result()
     n = rollout.num_tokens
     engine = np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.copy()
-    bound = op_bound(dtype, rv, tp, oracle, support_lse)
+    bound = op_bound(contract, oracle, support_lse, engine_order)
+    trainer_bound = op_bound(contract, oracle, support_lse, trainer_order)
     finite = np.isfinite(engine) & np.isfinite(oracle) & np.isfinite(trainer)
     judged = active & finite
     verdict = np.array(["agree"] * n, dtype=object)
@@ -211,7 +217,9 @@ def check_rollout(
         if finding.stale:  # its masks come from the other weights too
             part = verdict[finding.begin : finding.end]  # a view: written through
             part[part == "support"] = "stale_policy"
-    _judge_trainer(trainer, oracle, bound, kept, local, trainer_t, t, judged, verdict, detail)
+    _judge_trainer(
+        trainer, oracle, trainer_bound, kept, local, trainer_t, t, judged, verdict, detail
+    )
     settings = {
         "engine_temperature": t,
         "trainer_temperature": trainer_t,
@@ -220,6 +228,8 @@ def check_rollout(
         "vocab": rv,
         "dtype": dtype,
         "clip": clip,
+        "engine_order": (engine_order or AccumulationOrder.any()).describe(),
+        "trainer_order": trainer_order.describe(),
         **{k: v for k, v in params.items() if v is not None},
     }
     return RolloutCheck(

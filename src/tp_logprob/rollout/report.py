@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.judging.bounds import fp32_ulp
 from tp_logprob.rollout.causes import ENGINE_CAUSES
 from tp_logprob.rollout.noise import NoiseEstimate
-from tp_logprob.rollout.numerics import fp32_ulp
 from tp_logprob.rollout.units import RLUnits, decompose, rl_units
 
 __all__ = ["CLEAN", "ENGINE_FAULTS", "VERDICTS", "ResponseFinding", "RolloutCheck"]

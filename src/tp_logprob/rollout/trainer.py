@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.contract import (
     DeterminismScope,
     LogprobContract,
@@ -79,8 +80,9 @@ def trainer_contract(
 
 def trainer_logprobs(
     logits: Any, rollout: EngineRollout, contract: LogprobContract, backend: str, group: Any
-) -> Floats:
-    """The backend's processed logprobs: on every emulated rank of ``logits`` (the shards in
+) -> tuple[Floats, AccumulationOrder]:
+    """The backend's processed logprobs, and the order its capability declares it sums in
+    (its bound's): on every emulated rank of ``logits`` (the shards in
     rank order), or on this rank's shard of the real ``group``; each rank calls the backend
     on one block of rows after another (:func:`_blocked`). A CPU backend on a long response
     is slow, so the emulated ranks wait as long as it takes (10 minutes)."""
@@ -102,7 +104,8 @@ def trainer_logprobs(
         else:
             preflight(contract, dispatch.capability.backend_id, group)
             result = op(logits, targets, contract, group=group)
-    return result.selected_logp.double().numpy()  # type: ignore[no-any-return]
+    order = dispatch.capability.accumulation_order
+    return result.selected_logp.double().numpy(), order
 
 
 def _blocked(op: Any, rollout: EngineRollout, contract: LogprobContract) -> Any:

@@ -2,7 +2,7 @@
 
 The call becomes the suite's case (:mod:`tp_logprob.testing._case`), the exact values
 come from the oracle, the bounds from the suite's tolerance table
-(:func:`~tp_logprob.judging.measuring.suite_tolerance`: sums in the declared ``order``, by
+(:func:`~tp_logprob.judging.bounds.suite_tolerance`: sums in the declared ``order``, by
 default any order with an online softmax over blocks of 16 columns or more, then the shard
 merge, ``docs/tolerances.md``) and
 the verdict from :func:`~tp_logprob.judging.measuring.expect_close` and
