@@ -59,6 +59,7 @@ __all__ = [
     "SERVED",
     "VERIFIED_VERSIONS",
     "honest",
+    "helpers_logprob",
     "verl_logprob",
     *TORCH_HELPER_VARIANTS,
 ]
@@ -93,7 +94,18 @@ def verl_logprob(
 ) -> LogprobResult:
     """``(selected_logp, lse[, entropy])`` from verl's logprob and entropy helpers."""
     check_op_inputs(local_logits, targets, contract, group)
-    verl = _verl()
+    return helpers_logprob(_verl(), local_logits, targets, contract)
+
+
+def helpers_logprob(
+    verl: dict[str, Any],
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+) -> LogprobResult:
+    """``(selected_logp, lse[, entropy])`` from a pair of verl's helpers, ``verl["logprob"]``
+    and ``verl["entropy"]``, on checked inputs; the LSE from a second logprob call with
+    each row's argmax as the label."""
     selected = verl["logprob"](local_logits, targets.long())
     entropy = verl["entropy"](local_logits) if contract.export_entropy else None
     lse = None

@@ -41,13 +41,9 @@ import torch
 
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import (
-    TORCH_HELPER_VARIANTS,
-    imported_once,
-    lse_from_max,
-    torch_helper_backends,
-)
+from tp_logprob.peers._glue import TORCH_HELPER_VARIANTS, imported_once, torch_helper_backends
 from tp_logprob.peers._releases import ServedReleases
+from tp_logprob.peers.verl import helpers_logprob
 from tp_logprob.result import LogprobResult
 
 __all__ = [
@@ -89,16 +85,7 @@ def verl_naive_logprob(
 ) -> LogprobResult:
     """``(selected_logp, lse[, entropy])`` from verl's naive logprob and chunked entropy."""
     check_op_inputs(local_logits, targets, contract, group)
-    verl = _verl()
-    selected = verl["logprob"](local_logits, targets.long())
-    entropy = verl["entropy"](local_logits) if contract.export_entropy else None
-    lse = None
-    if contract.export_lse:
-        with torch.no_grad():
-            logits = local_logits.detach()
-            top = verl["logprob"](logits, logits.argmax(dim=1))
-            lse = lse_from_max(logits.amax(dim=1), -top.float())
-    return LogprobResult(selected.float(), lse, None if entropy is None else entropy.float())
+    return helpers_logprob(_verl(), local_logits, targets, contract)
 
 
 honest, assume_padding, assume_16bit, assume_inactive_tokens = torch_helper_backends(
