@@ -49,13 +49,17 @@ from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.validation import check_contract, check_hidden_op_targets
 
 __all__ = [
+    "FUSED_PEER_VARIANTS",
     "TORCH_HELPER_VARIANTS",
+    "FusedPeerBackends",
     "TorchHelperBackends",
     "argmax_logits",
     "check_hidden_inputs",
     "claiming",
+    "fused_peer_backends",
     "fused_peer_capability",
     "imported_once",
+    "lse_from_argmax_logprob",
     "lse_from_max",
     "private_copy",
     "selected_from_loss",
@@ -126,6 +130,27 @@ def argmax_logits(
         top[begin : begin + step] = best
         value[begin : begin + step] = logits.gather(1, best[:, None])[:, 0].float()
     return top, value
+
+
+def lse_from_argmax_logprob(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature_fp32: float,
+    logprob: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], Any],
+) -> torch.Tensor:
+    """The LSE of a hidden-input op that returns logprobs only, without gradients.
+
+    ``logprob(hidden, weight, bias, labels)`` is the library's logprob; called with each
+    row's argmax ``a`` (:func:`argmax_logits`) it gives ``z[a] - lse``, so ``lse = z[a] -
+    that``, with ``z[a] = x[a] / fp32(T)``, and ``lse = z[a]`` where that is ``+-inf``.
+    """
+    with torch.no_grad():
+        hidden, weight = hidden.detach(), weight.detach()
+        bias = None if bias is None else bias.detach()
+        top, x_top = argmax_logits(hidden, weight, bias)
+        z_top = x_top / torch.tensor(temperature_fp32, dtype=torch.float32)
+        return lse_from_max(z_top, -logprob(hidden, weight, bias, top).float())
 
 
 def private_copy(local_logits: torch.Tensor) -> torch.Tensor:
@@ -288,5 +313,47 @@ def torch_helper_backends(op: Any, backend_id: str, **claims: Any) -> TorchHelpe
         assume_16bit=claiming(base, "assume_16bit", dtypes=frozenset(LogprobDType)),
         assume_inactive_tokens=claiming(
             base, "assume_inactive_tokens", mask_modes=frozenset(MaskMode)
+        ),
+    )
+
+
+class FusedPeerBackends(NamedTuple):
+    """A TP=1 hidden-input op's honest backend and its "what users assume" variants."""
+
+    honest: tuple[Any, LogprobBackendCapability]
+    assume_padding: tuple[Any, LogprobBackendCapability]
+    assume_16bit: tuple[Any, LogprobBackendCapability]
+    assume_inactive_tokens: tuple[Any, LogprobBackendCapability]
+    assume_batch_invariant: tuple[Any, LogprobBackendCapability]
+
+
+FUSED_PEER_VARIANTS = (
+    "assume_16bit",
+    "assume_batch_invariant",
+    "assume_inactive_tokens",
+    "assume_padding",
+)
+"""The variant names of :class:`FusedPeerBackends`, for the adapters' ``__all__``."""
+
+
+def fused_peer_backends(op: Any, capability: LogprobBackendCapability) -> FusedPeerBackends:
+    """The backends of a library's TP=1 hidden-input op (TRL's chunked, verl's fused, CCE's).
+
+    Each variant is the same op claiming one more thing: vocabulary padding, 16-bit
+    inputs, every mask mode, or bits that hold at a fixed topology. The variants claim no
+    entropy, so that what fails is their assumption.
+    """
+    base = (op, dataclasses.replace(capability, exports_entropy=False))
+    return FusedPeerBackends(
+        honest=(op, capability),
+        assume_padding=claiming(base, "assume_padding", supports_vocab_padding=True),
+        assume_16bit=claiming(base, "assume_16bit", dtypes=frozenset(LogprobDType)),
+        assume_inactive_tokens=claiming(
+            base, "assume_inactive_tokens", mask_modes=frozenset(MaskMode)
+        ),
+        assume_batch_invariant=claiming(
+            base,
+            "assume_batch_invariant",
+            determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
         ),
     )

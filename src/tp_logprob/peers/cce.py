@@ -67,12 +67,13 @@ from typing import Any
 
 import torch
 
-from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
+from tp_logprob.contract import LogprobContract, MaskMode
 from tp_logprob.errors import LogprobDispatchError
 from tp_logprob.peers._glue import (
+    FUSED_PEER_VARIANTS,
     argmax_logits,
     check_hidden_inputs,
-    claiming,
+    fused_peer_backends,
     fused_peer_capability,
     imported_once,
     lse_from_max,
@@ -85,12 +86,9 @@ __all__ = [
     "CAPABILITY",
     "SERVED",
     "VERIFIED_VERSIONS",
-    "assume_16bit",
-    "assume_batch_invariant",
-    "assume_inactive_tokens",
-    "assume_padding",
     "cce_logprob",
     "honest",
+    *FUSED_PEER_VARIANTS,
 ]
 
 SERVED = ServedReleases(
@@ -185,14 +183,11 @@ def cce_logprob(
     return LogprobResult(selected_from_loss(loss), lse)
 
 
-honest = (cce_logprob, CAPABILITY)
-"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.cce:honest``."""
-
-assume_padding = claiming(honest, "assume_padding", supports_vocab_padding=True)
-assume_16bit = claiming(honest, "assume_16bit", dtypes=frozenset(LogprobDType))
-assume_inactive_tokens = claiming(honest, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
-assume_batch_invariant = claiming(
+(
     honest,
-    "assume_batch_invariant",
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-)
+    assume_padding,
+    assume_16bit,
+    assume_inactive_tokens,
+    assume_batch_invariant,
+) = fused_peer_backends(cce_logprob, CAPABILITY)
+"""The honest backend: ``--tp-logprob-backend=tp_logprob.peers.cce:honest``."""

@@ -47,20 +47,19 @@ the assumption): ``assume_padding``, ``assume_16bit``, ``assume_inactive_tokens`
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from typing import Any
 
 import torch
 
-from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
+from tp_logprob.contract import LogprobContract, MaskMode
 from tp_logprob.peers._glue import (
-    argmax_logits,
+    FUSED_PEER_VARIANTS,
     check_hidden_inputs,
-    claiming,
+    fused_peer_backends,
     fused_peer_capability,
     imported_once,
-    lse_from_max,
+    lse_from_argmax_logprob,
 )
 from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
@@ -70,12 +69,9 @@ __all__ = [
     "CHUNK_SIZE",
     "SERVED",
     "VERIFIED_VERSIONS",
-    "assume_16bit",
-    "assume_batch_invariant",
-    "assume_inactive_tokens",
-    "assume_padding",
     "honest",
     "trl_chunked_logprob",
+    *FUSED_PEER_VARIANTS,
 ]
 
 SERVED = ServedReleases(
@@ -145,28 +141,22 @@ def trl_chunked_logprob(
     )
     lse = None
     if contract.export_lse:
-        with torch.no_grad():
-            fixed = (hidden.detach(), weight.detach())
-            fixed_bias = None if bias is None else bias.detach()
-            top, x_top = argmax_logits(*fixed, fixed_bias)
-            z_top = x_top / torch.tensor(contract.temperature_fp32, dtype=torch.float32)
-            top_logp, _ = _call(*fixed, fixed_bias, top, temperature, False)
-            lse = lse_from_max(z_top, -top_logp.float())
+        lse = lse_from_argmax_logprob(
+            hidden,
+            weight,
+            bias,
+            contract.temperature_fp32,
+            lambda h, w, b, top: _call(h, w, b, top, temperature, False)[0],
+        )
     exported = entropy.float() if contract.export_entropy and entropy is not None else None
     return LogprobResult(selected.float(), lse, exported)
 
 
-honest = (trl_chunked_logprob, CAPABILITY)
+(
+    honest,
+    assume_padding,
+    assume_16bit,
+    assume_inactive_tokens,
+    assume_batch_invariant,
+) = fused_peer_backends(trl_chunked_logprob, CAPABILITY)
 """The honest backend: ``--tp-logprob-backend=tp_logprob.peers.trl_chunked:honest``."""
-
-# The variants leave entropy out, so that their failures are their assumption's.
-_BASE = (trl_chunked_logprob, dataclasses.replace(CAPABILITY, exports_entropy=False))
-
-assume_padding = claiming(_BASE, "assume_padding", supports_vocab_padding=True)
-assume_16bit = claiming(_BASE, "assume_16bit", dtypes=frozenset(LogprobDType))
-assume_inactive_tokens = claiming(_BASE, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
-assume_batch_invariant = claiming(
-    _BASE,
-    "assume_batch_invariant",
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-)

@@ -60,20 +60,19 @@ is the assumption): ``assume_padding``, ``assume_16bit``, ``assume_inactive_toke
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from typing import Any
 
 import torch
 
-from tp_logprob.contract import DeterminismScope, LogprobContract, LogprobDType, MaskMode
+from tp_logprob.contract import LogprobContract, MaskMode
 from tp_logprob.peers._glue import (
-    argmax_logits,
+    FUSED_PEER_VARIANTS,
     check_hidden_inputs,
-    claiming,
+    fused_peer_backends,
     fused_peer_capability,
     imported_once,
-    lse_from_max,
+    lse_from_argmax_logprob,
 )
 from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
@@ -82,13 +81,10 @@ __all__ = [
     "CAPABILITY",
     "SERVED",
     "VERIFIED_VERSIONS",
-    "assume_16bit",
-    "assume_batch_invariant",
-    "assume_inactive_tokens",
-    "assume_padding",
     "honest",
     "triton_linear_cross_entropy",
     "verl_fused_logprob",
+    *FUSED_PEER_VARIANTS,
 ]
 
 SERVED = ServedReleases(
@@ -144,26 +140,22 @@ def verl_fused_logprob(
     selected, entropy = fused(hidden, weight, targets.long(), temperature)
     lse = None
     if contract.export_lse:
-        with torch.no_grad():
-            top, x_top = argmax_logits(hidden.detach(), weight.detach())
-            z_top = x_top / torch.tensor(contract.temperature_fp32, dtype=torch.float32)
-            top_logp, _ = fused(hidden.detach(), weight.detach(), top, temperature)
-            lse = lse_from_max(z_top, -top_logp.float())
+        lse = lse_from_argmax_logprob(
+            hidden,
+            weight,
+            None,
+            contract.temperature_fp32,
+            lambda h, w, _, top: fused(h, w, top, temperature)[0],
+        )
     entropy = entropy.float() if contract.export_entropy else None
     return LogprobResult(selected.float(), lse, entropy)
 
 
-honest = (verl_fused_logprob, CAPABILITY)
+(
+    honest,
+    assume_padding,
+    assume_16bit,
+    assume_inactive_tokens,
+    assume_batch_invariant,
+) = fused_peer_backends(verl_fused_logprob, CAPABILITY)
 """The honest backend: ``--tp-logprob-backend=tp_logprob.peers.verl_fused:honest``."""
-
-# The variants leave entropy out, so that their failures are their assumption's.
-_BASE = (verl_fused_logprob, dataclasses.replace(CAPABILITY, exports_entropy=False))
-
-assume_padding = claiming(_BASE, "assume_padding", supports_vocab_padding=True)
-assume_16bit = claiming(_BASE, "assume_16bit", dtypes=frozenset(LogprobDType))
-assume_inactive_tokens = claiming(_BASE, "assume_inactive_tokens", mask_modes=frozenset(MaskMode))
-assume_batch_invariant = claiming(
-    _BASE,
-    "assume_batch_invariant",
-    determinism_scopes=frozenset({DeterminismScope.FIXED_TOPOLOGY}),
-)
