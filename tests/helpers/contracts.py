@@ -1,6 +1,8 @@
-"""Shared contract makers of the contract and registry tests."""
+"""Shared contract makers of the contract, registry and peer adapter tests."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import tp_logprob as tpl
 
@@ -27,3 +29,15 @@ def make_contract(**overrides: object) -> tpl.LogprobContract:
     }
     fields.update(overrides)
     return tpl.LogprobContract(**fields)  # type: ignore[arg-type]
+
+
+def whole_vocabulary_hidden_contract(
+    vocab: int, size: int, tokens: int, role: str = "infer", **fields: Any
+) -> tpl.LogprobContract:
+    """A TP=1 hidden-input contract over the whole vocabulary (``run_to_run``), as the
+    library fused LM-head ops take; ``dtype`` and ``mask`` default to fp32 and all rows."""
+    sharding = tpl.ShardingSpec(0, 1, ((0, vocab),), vocab, vocab)
+    return tpl.LogprobContract(
+        role, fields.pop("dtype", "fp32"), fields.pop("mask", tpl.MaskSpec(tokens)), sharding,
+        tpl.ReductionSpec("run_to_run"), input_kind="hidden", hidden_size=size, **fields,
+    )  # fmt: skip

@@ -22,6 +22,7 @@ from torch.torch_version import TorchVersion
 from torch.utils.flop_counter import FlopCounterMode
 
 import tp_logprob as tpl
+from tests.helpers.contracts import whole_vocabulary_hidden_contract
 from tp_logprob.oracle import (
     dot_product_error_bound,
     exact_hidden_logits,
@@ -41,11 +42,7 @@ def _op() -> Any:
 
 
 def _contract(role: str = "infer", **fields: Any) -> tpl.LogprobContract:
-    sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
-    return tpl.LogprobContract(
-        role, fields.pop("dtype", "fp32"), fields.pop("mask", tpl.MaskSpec(TOKENS)), sharding,
-        tpl.ReductionSpec("run_to_run"), input_kind="hidden", hidden_size=SIZE, **fields,
-    )  # fmt: skip
+    return whole_vocabulary_hidden_contract(VOCAB, SIZE, TOKENS, role, **fields)
 
 
 def _case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import tp_logprob as tpl
+from tests.helpers.contracts import whole_vocabulary_hidden_contract
 from tp_logprob.peers import verl_fused
 
 VOCAB, SIZE, TOKENS = 19, 16, 6
@@ -27,11 +28,7 @@ def _op() -> Any:
 
 
 def _contract(role: str = "infer", **fields: Any) -> tpl.LogprobContract:
-    sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
-    return tpl.LogprobContract(
-        role, fields.pop("dtype", "fp32"), fields.pop("mask", tpl.MaskSpec(TOKENS)), sharding,
-        tpl.ReductionSpec("run_to_run"), input_kind="hidden", hidden_size=SIZE, **fields,
-    )  # fmt: skip
+    return whole_vocabulary_hidden_contract(VOCAB, SIZE, TOKENS, role, **fields)
 
 
 def _case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
