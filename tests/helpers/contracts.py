@@ -36,8 +36,18 @@ def whole_vocabulary_hidden_contract(
 ) -> tpl.LogprobContract:
     """A TP=1 hidden-input contract over the whole vocabulary (``run_to_run``), as the
     library fused LM-head ops take; ``dtype`` and ``mask`` default to fp32 and all rows."""
+    return whole_vocabulary_contract(
+        vocab, tokens, role, input_kind="hidden", hidden_size=size, **fields
+    )
+
+
+def whole_vocabulary_contract(
+    vocab: int, tokens: int, role: str = "infer", **fields: Any
+) -> tpl.LogprobContract:
+    """A TP=1 contract over the whole vocabulary (``run_to_run``), logits input unless
+    ``fields`` say otherwise; ``dtype`` and ``mask`` default to fp32 and all rows."""
     sharding = tpl.ShardingSpec(0, 1, ((0, vocab),), vocab, vocab)
     return tpl.LogprobContract(
         role, fields.pop("dtype", "fp32"), fields.pop("mask", tpl.MaskSpec(tokens)), sharding,
-        tpl.ReductionSpec("run_to_run"), input_kind="hidden", hidden_size=size, **fields,
+        tpl.ReductionSpec("run_to_run"), **fields,
     )  # fmt: skip

@@ -22,7 +22,7 @@ from torch.torch_version import TorchVersion
 from torch.utils.flop_counter import FlopCounterMode
 
 import tp_logprob as tpl
-from tests.helpers.contracts import whole_vocabulary_hidden_contract
+from tests.helpers.contracts import whole_vocabulary_contract, whole_vocabulary_hidden_contract
 from tp_logprob.oracle import (
     dot_product_error_bound,
     exact_hidden_logits,
@@ -210,10 +210,7 @@ def test_checks_its_arguments_before_calling_the_library() -> None:
     with pytest.raises(tpl.LogprobContractError, match="weight: shape"):
         cce.cce_logprob(hidden, targets, _contract(), weight=weight[:, :3])
     with pytest.raises(tpl.LogprobContractError, match="input_kind='logits'"):
-        sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
-        logits_contract = tpl.LogprobContract(
-            "infer", "fp32", tpl.MaskSpec(TOKENS), sharding, tpl.ReductionSpec("run_to_run")
-        )
+        logits_contract = whole_vocabulary_contract(VOCAB, TOKENS)
         cce.cce_logprob(hidden, targets, logits_contract, weight=weight)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tp_logprob as tpl
-from tests.helpers.contracts import whole_vocabulary_hidden_contract
+from tests.helpers.contracts import whole_vocabulary_contract, whole_vocabulary_hidden_contract
 from tp_logprob.peers import verl_fused
 
 VOCAB, SIZE, TOKENS = 19, 16, 6
@@ -119,9 +119,6 @@ def test_bad_inputs_are_refused_before_the_library_runs() -> None:
         op(hidden, targets, _contract(has_bias=True), weight=weight, bias=torch.zeros(VOCAB))
     with pytest.raises(tpl.LogprobContractError, match="weight: shape"):
         op(hidden, targets, _contract(), weight=weight[:-1])
-    sharding = tpl.ShardingSpec(0, 1, ((0, VOCAB),), VOCAB, VOCAB)
-    logits_contract = tpl.LogprobContract(
-        "infer", "fp32", tpl.MaskSpec(TOKENS), sharding, tpl.ReductionSpec("run_to_run")
-    )
+    logits_contract = whole_vocabulary_contract(VOCAB, TOKENS)
     with pytest.raises(tpl.LogprobContractError, match="input_kind='logits'"):
         op(hidden, targets, logits_contract, weight=weight)
