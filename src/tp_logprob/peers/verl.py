@@ -38,6 +38,7 @@ is ``+-inf``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "VERIFIED_VERSIONS",
     "honest",
     "helpers_logprob",
+    "installed_helpers",
     "verl_logprob",
     *TORCH_HELPER_VARIANTS,
 ]
@@ -74,16 +76,22 @@ SERVED = ServedReleases(
 VERIFIED_VERSIONS = str(SERVED)
 
 
-@imported_once
-def _verl() -> dict[str, Any]:
-    SERVED.installed()
+def installed_helpers(served: ServedReleases, logprob: str, entropy: str) -> dict[str, Any]:
+    """The helpers ``logprob`` and ``entropy`` of the installed ``verl.utils.torch_functional``,
+    once ``served`` has the installed release."""
+    served.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
         from verl.utils import torch_functional
     return {
-        "logprob": torch_functional.logprobs_from_logits,
-        "entropy": torch_functional.entropy_from_logits,
+        "logprob": getattr(torch_functional, logprob),
+        "entropy": getattr(torch_functional, entropy),
     }
+
+
+_verl = imported_once(
+    functools.partial(installed_helpers, SERVED, "logprobs_from_logits", "entropy_from_logits")
+)
 
 
 def verl_logprob(

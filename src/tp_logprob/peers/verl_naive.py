@@ -34,7 +34,7 @@ is ``+-inf``.
 
 from __future__ import annotations
 
-import warnings
+import functools
 from typing import Any
 
 import torch
@@ -43,7 +43,7 @@ from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import TORCH_HELPER_VARIANTS, imported_once, torch_helper_backends
 from tp_logprob.peers._releases import ServedReleases
-from tp_logprob.peers.verl import helpers_logprob
+from tp_logprob.peers.verl import helpers_logprob, installed_helpers
 from tp_logprob.result import LogprobResult
 
 __all__ = [
@@ -65,16 +65,14 @@ SERVED = ServedReleases(
 VERIFIED_VERSIONS = str(SERVED)
 
 
-@imported_once
-def _verl() -> dict[str, Any]:
-    SERVED.installed()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # import-time notices of verl's dependencies
-        from verl.utils import torch_functional
-    return {
-        "logprob": torch_functional.logprobs_from_logits_naive,
-        "entropy": torch_functional.entropy_from_logits_with_chunking,
-    }
+_verl = imported_once(
+    functools.partial(
+        installed_helpers,
+        SERVED,
+        "logprobs_from_logits_naive",
+        "entropy_from_logits_with_chunking",
+    )
+)
 
 
 def verl_naive_logprob(
