@@ -54,7 +54,9 @@ def test_a_current_document_is_returned_as_it_is() -> None:
     assert upgrade(current) == current
 
 
-@pytest.mark.parametrize("schema", [0, 5, "4", None])
+@pytest.mark.parametrize(
+    "schema", [0, CONTRACT_SCHEMA_VERSION + 1, str(CONTRACT_SCHEMA_VERSION), None]
+)
 def test_an_unreadable_schema_names_the_value(schema: object) -> None:
     with pytest.raises(tpl.LogprobContractError, match=rf"schema={schema!r}: expected one of"):
         upgrade({**schema_one_document(), "schema": schema})
