@@ -12,7 +12,7 @@ import torch
 import tp_logprob as tpl
 from tests.helpers.native_cases import LAYOUTS, REAL, assert_same_bits, random_inputs
 from tests.helpers.support_cases import support_contract
-from tp_logprob.kernels.builtin import TORCH_NATIVE, TRITON_EXACT_SUM, TRITON_ONLINE
+from tp_logprob.kernels.builtin import TORCH_NATIVE
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.row_groups import row_groups
 
@@ -119,14 +119,13 @@ def test_gradients_reach_the_trainers_3d_tensor_through_the_shift_slice() -> Non
     assert_same_bits(leaf.grad[:, :-1].reshape(8, -1), expected, "gradient")
 
 
-def test_dispatch_sends_a_heterogeneous_batch_to_torch_native_only() -> None:
+def test_dispatch_refuses_a_heterogeneous_batch_without_row_parameters() -> None:
     contract = _mixed("tp1")
     assert TORCH_NATIVE.supports(contract)
-    for capability in (TRITON_ONLINE, TRITON_EXACT_SUM):
-        reasons = capability.incompatibilities(contract)
-        assert any("supports_row_parameters=False" in reason for reason in reasons), reasons
-    dispatched = tpl.registry.get_logprob_op(contract, platform="cpu")
-    assert dispatched.capability.backend_id == "torch_native"
+    refusing = dataclasses.replace(TORCH_NATIVE, supports_row_parameters=False)
+    reasons = refusing.incompatibilities(contract)
+    assert any("supports_row_parameters=False" in reason for reason in reasons), reasons
+    assert refusing.supports(dataclasses.replace(contract, temperature=0.7, support=None))
 
 
 def test_a_heterogeneous_batch_with_bad_inputs_is_refused_for_the_whole_batch() -> None:

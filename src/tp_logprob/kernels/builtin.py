@@ -46,10 +46,12 @@ def _capability(
     backend_id: str, scope: DeterminismScope, **fields: Any
 ) -> LogprobBackendCapability:
     """Every built-in serves every sampling support: the full vocabulary, sampling
-    parameters and a replayed mask (``docs/semantics.md``, "Processed logprobs"), unless
+    parameters and a replayed mask (``docs/semantics.md``, "Processed logprobs"), and
+    heterogeneous batches, group by group of rows (``kernels/heterogeneous.py``), unless
     ``fields`` (more capability fields) say otherwise."""
     settings: dict[str, Any] = dict(
         support_modes=frozenset(SupportMode),
+        supports_row_parameters=True,
     )
     settings.update(fields)
     return LogprobBackendCapability(
@@ -90,11 +92,8 @@ TORCH_NATIVE = _capability(
     "torch_native",
     DeterminismScope.FIXED_TOPOLOGY,
     accumulation_order=AccumulationOrder.tree(),
-    supports_row_parameters=True,
 )
-"""Each shard summed by ``partials.tree_sum``: a fixed pairwise tree of elementwise adds.
-Serves heterogeneous batches group by group (``kernels/heterogeneous.py``); the Triton
-and fused backends take one set of sampling parameters per batch."""
+"""Each shard summed by ``partials.tree_sum``: a fixed pairwise tree of elementwise adds."""
 TORCH_NATIVE_FUSED = dataclasses.replace(
     _capability("torch_native_fused", DeterminismScope.FIXED_TOPOLOGY),
     input_kinds=frozenset({LogprobInputKind.HIDDEN}),

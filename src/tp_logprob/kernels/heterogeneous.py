@@ -11,6 +11,10 @@ differentiable gather of the concatenated parts. An op whose rows do not depend 
 other rows (``fixed_topology`` or stronger) gives each row the bits it gives in a
 batch of its own group. Collectives run once per group, in the same order on every
 rank (every rank holds the same contract, so the same groups).
+
+A fused LM-head op (:func:`fused_by_row_groups`) takes the hidden states' rows the same
+way; its ``weight`` and ``bias`` are the rank's vocabulary rows, shared by every group,
+so their gradients are the sums over the groups.
 """
 
 from __future__ import annotations
@@ -23,36 +27,54 @@ import numpy as np
 import torch
 
 from tp_logprob.contract import LogprobContract
-from tp_logprob.kernels.validation import check_op_inputs
+from tp_logprob.kernels.validation import check_fused_inputs, check_op_inputs
 from tp_logprob.result import LogprobResult
 from tp_logprob.row_groups import row_groups
 
-__all__ = ["by_row_groups"]
+__all__ = ["by_row_groups", "fused_by_row_groups"]
 
 LogprobOp = Callable[..., LogprobResult]
+InputsCheck = Callable[..., Any]
+"""``(rows, targets, contract, group, **shared)``: checks the whole batch's inputs."""
 
 
 def by_row_groups(op: LogprobOp) -> LogprobOp:
-    """``op`` serving heterogeneous contracts too: a contract with one set of parameters
-    goes to ``op`` unchanged, one with per-row parameters group by group."""
+    """``op`` (a logits op) serving heterogeneous contracts too: a contract with one set
+    of parameters goes to ``op`` unchanged, one with per-row parameters group by group."""
+    return _grouped(op, check_op_inputs)
 
+
+def fused_by_row_groups(op: LogprobOp) -> LogprobOp:
+    """:func:`by_row_groups` for a fused LM-head op: the groups split the hidden states'
+    rows and share the keyword arguments ``weight`` and ``bias``."""
+    return _grouped(op, _check_fused)
+
+
+def _check_fused(
+    hidden: Any, targets: Any, contract: Any, group: Any, *, weight: Any, bias: Any = None
+) -> Any:
+    return check_fused_inputs(hidden, targets, contract, group, weight, bias)
+
+
+def _grouped(op: LogprobOp, check: InputsCheck) -> LogprobOp:
     @functools.wraps(op)
     def grouped(
-        local_logits: torch.Tensor,
+        local_rows: torch.Tensor,
         targets: torch.Tensor,
         contract: LogprobContract,
         group: Any = None,
+        **shared: Any,
     ) -> LogprobResult:
         if not isinstance(contract, LogprobContract) or not contract.heterogeneous:
-            return op(local_logits, targets, contract, group)
-        check_op_inputs(local_logits, targets, contract, group)  # the whole batch's inputs
+            return op(local_rows, targets, contract, group, **shared)
+        check(local_rows, targets, contract, group, **shared)  # the whole batch's inputs
         groups = row_groups(contract)
         results = []
         for part in groups:
-            rows = torch.from_numpy(part.rows).to(local_logits.device)
-            results.append(op(local_logits[rows], targets[rows], part.contract, group))
+            rows = torch.from_numpy(part.rows).to(local_rows.device)
+            results.append(op(local_rows[rows], targets[rows], part.contract, group, **shared))
         order = np.argsort(np.concatenate([part.rows for part in groups]), kind="stable")
-        inverse = torch.from_numpy(order).to(local_logits.device)
+        inverse = torch.from_numpy(order).to(local_rows.device)
         return _joined(results, inverse)
 
     return grouped

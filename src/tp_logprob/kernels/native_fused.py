@@ -73,6 +73,7 @@ from tp_logprob.kernels.fused_chunks import (
     row_chunks,
     shared_chunk_rows,
 )
+from tp_logprob.kernels.heterogeneous import fused_by_row_groups
 from tp_logprob.kernels.merge import gather_and_merge
 from tp_logprob.kernels.partials import local_grad, local_partial, scaled_logits
 from tp_logprob.kernels.processed import (
@@ -98,6 +99,7 @@ __all__ = [
 ]
 
 
+@fused_by_row_groups
 def torch_native_fused_logprob(
     hidden: torch.Tensor,
     targets: torch.Tensor,

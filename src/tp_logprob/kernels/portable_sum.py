@@ -35,6 +35,7 @@ from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.fixed_point import fraction_bits
+from tp_logprob.kernels.heterogeneous import by_row_groups
 from tp_logprob.kernels.merge import gather
 from tp_logprob.kernels.partials import live_logits, owned_target_logit, scaled_logits
 from tp_logprob.kernels.portable import portable_cast, portable_exp, portable_log
@@ -49,6 +50,7 @@ _NEG_INF = float("-inf")
 _NAN = float("nan")
 
 
+@by_row_groups
 def torch_portable_logprob(
     local_logits: torch.Tensor,
     targets: torch.Tensor,

@@ -6,8 +6,8 @@ value, masses on and one ulp around ``top_p``, ``min_p`` at a token's
 ``exp(z - M)``, replayed masks of one token, of the largest values, of random
 subsets), drawn from the support modes the backend claims; a backend that claims
 none skips this module, with the reason. For a backend that serves per-row
-parameters (``supports_row_parameters``), two logits cases in three are engine
-batches: requests with their own temperature and rules, greedy rows among them
+parameters (``supports_row_parameters``), two cases in three, logits or fused, are
+engine batches: requests with their own temperature and rules, greedy rows among them
 (``docs/semantics.md``, "Heterogeneous batches"), run whole and judged group by
 group of rows that share their parameters. Each output is judged on the support the
 backend used, once that support is shown admissible

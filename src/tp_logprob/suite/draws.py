@@ -127,7 +127,7 @@ def support_modes_served(backend: BackendUnderTest) -> list[SupportMode]:
 
 
 BATCH_KINDS = ("one set per batch", "engine batch", "engine batch")
-"""How a processed logits case is batched, for a backend that serves per-row parameters:
+"""How a processed case is batched, for a backend that serves per-row parameters:
 one temperature and one set of rules for the batch, or an engine batch of requests with
 their own (twice as often; it shrinks to one set per batch)."""
 
@@ -143,8 +143,8 @@ def draw_processed_case(
     """A case with a sampling support (one of ``modes`` the backend claims), drawn as
     :func:`draw_case` or :func:`draw_fused_case` for what the backend takes; not
     applicable to a backend that claims none of ``modes``. For a backend that serves
-    per-row parameters, two logits cases in three (:data:`BATCH_KINDS`) become
-    heterogeneous engine batches
+    per-row parameters, two cases in three (:data:`BATCH_KINDS`), logits or fused,
+    become heterogeneous engine batches
     (:func:`~tp_logprob.strategies.engine_batches.engine_batches`). A fused case with a
     recomputed support has small-integer operands (exact products: the backend's ``x``
     is the oracle's)."""
@@ -159,16 +159,17 @@ def draw_processed_case(
     mode = data.draw(st.sampled_from(served), label="support mode")
     if backend.capability.serves("input_kind", LogprobInputKind.LOGITS):
         case = draw_case(data, backend, suite, support_modes={mode}, **filters)
-        if backend.capability.serves("heterogeneous", True):
-            batch = data.draw(st.sampled_from(BATCH_KINDS), label="batch kind")
-            if batch == "engine batch":
-                case = data.draw(engine_batches(case), label="engine batch")
-        return case
-    filters.pop("special_values", None)
-    exact = mode is SupportMode.SAMPLING_PARAMS
-    return draw_fused_case(
-        data, backend, suite, support_modes={mode}, small_integers=exact, **filters
-    )
+    else:
+        filters.pop("special_values", None)
+        exact = mode is SupportMode.SAMPLING_PARAMS
+        case = draw_fused_case(
+            data, backend, suite, support_modes={mode}, small_integers=exact, **filters
+        )
+    if backend.capability.serves("heterogeneous", True):
+        batch = data.draw(st.sampled_from(BATCH_KINDS), label="batch kind")
+        if batch == "engine batch":
+            case = data.draw(engine_batches(case), label="engine batch")
+    return case
 
 
 def claims_batch_invariance(backend: BackendUnderTest) -> bool:
