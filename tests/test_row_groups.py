@@ -7,7 +7,7 @@ import numpy as np
 
 import tp_logprob as tpl
 from tp_logprob import SupportSpec
-from tp_logprob.row_groups import contract_rows, row_groups
+from tp_logprob.row_groups import contract_rows, row_groups, rule_groups
 
 
 def _contract(num_tokens: int, **fields: object) -> tpl.LogprobContract:
@@ -76,3 +76,25 @@ def test_an_empty_heterogeneous_batch_is_one_empty_group_at_temperature_one() ->
     contract = _contract(0, temperature=[])
     (group,) = row_groups(contract)
     assert group.rows.tolist() == [] and group.contract.temperature == 1.0
+
+
+def test_rule_groups_keep_each_rows_temperature_and_share_one_set_of_rules() -> None:
+    support = SupportSpec(top_k=[3, 3, None, 3, 3, 2], top_p=0.9)
+    contract = _contract(6, temperature=[0.7, 1.3, 1.0, 0.0, 0.0, 2.0], support=support)
+    groups = rule_groups(contract)
+    assert [group.rows.tolist() for group in groups] == [[0, 1], [2], [3, 4], [5]]
+    sampled, single, greedy, last = (group.contract for group in groups)
+    assert sampled.temperature == (0.7, 1.3)
+    assert sampled.support == SupportSpec(top_k=3, top_p=0.9)
+    assert single.support == SupportSpec(top_p=0.9)
+    assert greedy.temperature == (0.0, 0.0) and greedy.support == SupportSpec(top_p=1.0)
+    assert greedy.row_divisors().tolist() == [1.0, 1.0]
+    assert last.support == SupportSpec(top_k=2, top_p=0.9)
+    assert len(row_groups(contract)) == 5
+
+
+def test_rule_groups_of_temperatures_alone_are_one_call() -> None:
+    contract = _contract(3, temperature=[0.7, 0.0, 1.3])
+    (group,) = rule_groups(contract)
+    assert group.rows.tolist() == [0, 1, 2] and group.contract == contract
+    assert contract.row_divisors().tolist() == [np.float32(0.7), 1.0, np.float32(1.3)]

@@ -13,7 +13,9 @@ full distribution's argmax, and return that distribution's logprob.
 
 The oracle side judges a heterogeneous batch group by group, and a backend that
 serves per-row parameters without a per-row kernel may compute it the same way;
-a batch-invariant backend gives every row the same bits either way.
+a batch-invariant backend gives every row the same bits either way. A kernel that
+reads each row's temperature from a tensor needs only :func:`rule_groups`: the rows
+grouped by their sampling rules alone, each keeping its own temperature.
 
 Pure Python and numpy: importing it never imports torch.
 """
@@ -30,7 +32,7 @@ import numpy.typing as npt
 from tp_logprob.contract import LogprobContract, MaskSpec
 from tp_logprob.support import RowRules, SupportMode, SupportSpec
 
-__all__ = ["RowGroup", "contract_rows", "row_groups"]
+__all__ = ["RowGroup", "contract_rows", "row_groups", "rule_groups"]
 
 _RULES_OFF: RowRules = (None, None, None)
 
@@ -69,6 +71,35 @@ def row_groups(contract: LogprobContract) -> tuple[RowGroup, ...]:
         RowGroup(np.array(rows, dtype=np.int64), _group_contract(contract, rows, key))
         for key, rows in order.items()
     )
+
+
+def rule_groups(contract: LogprobContract) -> tuple[RowGroup, ...]:
+    """The batch's rows grouped by ``(top_k, top_p, min_p)`` alone, in order of each group's
+    first row; each group's contract keeps its rows' own temperatures (per row) and has
+    one set of rules. A greedy row joins the rows whose rules are all off (its divisor is
+    1, :meth:`~tp_logprob.contract.LogprobContract.row_divisors`).
+
+    >>> import tp_logprob as tpl
+    >>> contract = tpl.LogprobContract(
+    ...     role="infer", dtype="fp32", mask=tpl.MaskSpec(num_tokens=3),
+    ...     sharding=tpl.ShardingSpec(0, 1, ((0, 8),), 8, 8),
+    ...     reduction=tpl.ReductionSpec(), temperature=(0.7, 0.0, 1.3))
+    >>> [group.rows.tolist() for group in rule_groups(contract)]
+    [[0, 1, 2]]
+    """
+    if not contract.heterogeneous or contract.num_tokens == 0:
+        return row_groups(contract)
+    order: dict[RowRules, list[int]] = {}
+    for row in range(contract.num_tokens):
+        order.setdefault(_row_key(contract, row)[1], []).append(row)
+    groups = []
+    for rules, rows in order.items():
+        picked = np.array(rows, dtype=np.int64)
+        support = _group_support(contract.support, picked, rules)
+        groups.append(
+            RowGroup(picked, dataclasses.replace(contract_rows(contract, picked), support=support))
+        )
+    return tuple(groups)
 
 
 def contract_rows(contract: LogprobContract, rows: npt.ArrayLike) -> LogprobContract:

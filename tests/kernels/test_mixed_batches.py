@@ -25,7 +25,7 @@ from tests.helpers.support_cases import support_contract
 from tp_logprob.kernels import builtin
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.kernels.portable_sum import torch_portable_logprob
-from tp_logprob.row_groups import row_groups
+from tp_logprob.row_groups import row_groups, rule_groups
 
 pytest.importorskip("triton", reason="the Triton backends need triton (on CPU, its interpreter)")
 from tp_logprob.kernels.triton.exact_sum import triton_exact_sum_logprob
@@ -48,8 +48,14 @@ REPLAYED = tpl.SupportSpec.from_kept_lists(KEPT)
 SUPPORTS: dict[str, tpl.SupportSpec | None] = {
     "full": None,
     "sampling-params": RULES,
+    "shared-rules": tpl.SupportSpec(top_k=4, top_p=0.9),
+    "rules-per-row-alike": tpl.SupportSpec(top_k=[3] * 6, min_p=[0.02] * 6),
     "replayed": REPLAYED,
 }
+"""Per-row temperatures with each support: the Triton backends launch once per set of rules
+(``rule_groups``), each row dividing by its own temperature; "full", "replayed",
+"shared-rules" and "rules-per-row-alike" (greedy rows aside) are one launch for rows at
+four temperatures."""
 OUTPUTS = ("selected_logp", "lse", "entropy", "support_lse", "support_size", "support_threshold")
 LOGITS_OPS: dict[str, Callable[..., Any]] = {
     "triton_online": triton_online_logprob,
@@ -103,7 +109,7 @@ def test_a_logits_backend_gives_each_row_its_groups_bits(
     contract = dataclasses.replace(contract, temperature=TEMPERATURES)
     mixed = tpl.run_tp(op, logits, targets, contract)[0]
     groups = row_groups(contract)
-    assert len(groups) >= 4
+    assert len(groups) >= 3
     for group in groups:
         rows = torch.from_numpy(group.rows)
         alone = tpl.run_tp(op, logits[rows], targets[rows], group.contract)[0]
@@ -186,9 +192,7 @@ def test_every_builtin_declares_row_parameters_and_dispatch_serves_a_mixed_batch
         support_contract(LAYOUTS["tp1"], RULES, num_tokens=6), temperature=TEMPERATURES
     )
     capabilities = [
-        value
-        for value in vars(builtin).values()
-        if isinstance(value, tpl.LogprobBackendCapability)
+        value for value in vars(builtin).values() if isinstance(value, tpl.LogprobBackendCapability)
     ]
     assert len(capabilities) >= 8
     assert all(capability.supports_row_parameters for capability in capabilities)
@@ -202,3 +206,20 @@ def test_a_mixed_fused_batch_with_bad_inputs_is_refused_for_the_whole_batch() ->
     contract = fused_contract(LAYOUTS["tp1"], temperature=TEMPERATURES)
     with pytest.raises(tpl.LogprobContractError, match="weight"):
         triton_fused_logprob(hidden, targets, contract, weight=weight[:, :-1])
+
+
+@pytest.mark.parametrize("backend", ["triton_online", "triton_exact_sum"])
+def test_a_batch_of_greedy_rows_with_their_requests_rules_is_one_call_without_rules(
+    backend: str,
+) -> None:
+    """Every row greedy, each request naming rules: one rule group, every rule off."""
+    op = LOGITS_OPS[backend]
+    logits, targets = random_inputs(23, 6, active_mask=MASK)
+    contract = support_contract(LAYOUTS["tp3-uneven"], RULES, num_tokens=6, active_mask=MASK)
+    greedy = dataclasses.replace(contract, temperature=(0.0,) * 6)
+    (group,) = rule_groups(greedy)
+    assert group.contract.support == tpl.SupportSpec(top_p=1.0)
+    mixed = tpl.run_tp(op, logits, targets, greedy)[0]
+    raw = dataclasses.replace(contract, support=tpl.SupportSpec(top_p=1.0))
+    alone = tpl.run_tp(op, logits, targets, raw)[0]
+    _assert_rows_as_alone(mixed, alone, torch.arange(6))

@@ -380,6 +380,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "processed_bugs",
         "the replayed mask's kept ids read as each rank's local column ids instead of global ids",
     ),
+    Mutant(
+        "first_row_temperature",
+        "processed_bugs",
+        "an engine batch served one set of sampling rules at a time with one temperature per "
+        "launch: every row divided by the first row's temperature, not its own",
+    ),
 )
 """Every planted bug, in the order the runner reports them."""
 

@@ -6,8 +6,11 @@ Each private function is a step of torch_native's processed op (``support_block`
 ``kernels/support_mask.py``, around ``support_threshold``) with one change, marked
 ``# BUG:``; :func:`~tests.mutants._compose.processed_forward_from` puts it in
 native's place. Every mutant claims what torch_native claims (temperature, entropy,
-both sampling supports); ``control_processed``, the unmutated composition, must
-pass the whole suite.
+both sampling supports, per-row parameters); ``control_processed``, the unmutated
+composition, must pass the whole suite. ``first_row_temperature`` is the unmutated op
+behind a front that, as the Triton backends do, serves an engine batch one set of
+rules at a time with each row's own temperature, except that it divides every row by
+row 0's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 from tests.mutants._compose import MutantPair, compose_processed, processed_forward_from
 from tp_logprob.contract import LogprobContract
+from tp_logprob.kernels.heterogeneous import by_rule_groups
 from tp_logprob.kernels.merge import PARTIAL_FIELDS, gather, merge_gathered, merge_partials
 from tp_logprob.kernels.partials import live_logits
 from tp_logprob.kernels.processed import SupportBlock, separate_lse, support_block
@@ -280,4 +284,29 @@ support_per_shard = _processed_mutant("support_per_shard", block=_block_per_shar
 min_p_local_max = _processed_mutant("min_p_local_max", block=_block_min_p_local_max)
 replayed_local_ids = _processed_mutant(
     "replayed_local_ids", replayed_support=_LocalIdsReplayedSupport
+)
+
+
+def _first_row_temperature(op: Any) -> Any:
+    """``op`` behind a per-row temperature front: one call per set of sampling rules
+    (``by_rule_groups``), as the Triton backends launch their kernels."""
+
+    def each_set_of_rules(
+        local_logits: torch.Tensor,
+        targets: torch.Tensor,
+        contract: LogprobContract,
+        group: Any = None,
+    ) -> Any:
+        if isinstance(contract.temperature, tuple) and contract.num_tokens:
+            # BUG: one temperature per launch: every row is divided by row 0's (1 if greedy).
+            contract = dataclasses.replace(contract, temperature=contract.temperature[0] or 1.0)
+        return op(local_logits, targets, contract, group)
+
+    each_set_of_rules.__qualname__ = each_set_of_rules.__name__ = "mutant_first_row_temperature"
+    return by_rule_groups(each_set_of_rules)
+
+
+first_row_temperature = (
+    _first_row_temperature(control_processed[0]),
+    dataclasses.replace(control_processed[1], backend_id="mutant_first_row_temperature"),
 )

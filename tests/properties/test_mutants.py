@@ -546,6 +546,17 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
     "replayed_local_ids": _processed_differs(
         Case(_supported(tpl.SupportSpec.from_kept_lists([[1, 6]]), _TP2), _RAMP, [1])
     ),
+    # One replayed mask, rows at T = 0.5 and greedy: one launch, and row 1 divided by 0.5.
+    "first_row_temperature": _processed_differs(
+        Case(
+            dataclasses.replace(
+                _supported(tpl.SupportSpec.from_kept_lists([[5, 6, 7]] * 2), rows=2),
+                temperature=(0.5, 0.0),
+            ),
+            _RAMP * 2,
+            [7, 7],
+        )
+    ),
 }
 _FUSED_DEMOS = {m.name for m in MUTANTS if m.module.startswith("fused_")}
 _PROCESSED_DEMOS = {m.name for m in MUTANTS if m.module == "processed_bugs"}

@@ -47,8 +47,8 @@ def _capability(
 ) -> LogprobBackendCapability:
     """Every built-in serves every sampling support: the full vocabulary, sampling
     parameters and a replayed mask (``docs/semantics.md``, "Processed logprobs"), and
-    heterogeneous batches, group by group of rows (``kernels/heterogeneous.py``), unless
-    ``fields`` (more capability fields) say otherwise."""
+    heterogeneous batches (``kernels/heterogeneous.py``: the Triton kernels read a per-row
+    temperature, the torch ops run group by group), unless ``fields`` say otherwise."""
     settings: dict[str, Any] = dict(
         support_modes=frozenset(SupportMode),
         supports_row_parameters=True,

@@ -12,9 +12,15 @@ other rows (``fixed_topology`` or stronger) gives each row the bits it gives in 
 batch of its own group. Collectives run once per group, in the same order on every
 rank (every rank holds the same contract, so the same groups).
 
-A fused LM-head op (:func:`fused_by_row_groups`) takes the hidden states' rows the same
-way; its ``weight`` and ``bias`` are the rank's vocabulary rows, shared by every group,
-so their gradients are the sums over the groups.
+A Triton backend reads each row's temperature from a tensor, so it needs groups of rows
+that share their sampling rules only (:func:`by_rule_groups`, with
+:func:`~tp_logprob.row_groups.rule_groups`): one launch for a batch whose rows differ in
+temperature alone, greedy rows included (divisor 1, and ``x / 1`` is exact, so each row
+keeps the bits of its ``(T, rules)`` group run alone).
+
+A fused LM-head op (:func:`fused_by_row_groups`, :func:`fused_by_rule_groups`) takes the
+hidden states' rows the same way; its ``weight`` and ``bias`` are the rank's vocabulary
+rows, shared by every group, so their gradients are the sums over the groups.
 """
 
 from __future__ import annotations
@@ -29,25 +35,37 @@ import torch
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.validation import check_fused_inputs, check_op_inputs
 from tp_logprob.result import LogprobResult
-from tp_logprob.row_groups import row_groups
+from tp_logprob.row_groups import RowGroup, row_groups, rule_groups
 
-__all__ = ["by_row_groups", "fused_by_row_groups"]
+__all__ = ["by_row_groups", "by_rule_groups", "fused_by_row_groups", "fused_by_rule_groups"]
 
 LogprobOp = Callable[..., LogprobResult]
 InputsCheck = Callable[..., Any]
 """``(rows, targets, contract, group, **shared)``: checks the whole batch's inputs."""
+Split = Callable[[LogprobContract], tuple[RowGroup, ...]]
 
 
 def by_row_groups(op: LogprobOp) -> LogprobOp:
     """``op`` (a logits op) serving heterogeneous contracts too: a contract with one set
     of parameters goes to ``op`` unchanged, one with per-row parameters group by group."""
-    return _grouped(op, check_op_inputs)
+    return _grouped(op, check_op_inputs, row_groups)
+
+
+def by_rule_groups(op: LogprobOp) -> LogprobOp:
+    """:func:`by_row_groups` for a logits op that takes a per-row temperature itself: one
+    call per set of sampling rules."""
+    return _grouped(op, check_op_inputs, rule_groups)
 
 
 def fused_by_row_groups(op: LogprobOp) -> LogprobOp:
     """:func:`by_row_groups` for a fused LM-head op: the groups split the hidden states'
     rows and share the keyword arguments ``weight`` and ``bias``."""
-    return _grouped(op, _check_fused)
+    return _grouped(op, _check_fused, row_groups)
+
+
+def fused_by_rule_groups(op: LogprobOp) -> LogprobOp:
+    """:func:`by_rule_groups` for a fused LM-head op (shared ``weight`` and ``bias``)."""
+    return _grouped(op, _check_fused, rule_groups)
 
 
 def _check_fused(
@@ -56,7 +74,7 @@ def _check_fused(
     return check_fused_inputs(hidden, targets, contract, group, weight, bias)
 
 
-def _grouped(op: LogprobOp, check: InputsCheck) -> LogprobOp:
+def _grouped(op: LogprobOp, check: InputsCheck, split: Split) -> LogprobOp:
     @functools.wraps(op)
     def grouped(
         local_rows: torch.Tensor,
@@ -68,7 +86,9 @@ def _grouped(op: LogprobOp, check: InputsCheck) -> LogprobOp:
         if not isinstance(contract, LogprobContract) or not contract.heterogeneous:
             return op(local_rows, targets, contract, group, **shared)
         check(local_rows, targets, contract, group, **shared)  # the whole batch's inputs
-        groups = row_groups(contract)
+        groups = split(contract)
+        if len(groups) == 1:  # one call serves the batch, with its one set of rules
+            return op(local_rows, targets, groups[0].contract, group, **shared)
         results = []
         for part in groups:
             rows = torch.from_numpy(part.rows).to(local_rows.device)

@@ -64,8 +64,12 @@ def tree_sum(values: torch.Tensor) -> torch.Tensor:
     return values[:, 0]
 
 
-def scaled_logits(live: torch.Tensor, contract: LogprobContract) -> torch.Tensor:
-    """``z = x / fp32(T)`` in ``live``'s (compute) dtype, one IEEE division per element."""
+def scaled_logits(live: torch.Tensor, contract: LogprobContract, begin: int = 0) -> torch.Tensor:
+    """``z = x / fp32(T)`` in ``live``'s (compute) dtype, one IEEE division per element; with a
+    per-row temperature each row by its own (``live`` holds the batch's rows from ``begin``)."""
+    if isinstance(contract.temperature, tuple):
+        divisors = contract.row_divisors()[begin : begin + live.shape[0]]
+        return live / torch.from_numpy(divisors).to(live.device, live.dtype).unsqueeze(1)
     if contract.temperature == 1.0:
         return live
     divisor = torch.tensor(contract.temperature_fp32, dtype=live.dtype, device=live.device)

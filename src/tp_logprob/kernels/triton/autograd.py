@@ -195,7 +195,7 @@ def launch_logprob_grad(
         out,
         entropy32,
         grad_entropy.contiguous(),
-        inputs.temperature,
+        inputs.temperature[begin : begin + rows],
         *support.args(begin, begin + rows),
         SCALE=inputs.scale,
         ENTROPY=with_entropy,

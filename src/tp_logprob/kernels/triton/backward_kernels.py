@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tp_logprob.kernels.triton.common_kernels import scaled, stored, widen
+from tp_logprob.kernels.triton.common_kernels import row_temperature, scaled, stored, widen
 from tp_logprob.kernels.triton.portable_math import row_exp
 from tp_logprob.kernels.triton.support_kernels import kept_tile, row_threshold
 
@@ -51,7 +51,7 @@ def logprob_grad_kernel(
     grad_ptr,
     entropy_ptr,
     grad_entropy_ptr,
-    temperature,
+    temperature_ptr,
     threshold_ptr,
     mask_ptr,
     mask_stride,
@@ -62,6 +62,7 @@ def logprob_grad_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    temperature = row_temperature(temperature_ptr, row, row >= 0, SCALE)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_row = cols < width
     active = tl.load(active_ptr + row) != 0

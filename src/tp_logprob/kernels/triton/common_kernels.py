@@ -64,6 +64,16 @@ def scaled(x, temperature, SCALE: tl.constexpr):
 
 
 @triton.jit
+def row_temperature(temperature_ptr, rows, row_mask, SCALE: tl.constexpr):
+    """The divisors ``fp32(T)`` of ``rows`` (a row or a block; 1 for a greedy row), read
+    only when ``SCALE``: every row of an engine batch may bring its own temperature."""
+    if SCALE:
+        return tl.load(temperature_ptr + rows, mask=row_mask, other=1.0)
+    else:
+        return 1.0
+
+
+@triton.jit
 def entropy_term(weight, shifted):
     """``exp(d) * d`` given ``weight = exp(d)``: exactly 0 where ``d = -inf``, never NaN."""
     return weight * tl.where(shifted > float("-inf"), shifted, 0.0)

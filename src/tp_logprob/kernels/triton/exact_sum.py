@@ -45,7 +45,7 @@ import triton
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.fixed_point import fraction_bits
-from tp_logprob.kernels.heterogeneous import by_row_groups
+from tp_logprob.kernels.heterogeneous import by_rule_groups
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.exact_sum_kernels import (
     FULL_STAGE_FIELDS,
@@ -81,7 +81,7 @@ __all__ = [
 ]
 
 
-@by_row_groups
+@by_rule_groups
 def triton_exact_sum_logprob(
     local_logits: Any, targets: Any, contract: Any, group: GroupHandle | None = None
 ) -> LogprobResult:

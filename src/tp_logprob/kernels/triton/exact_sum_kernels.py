@@ -41,6 +41,7 @@ from tp_logprob.kernels.triton.common_kernels import (
     gathered_max,
     owned_target_logit,
     owner_target_logit,
+    row_temperature,
     scaled,
     store_entropy,
     store_lse,
@@ -74,7 +75,7 @@ def exact_max_kernel(
     targets_ptr,
     active_ptr,
     stage_ptr,
-    temperature,
+    temperature_ptr,
     threshold_ptr,
     mask_ptr,
     mask_stride,
@@ -86,6 +87,7 @@ def exact_max_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
+    temperature = row_temperature(temperature_ptr, row, row >= 0, SCALE)
     tau = row_threshold(threshold_ptr, row, row >= 0, SUPPORT)
     mask_row_ptr = mask_ptr + row * mask_stride
     offsets = tl.arange(0, BLOCK)
@@ -130,7 +132,7 @@ def exact_sum_kernel(
     num_rows,
     sums_ptr,
     scale,
-    temperature,
+    temperature_ptr,
     threshold_ptr,
     mask_ptr,
     mask_stride,
@@ -145,6 +147,7 @@ def exact_sum_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
+    temperature = row_temperature(temperature_ptr, row, row >= 0, SCALE)
     offsets = tl.arange(0, BLOCK)
     maximum, has_nan = gathered_max(stage_ptr, row, row < num_rows, num_ranks, num_rows, STAGE)
     finite = (maximum > float("-inf")) & (maximum < float("inf")) & ~has_nan

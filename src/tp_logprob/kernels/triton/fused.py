@@ -66,7 +66,7 @@ import triton
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract, LogprobRole
 from tp_logprob.kernels.fused_chunks import chunk_rows, row_chunks
-from tp_logprob.kernels.heterogeneous import fused_by_row_groups
+from tp_logprob.kernels.heterogeneous import fused_by_rule_groups
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.results import exported_result
 from tp_logprob.kernels.rowwise import float64_matmul, rowwise_matmul
@@ -103,7 +103,7 @@ FusedForwardFn = Callable[
 """A fused forward: ``(hidden, weight, bias, inputs, contract, group) -> Outputs``."""
 
 
-@fused_by_row_groups
+@fused_by_rule_groups
 def triton_fused_logprob(
     hidden: torch.Tensor,
     targets: torch.Tensor,

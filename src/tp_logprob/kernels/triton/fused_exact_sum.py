@@ -54,7 +54,7 @@ import triton
 
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
-from tp_logprob.kernels.heterogeneous import fused_by_row_groups
+from tp_logprob.kernels.heterogeneous import fused_by_rule_groups
 from tp_logprob.kernels.triton.exact_sum import exact_merge, fraction_bits, stage_width, sum_width
 from tp_logprob.kernels.triton.fused import run_fused_op
 from tp_logprob.kernels.triton.fused_exact_sum_kernels import (
@@ -79,7 +79,7 @@ from tp_logprob.result import LogprobResult
 __all__ = ["fused_exact_sum_forward", "triton_fused_exact_sum_logprob"]
 
 
-@fused_by_row_groups
+@fused_by_rule_groups
 def triton_fused_exact_sum_logprob(
     hidden: torch.Tensor,
     targets: torch.Tensor,

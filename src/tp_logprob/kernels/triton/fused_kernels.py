@@ -63,7 +63,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tp_logprob.kernels.triton.common_kernels import entropy_term, scaled, widen
+from tp_logprob.kernels.triton.common_kernels import (
+    entropy_term,
+    row_temperature,
+    scaled,
+    widen,
+)
 from tp_logprob.kernels.triton.support_kernels import masked_row_tiles, row_threshold
 
 __all__ = [
@@ -177,7 +182,7 @@ def z_tile(
     row_mask,
     col_mask,
     size,
-    temperature,
+    temperature_ptr,
     SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -185,7 +190,8 @@ def z_tile(
     BLOCK_K: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """fp32 ``z = x / T`` of ``logits_tile``'s ``x``; ``-inf`` in columns past the live width."""
+    """fp32 ``z = x / T`` of ``logits_tile``'s ``x``, each row by its own ``T``; ``-inf`` in
+    columns past the live width."""
     x = logits_tile(
         hidden_ptr,
         hidden_strides,
@@ -203,7 +209,12 @@ def z_tile(
         BLOCK_K,
         DOT,
     )
-    return scaled(tl.where(col_mask[None, :], x, float("-inf")), temperature, SCALE)
+    z = tl.where(col_mask[None, :], x, float("-inf"))
+    if SCALE:
+        divisors = row_temperature(temperature_ptr, rows, row_mask, SCALE)
+        return scaled(z, divisors[:, None], SCALE)
+    else:
+        return z
 
 
 @triton.jit
@@ -240,7 +251,7 @@ def fused_partial_kernel(
     targets_ptr,
     active_ptr,
     partial_ptr,
-    temperature,
+    temperature_ptr,
     threshold_ptr,
     mask_ptr,
     mask_stride,
@@ -283,7 +294,7 @@ def fused_partial_kernel(
             row_mask,
             cols < live_width,
             size,
-            temperature,
+            temperature_ptr,
             SCALE,
             HAS_BIAS,
             BLOCK_M,

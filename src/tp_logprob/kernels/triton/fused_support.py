@@ -65,7 +65,7 @@ def fused_threshold(
     with torch.no_grad():
         for begin, end in row_chunks(rows, contract, step=step):
             fused_logits(hidden[begin:end], weight, bias, width, buffer)
-            z = scaled_logits(buffer[: end - begin], contract)
+            z = scaled_logits(buffer[: end - begin], contract, begin)
             tau, size = support_threshold(z, contract, group)
             taus.append(tau)
             sizes.append(size)

@@ -3,7 +3,9 @@
 The kernels take raw pointers, so everything they index is made explicit here:
 logits with unit column stride (any row stride), active flags as int8, this
 rank's first global column, how many of its columns are live (real vocabulary),
-and the shard boundaries used to find each target's owner during the merge.
+the shard boundaries used to find each target's owner during the merge, and each
+row's temperature: an engine batch may bring one per row (``docs/semantics.md``,
+"Heterogeneous batches"), so the kernels read a row's divisor from a tensor.
 """
 
 from __future__ import annotations
@@ -40,12 +42,11 @@ class RankInputs:
     col_start: int
     live_width: int
     boundaries: torch.Tensor
-    temperature: float = 1.0
-
-    @property
-    def scale(self) -> bool:
-        """Whether kernels divide by the temperature (``T != 1``; ``x / 1`` is exact anyway)."""
-        return self.temperature != 1.0
+    temperature: torch.Tensor
+    """fp32 ``[N]``: each row's divisor ``fp32(T)`` (1 for a greedy row)."""
+    scale: bool
+    """Whether kernels divide by the temperatures (some ``T != 1``; ``x / 1`` is exact, so
+    a row at ``T = 1`` has the same bits either way)."""
 
     @property
     def num_rows(self) -> int:
@@ -154,6 +155,7 @@ def prepare(
     logits = local_logits if local_logits.stride(1) == 1 else local_logits.contiguous()
     sharding = contract.sharding
     start, live_end = sharding.live_bounds()
+    divisors = contract.row_divisors()
     return RankInputs(
         logits=logits.detach(),
         targets=targets.contiguous(),
@@ -161,7 +163,8 @@ def prepare(
         col_start=start,
         live_width=live_end - start,
         boundaries=_boundaries(sharding.vocab_shard_bounds, logits.device),
-        temperature=contract.temperature_fp32,
+        temperature=torch.from_numpy(divisors).to(logits.device),
+        scale=bool((divisors != 1.0).any()),
     )
 
 

@@ -38,7 +38,7 @@ import triton
 
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
-from tp_logprob.kernels.heterogeneous import by_row_groups
+from tp_logprob.kernels.heterogeneous import by_rule_groups
 from tp_logprob.kernels.merge import PARTIAL_FIELDS
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.inputs import (
@@ -64,7 +64,7 @@ from tp_logprob.result import LogprobResult
 __all__ = ["online_forward", "online_merge", "triton_online_logprob"]
 
 
-@by_row_groups
+@by_rule_groups
 def triton_online_logprob(
     local_logits: Any, targets: Any, contract: Any, group: GroupHandle | None = None
 ) -> LogprobResult:

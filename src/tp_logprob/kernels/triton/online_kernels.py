@@ -42,6 +42,7 @@ from tp_logprob.kernels.triton.common_kernels import (
     owned_target_logit,
     owner_target_logit,
     rank_total,
+    row_temperature,
     scaled,
     store_entropy,
     store_lse,
@@ -66,7 +67,7 @@ def online_partial_kernel(
     targets_ptr,
     active_ptr,
     partial_ptr,
-    temperature,
+    temperature_ptr,
     threshold_ptr,
     mask_ptr,
     mask_stride,
@@ -79,6 +80,7 @@ def online_partial_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
+    temperature = row_temperature(temperature_ptr, row, row >= 0, SCALE)
     tau = row_threshold(threshold_ptr, row, row >= 0, SUPPORT)
     mask_row_ptr = mask_ptr + row * mask_stride
     offsets = tl.arange(0, BLOCK)

@@ -24,7 +24,7 @@ from typing import Any
 from tp_logprob.comm import GroupHandle
 from tp_logprob.contract import LogprobContract
 from tp_logprob.errors import LogprobContractError
-from tp_logprob.kernels.heterogeneous import by_row_groups
+from tp_logprob.kernels.heterogeneous import by_rule_groups
 from tp_logprob.kernels.triton.autograd import run_op
 from tp_logprob.kernels.triton.exact_sum import exact_sum_forward
 from tp_logprob.kernels.triton.inputs import Outputs, RankInputs
@@ -33,7 +33,7 @@ from tp_logprob.result import LogprobResult
 __all__ = ["portable_forward", "triton_portable_logprob"]
 
 
-@by_row_groups
+@by_rule_groups
 def triton_portable_logprob(
     local_logits: Any, targets: Any, contract: Any, group: GroupHandle | None = None
 ) -> LogprobResult:
