@@ -36,6 +36,7 @@ from tp_logprob.oracle import (
 )
 from tp_logprob.oracle.exact import exact_logprob_grad
 from tp_logprob.oracle.formats import U32, unit_roundoff
+from tp_logprob.row_groups import row_groups
 from tp_logprob.strategies import DTYPE_SMALLEST_SUBNORMAL, HiddenCase, LogprobCase
 
 __all__ = ["Bools", "fused_only", "judge_fused_gradients", "logits_contract"]
@@ -98,6 +99,49 @@ def _expected_grads(
     contract = case.contract
     real, padded = contract.sharding.real_vocab_size, contract.sharding.padded_vocab_size
     active = case.active
+    if contract.heterogeneous:
+        g, g_bound = _grouped_logit_grads(case, w, v, support)
+    else:
+        g, g_bound = _logit_grads(case, w, v, support)
+    h = np.where(active[:, None], np.nan_to_num(case.hidden.astype(np.float64)), 0.0)
+    wt = case.weight[:real].astype(np.float64)
+    size = np.abs(g) + g_bound
+    u = unit_roundoff(contract.dtype.value)
+    world = contract.sharding.tp_world_size
+    tiny = DTYPE_SMALLEST_SUBNORMAL[contract.dtype]
+    with np.errstate(invalid="ignore", over="ignore"):
+        d_hidden = g @ wt
+        hidden_scale = size @ np.abs(wt)
+        hidden_bound = (
+            g_bound @ np.abs(wt) + (_gamma(real) + (world + 1) * u) * hidden_scale + world * tiny
+        )
+        d_weight = np.zeros((padded, wt.shape[1]))
+        d_weight[:real] = g.T @ h
+        weight_scale = np.zeros_like(d_weight)
+        weight_scale[:real] = size.T @ np.abs(h)
+        weight_bound = np.zeros_like(d_weight)
+        weight_bound[:real] = g_bound.T @ np.abs(h)
+        weight_bound += (_gamma(contract.num_tokens) + u) * weight_scale
+        weight_bound[:real] += tiny
+        d_bias = np.zeros(padded)
+        d_bias[:real] = g.sum(axis=0)
+        bias_bound = np.zeros(padded)
+        bias_bound[:real] = (
+            g_bound.sum(axis=0) + (_gamma(contract.num_tokens) + u) * size.sum(axis=0) + tiny
+        )
+    hidden_bound = np.where(active[:, None], hidden_bound, 0.0)
+    return [(d_hidden, hidden_bound), (d_weight, weight_bound), (d_bias, bias_bound)]
+
+
+def _logit_grads(
+    case: HiddenCase, w: Floats, v: Floats, support: tuple[Bools, Bools] | None
+) -> tuple[Floats, Floats]:
+    """``G = d (w selected_logp + v entropy) / d x`` of the live columns and its bound, for
+    a case with one temperature; 0 on inactive rows."""
+    contract = case.contract
+    real = contract.sharding.real_vocab_size
+    padded = contract.sharding.padded_vocab_size
+    active = case.active
     x32 = case.logits[:, :real].astype(np.float64)
     plain_contract = dataclasses.replace(logits_contract(contract), support=None)
     g_ent = None
@@ -139,35 +183,29 @@ def _expected_grads(
         g_bound = np.where(~support[0][:, :real] & support[1][:, None], 0.0, g_bound)
     g = w[:, None] * g_sel + (0.0 if g_ent is None else v[:, None] * g_ent)
     g = np.where(active[:, None], g, 0.0)
-    g_bound = np.where(active[:, None], g_bound, 0.0)
-    h = np.where(active[:, None], np.nan_to_num(case.hidden.astype(np.float64)), 0.0)
-    wt = case.weight[:real].astype(np.float64)
-    size = np.abs(g) + g_bound
-    u = unit_roundoff(contract.dtype.value)
-    world = contract.sharding.tp_world_size
-    tiny = DTYPE_SMALLEST_SUBNORMAL[contract.dtype]
-    with np.errstate(invalid="ignore", over="ignore"):
-        d_hidden = g @ wt
-        hidden_scale = size @ np.abs(wt)
-        hidden_bound = (
-            g_bound @ np.abs(wt) + (_gamma(real) + (world + 1) * u) * hidden_scale + world * tiny
+    return g, np.where(active[:, None], g_bound, 0.0)
+
+
+def _grouped_logit_grads(
+    case: HiddenCase, w: Floats, v: Floats, support: tuple[Bools, Bools] | None
+) -> tuple[Floats, Floats]:
+    """:func:`_logit_grads` of a heterogeneous batch, group by group of rows that share
+    their parameters (each row's ``G`` depends on its own row alone)."""
+    rows, real = case.contract.num_tokens, case.contract.sharding.real_vocab_size
+    g, g_bound = np.zeros((rows, real)), np.zeros((rows, real))
+    for group in row_groups(case.contract):
+        picked = group.rows
+        part = fused_only(
+            case.replace(
+                contract=group.contract,
+                logits=case.logits[picked],
+                targets=case.targets[picked],
+                hidden=case.hidden[picked],
+            )
         )
-        d_weight = np.zeros((padded, wt.shape[1]))
-        d_weight[:real] = g.T @ h
-        weight_scale = np.zeros_like(d_weight)
-        weight_scale[:real] = size.T @ np.abs(h)
-        weight_bound = np.zeros_like(d_weight)
-        weight_bound[:real] = g_bound.T @ np.abs(h)
-        weight_bound += (_gamma(contract.num_tokens) + u) * weight_scale
-        weight_bound[:real] += tiny
-        d_bias = np.zeros(padded)
-        d_bias[:real] = g.sum(axis=0)
-        bias_bound = np.zeros(padded)
-        bias_bound[:real] = (
-            g_bound.sum(axis=0) + (_gamma(contract.num_tokens) + u) * size.sum(axis=0) + tiny
-        )
-    hidden_bound = np.where(active[:, None], hidden_bound, 0.0)
-    return [(d_hidden, hidden_bound), (d_weight, weight_bound), (d_bias, bias_bound)]
+        kept = None if support is None else (support[0][picked], support[1][picked])
+        g[picked], g_bound[picked] = _logit_grads(part, w[picked], v[picked], kept)
+    return g, g_bound
 
 
 def _gamma(terms: int) -> float:

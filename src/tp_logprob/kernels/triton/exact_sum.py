@@ -12,7 +12,8 @@ vocabulary), under fp32's own rounding of ``exp``. Special values are resolved
 from the gathered maxima (NaN anywhere live, ``+inf``, all ``-inf``) exactly as
 in ``triton_online``.
 
-Temperature divides each logit (``z = x / T``, IEEE ``div_rn``) in both passes;
+Temperature divides each logit (``z = x / T``, IEEE ``div_rn``, each row by its own ``T``)
+in both passes;
 entropy adds a second fixed-point sum, of ``exp(z - M) (z - M)`` (each in
 ``[-1/e, 0]``), in the same second pass, so it is bitwise layout independent too.
 

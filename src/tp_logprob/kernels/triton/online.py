@@ -3,12 +3,14 @@
 Each rank reads its logits once (``online_partial_kernel``), all-gathers one fp32
 ``[N, 3]`` partial per rank (``[N, 4]`` with entropy), and merges them in
 shard-index order (``online_merge_kernel``). Temperature and entropy cost no
-extra pass: ``z = x / T`` is formed in registers, and entropy is one more fp32
+extra pass: ``z = x / T`` is formed in registers, each row by its own ``T`` (a per-row
+tensor: an engine batch brings one per row), and entropy is one more fp32
 accumulator per lane.
 
 Bytes per row, with ``w`` the rank's live columns, ``b`` the logits' item size,
 ``R`` the TP degree and ``o`` the output item size: read ``w b + b`` (the owned
-target) + ``12 R`` (``16 R`` with entropy) + 9 (target and active flag);
+target) + ``12 R`` (``16 R`` with entropy) + 9 (target and active flag), + 4 (the row's
+``T``) when some ``T != 1``;
 written ``12`` (``16``) to the partial, ``4 + o`` for ``lse32`` and
 ``selected_logp``, ``o`` for an exported ``lse`` of 16 bits, and with entropy
 ``4`` (+ ``o`` for 16-bit outputs). Bitwise reproducible run to run and batch invariant
