@@ -26,6 +26,7 @@ from tp_logprob.judging.expected import exact_entropy_of, exact_outputs
 from tp_logprob.judging.gradients import entropy_weights, gradient_bound, upstream_weights
 from tp_logprob.judging.measuring import ErrorTally, input_error
 from tp_logprob.judging.outputs import Floats
+from tp_logprob.judging.processed import group_case
 from tp_logprob.judging.violation import PropertyInputError, format_value, violation
 from tp_logprob.oracle import (
     apply_temperature,
@@ -195,14 +196,7 @@ def _grouped_logit_grads(
     g, g_bound = np.zeros((rows, real)), np.zeros((rows, real))
     for group in row_groups(case.contract):
         picked = group.rows
-        part = fused_only(
-            case.replace(
-                contract=group.contract,
-                logits=case.logits[picked],
-                targets=case.targets[picked],
-                hidden=case.hidden[picked],
-            )
-        )
+        part = fused_only(group_case(case, group))
         kept = None if support is None else (support[0][picked], support[1][picked])
         g[picked], g_bound[picked] = _logit_grads(part, w[picked], v[picked], kept)
     return g, g_bound

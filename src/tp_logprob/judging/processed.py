@@ -63,7 +63,7 @@ from tp_logprob.oracle import (
     support_margins,
     support_masked_logits,
 )
-from tp_logprob.row_groups import row_groups
+from tp_logprob.row_groups import RowGroup, row_groups
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.support import SupportMode, SupportSpec
 
@@ -72,6 +72,7 @@ __all__ = [
     "ProcessedExpected",
     "backend_support",
     "expect_processed_close",
+    "group_case",
     "judge_processed",
     "judge_processed_backward",
     "judge_processed_gradient",
@@ -543,9 +544,23 @@ def row_cases(
     parts: list[tuple[str, LogprobCase, npt.NDArray[np.int64] | None]] = []
     for group in row_groups(contract):
         rows = group.rows
-        part = LogprobCase(group.contract, case.logits[rows], case.targets[rows])
+        part = group_case(case, group)
         parts.append((f"{prop} (rows {rows.tolist()}: {group.contract.describe()})", part, rows))
     return parts
+
+
+def group_case(case: LogprobCase, group: RowGroup) -> LogprobCase:
+    """``case``'s rows of ``group`` under the group's contract; a fused case stays one (its
+    hidden rows, its weight, so its dot-product error bound)."""
+    rows = group.rows
+    changes: dict[str, Any] = {
+        "contract": group.contract,
+        "logits": case.logits[rows],
+        "targets": case.targets[rows],
+    }
+    if isinstance(case, HiddenCase):
+        changes["hidden"] = case.hidden[rows]
+    return case.replace(**changes)
 
 
 def judge_processed_backward(
