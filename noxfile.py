@@ -49,6 +49,7 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("tests/peers/test_adapters.py", "-k", "liger and not vocab_parallel"),
     ),
     "liger_fused": ("liger-kernel", (), ("tests/peers/test_fused_adapters.py", "-k", "liger")),
+    "liger_ppo": ("liger-kernel", (), ("tests/peers/test_liger_ppo.py",)),
     "liger_vocab_parallel": (
         "liger-kernel",
         ("transformers>=4.56,<5",),  # liger_kernel.transformers imports transformers
@@ -57,6 +58,7 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # The newest release's dependencies, then each release alone.
     "trl": ("trl", ("trl==1.16.0",), ("tests/peers/test_adapters.py", "-k", "trl")),
     "trl_chunked": ("trl", ("trl==1.16.0",), ("tests/peers/test_trl_chunked.py",)),
+    "trl_kernel": ("trl", ("trl==1.16.0",), ("tests/peers/test_trl_kernel.py",)),
     "verl": ("verl", _VERL_REQUIRES, ("tests/peers/test_adapters.py", "-k", "verl and not naive")),
     "verl_fused": ("verl", _VERL_REQUIRES, ("tests/peers/test_verl_fused.py",)),
     "verl_naive": ("verl", _VERL_REQUIRES, ("tests/peers/test_adapters.py", "-k", "verl_naive")),
@@ -64,6 +66,7 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # PyPI's torchvision for Linux x86-64 does not load beside the CPU torch.
     "sglang_sampler": ("sglang", tuple(SGLANG_IMPORTS), ("tests/peers/test_sglang_sampler.py",)),
     "openrlhf": ("openrlhf", (), ("tests/peers/test_openrlhf.py",)),
+    "openrlhf_actor": ("openrlhf", (), ("tests/peers/test_openrlhf_actor.py",)),
     "cce": ("cut-cross-entropy", (), ("tests/peers/test_cce.py",)),
 }
 """Each adapter's library, what the adapter imports beside it, and its tests, for

@@ -69,6 +69,11 @@ def test_backend_ids_are_unique() -> None:
         ("openrlhf", "assume_16bit", "dtypes"),
         ("openrlhf", "assume_inactive_tokens", "mask_modes"),
         ("liger_vocab_parallel", "assume_padding", "supports_vocab_padding"),
+        ("liger_ppo", "assume_16bit", "dtypes"),
+        ("liger_ppo", "assume_batch_invariant", "determinism_scopes"),
+        ("trl_kernel", "assume_padding", "supports_vocab_padding"),
+        ("openrlhf_actor", "assume_padding", "supports_vocab_padding"),
+        ("openrlhf_actor", "assume_inactive_tokens", "mask_modes"),
     ],
 )
 def test_a_variant_differs_from_its_base_by_one_claim(module: str, attr: str, field: str) -> None:
@@ -77,7 +82,7 @@ def test_a_variant_differs_from_its_base_by_one_claim(module: str, attr: str, fi
         "equal_shards" if attr == "assume_uneven_shards" and module == "megatron" else "honest"
     )
     _, base = _pair(module, base_attr)
-    if module in ("trl", "verl"):  # their variants leave the entropy out
+    if module in ("trl", "verl", "trl_kernel", "openrlhf_actor"):  # variants leave the entropy out
         base = dataclasses.replace(base, exports_entropy=False)
     changed = {
         name
@@ -95,7 +100,8 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "import tp_logprob.peers.torch_loss_parallel, tools.conformance.runner\n"
         "import tp_logprob.peers.vllm_sampler, tp_logprob.peers.liger_vocab_parallel\n"
         "import tp_logprob.peers.verl, tp_logprob.peers.sglang_sampler\n"
-        "import tp_logprob.peers.openrlhf\n"
+        "import tp_logprob.peers.openrlhf, tp_logprob.peers.openrlhf_actor\n"
+        "import tp_logprob.peers.trl_kernel\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
         "assert not loaded, loaded\n"
     )
@@ -106,6 +112,7 @@ def test_the_fused_adapters_import_no_library_until_called() -> None:
     libraries = (*LIBRARIES, "triton")
     code = (
         "import sys, tp_logprob.peers.liger_fused, tp_logprob.peers.cce\n"
+        "import tp_logprob.peers.liger_ppo\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {libraries!r})\n"
         "assert not loaded, loaded\n"
     )

@@ -302,6 +302,34 @@ _TRL_CHUNKED_BATCH = Explanation(
     "each tile's torch.mm has min(N, 4096) rows, and a matmul's bits for a row follow its "
     "shape (the CPU GEMM's blocking here), so a row run alone gives other bits than in a batch",
 )
+_TRL_KERNEL_ENTROPY_NEG_INF = Explanation(
+    PEER_BUG,
+    "the kernel's entropy sums exp(z - max) * z over each block, which is 0 * -inf = NaN "
+    "wherever a logit is -inf, and so is its backward's p * (E[z] - z); the entropy of such a "
+    "row is finite (the logprob is right)",
+    "docs/repro_trl_kernel_entropy_neg_inf.py",
+)
+_TRL_KERNEL_ENTROPY_CANCELS = Explanation(
+    PEER_LIMITATION,
+    "the kernel's entropy is log_z - weighted / sum: two fp32 numbers the size of the logits, "
+    "so its absolute error grows with |z| instead of staying shift invariant: the row "
+    "[1000.12573, 999.8679] gives 0.6848755 where the entropy is 0.6849073",
+)
+_TRL_KERNEL_HONEST = tuple(
+    (test, _TRL_KERNEL_ENTROPY_NEG_INF)
+    for test in (
+        "test_gradients_match_exact",
+        "test_entropy_is_nan_free_where_exact_is_finite",
+        "test_entropy_ignores_appended_neg_inf_columns",
+        "test_wide_vocabularies",
+    )
+)
+_LIGER_PPO_MEMORY = Explanation(
+    PEER_LIMITATION,
+    "a chunk is min(N, 2048) rows by 4096 vocabulary columns: below 4096 columns one chunk "
+    "holds every logit of up to 2048 rows, so the saving is for real vocabularies only",
+)
+_LIGER_PPO_WATCHED = (("test_fused_never_materializes_the_logits", _LIGER_PPO_MEMORY),)
 _VERL_TRITON_CPU = (
     "not run: CUDA only, even under the Triton interpreter: its forward opens "
     "torch.cuda.nvtx.range, which raises RuntimeError on a CPU build of torch, and its launcher "
@@ -779,6 +807,87 @@ PEERS = (
                 ),
             ),
             "inactive": Cell("assume_inactive_tokens", explanation=_gathers_every_label("verl")),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="trl_kernel_logprob_entropy",
+        module="trl_kernel",
+        library="TRL trl.kernels.selective_log_softmax_and_entropy (Triton, interpreter on CPU)",
+        distribution="trl",
+        cells={
+            "honest": Cell(
+                "honest", explanation=_TRL_KERNEL_ENTROPY_CANCELS, by_property=_TRL_KERNEL_HONEST
+            ),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(note="claimed: each block converted to fp32"),
+            "inactive": Cell(note="claimed: the contract's mask as row_mask"),
+            "batch": _CLAIMED_BATCH,
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="liger_ppo_chunk_forward",
+        module="liger_ppo",
+        library="Liger-Kernel LigerFusedLinearPPOBase.chunk_forward (the logprobs of its GRPO "
+        "loss), hidden in",
+        distribution="liger-kernel",
+        cells={
+            "honest": Cell("honest", by_property=_LIGER_PPO_WATCHED),
+            "padding": Cell("assume_padding", explanation=_PADDING, by_property=_LIGER_PPO_WATCHED),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(
+                "assume_16bit",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "each chunk's logits are the matmul's output in the input dtype "
+                    "((hidden @ W.T) in bf16/fp16) before .float(), so they carry 8/11 bits "
+                    "before the fp32 fold",
+                ),
+                by_property=_LIGER_PPO_WATCHED,
+            ),
+            "inactive": Cell(
+                "assume_inactive_tokens",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "chunk_forward has no mask (the losses multiply by their attention_mask "
+                    "afterwards): a target outside [0, V) is in no chunk, so its logit stays 0 "
+                    "and the row gets the logprob -lse and its gradient, not the contract's 0",
+                ),
+                by_property=_LIGER_PPO_WATCHED,
+            ),
+            "batch": Cell(
+                "assume_batch_invariant",
+                explanation=Explanation(
+                    PEER_LIMITATION,
+                    "each chunk's matmul has min(N, 2048) rows, and a matmul's bits for a row "
+                    "follow its shape (the CPU GEMM's blocking here), so a row run alone gives "
+                    "other bits than in a batch",
+                ),
+                by_property=_LIGER_PPO_WATCHED,
+            ),
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="openrlhf_actor_logprob_entropy",
+        module="openrlhf_actor",
+        library="OpenRLHF Actor.forward's steps: fp32, div_(T), compute_entropy, "
+        "log_probs_from_logits",
+        distribution="openrlhf",
+        cells={
+            "honest": Cell("honest"),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(note="claimed: the actor's .to(torch.float32) first"),
+            "inactive": Cell(
+                "assume_inactive_tokens", explanation=_gathers_every_label("OpenRLHF")
+            ),
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,

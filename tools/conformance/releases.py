@@ -27,6 +27,9 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
     ),
     "liger_vocab_parallel": ("0.8.1", "0.8.5"),
     "trl_chunked": ("1.15.0", "1.16.0"),
+    "trl_kernel": ("1.14.0", "1.15.0", "1.16.0"),
+    "liger_ppo": ("0.8.0", "0.8.3", "0.8.5"),
+    "openrlhf_actor": ("0.11.1", "0.11.2"),
     "trl": ("1.0.0", "1.14.0", "1.16.0"),
     "verl": (
         "0.1",

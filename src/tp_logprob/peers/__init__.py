@@ -20,6 +20,11 @@ documentation and source, and declares the releases of the library it serves
   and PPO trainers;
 - :mod:`.trl_chunked` - TRL's ``ChunkedLogProbFunction``, the autograd function of its
   fused LM head, hidden states in, with its temperature and entropy (TP=1);
+- :mod:`.trl_kernel` - TRL's Triton ``selective_log_softmax_and_entropy`` kernel, what its
+  trainer helpers run on CUDA, with its row mask, temperature and entropy (TP=1; on CPU
+  under the Triton interpreter);
+- :mod:`.liger_ppo` - Liger-Kernel's ``LigerFusedLinearPPOBase.chunk_forward``, the
+  per-token logprobs of its GRPO and other chunked RL losses, hidden states in (TP=1);
 - :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
   helpers of its FSDP actor (TP=1, torch path);
 - :mod:`.verl_naive` - verl's ``logprobs_from_logits_naive`` and
@@ -27,6 +32,9 @@ documentation and source, and declares the releases of the library it serves
 - :mod:`.openrlhf` - OpenRLHF's ``log_probs_from_logits``, the helper of its actor,
   with its temperature (TP=1, torch path; compiled from the installed file, whose
   package needs flash-attn to import);
+- :mod:`.openrlhf_actor` - OpenRLHF's actor path: fp32, one division by the temperature,
+  ``compute_entropy`` and ``log_probs_from_logits`` (TP=1; compiled from the installed
+  file, as :mod:`.openrlhf`);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
   processed logprob under a sampling support (top-k, top-p, min-p), TP=1;
 - :mod:`.vllm_sampler_010` - vLLM 0.10's v1 sampler in ``processed_logprobs``
