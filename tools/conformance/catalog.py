@@ -324,6 +324,29 @@ _TRL_KERNEL_HONEST = tuple(
         "test_wide_vocabularies",
     )
 )
+_OPENRLHF_ENTROPY_NEG_INF = Explanation(
+    PEER_BUG,
+    "compute_entropy is logsumexp(z) - sum(softmax(z) * z), which is 0 * -inf = NaN wherever a "
+    "logit is -inf; the entropy of such a row is finite",
+    "docs/repro_openrlhf_entropy_neg_inf.py",
+)
+_OPENRLHF_ENTROPY_CANCELS = Explanation(
+    PEER_LIMITATION,
+    "compute_entropy subtracts two fp32 numbers the size of the logits, logsumexp(z) and "
+    "sum(softmax(z) * z), so its absolute error grows with |z| instead of staying shift "
+    "invariant: the row [1000.12573, 999.8679] gives 0.6849365 where the entropy is 0.6849073",
+)
+_OPENRLHF_ACTOR_HONEST = (
+    ("test_special_values_match_oracle", _OPENRLHF_POS_INF),
+    *(
+        (test, _OPENRLHF_ENTROPY_NEG_INF)
+        for test in (
+            "test_entropy_is_nan_free_where_exact_is_finite",
+            "test_entropy_ignores_appended_neg_inf_columns",
+            "test_wide_vocabularies",
+        )
+    ),
+)
 _LIGER_PPO_MEMORY = Explanation(
     PEER_LIMITATION,
     "a chunk is min(N, 2048) rows by 4096 vocabulary columns: below 4096 columns one chunk "
@@ -881,12 +904,19 @@ PEERS = (
         "log_probs_from_logits",
         distribution="openrlhf",
         cells={
-            "honest": Cell("honest"),
+            "honest": Cell(
+                "honest", explanation=_OPENRLHF_ENTROPY_CANCELS, by_property=_OPENRLHF_ACTOR_HONEST
+            ),
             "padding": Cell("assume_padding", explanation=_PADDING),
             "uneven": _ONE_RANK,
             "16bit": Cell(note="claimed: the actor's .to(torch.float32) first"),
             "inactive": Cell(
-                "assume_inactive_tokens", explanation=_gathers_every_label("OpenRLHF")
+                "assume_inactive_tokens",
+                explanation=_gathers_every_label("OpenRLHF"),
+                by_property=tuple(
+                    (test, _OPENRLHF_POS_INF)
+                    for test in ("test_long_batches", "test_special_values_match_oracle")
+                ),
             ),
             "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
