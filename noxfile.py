@@ -50,6 +50,7 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ),
     "liger_fused": ("liger-kernel", (), ("tests/peers/test_fused_adapters.py", "-k", "liger")),
     "liger_ppo": ("liger-kernel", (), ("tests/peers/test_liger_ppo.py",)),
+    "liger_selective": ("liger-kernel", (), ("tests/peers/test_liger_selective.py",)),
     "liger_vocab_parallel": (
         "liger-kernel",
         ("transformers>=4.56,<5",),  # liger_kernel.transformers imports transformers

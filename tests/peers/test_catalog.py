@@ -72,6 +72,7 @@ def test_backend_ids_are_unique() -> None:
         ("liger_ppo", "assume_16bit", "dtypes"),
         ("liger_ppo", "assume_batch_invariant", "determinism_scopes"),
         ("trl_kernel", "assume_padding", "supports_vocab_padding"),
+        ("liger_selective", "assume_padding", "supports_vocab_padding"),
         ("openrlhf_actor", "assume_padding", "supports_vocab_padding"),
         ("openrlhf_actor", "assume_inactive_tokens", "mask_modes"),
     ],
@@ -101,7 +102,7 @@ def test_the_adapters_import_no_library_until_called() -> None:
         "import tp_logprob.peers.vllm_sampler, tp_logprob.peers.liger_vocab_parallel\n"
         "import tp_logprob.peers.verl, tp_logprob.peers.sglang_sampler\n"
         "import tp_logprob.peers.openrlhf, tp_logprob.peers.openrlhf_actor\n"
-        "import tp_logprob.peers.trl_kernel\n"
+        "import tp_logprob.peers.trl_kernel, tp_logprob.peers.liger_selective\n"
         f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {LIBRARIES!r})\n"
         "assert not loaded, loaded\n"
     )

@@ -347,6 +347,12 @@ _OPENRLHF_ACTOR_HONEST = (
         )
     ),
 )
+_LIGER_SELECTIVE_LEADING_NEG_INF = Explanation(
+    PEER_BUG,
+    "NaN when a row's first 2048-column block is all -inf: the online softmax starts from "
+    "m = -inf and rescales by exp(-inf - -inf)",
+    "docs/repro_liger_selective_leading_neg_inf_block.py",
+)
 _LIGER_PPO_MEMORY = Explanation(
     PEER_LIMITATION,
     "a chunk is min(N, 2048) rows by 4096 vocabulary columns: below 4096 columns one chunk "
@@ -893,6 +899,26 @@ PEERS = (
                 ),
                 by_property=_LIGER_PPO_WATCHED,
             ),
+            "cross_tp": _NO_XTP,
+            "real_group": _ONE_RANK,
+        },
+    ),
+    Peer(
+        name="liger_fused_selective_log_softmax",
+        module="liger_selective",
+        library="Liger-Kernel fused_selective_log_softmax (its Triton GRPO loss's old and "
+        "reference logprobs; Triton, interpreter on CPU)",
+        distribution="liger-kernel",
+        cells={
+            "honest": Cell(
+                "honest",
+                by_property=(("test_wide_vocabularies", _LIGER_SELECTIVE_LEADING_NEG_INF),),
+            ),
+            "padding": Cell("assume_padding", explanation=_PADDING),
+            "uneven": _ONE_RANK,
+            "16bit": Cell(note="claimed: each block converted to fp32"),
+            "inactive": Cell(note="claimed: the contract's mask as mask"),
+            "batch": _CLAIMED_BATCH,
             "cross_tp": _NO_XTP,
             "real_group": _ONE_RANK,
         },

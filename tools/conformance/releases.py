@@ -29,6 +29,7 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
     "trl_chunked": ("1.15.0", "1.16.0"),
     "trl_kernel": ("1.14.0", "1.15.0", "1.16.0"),
     "liger_ppo": ("0.8.0", "0.8.3", "0.8.5"),
+    "liger_selective": ("0.7.0", "0.8.5"),
     "openrlhf_actor": ("0.11.1", "0.11.2"),
     "trl": ("1.0.0", "1.14.0", "1.16.0"),
     "verl": (

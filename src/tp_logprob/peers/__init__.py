@@ -25,6 +25,9 @@ documentation and source, and declares the releases of the library it serves
   under the Triton interpreter);
 - :mod:`.liger_ppo` - Liger-Kernel's ``LigerFusedLinearPPOBase.chunk_forward``, the
   per-token logprobs of its GRPO and other chunked RL losses, hidden states in (TP=1);
+- :mod:`.liger_selective` - Liger-Kernel's Triton ``fused_selective_log_softmax``, the old
+  and reference logprobs of its Triton GRPO loss, with its mask and temperature (TP=1,
+  inference; on CPU under the Triton interpreter);
 - :mod:`.verl` - verl's ``logprobs_from_logits`` and ``entropy_from_logits``, the
   helpers of its FSDP actor (TP=1, torch path);
 - :mod:`.verl_naive` - verl's ``logprobs_from_logits_naive`` and
