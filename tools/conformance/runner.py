@@ -339,10 +339,15 @@ def _detail(
             )
     if first.artifact is not None:
         relative = _keep_artifact(first.artifact, args)
-        env = "TRITON_INTERPRET=1 " if peer.module.startswith("liger") else ""
+        # The Triton kernels' adapters run on CPU only under the interpreter.
+        env = "TRITON_INTERPRET=1 " if peer.module.startswith(_INTERPRETED) else ""
         spec = peer.spec(attr)
         lines.append(f"- replay: `{env}python -m tp_logprob replay {relative} --backend {spec}`")
     return "\n".join(lines)
+
+
+_INTERPRETED = ("liger", "trl_kernel")
+"""Module prefixes of the adapters whose replay on CPU needs ``TRITON_INTERPRET=1``."""
 
 
 def _markdown(
