@@ -56,8 +56,14 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("transformers>=4.56,<5",),  # liger_kernel.transformers imports transformers
         ("tests/peers/test_liger_vocab_parallel.py", "tests/peers/test_adapters.py", "-k", "vocab"),
     ),
-    # The newest release's dependencies, then each release alone.
-    "trl": ("trl", ("trl==1.16.0",), ("tests/peers/test_adapters.py", "-k", "trl")),
+    # The newest release's dependencies, then each release alone; below 1.0, those of its
+    # time (RELEASE_REQUIRES).
+    "trl": (
+        "trl",
+        ("trl==1.16.0", "transformers>=5"),
+        ("tests/peers/test_trl.py", "tests/peers/test_adapters.py", "-k", "trl"),
+    ),
+    "trl_grpo": ("trl", (), ("tests/peers/test_trl_grpo.py",)),
     "trl_chunked": ("trl", ("trl==1.16.0",), ("tests/peers/test_trl_chunked.py",)),
     "trl_kernel": ("trl", ("trl==1.16.0",), ("tests/peers/test_trl_kernel.py",)),
     "verl": ("verl", _VERL_REQUIRES, ("tests/peers/test_adapters.py", "-k", "verl and not naive")),
@@ -279,12 +285,14 @@ def peer_releases(session: nox.Session, adapter: str) -> None:
     """An adapter's tests on each release of its library (posargs: some releases only)."""
     _install(session, "torch,triton,test")
     distribution, requires, tests = PEER_TESTS[adapter]
-    releases = _tool("tools/conformance/releases.py").TESTED_RELEASES[adapter]
-    if requires:
-        session.install(*_constraints(), *requires)
+    listed = _tool("tools/conformance/releases.py")
+    releases = listed.TESTED_RELEASES[adapter]
     _cpu_interpreter_env(session)  # Triton kernels on CPU tensors
     failed = []
     for release in session.posargs or releases:
+        beside = listed.RELEASE_REQUIRES.get(adapter, {}).get(release, requires)
+        if beside:
+            session.install(*_constraints(), *beside)
         # Each release alone, over the last: its pins would pull other torch builds.
         session.install("--no-deps", "--force-reinstall", f"{distribution}=={release}")
         try:

@@ -31,7 +31,19 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
     "liger_ppo": ("0.8.0", "0.8.3", "0.8.5"),
     "liger_selective": ("0.7.0", "0.8.5"),
     "openrlhf_actor": ("0.11.1", "0.11.2"),
-    "trl": ("1.0.0", "1.14.0", "1.16.0"),
+    "trl": (
+        "0.15.0",
+        "0.15.2",
+        "0.16.0",
+        "0.17.0",
+        "0.19.1",
+        "0.20.0",
+        "0.29.1",
+        "1.0.0",
+        "1.14.0",
+        "1.16.0",
+    ),
+    "trl_grpo": ("0.15.0", "0.15.2", "0.16.0", "0.17.0", "0.19.1"),
     "verl": (
         "0.1",
         "0.2.0.post2",
@@ -50,6 +62,34 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
     "openrlhf": ("0.6.2", "0.7.0", "0.8.0", "0.8.11", "0.9.5", "0.10.4", "0.11.2"),
     "cce": ("24.11.3", "24.11.4", "24.12.3", "25.1.1"),
 }
+
+# What trl below 1.0 imports, at releases of its time: 0.15 to 0.20 (at least) read
+# transformers' private _is_package_available as a bool, and transformers 5 returns a
+# tuple, always true, so their trainers import optional packages that are absent (mergekit).
+_TRANSFORMERS_4_49 = ("transformers==4.49.0", "accelerate==1.4.0", "datasets==3.3.2", "rich")
+_TRANSFORMERS_4_51 = ("transformers==4.51.3", "accelerate==1.6.0", "datasets==3.5.0", "rich")
+_TRANSFORMERS_4_53 = ("transformers==4.53.2", "accelerate==1.9.0", "datasets==4.0.0", "rich")
+_TRANSFORMERS_4_57 = ("transformers==4.57.6", "accelerate==1.11.0", "datasets==4.4.1", "rich")
+
+RELEASE_REQUIRES: dict[str, dict[str, tuple[str, ...]]] = {
+    "trl": {
+        "0.15.0": _TRANSFORMERS_4_49,
+        "0.15.2": _TRANSFORMERS_4_49,
+        "0.16.0": _TRANSFORMERS_4_49,
+        "0.17.0": _TRANSFORMERS_4_49,
+        "0.19.1": _TRANSFORMERS_4_51,
+        "0.20.0": _TRANSFORMERS_4_53,
+        "0.29.1": _TRANSFORMERS_4_57,
+    },
+}
+"""What a release imports beside it, at versions of its time, where the newest release's
+dependencies do not import it; the others run on the newest release's (``PEER_TESTS`` in
+``noxfile.py``)."""
+RELEASE_REQUIRES["trl_grpo"] = RELEASE_REQUIRES["trl"]
+
+BESIDE_THE_MATRIX = ("trl_grpo",)
+"""Adapters the conformance matrix does not run (the history benchmark's), whose releases
+the report lists after the table."""
 
 
 def served_and_tested(module: str) -> str:

@@ -79,7 +79,7 @@ from tools.conformance.records import (
     read_records,
     recorded_nodeids,
 )
-from tools.conformance.releases import served_and_tested
+from tools.conformance.releases import BESIDE_THE_MATRIX, served_and_tested
 
 __all__ = ["main"]
 
@@ -402,7 +402,13 @@ def _markdown(
             "spelling each release's call, and refuses any other before the call "
             "(`UnservedReleaseError`, naming the installed version and the range). "
             "`nox -s peer_releases` runs the adapter's own tests on the releases listed after "
-            "the semicolon (`tools/conformance/releases.py`), one at a time.",
+            "the semicolon (`tools/conformance/releases.py`), one at a time. Beside the "
+            "matrix (the history benchmark's adapters): "
+            + "; ".join(
+                f"`tp_logprob.peers.{module}` {served_and_tested(module)}"
+                for module in BESIDE_THE_MATRIX
+            )
+            + ".",
             "",
             f"Profile `{args.profile}` (fixed seed), `-n {args.workers}`; suite time "
             + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items())

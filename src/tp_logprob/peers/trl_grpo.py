@@ -11,9 +11,13 @@ stand-in that holds only what the method reads: ``temperature``, and
 ``args.report_to = []`` for the profiling decorator 0.16.0 wraps it in. No weights
 are loaded.
 
-The method has this signature from trl 0.15.0 until 0.17.0, which added a
-``batch_size`` argument (read from each release's ``grpo_trainer.py``); other
-releases are refused by version (:data:`SERVED`), not guessed at.
+The method has these four arguments from trl 0.15.0; 0.17.0 added a fifth,
+``batch_size=None`` (the rows per forward pass; all rows when left out), which the
+adapter leaves out, and 0.20.0 replaced the method by
+``_get_per_token_logps_and_entropies``, which returns a dict and reads more of the
+trainer (read from each release's ``grpo_trainer.py``). Other releases are refused
+by version (:data:`SERVED`), not guessed at. Verified, with this adapter's tests under
+``nox -s peer_releases``, on the releases ``tools/conformance/releases.py`` lists.
 
 Capability: TP=1, fp32, no padding, every token active (the method has no mask),
 train and infer, ``fixed_topology``, temperature (what the trainer samples with),
@@ -47,10 +51,11 @@ __all__ = ["CAPABILITY", "SERVED", "honest", "trl_grpo_logprob"]
 
 SERVED = ServedReleases(
     "trl",
-    (((0, 15), (0, 17)),),
-    "0.14 has no GRPOTrainer._get_per_token_logps, and 0.17 added its batch_size argument",
+    (((0, 15), (0, 20)),),
+    "0.14 has no GRPOTrainer._get_per_token_logps, and 0.20 replaced it by "
+    "_get_per_token_logps_and_entropies",
 )
-"""The trl releases whose ``_get_per_token_logps`` takes four arguments (0.15 and 0.16)."""
+"""The trl releases whose ``_get_per_token_logps`` the adapter calls (0.15 to 0.19)."""
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="trl_grpo_per_token_logps",
