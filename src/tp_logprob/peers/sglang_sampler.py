@@ -28,7 +28,9 @@ torchvision at the top (see below).
 ``sglang.srt.layers.sampler`` itself does not import without a GPU build: its import
 reaches ``sglang.srt.configs``, whose multimodal configs import torchvision, and PyPI's
 only torchvision for Linux x86-64 is a CUDA build that does not load beside the CPU
-build of torch. The adapter therefore compiles the definitions it runs (the sampler's
+build of torch (0.28.0, the release for torch 2.13: its ``_C.so`` links
+``libc10_cuda.so``, and ``import torchvision`` fails with "operator torchvision::nms
+does not exist"). The adapter therefore compiles the definitions it runs (the sampler's
 ``_SamplingMaskCapture``, ``top_k_top_p_min_p_sampling_from_probs_torch``,
 ``sampling_from_probs_torch`` and ``Sampler``'s two sampling mask builders, and
 ``SamplingMaskStatus`` and ``SamplingMaskOutput`` of ``logits_processor.py``) from the
@@ -94,8 +96,11 @@ __all__ = ["CAPABILITY", "SERVED", "VERIFIED_VERSIONS", "honest", "sglang_proces
 SERVED = ServedReleases(
     "sglang",
     (((0, 5, 21), (0, 6)),),
-    "0.5.20's package imports torchvision at the top, which does not load beside a CPU "
-    "torch, and the others are not yet verified",
+    "releases before 0.5.20 have no sampling mask (Sampler._build_sampling_mask_output); "
+    "0.5.20's sglang.srt.utils.common imports torchvision at the top, and PyPI's torchvision "
+    "for torch 2.13 (0.28.0) is a CUDA build whose _C.so needs libc10_cuda.so, which a CPU "
+    "torch lacks (import torchvision: 'operator torchvision::nms does not exist'); "
+    "0.5.23 is the newest release",
 )
 """The releases of sglang the adapter serves; it refuses the others before any work."""
 
