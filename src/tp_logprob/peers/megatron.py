@@ -19,17 +19,25 @@ end, its communication included. It needs a real process group
 (``real_group_only``), takes Megatron's ``rank * width`` ranges (even shards only)
 and exports no LSE.
 
-Verified with megatron-core 0.19.2 (``>=0.19,<0.20``). Its metadata asks for
-Python >= 3.12, but the package is pure Python apart from an optional dataset
-helper; on Python 3.11 install it from the source distribution, without the
-Python check, and with only the dependencies it imports here (torch, numpy,
-packaging)::
+Releases (:data:`SERVED`, read from each release's ``tensor_parallel/cross_entropy.py``):
+0.8.0 split ``_VocabParallelCrossEntropy.forward`` into the
+``VocabParallelCrossEntropy`` pieces this adapter runs, and they are the same through
+0.19.2 (0.19 added an optional ``tp_group`` to ``vocab_parallel_cross_entropy``,
+left out here, so it uses ``parallel_state``'s group as before). Verified with
+megatron-core 0.19.2 (the conformance run) and, with this adapter's tests under
+``nox -s peer_releases``, the releases ``tools/conformance/releases.py`` lists. From
+0.17 its metadata asks for Python >= 3.12, but the package is pure Python apart
+from an optional dataset helper; on Python 3.11 install it from the source
+distribution, without the Python check, and with only the dependencies it imports
+here (torch, numpy, packaging; and ``pkg_resources``, ``setuptools<81``, for
+0.8)::
 
     pip install --no-deps --ignore-requires-python --no-binary megatron-core "megatron-core==0.19.2"
 
 (``--no-binary`` because the wheel is tagged cp312; ``--no-deps`` so pip does not
-pull a CUDA torch.) Importing it warns that Transformer Engine and Apex are
-missing; the adapter silences those import warnings.
+pull a CUDA torch; 0.8.0 and 0.9.0 have no source distribution, only cp311 wheels.)
+Importing it warns that Transformer Engine and Apex are missing; the adapter
+silences those import warnings.
 
 Capability, from Megatron's docs and ``tensor_parallel/cross_entropy.py``:
 
@@ -110,8 +118,9 @@ __all__ = [
 
 SERVED = ServedReleases(
     "megatron-core",
-    (((0, 19), (0, 20)),),
-    "the releases outside are not yet verified",
+    (((0, 8), (0, 20)),),
+    "releases before 0.8 have no VocabParallelCrossEntropy pieces (their "
+    "_VocabParallelCrossEntropy.forward is one block), and 0.19.2 is the newest release",
 )
 """The releases of megatron-core the adapter serves; it refuses the others before any work."""
 
