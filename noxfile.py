@@ -74,6 +74,16 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "sglang_sampler": ("sglang", tuple(SGLANG_IMPORTS), ("tests/peers/test_sglang_sampler.py",)),
     "openrlhf": ("openrlhf", (), ("tests/peers/test_openrlhf.py",)),
     "openrlhf_actor": ("openrlhf", (), ("tests/peers/test_openrlhf_actor.py",)),
+    "torch_loss_parallel": (
+        "torch",
+        (),
+        (
+            "tests/peers/test_adapters.py",
+            "tests/peers/test_real_group_peers.py",
+            "-k",
+            "loss_parallel",
+        ),
+    ),
     # 0.8's package imports pkg_resources; the real-group tests run Megatron's own all-reduces.
     "megatron": (
         "megatron-core",
@@ -85,9 +95,14 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 """Each adapter's library, what the adapter imports beside it, and its tests, for
 ``nox -s peer_releases`` (the releases: ``tools/conformance/releases.py``)."""
 
-RELEASE_INSTALL = {"megatron": ("--ignore-requires-python",)}
-"""Options installing an adapter's releases: megatron-core asks for Python >= 3.12 from
-0.17 but imports on 3.11 (pip takes the source distribution: the wheels are cp312)."""
+RELEASE_INSTALL = {
+    "megatron": ("--no-deps", "--force-reinstall", "--ignore-requires-python"),
+    "torch_loss_parallel": (),
+}
+"""Options installing an adapter's releases, where not ``--no-deps --force-reinstall``:
+megatron-core asks for Python >= 3.12 from 0.17 but imports on 3.11 (pip takes the source
+distribution: the wheels are cp312); a CUDA build of torch needs its CUDA libraries
+(2.14.1's lie on the CPU machines' disk), and 2.13.0 is the local CPU build."""
 
 
 def _tool(relative: str) -> Any:
@@ -304,8 +319,8 @@ def peer_releases(session: nox.Session, adapter: str) -> None:
         if beside:
             session.install(*_constraints(), *beside)
         # Each release alone, over the last: its pins would pull other torch builds.
-        options = RELEASE_INSTALL.get(adapter, ())
-        session.install("--no-deps", "--force-reinstall", *options, f"{distribution}=={release}")
+        options = RELEASE_INSTALL.get(adapter, ("--no-deps", "--force-reinstall"))
+        session.install(*options, f"{distribution}=={release}")
         try:
             output = session.run(
                 "pytest", *tests, "-q", "-p", "no:cacheprovider", "-n", "0", "-rs", silent=True

@@ -6,7 +6,14 @@ mesh, upcast with ``.float()`` (as TorchTitan's ``cross_entropy_loss`` does), an
 ``torch.nn.functional.cross_entropy(..., reduction="none")`` runs under
 ``torch.distributed.tensor.parallel.loss_parallel()``, whose handlers compute the
 log-softmax with an all-reduce MAX and an all-reduce SUM and gather the target
-logit with a masked all-reduce. Verified with torch 2.13.0 (``>=2.13,<2.14``).
+logit with a masked all-reduce. Verified with torch 2.13.0 (the conformance run,
+the CPU build) and, with this adapter's tests under ``nox -s peer_releases``, 2.14.1
+(PyPI's CUDA 13 build, its CUDA libraries from disk, on a CPU: ``>=2.13,<2.15``).
+Other releases are refused: PyPI's Linux builds of torch are CUDA builds, and the
+CPU runs install 2.14.1's wheel and CUDA libraries from local disk; any other
+release downloads its own (2.12.0: the wheel, nvidia-cudnn-cu13 9.20 and
+nvidia-nccl-cu13 2.29, gigabytes), and the adapter drives PyTorch's private
+threaded process group, which moves between releases.
 
 Process groups. With a :class:`tp_logprob.comm.TorchGroup` handle the mesh is
 built on its real process group (gloo on CPU, nccl on GPU). The property suite
@@ -82,8 +89,10 @@ __all__ = [
 
 SERVED = ServedReleases(
     "torch",
-    (((2, 13), (2, 14)),),
-    "the adapter drives torch's private threaded process group, which other releases may move",
+    (((2, 13), (2, 15)),),
+    "the adapter drives torch's private threaded process group "
+    "(torch.testing._internal.distributed.multi_threaded_pg), which other releases may move, "
+    "and only 2.13 and 2.14 were run",
 )
 """The torch releases the adapter serves; it refuses the others before any work."""
 
