@@ -43,7 +43,18 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
         "1.14.0",
         "1.16.0",
     ),
-    "trl_grpo": ("0.15.0", "0.15.2", "0.16.0", "0.17.0", "0.19.1"),
+    "trl_grpo": (
+        "0.15.0",
+        "0.15.2",
+        "0.16.0",
+        "0.17.0",
+        "0.19.1",
+        "0.20.0",
+        "0.29.1",
+        "1.0.0",
+        "1.8.0",
+        "1.13.0",
+    ),
     "verl": (
         "0.1",
         "0.2.0.post2",
@@ -87,7 +98,11 @@ RELEASE_REQUIRES: dict[str, dict[str, tuple[str, ...]]] = {
 """What a release imports beside it, at versions of its time, where the newest release's
 dependencies do not import it; the others run on the newest release's (``PEER_TESTS`` in
 ``noxfile.py``)."""
-RELEASE_REQUIRES["trl_grpo"] = RELEASE_REQUIRES["trl"]
+_TRL_1 = ("transformers==4.57.6", "accelerate==1.11.0", "datasets==4.7.0", "rich", "jinja2")
+RELEASE_REQUIRES["trl_grpo"] = {
+    **RELEASE_REQUIRES["trl"],
+    **dict.fromkeys(("1.0.0", "1.8.0", "1.13.0"), _TRL_1),
+}
 
 BESIDE_THE_MATRIX = ("trl_grpo",)
 """Adapters the conformance matrix does not run (the history benchmark's), whose releases

@@ -3,21 +3,26 @@
 ``GRPOTrainer._get_per_token_logps(self, model, input_ids, attention_mask,
 logits_to_keep)`` runs the policy, drops the last position's logits, keeps the
 last ``logits_to_keep`` positions, (from 0.16.0) divides them by
-``self.temperature``, and returns ``selective_log_softmax(logits, input_ids)``.
+``self.temperature``, and returns ``selective_log_softmax(logits, input_ids)``;
+from 0.20.0 ``_get_per_token_logps_and_entropies``, with the same four first
+arguments, does the same and returns the logprobs first in a tuple.
 The adapter calls that method, the trainer's code, on a harness: a model whose
 forward returns the given logits (one sequence of ``N + 1`` positions, the last a
 dummy the method drops), the targets as the last ``N`` input ids, and a trainer
-stand-in that holds only what the method reads: ``temperature``, and
-``args.report_to = []`` for the profiling decorator 0.16.0 wraps it in. No weights
-are loaded.
+stand-in that holds only what the method reads: ``temperature``,
+``model_kwarg_keys`` (empty: the harness takes no ``logits_to_keep``), and for the
+profiling decorator 0.16.0 wraps it in ``args.report_to = []`` (and, in later releases,
+``state.global_step`` and ``accelerator.is_main_process``). No weights are loaded.
 
-The method has these four arguments from trl 0.15.0; 0.17.0 added a fifth,
-``batch_size=None`` (the rows per forward pass; all rows when left out), which the
-adapter leaves out, and 0.20.0 replaced the method by
-``_get_per_token_logps_and_entropies``, which returns a dict and reads more of the
-trainer (read from each release's ``grpo_trainer.py``). Other releases are refused
-by version (:data:`SERVED`), not guessed at. Verified, with this adapter's tests under
-``nox -s peer_releases``, on the releases ``tools/conformance/releases.py`` lists.
+Releases (:data:`SERVED`, read from each release's ``grpo_trainer.py``): the
+method has these four arguments from trl 0.15.0; 0.17.0 added ``batch_size=None``
+(the rows per forward pass; all rows when left out), which the adapter leaves out;
+0.20.0 renamed it ``_get_per_token_logps_and_entropies`` (``(logps, entropies)``;
+from 1.8 a third item, the MoE aux loss); 1.14.0 made it dispatch to other methods
+(``_full_logits_logps`` or ``_chunked_logps``), and 1.16.0 lets the model score
+the tokens (``fused_lm_head=True``), so those are refused by version, not guessed
+at. Verified, with this adapter's tests under ``nox -s peer_releases``, on the
+releases ``tools/conformance/releases.py`` lists.
 
 Capability: TP=1, fp32, no padding, every token active (the method has no mask),
 train and infer, ``fixed_topology``, temperature (what the trainer samples with),
@@ -51,11 +56,14 @@ __all__ = ["CAPABILITY", "SERVED", "honest", "trl_grpo_logprob"]
 
 SERVED = ServedReleases(
     "trl",
-    (((0, 15), (0, 20)),),
-    "0.14 has no GRPOTrainer._get_per_token_logps, and 0.20 replaced it by "
-    "_get_per_token_logps_and_entropies",
+    (((0, 15), (1, 14)),),
+    "0.14 has no GRPOTrainer._get_per_token_logps, and from 1.14 "
+    "_get_per_token_logps_and_entropies dispatches to other methods",
 )
-"""The trl releases whose ``_get_per_token_logps`` the adapter calls (0.15 to 0.19)."""
+"""The trl releases whose per-token logprob method the adapter calls (0.15 to 1.13)."""
+
+_RENAMED = (0, 20, 0)
+"""The first release whose method is ``_get_per_token_logps_and_entropies``."""
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="trl_grpo_per_token_logps",
@@ -73,11 +81,15 @@ CAPABILITY = LogprobBackendCapability(
 
 @imported_once
 def _method() -> Any:
-    SERVED.installed()
+    """The installed release's method, as a call that returns the logprobs alone."""
+    release = SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' import-time notices
         from trl.trainer.grpo_trainer import GRPOTrainer
-    return GRPOTrainer._get_per_token_logps
+    if release < _RENAMED:
+        return GRPOTrainer._get_per_token_logps
+    method = GRPOTrainer._get_per_token_logps_and_entropies
+    return lambda *arguments: method(*arguments)[0]
 
 
 class _Harness:
@@ -94,7 +106,13 @@ class _Harness:
 def _logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """The trainer's method on one sequence whose completion is ``targets``."""
     ids = torch.cat([targets.new_zeros(1), targets]).unsqueeze(0)
-    trainer = SimpleNamespace(temperature=temperature, args=SimpleNamespace(report_to=[]))
+    trainer = SimpleNamespace(
+        temperature=temperature,
+        model_kwarg_keys=(),
+        args=SimpleNamespace(report_to=[]),
+        state=SimpleNamespace(global_step=0),
+        accelerator=SimpleNamespace(is_main_process=True),
+    )
     rows = len(targets)
     logps: torch.Tensor = _method()(trainer, _Harness(logits), ids, torch.ones_like(ids), rows)
     return logps[0]
