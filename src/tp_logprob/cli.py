@@ -90,7 +90,12 @@ def add_commands(commands: Any) -> None:
     rollout.add_argument(
         "--logit-noise", type=float, default=None, metavar="EPS",
         help="the perturbation between the engine's and the trainer's logits (sup norm, in "
-        "logits); estimated from the tokens by default",
+        "logits), the same on every token; a per-token a + b m_t is estimated by default",
+    )  # fmt: skip
+    rollout.add_argument(
+        "--logit-noise-model", type=float, nargs=2, default=None, metavar=("A", "B"),
+        help="the per-token perturbation a + b m_t, m_t the largest |logit| over the token's "
+        "mask (instead of estimating a and b)",
     )  # fmt: skip
     rollout.add_argument("--clip", type=float, default=0.2, help="PPO's clip range (0.2)")
     rollout.add_argument(
@@ -293,6 +298,9 @@ def _rollout_check(args: argparse.Namespace) -> int:
             min_p=args.min_p,
             real_vocab_size=args.vocab,
             logit_noise=args.logit_noise,
+            logit_noise_model=(
+                None if args.logit_noise_model is None else tuple(args.logit_noise_model)
+            ),
             clip=args.clip,
             engine_order=_engine_order(args.engine_order),
             backend=args.backend,

@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from tp_logprob.rollout.noise import (
     MIN_TOKENS,
     estimate_noise,
+    given_noise,
     log_odds,
+    median_line,
     noise_interval,
+    token_magnitude,
     token_shift,
 )
 from tp_logprob.rollout.units import k3, rl_units
@@ -78,21 +81,53 @@ def test_a_certain_token_stays_certain_and_log_odds_invert() -> None:
 
 def test_the_estimate_covers_a_clean_run_and_ignores_what_a_cause_fits() -> None:
     rng = np.random.default_rng(0)
-    shift = np.abs(rng.normal(0.0, 0.01, 4000))
+    magnitude = rng.uniform(5.0, 40.0, 4000)
+    shift = np.abs(rng.normal(0.0, 1.0, 4000)) * (0.002 + 0.001 * magnitude)
     fitted = np.zeros(4000, dtype=bool)
-    clean = estimate_noise(shift, fitted, largest_logit=20.0)
+    clean = estimate_noise(shift, fitted, magnitude, largest_logit=40.0)
     assert clean.source == "estimated"
-    assert shift.max() < clean.eps < 2 * 6 * 0.01
+    assert clean.a == pytest.approx(6 * 0.002, rel=0.5)
+    assert clean.b == pytest.approx(6 * 0.001, rel=0.1)
+    assert (shift < clean.per_token).all()
+    # The line follows the magnitude: the small tokens get a narrower noise than one size.
+    assert clean.per_token[magnitude < 10].max() < 0.5 * clean.per_token[magnitude > 35].min()
     faulty = shift.copy()
     faulty[:1500] = 5.0  # a cause fits these: they do not move the estimate
     fitted[:1500] = True
-    assert estimate_noise(faulty, fitted, 20.0).eps == pytest.approx(
-        estimate_noise(shift[1500:], fitted[1500:], 20.0).eps
-    )
-    few = estimate_noise(shift[: MIN_TOKENS - 1], np.zeros(MIN_TOKENS - 1, dtype=bool), 20.0)
-    assert few.source == "smallest" and few.eps == shift[: MIN_TOKENS - 1].max()
-    capped = estimate_noise(shift * 1000, np.zeros(4000, dtype=bool), 1.0)
-    assert capped.source == "capped" and capped.eps == capped.ceiling
+    moved = estimate_noise(faulty, fitted, magnitude, 40.0)
+    kept = estimate_noise(shift[1500:], fitted[1500:], magnitude[1500:], 40.0)
+    assert (moved.a, moved.b) == pytest.approx((kept.a, kept.b))
+    few = estimate_noise(shift[: MIN_TOKENS - 1], np.zeros(MIN_TOKENS - 1, dtype=bool),
+                         magnitude[: MIN_TOKENS - 1], 40.0)  # fmt: skip
+    assert few.source == "smallest" and few.eps == shift[: MIN_TOKENS - 1].max() and few.b == 0
+    capped = estimate_noise(shift * 1000, np.zeros(4000, dtype=bool), magnitude, 1.0)
+    assert capped.source == "capped" and capped.per_token.max() == capped.ceiling
+
+
+@pytest.mark.parametrize(
+    ("alpha", "beta"),
+    [(0.01, 0.0), (0.0, 0.002), (0.004, 0.001)],
+    ids=["constant", "relative", "both"],
+)
+def test_the_median_line_finds_the_conditional_median(alpha: float, beta: float) -> None:
+    rng = np.random.default_rng(1)
+    magnitude = rng.uniform(2.0, 30.0, 3000)
+    shift = (alpha + beta * magnitude) * np.abs(rng.normal(0.0, 1.0, 3000)) / 0.6745
+    shift[:300] = 10.0  # a tenth moved by a cause no hypothesis caught: the median moves ~15%
+    found = median_line(shift, magnitude)
+    assert found[0] == pytest.approx(alpha, abs=0.25 * (alpha + 30 * beta))
+    assert found[1] == pytest.approx(beta, abs=0.25 * (alpha / 30 + beta))
+    assert min(found) >= 0.0
+
+
+def test_a_given_noise_is_a_constant_or_a_line() -> None:
+    magnitude = np.array([1.0, 10.0, 30.0])
+    constant = given_noise(0.05, magnitude, 30.0)
+    assert constant.per_token.tolist() == [0.05] * 3 and constant.source == "given"
+    line = given_noise((0.01, 0.002), magnitude, 30.0)
+    assert line.per_token == pytest.approx([0.012, 0.03, 0.07]) and line.source == "given_model"
+    kept = np.array([[-3.0, 2.0, -np.inf], [-np.inf, -np.inf, -np.inf]])
+    assert token_magnitude(kept).tolist() == [3.0, 0.0]
 
 
 def test_the_rl_units_are_the_textbook_ones() -> None:

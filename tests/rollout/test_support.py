@@ -16,20 +16,13 @@ import torch
 
 from tp_logprob.engine_formats import EngineRollout
 from tp_logprob.oracle import (
-    admissible_support,
-    classify_support,
     exact_processed_logprob,
     exact_support,
     support_margins,
 )
+from tp_logprob.rollout.borderline import _judge_row, judge_under_noise
 from tp_logprob.rollout.check import _recomputed
-from tp_logprob.rollout.support import (
-    favoured_logits,
-    judge_under_noise,
-    kth_largest,
-    noisy_margins,
-    top_columns,
-)
+from tp_logprob.rollout.support import kth_largest, top_columns
 from tp_logprob.rollout.trainer import dense_mask
 from tp_logprob.support import SupportSpec
 
@@ -84,12 +77,10 @@ def test_top_columns_are_the_columns_at_or_above_the_kth_and_the_kept(seed: int)
 def test_the_mask_under_the_noise_is_judged_as_on_the_whole_row(seed: int, eps: float) -> None:
     x, mask = _logits(seed), _masks(_logits(seed), seed)
     margins = support_margins("fp32", V, num_shards=2)
-    found = judge_under_noise(x, mask, margins, V, T, eps, PARAMS)
-    c = classify_support(
-        favoured_logits(x, mask, eps), margins=noisy_margins(margins, eps, T),
-        real_vocab_size=V, temperature=T, **PARAMS,
-    )  # fmt: skip
-    whole = [not admissible_support(c, mask, active_mask=np.arange(ROWS) == r) for r in range(ROWS)]
+    size = np.full(ROWS, eps)
+    size[::4] = 2 * eps  # each row its own noise
+    found = judge_under_noise(x, mask, margins, V, T, size, PARAMS)
+    whole = [_judge_row(x[r], mask[r], margins, V, T, float(size[r]), PARAMS) for r in range(ROWS)]
     assert found == whole
     assert 0 < sum(found) < ROWS  # both kinds of row are judged
 

@@ -166,9 +166,10 @@ def _lse32(z: npt.NDArray[np.float32]) -> Floats:
 
 
 def explained(
-    engine: Floats, predicted: Floats, bound: Floats, eps: float, temperature: float
+    engine: Floats, predicted: Floats, bound: Floats, eps: Floats | float, temperature: float
 ) -> Bools:
-    """Where ``predicted`` under the noise and the op's ``bound`` holds the engine's value."""
+    """Where ``predicted`` under the noise (``eps``: per token, or one size) and the op's
+    ``bound`` holds the engine's value."""
     low, high = noise_interval(predicted, eps, temperature)
     with np.errstate(invalid="ignore"):
         inside = (engine >= low - bound) & (engine <= high + bound)

@@ -29,6 +29,7 @@ from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.engine_formats import EngineRollout
 from tp_logprob.oracle import exact_processed_logprob, exact_selected_logprob, exact_support
 from tp_logprob.oracle import support_margins as op_margins
+from tp_logprob.rollout.borderline import judge_under_noise
 from tp_logprob.rollout.causes import (
     Hypothesis,
     explained,
@@ -38,16 +39,22 @@ from tp_logprob.rollout.causes import (
     kept_logprob,
     solve_temperature,
 )
-from tp_logprob.rollout.inputs import check_logits, check_options, join_rollouts
+from tp_logprob.rollout.inputs import (
+    check_logits,
+    check_noise_model,
+    check_options,
+    join_rollouts,
+)
 from tp_logprob.rollout.noise import (
     estimate_noise,
     given_noise,
     noise_interval,
+    token_magnitude,
     token_shift,
 )
 from tp_logprob.rollout.numerics import op_bound
 from tp_logprob.rollout.report import ResponseFinding, RolloutCheck
-from tp_logprob.rollout.support import judge_under_noise, screen_masks, top_columns
+from tp_logprob.rollout.support import screen_masks, top_columns
 from tp_logprob.rollout.trainer import (
     dense_mask,
     kept_values,
@@ -78,6 +85,7 @@ def check_rollout(
     min_p: float | None = None,
     real_vocab_size: int | None = None,
     logit_noise: float | None = None,
+    logit_noise_model: tuple[float, float] | None = None,
     clip: float = 0.2,
     engine_order: AccumulationOrder | None = None,
     backend: str = "torch_native",
@@ -90,7 +98,9 @@ def check_rollout(
 
     ``top_k`` / ``top_p`` / ``min_p`` are the engine's sampling parameters, when known;
     ``logit_noise`` the size of the perturbation between the engine's and the trainer's
-    logits (estimated from the tokens when None); ``clip`` PPO's clip range;
+    logits, the same on every token, or ``logit_noise_model`` its ``(a, b)`` in
+    ``a + b m_t`` (:mod:`tp_logprob.rollout.noise`; estimated from the tokens when both
+    are None); ``clip`` PPO's clip range;
     ``engine_order`` how the engine's logprob op sums a shard, when it declares one (its
     numerics bound; None: any order). The trainer's backend is held to the bound of the
     order its capability declares.
@@ -102,6 +112,11 @@ def check_rollout(
     responses = [rollouts] if isinstance(rollouts, EngineRollout) else list(rollouts)
     params: dict[str, Any] = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
     check_options(engine_temperature, trainer_temperature, params, logit_noise, clip)
+    given = (
+        logit_noise
+        if logit_noise_model is None
+        else check_noise_model(logit_noise_model, logit_noise)
+    )
     shards = list(logits) if isinstance(logits, (list, tuple)) else [logits]
     rollout, owner = join_rollouts(responses)
     dtype = check_logits(shards, rollout, real_vocab_size, group, files)
@@ -154,13 +169,14 @@ def check_rollout(
     for values in misfit.values():
         with np.errstate(invalid="ignore"):
             fitted |= informative & (values < shift)
-    largest = float(np.max(np.abs(kept[np.isfinite(kept)]), initial=0.0))
+    magnitude = token_magnitude(kept)
+    largest = float(magnitude.max(initial=0.0))
     noise = (
-        estimate_noise(shift, fitted, largest)
-        if logit_noise is None
-        else given_noise(logit_noise, largest)
+        estimate_noise(shift, fitted, magnitude, largest)
+        if given is None
+        else given_noise(given, magnitude, largest)
     )
-    eps = noise.eps
+    eps = noise.per_token
     low, high = noise_interval(oracle, eps, t)
     with np.errstate(invalid="ignore"):
         within_op = np.abs(engine - oracle) <= bound
@@ -211,7 +227,7 @@ def check_rollout(
         findings.append(ResponseFinding(index, begin, end, solved, stale, _name(fit)))
     verdict[open_] = "unexplained"
     for t_ in np.flatnonzero(open_).tolist():
-        detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps:.3g}"
+        detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps[t_]:.3g}"
     _judge_masks(problems, columns, rollout, margins, rv, t, eps, params, block, verdict, detail)
     for finding in findings:
         if finding.stale:  # its masks come from the other weights too
@@ -315,7 +331,7 @@ def _name_tokens(
     beyond: Bools,
     engine: Floats,
     bound: Floats,
-    eps: float,
+    eps: Floats,
     predicted: dict[Hypothesis, Floats],
     misfit: dict[Hypothesis, Floats],
     verdict: npt.NDArray[Any],
@@ -396,7 +412,7 @@ def _judge_masks(
     margins: Any,
     rv: int,
     t: float,
-    eps: float,
+    eps: Floats,
     params: dict[str, Any],
     block: int,
     verdict: npt.NDArray[Any],
@@ -412,7 +428,7 @@ def _judge_masks(
         part = rows[start : start + block]
         x = logit_rows(columns, part)
         mask = dense_mask(rollout, part, x.shape[1])
-        fine += judge_under_noise(x, mask, margins, rv, t, eps, params)
+        fine += judge_under_noise(x, mask, margins, rv, t, eps[part], params)
     for row, ok in zip(rows.tolist(), fine, strict=True):
         current = str(verdict[row])
         if ok:

@@ -25,6 +25,7 @@ from tp_logprob.support import SupportSpec
 __all__ = [
     "RolloutInputError",
     "check_logits",
+    "check_noise_model",
     "check_options",
     "check_outputs",
     "join_rollouts",
@@ -121,6 +122,24 @@ def check_options(
         )
     if not (_real(clip) and 0.0 < clip < 1.0):
         raise RolloutInputError(OPTION, None, f"--clip={clip!r}: expected 0 < clip < 1")
+
+
+def check_noise_model(model: Any, logit_noise: float | None) -> tuple[float, float]:
+    """``--logit-noise-model A B``: the per-token noise ``a + b m_t``, both finite and >= 0
+    (and not with ``--logit-noise``, a constant)."""
+    if logit_noise is not None:
+        raise RolloutInputError(
+            OPTION, None, "--logit-noise and --logit-noise-model: give one noise, not both"
+        )
+    if not (
+        isinstance(model, (tuple, list))
+        and len(model) == 2
+        and all(_real(v) and v >= 0.0 for v in model)
+    ):
+        raise RolloutInputError(
+            OPTION, None, f"--logit-noise-model={model!r}: expected two finite sizes a b >= 0"
+        )
+    return float(model[0]), float(model[1])
 
 
 def _real(value: Any) -> bool:

@@ -19,15 +19,28 @@ probability ``p`` moves by about ``2 (1 - p) eps / T``, so a nearly certain toke
 barely moves while a rare one moves by the full ``2 eps / T``.
 :func:`noise_interval` maps the log-odds interval back to logprobs.
 
-**The estimate.** Each token needs at least ``eps_t = T |d log-odds| / 2``. Over
-the tokens that no cause fits better than the noise does, ``sigma`` is the robust
-scale of ``eps_t`` (its median over 0.6745, a half-normal's), and ``eps = 6 sigma``:
-a Gaussian token beyond it is a six-sigma event; the margin is for the heavier tails
-of bf16 rounding, which grows with each logit. A perturbation
-larger than :data:`CEILING_UNITS` bf16 roundings of the largest kept logit is not two
-forward passes of one policy: the estimate is capped there and the report says so.
-With fewer than :data:`MIN_TOKENS` tokens to estimate from, ``eps`` is the smallest
-size that explains them all.
+**The per-token model.** bf16 rounding and the differences between two forward
+passes are relative to each logit, so a token whose kept logits are small sees a
+smaller perturbation than one whose are large. Each token's size is
+
+    eps_t = a + b m_t,    m_t = max |x_v| over the token's returned mask,
+
+the largest logit its logprob reads (:func:`token_magnitude`): ``a`` is the part
+no magnitude explains, ``b`` the relative part. ``--logit-noise`` gives a constant
+``eps`` (``a = eps``, ``b = 0``); ``logit_noise_model=(a, b)`` gives both.
+
+**The estimate.** Each token needs at least ``s_t = T |d log-odds| / 2``. Over the
+tokens that no cause fits better than the noise does, ``s_t`` is modelled as
+``sigma_t |g|``, ``sigma_t = alpha + beta m_t`` and ``g`` a standard normal, so the
+conditional median of ``s_t`` is ``0.6745 sigma_t``: a least-absolute-deviations
+line of ``s_t`` on ``m_t`` with both coefficients ``>= 0`` (:func:`median_line`;
+robust to the tokens a cause moves that no hypothesis caught) over 0.6745 gives
+``alpha`` and ``beta``, and ``(a, b) = 6 (alpha, beta)``: a Gaussian token beyond its own
+``eps_t`` is a six-sigma event; the margin is for the heavier tails of bf16
+rounding. A perturbation larger than :data:`CEILING_UNITS` bf16 roundings of the
+largest kept logit is not two forward passes of one policy: every ``eps_t`` is
+capped there and the report says so. With fewer than :data:`MIN_TOKENS` tokens to
+estimate from, ``eps`` is constant, the smallest size that explains them all.
 """
 
 from __future__ import annotations
@@ -45,7 +58,9 @@ __all__ = [
     "estimate_noise",
     "given_noise",
     "log_odds",
+    "median_line",
     "noise_interval",
+    "token_magnitude",
     "token_shift",
 ]
 
@@ -59,39 +74,68 @@ MIN_TOKENS = 16
 CEILING_UNITS = 8.0
 """The largest believable perturbation, in bf16 unit roundoffs of the largest logit."""
 BF16_UNIT = 2.0**-8
+IRLS_STEPS = 50
 
 
 @dataclass(frozen=True)
 class NoiseEstimate:
-    """The logit perturbation ``eps`` (sup norm, logit units) the tokens are judged against.
+    """The per-token logit perturbation ``eps_t = a + b m_t`` (sup norm, logit units) the
+    tokens are judged against, capped at ``ceiling``.
 
-    ``source`` is ``"given"``, ``"estimated"``, ``"smallest"`` (too few tokens: the
-    smallest size explaining every one) or ``"capped"`` (the estimate exceeded the
-    ceiling of two forward passes); ``tokens`` how many tokens it was estimated from,
-    ``scale`` their robust scale, ``ceiling`` the largest believable size.
+    ``source`` is ``"given"`` (``--logit-noise``: ``b = 0``), ``"given_model"`` (``a`` and
+    ``b`` given), ``"estimated"``, ``"smallest"`` (too few tokens: the smallest constant
+    explaining every one) or ``"capped"`` (the fit exceeded the ceiling of two forward
+    passes on some token); ``tokens`` how many tokens it was estimated from, ``scale`` the
+    robust scale ``sigma_t`` at the median magnitude, ``magnitude`` each token's ``m_t``.
     """
 
-    eps: float
+    a: float
+    b: float
     source: str
     tokens: int
     scale: float
     ceiling: float
+    magnitude: Floats
+
+    @property
+    def per_token(self) -> Floats:
+        """Each token's ``eps_t``."""
+        m = np.nan_to_num(np.asarray(self.magnitude, dtype=np.float64), nan=0.0)
+        return np.asarray(np.minimum(self.a + self.b * m, self.ceiling), dtype=np.float64)
+
+    @property
+    def eps(self) -> float:
+        """The median token's ``eps_t``: one number for summaries."""
+        values = self.per_token
+        return float(np.median(values)) if values.size else float(min(self.a, self.ceiling))
 
     def describe(self, temperature: float) -> str:
-        bound = 2.0 * self.eps / temperature
+        values = self.per_token
+        low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
         what = {
-            "given": "given (--logit-noise)",
-            "estimated": f"estimated from {self.tokens} tokens ({SIGMAS:g} x their robust "
-            f"scale {self.scale:.3g})",
-            "smallest": f"the smallest size explaining all {self.tokens} tokens (fewer than "
+            "given": "given (--logit-noise), the same on every token",
+            "given_model": "given (a and b)",
+            "estimated": f"fitted to {self.tokens} tokens ({SIGMAS:g} x their robust scale, "
+            f"{self.scale:.3g} at the median magnitude)",
+            "smallest": f"the smallest constant explaining all {self.tokens} tokens (fewer than "
             f"{MIN_TOKENS} to estimate from; pass --logit-noise)",
-            "capped": f"capped at {CEILING_UNITS:g} bf16 roundings of the largest logit: the "
-            f"tokens' scale {self.scale:.3g} is more than two forward passes of one policy give",
+            "capped": f"capped at {CEILING_UNITS:g} bf16 roundings of the largest logit "
+            f"({self.ceiling:.3g}): the fit is more than two forward passes of one policy give",
         }[self.source]
         return (
-            f"logit noise eps = {self.eps:.3g} ({what}); it moves a token's log-odds by at most "
-            f"2 eps / T = {bound:.3g}"
+            f"logit noise eps_t = a + b m_t with a = {self.a:.3g}, b = {self.b:.3g} (m_t: the "
+            f"largest |logit| over the token's mask; {what}); eps_t from {low:.3g} to "
+            f"{high:.3g}, median {self.eps:.3g}; it moves a token's log-odds by at most "
+            f"2 eps_t / T = {2.0 * self.eps / temperature:.3g} at the median"
         )
+
+
+def token_magnitude(kept: Floats) -> Floats:
+    """Each row's ``m_t``: the largest ``|x|`` over its kept values (``-inf`` padded; 0 for a
+    row with none finite)."""
+    values = np.asarray(kept, dtype=np.float64)
+    finite = np.isfinite(values)
+    return np.asarray(np.max(np.where(finite, np.abs(values), 0.0), axis=1, initial=0.0))
 
 
 def log_odds(logprob: Floats) -> Floats:
@@ -107,10 +151,12 @@ def _log_sigmoid(odds: Floats) -> Floats:
         return np.asarray(-np.logaddexp(0.0, -odds), dtype=np.float64)
 
 
-def noise_interval(reference: Floats, eps: float, temperature: float) -> tuple[Floats, Floats]:
-    """The logprobs a perturbation of ``eps`` can give a token whose logprob is ``reference``
-    (``lo <= lp <= hi``): its log-odds within ``2 eps / T``. A token of logprob 0 (its set
-    holds it alone) stays at 0; a non-finite reference gives itself."""
+def noise_interval(
+    reference: Floats, eps: Floats | float, temperature: float
+) -> tuple[Floats, Floats]:
+    """The logprobs a perturbation of ``eps`` (per token, or one size) can give a token whose
+    logprob is ``reference`` (``lo <= lp <= hi``): its log-odds within ``2 eps / T``. A token
+    of logprob 0 (its set holds it alone) stays at 0; a non-finite reference gives itself."""
     odds = log_odds(reference)
     shift = 2.0 * eps / temperature
     low, high = _log_sigmoid(odds - shift), _log_sigmoid(odds + shift)
@@ -130,21 +176,64 @@ def token_shift(value: Floats, reference: Floats, temperature: float) -> Floats:
     return np.asarray(np.where(same, 0.0, shift), dtype=np.float64)
 
 
-def estimate_noise(shift: Floats, fitted: Bools, largest_logit: float) -> NoiseEstimate:
-    """The noise from each informative token's ``shift`` (:func:`token_shift`; NaN where a
-    token says nothing) over the tokens no cause ``fitted``."""
+def median_line(shift: Floats, magnitude: Floats) -> tuple[float, float]:
+    """``(alpha, beta) >= 0`` minimising ``sum |shift - alpha - beta magnitude|``.
+
+    A least-absolute-deviations line, by iteratively reweighted least squares from the
+    ordinary fit; where it leaves the quadrant ``alpha, beta >= 0`` (or the magnitudes are
+    all equal) the better of the two edges is taken (``beta = 0``: the median; ``alpha = 0``: the
+    median of ``shift / magnitude`` weighted by ``magnitude``)."""
+    s = np.asarray(shift, dtype=np.float64)
+    m = np.asarray(magnitude, dtype=np.float64)
+
+    def cost(alpha: float, beta: float) -> float:
+        return float(np.abs(s - alpha - beta * m).sum())
+
+    edges = [(float(np.median(s)), 0.0)]
+    if (m > 0).any():
+        edges.append((0.0, _weighted_median(s[m > 0] / m[m > 0], m[m > 0])))
+    design = np.stack([np.ones_like(m), m], axis=1)
+    floor = max(float(np.median(s)), 1e-300) * 1e-6
+    if m.size and float(np.ptp(m)) > 0.0:
+        coef = np.linalg.lstsq(design, s, rcond=None)[0]
+        for _ in range(IRLS_STEPS):
+            root = np.sqrt(1.0 / np.maximum(np.abs(s - design @ coef), floor))
+            coef = np.linalg.lstsq(design * root[:, None], s * root, rcond=None)[0]
+        if coef[0] >= 0.0 and coef[1] >= 0.0:
+            edges.append((float(coef[0]), float(coef[1])))
+    return min(edges, key=lambda line: cost(*line))
+
+
+def _weighted_median(values: Floats, weights: Floats) -> float:
+    order = np.argsort(values)
+    total = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(total, total[-1] / 2.0)])
+
+
+def estimate_noise(
+    shift: Floats, fitted: Bools, magnitude: Floats, largest_logit: float
+) -> NoiseEstimate:
+    """The noise model from each informative token's ``shift`` (:func:`token_shift`; NaN
+    where a token says nothing) over the tokens no cause ``fitted``, against each token's
+    ``magnitude`` (:func:`token_magnitude`)."""
     ceiling = CEILING_UNITS * BF16_UNIT * largest_logit
-    used = shift[np.isfinite(shift) & ~fitted]
-    if used.size < MIN_TOKENS:
-        eps = float(used.max(initial=0.0))
-        return NoiseEstimate(eps, "smallest", int(used.size), math.nan, ceiling)
-    scale = float(np.median(used)) / HALF_NORMAL_MEDIAN
-    eps = SIGMAS * scale
-    if eps > ceiling:
-        return NoiseEstimate(ceiling, "capped", int(used.size), scale, ceiling)
-    return NoiseEstimate(eps, "estimated", int(used.size), scale, ceiling)
+    used = np.isfinite(shift) & ~fitted
+    if int(used.sum()) < MIN_TOKENS:
+        eps = float(shift[used].max(initial=0.0))
+        return NoiseEstimate(eps, 0.0, "smallest", int(used.sum()), math.nan, ceiling, magnitude)
+    alpha, beta = median_line(shift[used], magnitude[used])
+    a, b = SIGMAS * alpha / HALF_NORMAL_MEDIAN, SIGMAS * beta / HALF_NORMAL_MEDIAN
+    scale = (alpha + beta * float(np.median(magnitude[used]))) / HALF_NORMAL_MEDIAN
+    source = "capped" if a + b * float(magnitude.max(initial=0.0)) > ceiling else "estimated"
+    return NoiseEstimate(a, b, source, int(used.sum()), scale, ceiling, magnitude)
 
 
-def given_noise(eps: float, largest_logit: float) -> NoiseEstimate:
-    """The noise the caller gave (``--logit-noise``)."""
-    return NoiseEstimate(eps, "given", 0, math.nan, CEILING_UNITS * BF16_UNIT * largest_logit)
+def given_noise(
+    eps: float | tuple[float, float], magnitude: Floats, largest_logit: float
+) -> NoiseEstimate:
+    """The noise the caller gave: a constant ``eps`` (``--logit-noise``) or ``(a, b)``."""
+    ceiling = CEILING_UNITS * BF16_UNIT * largest_logit
+    if isinstance(eps, tuple):
+        a, b = eps
+        return NoiseEstimate(a, b, "given_model", 0, math.nan, math.inf, magnitude)
+    return NoiseEstimate(eps, 0.0, "given", 0, math.nan, max(ceiling, eps), magnitude)

@@ -1,8 +1,10 @@
 """The rollout check drawn: every token against the noise band, and the importance ratios.
 
 Left, each judged token's ``log p_engine - log p_oracle`` against its oracle logprob,
-coloured by verdict, over the band the logit noise allows (it narrows toward
-log p = 0, where a nearly certain token barely moves) and the op's bound. Right,
+coloured by verdict, over the band the logit noise allows at the median token's
+``eps_t`` and, lighter, at the largest (it narrows toward log p = 0, where a
+nearly certain token barely moves) and the op's bound. Each panel's legend sits
+outside its axes, so it hides no point. Right,
 the log importance ratios stacked by verdict, with the [0.9, 1.1] band and the
 clip. Non-finite tokens are counted and named in the title. Drawn on a
 matplotlib ``Figure`` of its own (the object API; no global backend is chosen).
@@ -50,7 +52,7 @@ def plot_rollout(check: RolloutCheck, path: str) -> None:
         raise RuntimeError(
             "--plot needs matplotlib: pip install 'tp-logprob[plot]' (or matplotlib>=3.7)"
         ) from None
-    figure = Figure(figsize=(15, 5.6), layout="constrained")
+    figure = Figure(figsize=(17, 5.6), layout="constrained")
     FigureCanvasAgg(figure)
     left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     _tokens(left, check)
@@ -59,8 +61,8 @@ def plot_rollout(check: RolloutCheck, path: str) -> None:
     named = ", ".join(str(t) for t in bad[:8]) + (" ..." if len(bad) > 8 else "")
     title = (
         f"{check.engine}: {check.token_ids.size} tokens, {len(check.responses)} response(s); "
-        f"engine at fault on {len(check.engine_at_fault())}; eps = {check.noise.eps:.3g} "
-        f"({check.noise.source})"
+        f"engine at fault on {len(check.engine_at_fault())}; eps_t = {check.noise.a:.3g} + "
+        f"{check.noise.b:.3g} m_t, median {check.noise.eps:.3g} ({check.noise.source})"
     )
     if bad:
         title += f"; {len(bad)} non-finite token(s) not drawn: {named}"
@@ -79,13 +81,23 @@ def _tokens(axis: Any, check: RolloutCheck) -> None:
     drawn = np.isfinite(diff) & np.isfinite(check.oracle)
     low_x = float(np.min(check.oracle[drawn], initial=-1.0))
     grid = -np.geomspace(max(-low_x, 1e-6) * 1.05, 1e-9, 400)
-    eps, t = check.noise.eps, float(check.settings["engine_temperature"])
-    band_low, band_high = noise_interval(grid, eps, t)
+    t = float(check.settings["engine_temperature"])
+    sizes = check.noise.per_token
+    eps = check.noise.eps
+    widest = float(sizes.max(initial=eps))
     bound = float(np.median(check.bound[drawn])) if drawn.any() else 0.0
+    if widest > eps:
+        wide_low, wide_high = noise_interval(grid, widest, t)
+        axis.fill_between(
+            grid, wide_low - grid - bound, wide_high - grid + bound, color="#1f77b4",
+            alpha=0.07, label=f"noise band at the largest eps_t ({widest:.3g})",
+        )  # fmt: skip
+    band_low, band_high = noise_interval(grid, eps, t)
     axis.fill_between(
         grid, band_low - grid - bound, band_high - grid + bound, color="#1f77b4", alpha=0.15,
-        label=f"noise band (eps = {eps:.3g}) and op bound",
+        label=f"noise band at the median eps_t ({eps:.3g}) and op bound",
     )  # fmt: skip
+    band_high = noise_interval(grid, widest, t)[1]
     axis.axhline(bound, color="#555555", lw=0.8, ls=":", label=f"op bound ({bound:.2g})")
     axis.axhline(-bound, color="#555555", lw=0.8, ls=":")
     for verdict in _verdicts(check):
@@ -105,7 +117,7 @@ def _tokens(axis: Any, check: RolloutCheck) -> None:
     axis.set_ylabel("log p_engine - log p_oracle")
     axis.set_title("every token against the logit noise")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7, loc="center", ncol=3, framealpha=0.9)  # the band's middle is empty
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def _ratios(axis: Any, check: RolloutCheck) -> None:

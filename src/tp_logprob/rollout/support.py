@@ -4,19 +4,8 @@ With sampling parameters given, each mask is first screened against the rules on
 the trainer's logits with the op's error margins
 (:func:`~tp_logprob.oracle.classify_support`, :func:`~tp_logprob.oracle.admissible_support`):
 a mask they admit is fine. A mask they refuse is judged again under the logit
-noise (:mod:`tp_logprob.rollout.noise`): the engine chose it from logits up to
-``eps`` away, so the check tries the logits within ``eps`` that favour the mask
-most (:func:`favoured_logits`) and widens the mass margins by ``exp(2 eps / T)``.
-Admitted there, the row is ``borderline`` (a decision that flips within the
-noise, not an engine fault); refused even there, it is ``support``.
-
-The favoured logits are the trainer's with the kept ids raised by ``eps`` but
-pulled down to a common floor (the lowest kept value plus ``eps``) where they can
-reach it, and every other id lowered by ``eps``: the kept set becomes an upper set
-with its tail tied wherever a perturbation of ``eps`` can make it one. For top-k
-(with ties kept) and for the order of the ids this is the best perturbation there
-is; for the mass rules (top-p, min-p) the widened margins cover the rest, so a
-mask called ``support`` is refused by a wide margin.
+noise (:mod:`tp_logprob.rollout.borderline`): ``borderline`` where every decision
+the rules refuse can flip within ``eps``, else ``support``.
 """
 
 from __future__ import annotations
@@ -30,23 +19,17 @@ import numpy.typing as npt
 from tp_logprob.engine_formats import EngineRollout
 from tp_logprob.oracle import (
     SupportClassification,
-    SupportMargins,
     admissible_support,
     classify_support,
 )
 from tp_logprob.rollout.trainer import dense_mask, logit_rows
 
 __all__ = [
-    "favoured_logits",
-    "judge_under_noise",
     "kth_largest",
-    "noisy_margins",
     "screen_masks",
     "top_columns",
 ]
 
-ROWS = 16
-"""Rows judged at once under the noise: a few MiB at a 152k vocabulary."""
 SAMPLE_STRIDE = 16
 """:func:`kth_largest` reads every this-many-th column first."""
 
@@ -144,76 +127,6 @@ def _ids(values: Any, limit: int = 6) -> str:
     shown = ", ".join(str(int(v)) for v in values[:limit])
     more = f" and {values.size - limit} more" if values.size > limit else ""
     return f"token{'s' if values.size > 1 else ''} {shown}{more}"
-
-
-def noisy_margins(margins: SupportMargins, eps: float, temperature: float) -> SupportMargins:
-    """``margins`` widened by a logit perturbation of ``eps``: every mass ``exp(z - M)`` and
-    every sum of them moves by a factor within ``exp(+-2 eps / T)``."""
-    factor = math.exp(2.0 * eps / temperature)
-    return SupportMargins(
-        sum_rel=(1.0 + margins.sum_rel) * factor - 1.0,
-        term_rel=(1.0 + margins.term_rel) * factor - 1.0,
-        arg_rel=margins.arg_rel,
-        threshold_rel=(1.0 + margins.threshold_rel) * factor - 1.0,
-        abs_error=margins.abs_error,
-        unit=margins.unit,
-    )
-
-
-def favoured_logits(
-    x: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], eps: float
-) -> npt.NDArray[np.float32]:
-    """The logits within ``eps`` of ``x`` (one row per mask row) that favour ``mask`` most."""
-    step = np.float32(eps)
-    with np.errstate(invalid="ignore"):
-        floor = np.where(mask, x, np.float32(np.inf)).min(axis=1, keepdims=True) + step
-        lowered = x - step
-        raised = np.maximum(lowered, np.minimum(x + step, floor))
-    return np.asarray(np.where(mask, raised, lowered), dtype=np.float32)
-
-
-def judge_under_noise(
-    x: npt.NDArray[np.float32],
-    mask: npt.NDArray[np.bool_],
-    margins: SupportMargins,
-    rv: int,
-    temperature: float,
-    eps: float,
-    params: dict[str, Any],
-) -> list[bool]:
-    """Per row: is ``mask`` admissible for some logits within ``eps`` of ``x``
-    (:func:`favoured_logits`, :func:`noisy_margins`)?"""
-    wide = noisy_margins(margins, eps, temperature)
-    found = []
-    for start in range(0, len(x), ROWS):
-        part, kept = x[start : start + ROWS], mask[start : start + ROWS]
-        width = rv
-        top_k = params.get("top_k")
-        if top_k is not None and top_k < rv and not kept[:, rv:].any():
-            # The favoured logits' top k lie among x's own top columns and the kept ones
-            # (every value moves down by eps at most, and a column outside them is below k
-            # columns by more than that), so they are computed on those columns alone.
-            part, kept = _top_columns(part[:, :rv], kept[:, :rv], top_k)
-            favoured, kept = _top_columns(favoured_logits(part, kept, eps), kept, top_k)
-            width = favoured.shape[1]
-        else:
-            favoured = favoured_logits(part, kept, eps)
-        c = classify_support(
-            favoured, margins=wide, real_vocab_size=width, temperature=temperature, **params
-        )
-        found += [not admissible_support(_one_row(c, r), kept[r : r + 1]) for r in range(len(part))]
-    return found
-
-
-def _top_columns(
-    x: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], top_k: int
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
-    """Each row's columns at or above its k-th largest value, and its kept ones, first, the
-    rest -inf: top-k keeps none of the others (min-p's survivors are an upper set, so their
-    top k are among these), and top-p reads the survivors of top-k only, so the decisions
-    on these columns are the row's."""
-    values, ids = top_columns(x, top_k, mask)
-    return values, np.take_along_axis(mask, np.maximum(ids, 0), axis=1) & (ids >= 0)
 
 
 def top_columns(

@@ -1,0 +1,159 @@
+"""Which mask decisions a logit perturbation of ``eps`` can flip: exact, token by token.
+
+The engine chose its mask from logits within ``eps`` of the trainer's
+(:mod:`tp_logprob.rollout.noise`). A token's decision can go the mask's way when
+some perturbation ``|d|_inf <= eps`` makes the rules (min-p, then top-k, then
+top-p; ``docs/semantics.md``) decide it so. Every rule keeps token ``v`` more
+readily the higher ``z_v``, the lower every token above it and the higher every
+token at or below it (top-p's mass above ``v`` shrinks and the total grows; top-k
+counts fewer tokens above ``v``; min-p's maximum drops; the survivors of min-p and
+top-k that top-p reads only gain tokens below ``v``). So one perturbation is the
+best there is for all three rules at once, and checking it is exact:
+
+* to **keep** ``v`` (:func:`keep_favoured`): ``v`` raised by ``eps``; every token
+  that can reach it (``x_u <= x_v + 2 eps``) as high as it can go without passing
+  it (``min(x_u + eps, x_v + eps)``: tied with ``v`` counts as not above it); every
+  other token lowered by ``eps``;
+* to **drop** ``v`` (:func:`drop_favoured`): ``v`` lowered by ``eps``; every token
+  that can pass it (``x_u + eps > x_v - eps``) raised by ``eps``; every other token
+  lowered by ``eps``.
+
+Written as conditions (``docs/semantics.md``, "The mask"), with ``e = eps / T``:
+min-p keeps ``v`` iff ``z_v - max_{u != v} z_u + 2e >= log min_p`` (or ``v`` can
+be the maximum), and drops it iff ``z_v - max_{u != v} z_u - 2e < log min_p``;
+top-p keeps ``v`` iff ``e^{-e} A_v < p (e^{-e} A_v + e^{e} B_v)`` with ``A_v`` the
+mass of the tokens above ``x_v + 2 eps`` and ``B_v`` that of the rest (those
+within reach counted at ``v``'s raised value), and drops it iff
+``e^{e} A'_v >= p (e^{e} A'_v + e^{-e} B'_v)`` with ``A'_v`` the mass above
+``x_v - 2 eps`` (``v`` itself apart) and ``B'_v`` the rest with ``v``.
+
+A returned mask is ``borderline`` when each token where it differs from the rules
+(certainly kept or certainly dropped under the op's margins) can flip, each under
+its own perturbation, and its kept and dropped tokens can be ordered as the rules
+need (no dropped token ``2 eps`` or more above a kept one); else ``support``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tp_logprob.oracle import SupportMargins, classify_support
+from tp_logprob.rollout.support import kth_largest
+
+__all__ = ["drop_favoured", "flippable", "judge_under_noise", "keep_favoured"]
+
+Floats32 = npt.NDArray[np.float32]
+Bools = npt.NDArray[np.bool_]
+
+
+def keep_favoured(x: Floats32, v: int, eps: float) -> Floats32:
+    """The logits within ``eps`` of the row ``x`` most favourable to keeping column ``v``."""
+    row = np.asarray(x, dtype=np.float64)
+    top = row[v] + eps
+    with np.errstate(invalid="ignore"):
+        reach = row <= top + eps
+        moved = np.where(reach, np.minimum(row + eps, top), row - eps)
+    moved[v] = top
+    return np.asarray(moved, dtype=np.float32)
+
+
+def drop_favoured(x: Floats32, v: int, eps: float) -> Floats32:
+    """The logits within ``eps`` of the row ``x`` most favourable to dropping column ``v``."""
+    row = np.asarray(x, dtype=np.float64)
+    low = row[v] - eps
+    with np.errstate(invalid="ignore"):
+        moved = np.where(row + eps > low, row + eps, row - eps)
+    moved[v] = low
+    return np.asarray(moved, dtype=np.float32)
+
+
+def flippable(
+    x: Floats32,
+    columns: npt.NDArray[np.int64],
+    keep: Bools,
+    eps: float,
+    margins: SupportMargins,
+    rv: int,
+    temperature: float,
+    params: dict[str, Any],
+) -> Bools:
+    """Per column in ``columns`` of the row ``x``: can a perturbation of ``eps`` make the
+    rules (within the op's ``margins``) keep it (where ``keep``) or drop it (elsewhere)?"""
+    if not columns.size:
+        return np.zeros(0, dtype=np.bool_)
+    rows = np.stack(
+        [
+            keep_favoured(x, int(c), eps) if k else drop_favoured(x, int(c), eps)
+            for c, k in zip(columns.tolist(), keep.tolist(), strict=True)
+        ]
+    )
+    if rv < rows.shape[1]:
+        rows[:, rv:] = x[rv:]  # padding is not logits: nothing perturbs it
+    c = classify_support(
+        rows, margins=margins, real_vocab_size=rv, temperature=temperature, **params
+    )
+    place = np.arange(columns.size)
+    return np.where(keep, ~c.certainly_out[place, columns], ~c.certainly_in[place, columns])
+
+
+def judge_under_noise(
+    x: Floats32,
+    mask: Bools,
+    margins: SupportMargins,
+    rv: int,
+    temperature: float,
+    eps: npt.NDArray[np.float64],
+    params: dict[str, Any],
+) -> list[bool]:
+    """Per row: can each of ``mask``'s decisions that the rules refuse on ``x`` flip within
+    the row's ``eps``, and its kept and dropped tokens be ordered as the rules need?"""
+    found = []
+    top_k = params.get("top_k")
+    for r in range(len(x)):
+        row, kept, size, width = x[r : r + 1], mask[r : r + 1], float(eps[r]), rv
+        if top_k is not None and top_k < rv and not kept[:, rv:].any():
+            # A column more than 2 eps below the k-th largest stays below k columns under
+            # every perturbation: top-k drops it, and min-p and top-p never read it.
+            row, kept = _reachable(row[:, :rv], kept[:, :rv], top_k, size)
+            width = row.shape[1]
+        found.append(_judge_row(row[0], kept[0], margins, width, temperature, size, params))
+    return found
+
+
+def _judge_row(
+    row: Floats32,
+    kept: Bools,
+    margins: SupportMargins,
+    rv: int,
+    temperature: float,
+    eps: float,
+    params: dict[str, Any],
+) -> bool:
+    live = np.arange(row.size) < rv
+    if (kept & ~live).any():
+        return False
+    c = classify_support(
+        row[None], margins=margins, real_vocab_size=rv, temperature=temperature, **params
+    )
+    if not c.defined[0]:
+        return False
+    with np.errstate(invalid="ignore"):
+        lowest = float(np.min(row[kept], initial=np.inf))
+        highest = float(np.max(row[live & ~kept], initial=-np.inf))
+    if not highest - lowest < 2.0 * eps:
+        return False
+    wrong = np.flatnonzero(live & ((c.certainly_in[0] & ~kept) | (c.certainly_out[0] & kept)))
+    return bool(flippable(row, wrong, kept[wrong], eps, margins, rv, temperature, params).all())
+
+
+def _reachable(x: Floats32, mask: Bools, top_k: int, eps: float) -> tuple[Floats32, Bools]:
+    """The row's columns within ``2 eps`` of its ``top_k``-th largest or above, and its kept
+    ones, in column order; the rest -inf."""
+    floor = kth_largest(x, top_k)[:, None] - np.float32(2.0 * eps)
+    chosen = (x >= floor) | mask
+    values = np.where(chosen, x, np.float32(-np.inf))
+    columns = np.flatnonzero(chosen[0])
+    return values[:, columns], mask[:, columns]
