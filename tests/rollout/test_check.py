@@ -20,6 +20,7 @@ import torch
 from tp_logprob.__main__ import main
 from tp_logprob.engine_formats import prime_rl_rollout, sglang_rollout
 from tp_logprob.rollout import RolloutInputError, check_rollout
+from tp_logprob.rollout.noise import token_shift
 
 N, V, K, T = 10, 48, 5, 0.7
 
@@ -159,7 +160,29 @@ def test_the_command_line_reads_a_saved_response_and_tp_shards(tmp_path: Path) -
     assert document["settings"]["tp"] == 3
     assert document["per_token"][2]["verdict"] == "unrenormalised"
     assert document["decomposition"]["unrenormalised"]["abs_logp"] > 0.99
+    assert (document["noise"]["a"], document["noise"]["b"]) == (0.0, 0.0)
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_given_noise_line_widens_with_the_tokens_magnitude() -> None:
+    """eps_t = a + b m_t: the same nudge is noise on a token with large logits (3) and beyond
+    the noise on one with small logits (7)."""
+    x = _logits()
+    x[7] *= 0.01
+    response = _response(x)
+    for t in (3, 7):
+        response["meta_info"]["output_token_sampling_logprobs"][t] -= 1e-3
+    rollout = sglang_rollout(response)
+    exact = check_rollout(x, rollout, engine_temperature=T, logit_noise=0.0)
+    assert exact.noise.source == "given" and exact.verdict[3] == exact.verdict[7] == "unexplained"
+    needed = token_shift(exact.engine_logprob, exact.oracle, T)
+    m = exact.noise.magnitude
+    assert m[7] < 0.02 * m[3]
+    slope = 10.0 * needed[3] / m[3]  # 10x what token 3 needs; under a fifth of that at 7
+    check = check_rollout(x, rollout, engine_temperature=T, logit_noise_model=(0.0, slope))
+    assert check.noise.source == "given_model"
+    assert check.noise.per_token == pytest.approx(slope * m)
+    assert check.verdict[3] == "noise" and check.verdict[7] == "unexplained"
 
 
 def test_the_command_line_refuses_bad_engine_data(tmp_path: Path, capsys: Any) -> None:

@@ -138,6 +138,7 @@ class RolloutCheck:
             "bound": float(self.bound[t]),
             "noise_low": float(self.noise_low[t]),
             "noise_high": float(self.noise_high[t]),
+            "eps": float(self.noise.per_token[t]),
             "verdict": self.verdict[t],
             "detail": self.details[t],
         }
@@ -150,7 +151,12 @@ class RolloutCheck:
                 "tokens": int(self.token_ids.size),
                 "settings": self.settings,
                 "noise": {
+                    "model": "eps_t = a + b m_t, m_t the largest |logit| over the token's mask",
+                    "a": self.noise.a,
+                    "b": self.noise.b,
                     "eps": self.noise.eps,
+                    "eps_min": float(self.noise.per_token.min(initial=self.noise.eps)),
+                    "eps_max": float(self.noise.per_token.max(initial=self.noise.eps)),
                     "source": self.noise.source,
                     "tokens": self.noise.tokens,
                     "scale": self.noise.scale,
