@@ -18,14 +18,13 @@ best there is for all three rules at once, and checking it is exact:
   that can pass it (``x_u + eps > x_v - eps``) raised by ``eps``; every other token
   lowered by ``eps``.
 
-Written as conditions (``docs/semantics.md``, "The mask"), with ``e = eps / T``:
-min-p keeps ``v`` iff ``z_v - max_{u != v} z_u + 2e >= log min_p`` (or ``v`` can
-be the maximum), and drops it iff ``z_v - max_{u != v} z_u - 2e < log min_p``;
-top-p keeps ``v`` iff ``e^{-e} A_v < p (e^{-e} A_v + e^{e} B_v)`` with ``A_v`` the
-mass of the tokens above ``x_v + 2 eps`` and ``B_v`` that of the rest (those
-within reach counted at ``v``'s raised value), and drops it iff
-``e^{e} A'_v >= p (e^{e} A'_v + e^{-e} B'_v)`` with ``A'_v`` the mass above
-``x_v - 2 eps`` (``v`` itself apart) and ``B'_v`` the rest with ``v``.
+Written as conditions (``docs/semantics.md``, "The mask"), with ``e = eps / T``
+and ``M_v`` the largest ``z`` but ``v``'s: min-p keeps ``v`` iff
+``z_v - M_v + 2e >= log min_p`` and drops it iff ``z_v - M_v - 2e < log min_p``;
+top-p keeps ``v`` iff ``e^{-e} A_v < p (e^{-e} A_v + B_v)``, ``A_v`` the mass of
+the tokens above ``z_v + 2e`` and ``B_v = e^e sum min(w_u, w_v)`` over the rest,
+and drops it iff ``e^e A'_v >= p (e^e A'_v + e^{-e} B'_v)``, ``A'_v`` the mass of
+the others above ``z_v - 2e`` and ``B'_v`` the rest with ``v``.
 
 A returned mask is ``borderline`` when each token where it differs from the rules
 (certainly kept or certainly dropped under the op's margins) can flip, each under
