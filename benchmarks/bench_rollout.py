@@ -4,7 +4,9 @@ The corpus (``benchmarks/rollout_corpus.py``): ``--tokens`` tokens in 12 respons
 at vocabulary ``--vocab`` (4,096 and 152,064 by default, Qwen2's vocabulary), the
 trainer's fp32 logits in ``--tp`` shards, the engine's logits the trainer's plus a
 perturbation the size of two bf16 forward passes, rounded to bf16, every common
-cause planted on a response or a subset of tokens. It prints, per planted cause,
+cause planted on a response or a subset of tokens; ``--spread S`` scales each row's
+logits by a factor log-uniform in ``[1/S, S]``, so that the tokens' magnitudes (and
+their perturbations) differ as a real policy's do. It prints, per planted cause,
 the share of the tokens it affects that the check names, the verdicts on the clean
 tokens, the noise it estimated, and the median wall and CPU time of ``--repeat``
 runs (the check only; building the corpus is not timed).
@@ -56,12 +58,17 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--spread", type=float, default=1.0,
+        help="scale each row's logits by a factor log-uniform in [1/SPREAD, SPREAD] (1: none)",
+    )  # fmt: skip
     args = parser.parse_args()
-    corpus = build_corpus(args.vocab, args.tokens, args.seed)
+    corpus = build_corpus(args.vocab, args.tokens, args.seed, spread=args.spread)
     shards = list(torch.tensor_split(corpus.logits, args.tp, dim=1))
     print(
         f"rollout check: {corpus.logits.shape[0]} tokens in {len(corpus.rollouts)} responses, "
         f"V={args.vocab}, TP={args.tp}, top-k {TOP_K} then top-p {TOP_P}, T={TEMPERATURE}, "
+        f"row logit scales in [1/{args.spread:g}, {args.spread:g}], "
         f"torch threads {torch.get_num_threads()}"
     )
     times, cpu = [], []

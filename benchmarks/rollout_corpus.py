@@ -66,13 +66,24 @@ class Corpus:
 
 
 def build_corpus(
-    vocab: int, tokens: int, seed: int = 0, plan: tuple[tuple[str, str], ...] = PLAN
+    vocab: int,
+    tokens: int,
+    seed: int = 0,
+    plan: tuple[tuple[str, str], ...] = PLAN,
+    spread: float = 1.0,
 ) -> Corpus:
-    """``len(plan)`` responses of ``tokens // len(plan)`` tokens each at vocabulary ``vocab``."""
+    """``len(plan)`` responses of ``tokens // len(plan)`` tokens each at vocabulary ``vocab``.
+
+    With ``spread > 1`` each row's logits are scaled by a factor drawn log-uniformly in
+    ``[1 / spread, spread]`` (a real policy's positions differ in how peaked they are, and
+    each forward pass's perturbation grows with its logits); 1 keeps every row alike."""
     generator = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     per = max(1, tokens // len(plan))
     x = 4.0 * torch.randn(per * len(plan), vocab, generator=generator)
+    if spread > 1.0:
+        scale = np.exp(rng.uniform(-math.log(spread), math.log(spread), x.shape[0]))
+        x *= torch.from_numpy(scale.astype(np.float32))[:, None]
     rollouts, planted, affects, sizes = [], [], [], []
     for index, (cause, where) in enumerate(plan):
         rows = x[index * per : (index + 1) * per]
