@@ -350,3 +350,22 @@ def test_the_command_line_takes_the_engines_order(
     else:
         assert said in capsys.readouterr().err
         assert not report.exists()
+
+
+def test_a_solved_temperature_displaces_a_fixed_cause_only_where_it_fits_far_better() -> None:
+    """A response at T^2 whose temperature solves to 1.02 T^2 stays temperature_twice; one at
+    0.9, which T^2 and T = 1 fit poorly, is temperature_other."""
+    from tp_logprob.rollout.causes import Hypothesis
+    from tp_logprob.rollout.check import _response_fit
+
+    twice = Hypothesis("temperature_twice", T * T, "mask", "")
+    missing = Hypothesis("temperature_missing", 1.0, "mask", "")
+    other = Hypothesis("temperature_other", 1.02 * T * T, "mask", "")
+    tokens = np.ones(40, dtype=np.bool_)
+    shift = np.full(40, 1.0)
+    near = {twice: np.full(40, 0.05), missing: np.full(40, 0.8), other: np.full(40, 0.04)}
+    assert _response_fit(tokens, shift, near) == twice
+    far = {twice: np.full(40, 0.3), missing: np.full(40, 0.2), other: np.full(40, 0.04)}
+    assert _response_fit(tokens, shift, far) == other
+    none = {twice: np.full(40, 0.5), missing: np.full(40, 0.9), other: np.full(40, 0.6)}
+    assert _response_fit(tokens, shift, none) is None

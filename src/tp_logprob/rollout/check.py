@@ -358,17 +358,27 @@ def _response_fit(
 ) -> Hypothesis | None:
     """The cause a whole response fits: its median misfit over the response's tokens a
     :data:`RESPONSE_FIT` part of the noise's (the engine's own temperature, the mask
-    returned), and the smallest such; None if none."""
+    returned), and the smallest such; None if none.
+
+    A temperature solved for the response has a free parameter, so it fits at least as
+    well as any fixed one near it (T^2 solved as 1.02 T^2 from noisy tokens): it
+    displaces a fixed cause that fits only where it fits a :data:`RESPONSE_FIT` part of
+    that cause's misfit."""
     if int(tokens.sum()) < MIN_RESPONSE:
         return None
     null = float(np.nanmedian(shift[tokens]))
-    best, found = math.inf, None
-    for h, values in misfit.items():
-        if np.isnan(values[tokens]).any():
-            continue
-        score = float(np.median(values[tokens]))
-        if score * RESPONSE_FIT < null and score < best:
-            best, found = score, h
+    scores = {
+        h: float(np.median(values[tokens]))
+        for h, values in misfit.items()
+        if not np.isnan(values[tokens]).any()
+    }
+    fits = {h: score for h, score in scores.items() if score * RESPONSE_FIT < null}
+    fixed = {h: score for h, score in fits.items() if h.name != "temperature_other"}
+    solved = {h: score for h, score in fits.items() if h.name == "temperature_other"}
+    found = min(fixed, key=fixed.__getitem__, default=None)
+    for h, score in solved.items():
+        if found is None or score * RESPONSE_FIT < fixed[found]:
+            found = h
     return found
 
 
