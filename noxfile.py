@@ -40,6 +40,23 @@ _VERL_REQUIRES = (*VERL_IMPORTS, "transformers>=4.51,<5", "setuptools<81", "pand
 """verl's imports, transformers as verl 0.4 to 0.9 ask (<5), and pkg_resources and pandas,
 which the package imports of 0.4.1 and 0.5.0 need."""
 
+
+def _tool(relative: str) -> Any:
+    """A module of ``tools/`` that imports nothing of the package, read from its file."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(f"_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _history_corpus() -> Any:
+    """The historical corpus module, read from its file (it imports nothing of the package)."""
+    return _tool("tools/history/corpus.py")
+
+
 PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # adapter: (distribution, what the adapter imports beside it, its tests); the releases
     # are tools/conformance/releases.py's.
@@ -72,6 +89,17 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # 0.5.20 has the API too, but its srt/utils/common.py imports torchvision at the top, and
     # PyPI's torchvision for Linux x86-64 does not load beside the CPU torch.
     "sglang_sampler": ("sglang", tuple(SGLANG_IMPORTS), ("tests/peers/test_sglang_sampler.py",)),
+    # 0.11.0's vllm.utils also imports setproctitle and blake3, which 0.33's does not.
+    "vllm_sampler": (
+        "vllm",
+        (*VLLM_SAMPLER_IMPORTS, "setproctitle", "blake3"),
+        ("tests/peers/test_processed_adapters.py",),
+    ),
+    "vllm_sampler_010": (
+        "vllm",
+        _history_corpus().requirements("vllm==0.10.0"),
+        ("tests/peers/test_history.py", "-k", "vllm_010"),
+    ),
     "openrlhf": ("openrlhf", (), ("tests/peers/test_openrlhf.py",)),
     "openrlhf_actor": ("openrlhf", (), ("tests/peers/test_openrlhf_actor.py",)),
     "torch_loss_parallel": (
@@ -103,22 +131,6 @@ RELEASE_INSTALL = {
 megatron-core asks for Python >= 3.12 from 0.17 but imports on 3.11 (pip takes the source
 distribution: the wheels are cp312); a CUDA build of torch needs its CUDA libraries
 (2.14.1's lie on the CPU machines' disk), and 2.13.0 is the local CPU build."""
-
-
-def _tool(relative: str) -> Any:
-    """A module of ``tools/`` that imports nothing of the package, read from its file."""
-    path = ROOT / relative
-    spec = importlib.util.spec_from_file_location(f"_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def _history_corpus() -> Any:
-    """The historical corpus module, read from its file (it imports nothing of the package)."""
-    return _tool("tools/history/corpus.py")
 
 
 def _constraints() -> list[str]:

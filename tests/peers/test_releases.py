@@ -92,6 +92,27 @@ def test_every_adapter_declares_its_releases_and_refuses_one_before_them(
     assert served.installed() == parse_release(".".join(map(str, first)))
 
 
+@pytest.mark.parametrize("version", ["0.11.0", "0.11.1", "0.24.0", "0.33.0", "0.33.1"])
+def test_vllm_sampler_serves_0_11_to_0_33(version: str) -> None:
+    from tp_logprob.peers.vllm_sampler import SERVED
+
+    assert SERVED.check(version) == parse_release(version)
+
+
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [("0.9.2", "no logprobs_mode"), ("0.10.2", "tp_logprob.peers.vllm_sampler_010's"),
+     ("0.34.0", "0.34 removed vllm.v1.sample.sampler")],
+)  # fmt: skip
+def test_vllm_sampler_refuses_the_releases_around_it_with_the_reason(
+    version: str, reason: str
+) -> None:
+    from tp_logprob.peers.vllm_sampler import SERVED
+
+    with pytest.raises(UnservedReleaseError, match=rf"serves vllm>=0\.11,<0\.34 only; .*{reason}"):
+        SERVED.check(version)
+
+
 def _logits_contract() -> tpl.LogprobContract:
     sharding = tpl.ShardingSpec(0, 1, ((0, 8),), 8, 8)
     return tpl.LogprobContract(
@@ -122,6 +143,8 @@ def _hidden_call(op: Any) -> None:
         ("verl", "0.0.9", "logits"),
         ("verl_naive", "0.3.0", "logits"),  # entropy_from_logits_with_chunking from 0.4
         ("openrlhf", "0.6.1", "logits"),  # no temperature argument yet
+        ("vllm_sampler", "0.10.2", "logits"),  # a greedy row divided by -1
+        ("vllm_sampler", "0.34.0", "logits"),  # no vllm.v1.sample.sampler
     ],
 )
 def test_an_adapter_refuses_an_unserved_release_before_any_work(

@@ -39,7 +39,8 @@ documentation and source, and declares the releases of the library it serves
   ``compute_entropy`` and ``log_probs_from_logits`` (TP=1; compiled from the installed
   file, as :mod:`.openrlhf`);
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
-  processed logprob under a sampling support (top-k, top-p, min-p), TP=1;
+  processed logprob under a sampling support (top-k, top-p, min-p), TP=1, of one
+  request per row (vllm 0.11 to 0.33);
 - :mod:`.vllm_sampler_010` - vLLM 0.10's v1 sampler in ``processed_logprobs``
   mode, the API of each 0.10 release chosen by its version (the historical
   benchmark's vLLM entry);

@@ -19,8 +19,23 @@ kernel). The processed logprobs are ``log_softmax`` of the returned logits, whic
 is what ``processed_logprobs`` mode returns (both modes take the same tensor;
 ``TopKTopPSampler.forward_native`` and ``Sampler.compute_logprobs``). The support
 is vLLM's own: the columns whose processed logit is finite, the rule of the
-sampling mask it returns (``_compact_sampling_mask_kernel``). Verified with vllm
-0.33.0 (``>=0.33,<0.34``).
+sampling mask it returns (``_compact_sampling_mask_kernel``).
+
+Served from 0.11.0, the first release whose input batch holds a greedy request's
+temperature as 0 and whose sampler divides that row by 1 (``apply_temperature(...,
+all_random)``; 0.10's holds -1 and divides by it, negating the row's processed logits, and
+``tp_logprob.peers.vllm_sampler_010`` serves 0.10 with one request per batch), to 0.33,
+the last with ``vllm.v1.sample.sampler`` (0.34 removed it, with ``SamplingMetadata``, for
+the model runner's own samplers, ``vllm.v1.worker.cpu.sampler`` and
+``vllm.v1.worker.gpu.sample.sampler``, which take its input batch and request states).
+Between them the sampler, ``SamplingMetadata``, ``SamplingParams`` and the logits
+processors keep the calls made here, read from each release's sources, with one difference
+(:data:`_FULL_LOGPROBS`): 0.11.0 has no ``max_num_logprobs=-1`` (the whole unsorted
+tensor), so there the sampler is asked for the top ``V`` of every row and they are
+scattered back into vocabulary order, the same values. 0.11.0's ``apply_temperature`` and
+``compute_logprobs`` are methods, static from 0.11.1: they are called on an instance.
+``SamplingParams`` refuses a temperature above 2 (``VLLMValidationError``) from 0.24.0
+only; before, any ``T >= 0`` runs. The adapter passes the refusal on.
 
 vLLM's wheel pins a CUDA build of torch, so it is installed ``--no-deps`` with only
 the packages its sampler modules import (see ``noxfile.py``, ``conformance``); it
@@ -75,12 +90,18 @@ __all__ = ["CAPABILITY", "SERVED", "VERIFIED_VERSIONS", "honest", "vllm_processe
 
 SERVED = ServedReleases(
     "vllm",
-    (((0, 33), (0, 34)),),
-    "0.10's sampler is tp_logprob.peers.vllm_sampler_010's; the others are not yet verified",
+    (((0, 11), (0, 34)),),
+    "0.10's sampler, which divides a greedy request's row by the -1 its input batch holds, "
+    "is tp_logprob.peers.vllm_sampler_010's (one request per batch); 0.34 removed "
+    "vllm.v1.sample.sampler and SamplingMetadata (the model runner's samplers take its input "
+    "batch instead); before 0.10 the v1 sampler had no logprobs_mode",
 )
 """The releases of vllm the adapter serves; it refuses the others before any work."""
 
 VERIFIED_VERSIONS = str(SERVED)
+
+_FULL_LOGPROBS = (0, 11, 1)
+"""From here ``max_num_logprobs=-1`` returns every row whole, in vocabulary order."""
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="vllm_sampler",
@@ -100,7 +121,7 @@ CAPABILITY = LogprobBackendCapability(
 
 @imported_once
 def _vllm() -> dict[str, Any]:
-    SERVED.installed()
+    release = SERVED.installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
         from vllm import SamplingParams
@@ -111,6 +132,7 @@ def _vllm() -> dict[str, Any]:
         from vllm.v1.sample.metadata import SamplingMetadata
         from vllm.v1.sample.sampler import Sampler
     return {
+        "release": release,
         "SamplingParams": SamplingParams,
         "SamplingType": SamplingType,
         "LogitsProcessors": LogitsProcessors,
@@ -172,7 +194,7 @@ def _metadata(params: list[Any], width: int) -> Any:
         top_p=top_p if bool((top_p < 1).any()) else None,
         top_k=top_k if bool((top_k < width).any()) else None,
         generators={},
-        max_num_logprobs=-1,
+        max_num_logprobs=-1 if vllm["release"] >= _FULL_LOGPROBS else width,
         no_penalties=True,
         prompt_token_ids=None,
         frequency_penalties=torch.zeros(rows),
@@ -203,7 +225,17 @@ def processed_logits(logits: torch.Tensor, contract: LogprobContract) -> torch.T
     sampler = vllm["Sampler"](logprobs_mode="processed_logits")
     with torch.random.fork_rng(devices=[]):
         output = sampler(private_copy(logits), metadata)
-    return output.logprobs_tensors.logprobs  # type: ignore[no-any-return]
+    return in_vocabulary_order(output.logprobs_tensors, logits.shape[1])
+
+
+def in_vocabulary_order(returned: Any, width: int) -> torch.Tensor:
+    """The rows of ``returned`` (the sampler's ``LogprobsTensors``) whole, in vocabulary order:
+    as returned from 0.11.1; before, column 0 is the sampled token and the others the top
+    ``width``, scattered back."""
+    if _vllm()["release"] >= _FULL_LOGPROBS:
+        return returned.logprobs  # type: ignore[no-any-return]
+    columns = returned.logprob_token_ids[:, 1:].long()
+    return torch.empty((len(columns), width)).scatter_(1, columns, returned.logprobs[:, 1:])
 
 
 def vllm_processed_logprob(
@@ -215,17 +247,18 @@ def vllm_processed_logprob(
     """``(selected_logp, lse)`` and the support outputs from vLLM's v1 sampler."""
     check_op_inputs(local_logits, targets, contract, group)
     vllm = _vllm()
+    sampler = vllm["Sampler"](logprobs_mode="processed_logits")  # 0.11.0: not static methods
     with torch.no_grad():
         processed = processed_logits(local_logits.detach(), contract)
-        logprobs = vllm["Sampler"].compute_logprobs(processed)
+        logprobs = sampler.compute_logprobs(processed)
         selected = logprobs.gather(1, targets.long()[:, None])[:, 0]
         kept = torch.isfinite(processed)
-        z = vllm["Sampler"].apply_temperature(
+        z = sampler.apply_temperature(
             local_logits.detach().float().clone(), torch.from_numpy(contract.row_divisors()), True
         )
         lse = None
         if contract.export_lse:
-            lse = _lse(z, vllm["Sampler"].compute_logprobs(z))
+            lse = _lse(z, sampler.compute_logprobs(z))
         support_lse = _lse(processed, logprobs)
         inf = torch.full_like(z, float("inf"))
         threshold = torch.where(kept, z, inf).amin(dim=1)

@@ -78,7 +78,7 @@ SERVED = ServedReleases(
     "vllm",
     (((0, 10), (0, 11)),),
     "the adapter drives 0.10's Sampler (logprobs_mode, SamplingMetadata.logitsprocs); "
-    "tp_logprob.peers.vllm_sampler serves 0.33",
+    "tp_logprob.peers.vllm_sampler serves 0.11 to 0.33",
 )
 """The vllm releases whose sampler the adapter drives (0.10.0 to 0.10.2)."""
 
