@@ -1080,7 +1080,7 @@ PROCESSED_PEERS = (
                 "temperature above 2",
                 Explanation(
                     PEER_LIMITATION,
-                    "SamplingParams refuses any temperature outside [0, 2] with "
+                    "SamplingParams (from 0.24.0) refuses any temperature outside [0, 2] with "
                     "VLLMValidationError, so the engine has no processed logprob at T > 2 to "
                     "compare with; the adapter passes the error on",
                     "docs/repro_vllm_temperature_range.py",

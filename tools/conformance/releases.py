@@ -72,6 +72,20 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
     "sglang_sampler": ("0.5.21", "0.5.22", "0.5.23"),
     "megatron": ("0.8.0", "0.10.0", "0.16.1", "0.18.2", "0.19.2"),
     "torch_loss_parallel": ("2.13.0", "2.14.1"),
+    # 0.11.1 first returns whole rows (max_num_logprobs=-1); 0.24.0 first refuses T > 2.
+    "vllm_sampler": (
+        "0.11.0",
+        "0.11.1",
+        "0.14.0",
+        "0.17.0",
+        "0.20.0",
+        "0.24.0",
+        "0.27.0",
+        "0.29.0",
+        "0.33.0",
+    ),
+    # 0.10.1 moved the logits processors into a package; 0.10.2 made the mode an enum.
+    "vllm_sampler_010": ("0.10.0", "0.10.1", "0.10.2"),
     "openrlhf": ("0.6.2", "0.7.0", "0.8.0", "0.8.11", "0.9.5", "0.10.4", "0.11.2"),
     "cce": ("24.11.3", "24.11.4", "24.12.3", "25.1.1"),
 }
