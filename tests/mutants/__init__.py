@@ -247,6 +247,24 @@ MUTANTS: tuple[Mutant, ...] = (
         "inactive rows of the caller's logits zeroed in place (outputs right, input clobbered)",
     ),
     Mutant(
+        "unit_column_stride",
+        "layout_bugs",
+        "only the logits' row stride reaches the kernel: columns read one element apart "
+        "(right on contiguous rows, wrong on a transposed or column-stepped view)",
+    ),
+    Mutant(
+        "dense_targets",
+        "layout_bugs",
+        "targets read at targets_ptr + row whatever their stride (right on a fresh tensor, "
+        "wrong on a column of an id table)",
+    ),
+    Mutant(
+        "fused_dense_hidden",
+        "layout_bugs",
+        "fused LM head: hidden rows read H elements apart, one element per column (right on "
+        "contiguous hidden states, wrong on a strided or transposed view)",
+    ),
+    Mutant(
         "temperature_reciprocal",
         "rl_bugs",
         "z = x * fp32(1/T) instead of the IEEE division x / T: one ulp off for some x",

@@ -12,7 +12,10 @@ its ``kept_offsets`` and ``kept_ids`` (:mod:`tp_logprob.replay.support`); sampli
 parameters live in the contract's JSON. Schema version 2 added the operands, 3
 the kept ids and 4 the bits of the outputs the backend returned on the case
 (``output_bits``, :mod:`tp_logprob.replay.bits`), so a failure recorded on a GPU
-replays bit for bit elsewhere; version 1 to 3 artifacts still load (without bits).
+replays bit for bit elsewhere; 5 the layout the op was handed (``input_form``,
+:mod:`tp_logprob.strategies.input_forms`), which replay rebuilds, strides and offset
+included. Version 1 to 4 artifacts still load (without bits before 4, contiguous
+before 5).
 
 Artifacts are data only. :func:`load_artifact` refuses anything that does not
 fit the schema (sizes, types, ranges, array dtypes and shapes against the
@@ -50,7 +53,7 @@ from tp_logprob.replay.fused import (
 )
 from tp_logprob.replay.schema import ArtifactError, check_document
 from tp_logprob.replay.support import SUPPORT_ARRAYS, kept_arrays, support_arrays, support_names
-from tp_logprob.strategies import LogprobCase, round_to_dtype
+from tp_logprob.strategies import InputForm, LogprobCase, round_to_dtype
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.params import PropertySpec
 from tp_logprob.suite.property import SuiteProperty
@@ -70,11 +73,11 @@ __all__ = [
 ]
 
 ARTIFACT_FORMAT = "tp-logprob-failure"
-SCHEMA_VERSION = 4
-"""Version 4 added the outputs' bits (``output_bits``); 3 a replayed support's kept ids
-(``kept_offsets``, ``kept_ids``); 2 the fused LM head's operands (``hidden``, ``weight``,
-``bias``)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+"""Version 5 added the layout the op was handed (``input_form``); 4 the outputs' bits
+(``output_bits``); 3 a replayed support's kept ids (``kept_offsets``, ``kept_ids``); 2 the
+fused LM head's operands (``hidden``, ``weight``, ``bias``)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 MAX_JSON_BYTES = 1 << 20
 MAX_NPZ_BYTES = 256 << 20
 _CASE_ARRAYS = ("logits", "targets", "mask")
@@ -135,11 +138,13 @@ def content_name(
     contract: Mapping[str, Any],
     scalars: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray[Any, Any]],
+    form: InputForm | None = None,
 ) -> str:
-    """sha256 of the canonical content: property, backend id, contract, params and array bytes.
+    """sha256 of the canonical content: property, backend id, contract, params, array bytes
+    and a non-contiguous input form.
 
     ``contract`` is the recorded ``LogprobContract.to_dict()``, hashed as written, so
-    artifacts from an older contract schema keep their names.
+    artifacts from an older contract schema keep their names, as do contiguous cases.
     """
     header = {
         "format": ARTIFACT_FORMAT,
@@ -148,6 +153,8 @@ def content_name(
         "contract": dict(contract),
         "params": {key: scalars[key] for key in sorted(scalars) if scalars[key] is not None},
     }
+    if form is not None and not form.contiguous:
+        header["input_form"] = form.to_dict()
     hasher = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
     for key in sorted(arrays):
         array = np.ascontiguousarray(arrays[key])
@@ -208,7 +215,9 @@ def write_artifact(
     if set(extra) & set(reserved):
         raise ValueError(f"params: array names {sorted(extra)} collide with {reserved}")
     arrays = {**_case_arrays(case), **extra}
-    name = content_name(prop, backend.backend_id, case.contract.to_dict(), scalars, arrays)
+    name = content_name(
+        prop, backend.backend_id, case.contract.to_dict(), scalars, arrays, case.form
+    )
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     json_path = folder / f"{name}.json"
@@ -241,6 +250,7 @@ def write_artifact(
             "summary": message[:20_000],
         },
         "output_bits": None if bits is None else encode_bits(bits),
+        "input_form": case.form.to_dict(),
     }
     buffer = io.BytesIO()
     np.savez(buffer, allow_pickle=False, **arrays)
@@ -387,6 +397,7 @@ def load_artifact(
     arrays = _read_npz(json_path.with_suffix(".npz"), document["arrays"])
     contract = _contract(json_path, document, arrays)
     case = _case(json_path, document["schema_version"], contract, arrays)
+    case = case.replace(form=_form(json_path, document))
     prop = document["property"]
     spec: PropertySpec = properties[prop].spec
     scalars = document["params"]
@@ -404,7 +415,7 @@ def load_artifact(
     if problems:
         raise ArtifactError(json_path, "; ".join(problems))
     backend = document["backend"]
-    name = content_name(prop, backend["id"], document["contract"], scalars, arrays)
+    name = content_name(prop, backend["id"], document["contract"], scalars, arrays, case.form)
     if name != document["name"]:
         raise ArtifactError(
             json_path,
@@ -426,6 +437,16 @@ def load_artifact(
         else decode_bits(document["output_bits"]),
         platform=document["platform"],
     )
+
+
+def _form(path: Path, document: Mapping[str, Any]) -> InputForm:
+    """The layout the op was handed (contiguous before schema 5)."""
+    if "input_form" not in document:
+        return InputForm()
+    try:
+        return InputForm.from_dict(document["input_form"])
+    except (ValueError, TypeError) as error:
+        raise ArtifactError(path, f"input_form: {error}") from None
 
 
 def _case(

@@ -41,6 +41,10 @@ _TOP_KEYS = {
 }
 _BITS_KEY = "output_bits"  # schema 4: the recorded outputs' bits (tp_logprob.replay.bits)
 _FIRST_WITH_BITS = 4
+_FORM_KEY = (
+    "input_form"  # schema 5: the layout the op was handed (tp_logprob.strategies.input_forms)
+)
+_FIRST_WITH_FORM = 5
 OUTPUT_FIELDS = ("selected_logp", "lse", "entropy", "support_lse", "support_threshold")
 """The fp32 outputs of a :class:`~tp_logprob.result.LogprobResult` whose bits are recorded."""
 MAX_RECORDED_ELEMENTS = 1 << 15
@@ -233,7 +237,7 @@ def check_document(
 ) -> None:
     """Raise :class:`ArtifactError` listing every way ``document`` breaks the schema.
 
-    Schema 4 added ``output_bits``; older versions are read without it.
+    Schema 5 added ``input_form``, 4 ``output_bits``; older versions are read without them.
     """
     if document.get("format") != fmt:
         raise ArtifactError(path, f"format={document.get('format')!r}: expected {fmt!r}")
@@ -243,7 +247,11 @@ def check_document(
             path,
             f"schema_version={version!r}: this version reads {', '.join(str(v) for v in versions)}",
         )
-    expected = _TOP_KEYS | ({_BITS_KEY} if version >= _FIRST_WITH_BITS else set())
+    expected = (
+        _TOP_KEYS
+        | ({_BITS_KEY} if version >= _FIRST_WITH_BITS else set())
+        | ({_FORM_KEY} if version >= _FIRST_WITH_FORM else set())
+    )
     keys = set(document)
     if keys != expected:
         extra, missing = sorted(keys - expected), sorted(expected - keys)

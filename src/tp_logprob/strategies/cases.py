@@ -15,6 +15,7 @@ from hypothesis.errors import InvalidArgument
 from tp_logprob.contract import LogprobContract, LogprobDType
 from tp_logprob.errors import LogprobContractError
 from tp_logprob.strategies.contracts import contracts as contracts_strategy
+from tp_logprob.strategies.input_forms import InputForm
 from tp_logprob.strategies.logits import logits as logits_strategy
 from tp_logprob.strategies.supports import supports as supports_strategy
 from tp_logprob.strategies.targets import targets as targets_strategy
@@ -35,12 +36,15 @@ class LogprobCase:
     ``logits`` is float32 ``[num_tokens, padded_vocab_size]`` holding values exactly
     representable in ``contract.dtype``; ``targets`` is int64 ``[num_tokens]`` of
     global ids. Both are read-only copies. Shapes are checked; target values are
-    not, so a case can also describe a bad input.
+    not, so a case can also describe a bad input. ``form`` is how the tensors are laid
+    out when the suite hands them to an op
+    (:class:`~tp_logprob.strategies.input_forms.InputForm`; the values do not change).
     """
 
     contract: LogprobContract
     logits: npt.NDArray[np.float32]
     targets: npt.NDArray[np.int64]
+    form: InputForm = dataclasses.field(default_factory=InputForm)
 
     def __post_init__(self) -> None:
         if not isinstance(self.contract, LogprobContract):
@@ -58,6 +62,10 @@ class LogprobCase:
             )
         if targets.shape != (rows,):
             raise LogprobContractError(f"targets: shape {targets.shape}, expected ({rows},)")
+        if not isinstance(self.form, InputForm):
+            raise LogprobContractError(
+                f"form={self.form!r}: expected an InputForm, got {type(self.form).__name__}"
+            )
         logits.flags.writeable = False
         targets.flags.writeable = False
         object.__setattr__(self, "logits", logits)
@@ -69,7 +77,8 @@ class LogprobCase:
         return self.contract.mask.dense()
 
     def replace(self, **changes: Any) -> LogprobCase:
-        """A copy with some of ``contract``, ``logits``, ``targets`` replaced (re-checked)."""
+        """A copy with some of ``contract``, ``logits``, ``targets``, ``form`` replaced
+        (re-checked)."""
         return dataclasses.replace(self, **changes)
 
     def torch_logits(self, device: Any = None) -> Any:
@@ -96,16 +105,25 @@ class LogprobCase:
         ]
         finite = values[np.isfinite(values)]
         span = f"[{finite.min():.6g}, {finite.max():.6g}]" if finite.size else "none"
-        return f"{self.contract.describe()} | logits {list(values.shape)} finite in {span}" + (
-            f", {', '.join(special)}" if special else ""
+        return (
+            f"{self.contract.describe()} | logits {list(values.shape)} finite in {span}"
+            + (f", {', '.join(special)}" if special else "")
+            + self.form_note()
         )
 
+    def form_note(self) -> str:
+        """`` | laid out values row gap, ...`` for a case with a non-contiguous form, else empty."""
+        return "" if self.form.contiguous else f" | laid out {self.form.describe()}"
+
     def digest(self) -> str:
-        """sha256 over the contract fingerprint, rank and the exact bytes of the arrays."""
+        """sha256 over the contract fingerprint, rank, the exact bytes of the arrays and a
+        non-contiguous form (a contiguous case keeps the digest it had before forms)."""
         hasher = hashlib.sha256(self.contract.cross_rank_fingerprint().encode())
         hasher.update(str(self.contract.sharding.tp_rank).encode())
         hasher.update(self.logits.tobytes())
         hasher.update(self.targets.tobytes())
+        if not self.form.contiguous:
+            hasher.update(repr(sorted(self.form.to_dict().items())).encode())
         return hasher.hexdigest()
 
     def __eq__(self, other: object) -> bool:

@@ -148,7 +148,7 @@ class HiddenCase(LogprobCase):
         span = f"|hidden| <= {np.abs(h).max():.3g}" if h.size else "hidden non-finite"
         nan_rows = int(np.isnan(self.hidden).any(axis=1).sum())
         text = f"{self.contract.describe()} | {span}"
-        return text + (f", {nan_rows} rows with NaN hidden" if nan_rows else "")
+        return text + (f", {nan_rows} rows with NaN hidden" if nan_rows else "") + self.form_note()
 
     def digest(self) -> str:
         """sha256 over the logits-case digest and the exact bytes of hidden, weight and bias."""

@@ -13,7 +13,7 @@ process group of N ranks the contracts drawn are those of TP degree N
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from hypothesis import strategies as st
@@ -30,6 +30,7 @@ from tp_logprob.strategies import (
     shard_bounds,
 )
 from tp_logprob.strategies.engine_batches import engine_batches
+from tp_logprob.strategies.input_forms import InputForm, input_forms
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.suite.session import Suite
@@ -44,6 +45,7 @@ __all__ = [
     "cases_for",
     "claims_batch_invariance",
     "draw_case",
+    "draw_form",
     "draw_fused_case",
     "draw_positions",
     "BATCH_KINDS",
@@ -96,10 +98,23 @@ def cases_for(backend: BackendUnderTest, **filters: Any) -> st.SearchStrategy[Lo
 
 
 def draw_case(data: Any, backend: BackendUnderTest, suite: Suite, **filters: Any) -> LogprobCase:
-    """Draw one case for ``backend`` (labelled ``case``) and count the example."""
+    """Draw one case for ``backend`` (labelled ``case``), laid out in a drawn form
+    (:func:`draw_form`), and count the example."""
     case: LogprobCase = data.draw(cases_for(backend, **filters), label="case")
     suite.stats.example(backend.backend_id)
-    return case
+    return draw_form(data, case)
+
+
+_Case = TypeVar("_Case", bound=LogprobCase)
+
+
+def draw_form(data: Any, case: _Case) -> _Case:
+    """``case`` with the layout its tensors reach the op in
+    (:func:`~tp_logprob.strategies.input_forms.input_forms`, labelled ``input form``): each
+    tensor contiguous half the time, else a strided or offset view as trainers pass."""
+    fused = isinstance(case, HiddenCase)
+    form: InputForm = data.draw(input_forms(fused=fused), label="input form")
+    return dataclasses.replace(case, form=form)
 
 
 def draw_fused_case(
@@ -115,7 +130,7 @@ def draw_fused_case(
         ) from None
     case: HiddenCase = data.draw(strategy, label="case")
     suite.stats.example(backend.backend_id)
-    return case
+    return draw_form(data, case)
 
 
 SAMPLING_SUPPORTS = (SupportMode.SAMPLING_PARAMS, SupportMode.REPLAYED_MASK)

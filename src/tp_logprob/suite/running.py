@@ -33,6 +33,7 @@ from tp_logprob.judging.violation import violation
 from tp_logprob.result import LogprobResult
 from tp_logprob.row_groups import contract_rows
 from tp_logprob.strategies import HiddenCase, LogprobCase
+from tp_logprob.strategies.input_forms import laid_out
 from tp_logprob.suite.backends import BackendUnderTest, RankGroup
 from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.support import SupportMode
@@ -68,23 +69,29 @@ def execute(
     that require grad, or tensors the caller keeps to inspect afterwards). A fused
     LM-head case (``input_kind="hidden"``) runs through
     :func:`~tp_logprob.run_tp_hidden` on its ``(hidden, weight, bias)``, or on
-    ``operands`` when given.
+    ``operands`` when given. The tensors made from ``case`` are laid out as its
+    ``form`` says (:func:`~tp_logprob.strategies.input_forms.laid_out`); each rank's
+    shard is then a slice of that view.
     """
     from tp_logprob.emulate import ReplicationError
 
     contract = case.contract
     op = backend.op_for(contract)
+    form = case.form
     try:
         if targets is None:
-            targets = case.torch_targets(backend.device)
+            targets = laid_out(case.torch_targets(backend.device), form.targets)
         if isinstance(case, HiddenCase):
-            hidden, weight, bias = (
-                case.torch_inputs(backend.device) if operands is None else operands
-            )
+            if operands is None:
+                hidden, weight, bias = case.torch_inputs(backend.device)
+                hidden, weight = laid_out(hidden, form.values), laid_out(weight, form.weight)
+            else:
+                hidden, weight, bias = operands
             results = run_hidden(backend, op, hidden, weight, targets, contract, bias=bias)
         else:
-            full = case.torch_logits(backend.device) if logits is None else logits
-            results = run_logits(backend, op, full, targets, contract)
+            if logits is None:
+                logits = laid_out(case.torch_logits(backend.device), form.values)
+            results = run_logits(backend, op, logits, targets, contract)
     except ReplicationError as error:
         raise violation(
             "replicated outputs: ranks returned different bits",
@@ -324,7 +331,7 @@ def sub_batch(
 
     A replayed support keeps each chosen row's kept ids. A fused case's exact logits
     and dot-product bounds, when already computed, are carried over row by row
-    instead of being computed again.
+    instead of being computed again. The case's form is kept.
     """
     rows = np.asarray(rows, dtype=np.int64)
     sub_contract = contract_rows(case.contract, rows)
@@ -341,6 +348,7 @@ def sub_batch(
             sub_contract,
             case.logits[rows],
             new_targets,
+            case.form,
             hidden=case.hidden[rows],
             weight=case.weight,
             bias=case.bias,
@@ -349,7 +357,7 @@ def sub_batch(
             if name in case.__dict__:
                 sub.__dict__[name] = case.__dict__[name][rows]
         return sub
-    return LogprobCase(sub_contract, case.logits[rows], new_targets)
+    return LogprobCase(sub_contract, case.logits[rows], new_targets, case.form)
 
 
 GARBAGE_TARGETS = (-1, -100, 2**31 - 1, 2**40, -(2**40))
