@@ -134,6 +134,7 @@ def test_version_1_logits_artifacts_still_load(tmp_path: Path) -> None:
     document = json.loads(path.read_text())
     document["schema_version"] = 1
     document.pop("output_bits")  # schema 4 added it
+    document.pop("input_form")  # schema 5 added it
     path.write_text(json.dumps(document))
     assert load_artifact(path, SUITE).case == padding_case()
 
@@ -179,6 +180,7 @@ def _drop(name: str) -> Callable[[dict[str, np.ndarray[Any, Any]]], None]:
 def _schema_1(document: dict[str, Any]) -> None:
     document["schema_version"] = 1
     document.pop("output_bits")  # schema 4 added it
+    document.pop("input_form")  # schema 5 added it
 
 
 TAMPERED: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {

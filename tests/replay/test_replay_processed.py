@@ -59,7 +59,7 @@ def write(directory: Path, support: SupportSpec, spec: str = "torch_native") -> 
 def test_processed_case_round_trip(tmp_path: Path, support: SupportSpec) -> None:
     path = write(tmp_path, support)
     document = json.loads(path.read_text())
-    assert document["schema_version"] == SCHEMA_VERSION == 4
+    assert document["schema_version"] == SCHEMA_VERSION == 5
     kept = {"kept_offsets", "kept_ids"}
     stored = kept & set(document["arrays"])
     assert stored == (kept if support.mode is SupportMode.REPLAYED_MASK else set())
@@ -109,6 +109,7 @@ def test_older_artifacts_still_load(tmp_path: Path) -> None:
     document = json.loads(path.read_text())
     document["schema_version"] = 2
     document.pop("output_bits")  # schema 4 added it
+    document.pop("input_form")  # schema 5 added it
     path.write_text(json.dumps(document))
     assert load_artifact(path, SUITE).case == padding_case()
 
@@ -160,6 +161,7 @@ def _rule_changed(document: dict[str, Any]) -> None:
 def _schema_2(document: dict[str, Any]) -> None:
     document["schema_version"] = 2
     document.pop("output_bits")  # schema 4 added it
+    document.pop("input_form")  # schema 5 added it
 
 
 REFUSALS = {

@@ -110,7 +110,7 @@ REFUSALS = {
         ),
         "non-standard JSON constant",
     ),
-    "future schema version": (_edit_json(_set("schema_version", value=5)), "schema_version=5"),
+    "future schema version": (_edit_json(_set("schema_version", value=6)), "schema_version=6"),
     "unknown top-level key": (
         _edit_json(_set("command", value="rm -rf /")),
         "unexpected ['command']",

@@ -185,3 +185,15 @@ def test_a_case_without_a_form_is_contiguous_and_keeps_its_digest() -> None:
     assert case.form.contiguous and isinstance(case, LogprobCase)
     rebuilt = LogprobCase(case.contract, np.array(case.logits), np.array(case.targets))
     assert rebuilt.digest() == case.digest()
+
+
+def test_a_schema_4_artifact_loads_as_contiguous(tmp_path: Path) -> None:
+    path = write_artifact(
+        tmp_path, SUITE, prop="oracle", backend=backend("torch_native"), case=padding_case(),
+        params={}, failure="x", seed=1,
+    )  # fmt: skip
+    document = json.loads(path.read_text())
+    document["schema_version"] = 4
+    document.pop("input_form")
+    path.write_text(json.dumps(document))
+    assert load_artifact(path, SUITE).case.form == InputForm()
