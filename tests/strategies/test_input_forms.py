@@ -152,7 +152,9 @@ def test_an_artifact_rebuilds_the_form_and_replays_the_layout_bug(tmp_path: Path
     }
     artifact = load_artifact(path, SUITE)
     assert artifact.case.form == case.form and artifact.case == case
-    assert replay(artifact, mutant, SUITE).outcome is Outcome.FAILED
+    failed = replay(artifact, mutant, SUITE)
+    assert failed.outcome is Outcome.FAILED
+    assert "layout    values column major, targets step" in failed.detail
     assert replay(artifact, backend("torch_native"), SUITE).outcome is Outcome.PASSED
     contiguous = write_artifact(
         tmp_path / "plain", SUITE, prop="oracle", backend=mutant, case=padding_case(),

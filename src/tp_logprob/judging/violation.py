@@ -74,7 +74,8 @@ def violation(
 ) -> PropertyViolation:
     """A :class:`PropertyViolation` with the standard header and ``(label, text)`` lines.
 
-    ``subject`` is the failing case (contract and shapes are shown) or a bare contract;
+    ``subject`` is the failing case (contract, shapes and a non-contiguous layout are shown)
+    or a bare contract;
     ``measured`` is the worst row's ``(ulps, fraction of tolerance)``, if measured.
     """
     case = subject if hasattr(subject, "logits") else None
@@ -90,6 +91,9 @@ def violation(
                 f"ignore_index {contract.mask.ignore_index}, export_lse {contract.export_lse}",
             )
         )
+        form = getattr(case, "form", None)
+        if form is not None and not form.contiguous:
+            rows.append(("layout", f"{form.describe()} (tp_logprob.strategies.input_forms)"))
     report = "\n".join(
         f"  {label.ljust(LABEL_WIDTH)}  {text}".rstrip() for label, text in [*rows, *lines]
     )
