@@ -111,7 +111,7 @@ _Case = TypeVar("_Case", bound=LogprobCase)
 def draw_form(data: Any, case: _Case) -> _Case:
     """``case`` with the layout its tensors reach the op in
     (:func:`~tp_logprob.strategies.input_forms.input_forms`, labelled ``input form``): each
-    tensor contiguous half the time, else a strided or offset view as trainers pass."""
+    tensor contiguous, or a strided or offset view as trainers pass."""
     fused = isinstance(case, HiddenCase)
     form: InputForm = data.draw(input_forms(fused=fused), label="input form")
     return dataclasses.replace(case, form=form)
