@@ -260,7 +260,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "fused_dense_hidden",
-        "layout_bugs",
+        "fused_layout_bugs",
         "fused LM head: hidden rows read H elements apart, one element per column (right on "
         "contiguous hidden states, wrong on a strided or transposed view)",
     ),

@@ -3,10 +3,11 @@ contiguous tensor, wrong on the views trainers pass.
 
 A kernel launcher that hands the kernel a data pointer and the row stride only
 assumes a unit column stride; one that indexes ``targets_ptr + row`` assumes dense
-targets; one that flattens the hidden states assumes their rows are ``H`` apart.
-Each mutant below reads its input through ``as_strided`` with the assumed strides
-(the storage offset kept), as such a kernel would. Only a case whose tensors reach
-the op in another layout (:mod:`tp_logprob.strategies.input_forms`) can see them.
+targets (``fused_layout_bugs``: one that flattens the hidden states assumes their
+rows are ``H`` apart). Each mutant below reads its input through ``as_strided``
+with the assumed strides (the storage offset kept), as such a kernel would. Only a
+case whose tensors reach the op in another layout
+(:mod:`tp_logprob.strategies.input_forms`) can see them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from typing import Any
 import torch
 
 from tests.mutants._compose import mutant
-from tests.mutants.fused_bugs import fused_mutant
 from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.native import native_forward
-from tp_logprob.kernels.native_fused import native_fused_forward
 
 
 def _forward_unit_column_stride(
@@ -46,14 +45,5 @@ def _forward_dense_targets(
     return native_forward(local_logits, dense, active, contract, group)
 
 
-def _forward_dense_hidden(
-    hidden: torch.Tensor, weight: torch.Tensor, *rest: Any
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # BUG: hidden rows read H elements apart, one element per column.
-    dense = hidden.as_strided(hidden.shape, (hidden.shape[1], 1))
-    return native_fused_forward(dense, weight, *rest)
-
-
 unit_column_stride = mutant("unit_column_stride", forward=_forward_unit_column_stride)
 dense_targets = mutant("dense_targets", forward=_forward_dense_targets)
-fused_dense_hidden = fused_mutant("mutant_fused_dense_hidden", forward=_forward_dense_hidden)

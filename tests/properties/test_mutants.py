@@ -32,6 +32,7 @@ from tp_logprob.kernels.dtypes import TORCH_DTYPES
 from tp_logprob.kernels.native import torch_native_logprob
 from tp_logprob.kernels.native_fused import torch_native_fused_logprob
 from tp_logprob.oracle import apply_temperature, exact_selected_logprob, tolerance
+from tp_logprob.strategies import InputForm, laid_out
 from tp_logprob.suite.backends import resolve_backends
 
 _INF = float("inf")
@@ -65,16 +66,21 @@ def _contract(
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """Full logits (as nested lists or an array), targets and the contract."""
+    """Full logits (as nested lists or an array), targets and the contract; the forward
+    hands them over laid out as ``form`` says."""
 
     contract: tpl.LogprobContract
     logits: Any
     targets: list[int]
+    form: InputForm = dataclasses.field(default_factory=InputForm)
 
     def tensors(self, *, grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = TORCH_DTYPES[self.contract.dtype]
         logits = torch.tensor(np.asarray(self.logits, dtype=np.float32)).to(dtype)
-        return logits.requires_grad_(grad), torch.tensor(self.targets)
+        if grad:
+            return logits.requires_grad_(True), torch.tensor(self.targets)
+        targets = laid_out(torch.tensor(self.targets), self.form.targets)
+        return laid_out(logits, self.form.values), targets
 
 
 def _random(rows: int, columns: int, seed: int = 0) -> Any:
@@ -281,15 +287,21 @@ class HiddenDemo:
     weight: Any
     targets: list[int]
     bias: Any = None
+    form: InputForm = dataclasses.field(default_factory=InputForm)
 
     def tensors(self, *, grad: bool = False) -> tuple[torch.Tensor, ...]:
-        """``(hidden, weight, bias or None, targets)``; with ``grad`` the floats are leaves."""
+        """``(hidden, weight, bias or None, targets)``; with ``grad`` the floats are leaves,
+        else hidden and weight are laid out as ``form`` says."""
         floats = [
             None if v is None else torch.tensor(np.asarray(v, dtype=np.float32))
             for v in (self.hidden, self.weight, self.bias)
         ]
-        leaves = [None if t is None else t.requires_grad_(grad) for t in floats]
-        return (*leaves, torch.tensor(self.targets))
+        if grad:
+            leaves = [None if t is None else t.requires_grad_(True) for t in floats]
+            return (*leaves, torch.tensor(self.targets))
+        hidden, weight, bias = floats
+        views = (laid_out(hidden, self.form.values), laid_out(weight, self.form.weight), bias)
+        return (*views, torch.tensor(self.targets))
 
 
 def _fused_contract(
@@ -434,6 +446,23 @@ DEMOS: dict[str, Callable[[Pair], bool]] = {
     ),
     "entropy_unmerged": _forward_differs(Case(_contract(_TP2, entropy=True), _RAMP, [1])),
     "writes_input": _input_written(Case(_MASKED, _RAMP * 2, [1, -100])),
+    # A column-major view of [[0, ..., 7]]: read as unit strides, row 0 is 0, 1, 1, 1, ...
+    "unit_column_stride": _forward_differs(
+        Case(_contract(rows=2), _RAMP * 2, [7, 0], InputForm("column major"))
+    ),
+    # A column of an id table: read densely, row 1 takes the poison after row 0's id.
+    "dense_targets": _forward_differs(
+        Case(_contract(rows=2), _RAMP * 2, [7, 3], InputForm(targets="step"))
+    ),
+    "fused_dense_hidden": _fused_forward_differs(
+        HiddenDemo(
+            _fused_contract(((0, _V),), rows=2, hidden_size=2),
+            [[1.0, 0.5], [-0.25, 2.0]],
+            _random(_V, 2),
+            [3, 6],
+            form=InputForm("column major"),
+        )
+    ),
     "block_without_finite_value": _forward_differs(
         Case(_contract(((0, 4100),)), [[-_INF] * 2048 + [0.5] * 2052], [3000])
     ),

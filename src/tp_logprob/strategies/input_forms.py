@@ -58,8 +58,9 @@ TARGET_FORMS = (CONTIGUOUS, "offset", "step")
 
 _ROLES = {"values": VALUE_FORMS, "targets": TARGET_FORMS, "weight": VALUE_FORMS}
 
-TARGET_POISON = 2**40
-"""What a targets buffer holds where the view does not look: past every vocabulary."""
+TARGET_POISON = 2**40 + 2**31 - 1
+"""What a targets buffer holds where the view does not look: past every vocabulary, read
+as int64 or cut to its low 32 bits (``2**31 - 1``; ``2**40`` alone would cut to 0)."""
 
 
 @dataclass(frozen=True)
