@@ -3,8 +3,8 @@
 The op takes ``local_logits`` as *any* 2-D view (``docs/semantics.md``, "The
 backward"): a rank's shard is already a column slice of the full logits, with a
 row stride wider than its width. Trainers hand over more than that. Their
-activations are slices of bigger buffers: the rows of a ``[B, T + 1, V]`` tensor
-past its first position (a data pointer off the allocation's alignment), a
+activations are slices of bigger buffers: the positions of a ``[1, T + 1, V]``
+tensor past its first (a data pointer off the allocation's alignment), a
 vocabulary slice of a wider head, every other position, a tensor stored the other
 way round and transposed back (``weight.t()`` of a tied or ``[H, V]`` head), or a
 column step. Their targets are ``input_ids[:, 1:]`` or a column of a wider table.
@@ -44,7 +44,8 @@ VALUE_FORMS = (CONTIGUOUS, "offset", "row gap", "every other row", "column major
 
 - ``contiguous``: a fresh contiguous tensor;
 - ``offset``: contiguous strides, one element into a flat buffer (a data pointer
-  off the 16-byte alignment, as ``x[:, 1:]`` of ``[1, T + 1, D]`` flattened);
+  off the 16-byte alignment, as ``x[0, 1:]`` of a ``[1, T + 1, D]`` tensor is for an
+  odd ``D``);
 - ``row gap``: columns ``[1, C + 1)`` of a ``[R, C + 3]`` tensor (row stride
   ``C + 3``: the vocabulary slice of a wider head);
 - ``every other row``: ``x[::2]`` of a ``[2R, C]`` tensor (row stride ``2C``);
