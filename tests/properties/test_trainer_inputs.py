@@ -1,12 +1,14 @@
-"""The trainer's input form the gradient checks hand a backend: the shifted slice of a
-``[B, T + 1, D]`` leaf, flattened, with the gradient read back on that leaf."""
+"""The trainer's input forms the gradient checks hand a backend: the shifted slice of a
+``[B, T + 1, D]`` leaf, flattened, or a strided layout of a buffer, with the gradient
+read back on that leaf."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tp_logprob.suite.running import shifted_rows, trainer_view
+from tp_logprob.strategies import VALUE_FORMS
+from tp_logprob.suite.running import caller_rows, caller_view, shifted_rows, trainer_view
 
 
 @pytest.mark.parametrize(("rows", "batch", "view"), [(6, 2, False), (5, 1, True), (0, 1, True)])
@@ -33,3 +35,26 @@ def test_a_gradient_on_the_dropped_position_is_refused() -> None:
     grad = torch.zeros(2, 4, 3)
     grad[1, -1, 0] = 1e-30
     assert shifted_rows(grad) is None
+
+
+@pytest.mark.parametrize("form", VALUE_FORMS)
+def test_a_callers_view_hands_the_rows_and_reads_their_gradient_back(form: str) -> None:
+    full = torch.randn(4, 3)
+    leaf, handed = caller_view(full, form)
+    assert leaf.is_leaf and leaf.requires_grad and torch.equal(handed, full)
+    assert leaf.dim() == (3 if form == "contiguous" else handed.dim() if form != "offset" else 1)
+    (handed * torch.arange(3.0)).sum().backward()
+    assert leaf.grad is not None
+    rows = caller_rows(leaf.grad, handed)
+    assert rows is not None and torch.equal(rows, torch.arange(3.0).expand(4, 3))
+
+
+@pytest.mark.parametrize("form", [f for f in VALUE_FORMS[1:] if f != "column major"])
+def test_a_gradient_outside_a_layouts_view_is_refused(form: str) -> None:
+    """Every layout but column-major (whose view is its whole buffer) skips elements."""
+    leaf, handed = caller_view(torch.randn(4, 3), form)
+    grad = torch.zeros_like(leaf)
+    outside = torch.ones_like(leaf, dtype=torch.bool)
+    outside.as_strided(handed.shape, handed.stride(), handed.storage_offset()).fill_(False)
+    grad[outside.nonzero()[0].tolist()] = 1e-30
+    assert caller_rows(grad, handed) is None

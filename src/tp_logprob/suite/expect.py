@@ -34,12 +34,12 @@ from tp_logprob.judging.violation import violation
 from tp_logprob.strategies import HiddenCase, LogprobCase
 from tp_logprob.suite.backends import BackendUnderTest
 from tp_logprob.suite.running import (
+    caller_rows,
+    caller_view,
     execute,
     gathered_grad,
     on_real_group,
-    shifted_rows,
     summed_grad,
-    trainer_view,
 )
 from tp_logprob.suite.summary import SuiteStats
 
@@ -138,9 +138,10 @@ def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backwar
     the logits' is a violation.
 
     On the emulated group the logits come as a trainer holds them
-    (:func:`~tp_logprob.suite.running.trainer_view`: the shifted slice of a
-    ``[B, T + 1, V]`` leaf, flattened), so the gradient must reach that leaf through the
-    view, and nothing may land on the position the shift drops."""
+    (:func:`~tp_logprob.suite.running.caller_view`: the shifted slice of a
+    ``[B, T + 1, V]`` leaf, flattened, or the case's non-contiguous layout of a buffer), so
+    the gradient must reach that leaf through the view, and nothing may land on what the
+    view skips."""
     import torch
 
     contract = case.contract
@@ -149,7 +150,7 @@ def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backwar
     if real_group:
         leaf = logits = full.requires_grad_(True)
     else:
-        leaf, logits = trainer_view(full)
+        leaf, logits = caller_view(full, case.form.values)
     outputs = execute(backend, case, logits=logits)
     weights = upstream_weights(contract.num_tokens)
     entropy_w = entropy_weights(contract.num_tokens) * contract.export_entropy
@@ -174,7 +175,7 @@ def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backwar
     if real_group:
         grad = gathered_grad(leaf, contract, backend)
     else:
-        grad = None if own is None else _shifted_back(prop, case, backend.backend_id, own)
+        grad = None if own is None else _shifted_back(prop, case, backend.backend_id, own, logits)
     observed = (
         np.zeros(case.logits.shape)
         if grad is None
@@ -183,16 +184,21 @@ def backward(prop: str, case: LogprobCase, backend: BackendUnderTest) -> Backwar
     return Backward(outputs, observed, weights, entropy_w)
 
 
-def _shifted_back(prop: str, case: LogprobCase, backend_id: str, grad: Any) -> Any:
-    """The ``[N, D]`` gradient of the rows from a trainer leaf's; the position the shift
-    drops must hold 0."""
-    rows = shifted_rows(grad)
+def _shifted_back(prop: str, case: LogprobCase, backend_id: str, grad: Any, handed: Any) -> Any:
+    """The ``[N, D]`` gradient of the rows ``handed`` over from a trainer leaf's; what the
+    view skips (the position the shift drops, a layout's gaps) must hold 0."""
+    rows = caller_rows(grad, handed)
     if rows is None:
+        skipped = (
+            "the trainer's leaf [:, -1] (not an input row)"
+            if grad.dim() == 3
+            else f"an element of the {case.form.describe()} buffer outside the view"
+        )
         raise violation(
-            f"{prop}: gradient on the position the shift drops",
+            f"{prop}: gradient on an element the view skips",
             case,
             backend_id,
-            [("problem", "the trainer's leaf [:, -1] (not an input row) has a nonzero gradient")],
+            [("problem", f"{skipped} has a nonzero gradient")],
         )
     return rows
 
@@ -218,7 +224,7 @@ def expect_fused_gradients(
     hidden, weight, bias = case.torch_inputs(backend.device)
     # On the emulated group hidden comes as a trainer holds it (the shifted [B, T + 1, H]).
     real_group = on_real_group(contract, backend)
-    leaf, rows_in = (hidden, hidden) if real_group else trainer_view(hidden)
+    leaf, rows_in = (hidden, hidden) if real_group else caller_view(hidden, case.form.values)
     for tensor in (leaf, weight, bias):
         if tensor is not None:
             tensor.requires_grad_(True)
@@ -244,7 +250,7 @@ def expect_fused_gradients(
         d_hidden = (
             None
             if leaf.grad is None
-            else _shifted_back("fused gradients", case, backend.backend_id, leaf.grad)
+            else _shifted_back("fused gradients", case, backend.backend_id, leaf.grad, rows_in)
         )
     grads = [d_hidden, gathered_grad(weight, contract, backend, dim=0)]
     if bias is not None:

@@ -33,13 +33,15 @@ from tp_logprob.judging.violation import violation
 from tp_logprob.result import LogprobResult
 from tp_logprob.row_groups import contract_rows
 from tp_logprob.strategies import HiddenCase, LogprobCase
-from tp_logprob.strategies.input_forms import laid_out
+from tp_logprob.strategies.input_forms import CONTIGUOUS, laid_out, laid_out_leaf
 from tp_logprob.suite.backends import BackendUnderTest, RankGroup
 from tp_logprob.suite.outcomes import NotApplicable
 from tp_logprob.support import SupportMode
 
 __all__ = [
     "GARBAGE_TARGETS",
+    "caller_rows",
+    "caller_view",
     "execute",
     "expanded_batch",
     "gathered_grad",
@@ -226,6 +228,32 @@ def trainer_view(full: Any) -> tuple[Any, Any]:
         leaf[:, :-1] = full.reshape(batch, rows // batch, width)
     leaf.requires_grad_(True)
     return leaf, leaf[:, :-1].reshape(rows, width)
+
+
+def caller_view(full: Any, form: str) -> tuple[Any, Any]:
+    """``(leaf, rows)``: the tensor a trainer holds and the ``[N, D]`` view of it it hands
+    the op. A contiguous ``form`` is the shift of a ``[B, T + 1, D]`` leaf
+    (:func:`trainer_view`); any other is the buffer of that
+    :mod:`~tp_logprob.strategies.input_forms` layout (a wider row stride, a column-major
+    or offset tensor, ...). :func:`caller_rows` reads the gradient back."""
+    if form == CONTIGUOUS:
+        return trainer_view(full)
+    return laid_out_leaf(full, form)
+
+
+def caller_rows(grad: Any, rows: Any) -> Any:
+    """The ``[N, D]`` gradient at ``rows`` (a :func:`caller_view`) from its leaf's
+    ``grad``, or None when an element of the leaf outside ``rows`` has a nonzero one."""
+    import torch
+
+    if grad.dim() == 3:
+        return shifted_rows(grad)
+    geometry = (rows.shape, rows.stride(), rows.storage_offset())
+    outside = torch.ones(grad.shape, dtype=torch.bool, device=grad.device)
+    outside.as_strided(*geometry).fill_(False)
+    if bool((grad[outside] != 0).any()):
+        return None
+    return grad.as_strided(*geometry)
 
 
 def shifted_rows(grad: Any) -> Any:
