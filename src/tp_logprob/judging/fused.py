@@ -110,6 +110,11 @@ def _expected_grads(
     u = unit_roundoff(contract.dtype.value)
     world = contract.sharding.tp_world_size
     tiny = DTYPE_SMALLEST_SUBNORMAL[contract.dtype]
+    # A heterogeneous batch runs one call per group of rows: each gives its part of
+    # d weight and d bias in the output dtype, and autograd adds the parts in that dtype,
+    # one more rounding per group (docs/semantics.md, "Heterogeneous batches").
+    parts = len(row_groups(contract)) if contract.heterogeneous else 1
+    shared = _gamma(contract.num_tokens) + parts * u
     with np.errstate(invalid="ignore", over="ignore"):
         d_hidden = g @ wt
         hidden_scale = size @ np.abs(wt)
@@ -122,14 +127,12 @@ def _expected_grads(
         weight_scale[:real] = size.T @ np.abs(h)
         weight_bound = np.zeros_like(d_weight)
         weight_bound[:real] = g_bound.T @ np.abs(h)
-        weight_bound += (_gamma(contract.num_tokens) + u) * weight_scale
-        weight_bound[:real] += tiny
+        weight_bound += shared * weight_scale
+        weight_bound[:real] += parts * tiny
         d_bias = np.zeros(padded)
         d_bias[:real] = g.sum(axis=0)
         bias_bound = np.zeros(padded)
-        bias_bound[:real] = (
-            g_bound.sum(axis=0) + (_gamma(contract.num_tokens) + u) * size.sum(axis=0) + tiny
-        )
+        bias_bound[:real] = g_bound.sum(axis=0) + shared * size.sum(axis=0) + parts * tiny
     hidden_bound = np.where(active[:, None], hidden_bound, 0.0)
     return [(d_hidden, hidden_bound), (d_weight, weight_bound), (d_bias, bias_bound)]
 
