@@ -1,9 +1,9 @@
 """The mask judged on each row's top columns gives the decisions of its whole row.
 
-The check narrows a row to its top-k columns (and the kept ones) before it judges a
-mask under the noise or recomputes the rules' support; these tests hold the narrow
-path to the whole-row one on bf16-rounded logits, whose ties sit at the top-k
-boundary.
+The check narrows a row to its top-k columns (and the kept ones) before it screens a
+mask, judges it under the noise or recomputes the rules' support; these tests hold the
+narrow path to the whole-row one on bf16-rounded logits, whose ties sit at the top-k
+boundary, and on rows with values one step below that boundary.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ import torch
 
 from tp_logprob.engine_formats import EngineRollout
 from tp_logprob.oracle import (
+    SupportMargins,
+    classify_support,
     exact_processed_logprob,
     exact_support,
     support_margins,
 )
+from tp_logprob.rollout import support as support_module
 from tp_logprob.rollout.borderline import _judge_row, judge_under_noise
 from tp_logprob.rollout.check import _recomputed
-from tp_logprob.rollout.support import kth_largest, top_columns
+from tp_logprob.rollout.support import kth_largest, screen_masks, screened_columns, top_columns
 from tp_logprob.rollout.trainer import dense_mask
 from tp_logprob.support import SupportSpec
 
@@ -112,3 +115,85 @@ def test_the_recomputed_support_on_the_top_columns_gives_the_whole_rows_bits(see
     assert np.array_equal(found, expected, equal_nan=True)
     assert np.isnan(found).any() and np.isfinite(found).any()
     assert dense_mask(rollout, np.arange(ROWS), V).tolist() == mask.tolist()
+
+
+def _near_the_floor(seed: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose k-th largest ``z`` has neighbours one fp32 step below it in ``x`` (which
+    ``x / T`` can round onto it), ties, ``-inf`` columns, and masks that keep a column just
+    below the floor, drop one at it, or are the rules' support."""
+    x, mask = _logits(seed), _masks(_logits(seed), seed)
+    rng = np.random.default_rng(seed)
+    for row in range(ROWS):
+        kth = np.sort(x[row])[-K]
+        below = np.flatnonzero(x[row] < kth)
+        chosen = rng.choice(below, 4, replace=False)
+        x[row, chosen[:2]] = np.nextafter(kth, -np.inf, dtype=np.float32)
+        x[row, chosen[2]] = kth
+        x[row, chosen[3]] = -np.inf
+        if row % 4 == 1:
+            mask[row, chosen[0]] = True  # kept just below the floor
+        elif row % 4 == 2:
+            mask[row, np.flatnonzero(x[row] >= kth)[-1]] = False
+    return x, mask
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 3.0])
+@pytest.mark.parametrize("params", [PARAMS, {"top_k": K, "min_p": 0.05}, {"top_k": 40}])
+def test_the_screened_columns_classify_as_in_the_whole_row(
+    seed: int, temperature: float, params: dict
+) -> None:
+    x, mask = _near_the_floor(seed, temperature)
+    margins = support_margins("fp32", V, num_shards=2)
+    if seed == 2:  # wide margins: many top-p decisions open
+        margins = SupportMargins(0.05, 0.05, margins.arg_rel, 0.05, margins.abs_error, margins.unit)
+    whole = classify_support(
+        x, margins=margins, real_vocab_size=V, temperature=temperature, **params
+    )  # fmt: skip
+    row, ids = np.nonzero(mask)
+    narrowed = screened_columns(x, row, ids, V, temperature, params["top_k"])
+    assert narrowed is not None
+    z, columns = narrowed
+    c = classify_support(z, margins=margins, real_vocab_size=z.shape[1], row_width=V, **params)
+    seen = 0
+    for r in range(ROWS):
+        picked = columns[r] >= 0
+        where = columns[r, picked]
+        assert mask[r, where].sum() == mask[r].sum()  # every kept id is among them
+        assert c.z[r, picked].tolist() == whole.z[r, where].tolist()
+        assert c.certainly_in[r, picked].tolist() == whole.certainly_in[r, where].tolist()
+        assert c.certainly_out[r, picked].tolist() == whole.certainly_out[r, where].tolist()
+        assert c.certainly_out[r, ~picked].all()  # the -inf padding
+        rest = np.ones(V, dtype=np.bool_)
+        rest[where] = False
+        assert whole.certainly_out[r, rest].all() and not whole.certainly_in[r, rest].any()
+        seen += int((~whole.certainly_in[r, where] & ~whole.certainly_out[r, where]).any())
+    if seed == 2 and params is PARAMS:  # the wide margins leave top-p decisions open
+        assert seen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("temperature", [0.7, 3.0])
+def test_the_masks_are_screened_as_on_the_whole_rows(
+    seed: int, temperature: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, mask = _near_the_floor(seed, temperature)
+    counts = mask.sum(axis=1)
+    rollout = EngineRollout(
+        engine="test",
+        token_ids=np.argmax(mask, axis=1),
+        logprobs=None,
+        support=SupportSpec(
+            kept_offsets=np.concatenate([[0], np.cumsum(counts)]),
+            kept_ids=np.concatenate([np.flatnonzero(m) for m in mask]),
+        ),
+        has_mask=np.ones(ROWS, dtype=np.bool_),
+    )
+    columns = [torch.from_numpy(x[:, : V // 2]), torch.from_numpy(x[:, V // 2 :])]
+    margins = support_margins("fp32", V, num_shards=2)
+    found = screen_masks(columns, rollout, margins, V, temperature, PARAMS, 5)
+    monkeypatch.setattr(support_module, "screened_columns", lambda *args: None)
+    whole = screen_masks(columns, rollout, margins, V, temperature, PARAMS, 5)
+    assert found == whole
+    assert 0 < len(found) < ROWS or temperature != T  # the rules' masks are at T
+    assert any("not an upper set" in d or "which the rules" in d for d in found.values())

@@ -125,16 +125,22 @@ def analyse(
     margins: SupportMargins | None,
     *,
     whole_rows: bool = False,
+    row_width: int | None = None,
 ) -> Analysis:
     """Check the arguments and run the rules (and the margins' tests) on every defined row.
 
     ``whole_rows`` sorts every row whole instead of its top only: the same decisions, the
-    reference the top is tested against."""
+    reference the top is tested against. ``row_width`` is the live width of the rows the
+    columns of ``logits`` were taken from (default: ``real_vocab_size``): the prefix sums'
+    error bound is the one for that many terms, so a row's top columns alone get the
+    enclosures, and so the certain sets, of the whole row."""
     t32 = checked_temperature(temperature)
     rules = Rules(*as_sampling_params(top_k, top_p, min_p))
     x = as_exact_array(logits, "logits", 2)
     n, width = x.shape
     rv = as_real_vocab_size(real_vocab_size, width)
+    if row_width is not None and not (type(row_width) is int and row_width >= rv):
+        raise ValueError(f"row_width={row_width!r} must be an int >= real_vocab_size={rv}")
     z = divided(x[:, :rv], t32, "logits")
     # A row's maximum is NaN with a NaN, +inf with a +inf, -inf with no finite value.
     row_max = z.max(axis=1) if rv else np.full(n, -math.inf)
@@ -157,7 +163,7 @@ def analyse(
         if top is None or top.shape[1] < need.max():
             top = top_values(values, need)
         if rules.top_p is not None:
-            block = sorted_rows(chunk, top, m, rv)
+            block = sorted_rows(chunk, top, m, rv if row_width is None else row_width)
             found = top_p_prefixes(block, rules.top_p, margins, fast, found)
         threshold[chunk] = float_values(top, found.kept - 1)
         sure[chunk] = float_values(top, found.sure_in - 1)

@@ -64,12 +64,15 @@ def classify_support(
     min_p: float | None = None,
     real_vocab_size: int | None = None,
     temperature: float = 1.0,
+    row_width: int | None = None,
 ) -> SupportClassification:
     """Classify every column of ``logits`` (``[N, V]``) for a backend within ``margins``.
 
     Arguments as :func:`~tp_logprob.oracle.exact_support`; ``margins`` is the
     backend's error model, :func:`~tp_logprob.oracle.support_margins` for a
     contract. With :meth:`SupportMargins.zero` nothing is borderline.
+    ``row_width``: when ``logits`` holds some columns of wider rows (their top), the
+    live width of those rows, whose error bounds the classification then uses.
 
     >>> from tp_logprob.oracle import support_margins
     >>> c = classify_support([[0.0, -0.693147, -9.0]], min_p=0.5,
@@ -79,7 +82,9 @@ def classify_support(
     """
     if not isinstance(margins, SupportMargins):
         raise TypeError(f"margins={margins!r} must be a SupportMargins (see support_margins)")
-    found = analyse(logits, top_k, top_p, min_p, real_vocab_size, temperature, margins)
+    found = analyse(
+        logits, top_k, top_p, min_p, real_vocab_size, temperature, margins, row_width=row_width
+    )
     certainly_in = found.live_mask(found.sure_threshold)
     n, width = certainly_in.shape
     live = found.z.shape[1]

@@ -22,11 +22,13 @@ from tp_logprob.oracle import (
     admissible_support,
     classify_support,
 )
+from tp_logprob.oracle.temperature import checked_temperature
 from tp_logprob.rollout.trainer import dense_mask, logit_rows
 
 __all__ = [
     "kth_largest",
     "screen_masks",
+    "screened_columns",
     "top_columns",
 ]
 
@@ -69,14 +71,27 @@ def _support_problems(
     refuses: a kept column where the support is undefined, on padding or certainly out; a
     certainly-in column not kept (more certainly-in columns than kept ones among them); a
     kept set that is not an upper set of ``z`` (more live columns at or above its least
-    value than it keeps). The few rows it flags are explained."""
-    c = classify_support(x, margins=margins, real_vocab_size=rv, temperature=temperature, **params)
+    value than it keeps). With top-k they are screened on each row's top columns
+    (:func:`screened_columns`), which give the whole row's answers. The few rows it flags
+    are explained."""
     count = x.shape[0]
     offsets = rollout.support.kept_offsets
     sizes = np.diff(offsets[begin : begin + count + 1])
     row = np.repeat(np.arange(count), sizes)
     ids = np.asarray(rollout.support.kept_ids[offsets[begin] : offsets[begin + count]])
-    values = c.z[row, ids]
+    narrowed = screened_columns(x, row, ids, rv, temperature, params.get("top_k"))
+    if narrowed is None:
+        c = classify_support(
+            x, margins=margins, real_vocab_size=rv, temperature=temperature, **params
+        )
+        columns, local = None, ids
+    else:
+        z, columns = narrowed
+        c = classify_support(
+            z, margins=margins, real_vocab_size=z.shape[1], row_width=rv, **params
+        )  # z is tempered already: T = 1 divides by nothing
+        local = _places(columns, row, ids)
+    values = c.z[row, local]
     live = ~np.isnan(values)
     lowest = np.full(count, math.inf)
     np.minimum.at(lowest, row[live], values[live])
@@ -85,19 +100,116 @@ def _support_problems(
     flagged = (
         (~c.defined & (sizes > 0))
         | (np.bincount(row, ~live, minlength=count) > 0)
-        | (np.bincount(row, c.certainly_out[row, ids], minlength=count) > 0)
-        | (c.certainly_in.sum(axis=1) > np.bincount(row, c.certainly_in[row, ids], minlength=count))
+        | (np.bincount(row, c.certainly_out[row, local], minlength=count) > 0)
+        | (
+            c.certainly_in.sum(axis=1)
+            > np.bincount(row, c.certainly_in[row, local], minlength=count)
+        )
         | (reached > np.bincount(row, live, minlength=count))
     )
     found = {}
     for offset in np.flatnonzero(rollout.has_mask[begin : begin + count] & flagged).tolist():
-        mask = dense_mask(rollout, np.array([begin + offset]), c.z.shape[1])
-        missing = np.flatnonzero(c.certainly_in[offset] & ~mask[0])
-        extra = np.flatnonzero(c.certainly_out[offset] & mask[0])
-        upper = admissible_support(_one_row(c, offset), mask)
+        kept = np.zeros(c.z.shape[1], dtype=np.bool_)
+        kept[local[row == offset]] = True
+        missing = np.flatnonzero(c.certainly_in[offset] & ~kept)
+        extra = np.flatnonzero(c.certainly_out[offset] & kept)
+        if columns is not None:
+            missing, extra = columns[offset, missing], columns[offset, extra]
+        upper: list[str] = []
+        if not (missing.size or extra.size):
+            whole = dense_mask(rollout, np.array([begin + offset]), x.shape[1])
+            one = _one_row(c, offset) if columns is None else _widened(c, offset, columns, whole)
+            upper = admissible_support(one, whole)
         if missing.size or extra.size or upper:
             found[begin + offset] = support_detail(missing, extra, upper)
     return found
+
+
+def screened_columns(
+    x: npt.NDArray[np.float32],
+    row: npt.NDArray[np.int64],
+    ids: npt.NDArray[Any],
+    rv: int,
+    temperature: float,
+    top_k: int | None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] | None:
+    """Each row's tempered logits ``z = fp32(x) / fp32(T)`` on the columns where its mask
+    can be refused, with their ids (:func:`top_columns`: at or above the row's k-th largest
+    ``z``, and its kept ids ``ids`` on rows ``row``); None where the whole rows are needed
+    (no top-k, a kept id on padding, or a row whose maximum is not finite).
+
+    Why these columns give the whole row's classification (the margins widen the mass
+    comparisons of min-p and top-p only, never top-k's comparison of values):
+
+    * every rule keeps an upper set of ``z``, and top-k keeps none below the k-th
+      largest ``z_(k)``: the not-certainly-out prefix (``maybe_in``) is at most top-k's
+      ``nK`` columns, the certainly-in one too, so every column below ``z_(k)`` is
+      certainly out, and every certainly-in column is among the columns kept here;
+    * every prefix of the rules is ``min(|U|, nK)`` for an upper set ``U`` of ``z``, or
+      one within ``nK`` decided by the sorted top's first ``nK`` values and their masses,
+      which the columns kept here hold in full; the value past ``nK`` (the first
+      certainly-out one) is below ``z_(k)`` in both, so each column kept here gets the
+      same certainly-in and certainly-out as in the whole row, the padding ``-inf``
+      columns certainly out;
+    * the prefix sums' error bound is stated for the whole row (``row_width``).
+
+    So the screen's tests read the same answers: each kept id's, the count of
+    certainly-in columns, and the columns at or above the least kept ``z`` (all kept here
+    when that ``z`` reaches ``z_(k)``; below it the kept id is certainly out, and the row
+    is refused either way). ``z`` is narrowed, not ``x``: ``fl(x / T)`` can tie two
+    values of ``x`` at the boundary."""
+    if top_k is None or top_k >= rv or (ids >= rv).any():
+        return None
+    z = x[:, :rv]
+    t32 = checked_temperature(temperature)
+    if t32 != 1.0:
+        with np.errstate(over="ignore", under="ignore"):
+            z = np.divide(z, np.float32(t32), dtype=np.float32)
+    if not np.isfinite(z.max(axis=1)).all():
+        return None
+    mask = np.zeros(z.shape, dtype=np.bool_)
+    mask[row, ids] = True
+    return top_columns(z, top_k, mask)
+
+
+def _places(
+    columns: npt.NDArray[np.int64], row: npt.NDArray[np.int64], ids: npt.NDArray[Any]
+) -> npt.NDArray[np.int64]:
+    """Where each kept id (on row ``row``) sits among its row's ``columns`` (in column
+    order, padded with -1, every kept id among them)."""
+    width = int(columns.max(initial=0)) + 2
+    keys = np.where(columns < 0, width - 1, columns) + width * np.arange(len(columns))[:, None]
+    found = np.searchsorted(keys.ravel(), ids + width * row)
+    return np.asarray(found - columns.shape[1] * row, dtype=np.int64)
+
+
+def _widened(
+    c: SupportClassification,
+    row: int,
+    columns: npt.NDArray[np.int64],
+    whole: npt.NDArray[np.bool_],
+) -> SupportClassification:
+    """Row ``row`` of ``c``, classified on its ``columns``, as a row as wide as ``whole``:
+    every other column certainly out with no ``z`` (none of them reaches the row's kept
+    values, :func:`screened_columns`)."""
+    width = whole.shape[1]
+    picked = columns[row] >= 0
+    where = columns[row, picked]
+    certainly_in = np.zeros((1, width), dtype=np.bool_)
+    certainly_out = np.ones((1, width), dtype=np.bool_)
+    z = np.full((1, width), math.nan)
+    exact = np.zeros((1, width), dtype=np.bool_)
+    certainly_in[0, where] = c.certainly_in[row, picked]
+    certainly_out[0, where] = c.certainly_out[row, picked]
+    z[0, where] = c.z[row, picked]
+    exact[0, where] = c.exact.mask[row, picked]
+    e = c.exact
+    return SupportClassification(
+        certainly_in, certainly_out, c.defined[row : row + 1],
+        type(e)(exact, e.threshold[row : row + 1], e.defined[row : row + 1],
+                e.size[row : row + 1]),
+        z,
+    )  # fmt: skip
 
 
 def _one_row(c: Any, row: int) -> Any:
