@@ -117,7 +117,10 @@ def _support_problems(
             missing, extra = columns[offset, missing], columns[offset, extra]
         upper: list[str] = []
         if not (missing.size or extra.size):
-            whole = dense_mask(rollout, np.array([begin + offset]), x.shape[1])
+            # Its columns up to its largest id narrowed to: none past it reaches the kept
+            # values (:func:`screened_columns`), so the same message.
+            width = x.shape[1] if columns is None else int(columns[offset].max()) + 1
+            whole = dense_mask(rollout, np.array([begin + offset]), width)
             one = _one_row(c, offset) if columns is None else _widened(c, offset, columns, whole)
             upper = admissible_support(one, whole)
         if missing.size or extra.size or upper:
@@ -167,9 +170,18 @@ def screened_columns(
             z = np.divide(z, np.float32(t32), dtype=np.float32)
     if not np.isfinite(z.max(axis=1)).all():
         return None
-    mask = np.zeros(z.shape, dtype=np.bool_)
-    mask[row, ids] = True
-    return top_columns(z, top_k, mask)
+    kth, rows, columns = _kth_and_candidates(z, top_k)
+    if rows is None or columns is None:
+        mask = np.zeros(z.shape, dtype=np.bool_)
+        mask[row, ids] = True
+        return top_columns(z, top_k, mask)
+    # The columns at or above the k-th are among the candidates: with the kept ids, each
+    # row's in column order (the keys sort by row, then column).
+    width = z.shape[1]
+    reach = z[rows, columns] >= kth[rows]
+    keys = np.unique(np.concatenate([rows[reach] * width + columns[reach], row * width + ids]))
+    rows, columns = np.divmod(keys, width)
+    return _padded(z, rows, columns)
 
 
 def _places(
@@ -189,9 +201,9 @@ def _widened(
     columns: npt.NDArray[np.int64],
     whole: npt.NDArray[np.bool_],
 ) -> SupportClassification:
-    """Row ``row`` of ``c``, classified on its ``columns``, as a row as wide as ``whole``:
-    every other column certainly out with no ``z`` (none of them reaches the row's kept
-    values, :func:`screened_columns`)."""
+    """Row ``row`` of ``c``, classified on its ``columns``, as a row as wide as ``whole``
+    (at least its largest id): every other column certainly out with no ``z`` (none of
+    them reaches the row's kept values, :func:`screened_columns`)."""
     width = whole.shape[1]
     picked = columns[row] >= 0
     where = columns[row, picked]
@@ -250,13 +262,21 @@ def top_columns(
     kth = kth_largest(x, top_k)[:, None]
     chosen = x >= kth if mask is None else (x >= kth) | mask
     rows, found = _where(chosen)
+    return _padded(x, rows, found)
+
+
+def _padded(
+    x: npt.NDArray[np.float32], rows: npt.NDArray[Any], columns: npt.NDArray[Any]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """The values of ``x`` at ``(rows, columns)`` (sorted by row, then column), each row's
+    first, padded with -inf, and their column ids, padded with -1."""
     sizes = np.bincount(rows, minlength=x.shape[0])
     places = np.arange(rows.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     width = int(sizes.max(initial=0))
     values = np.full((x.shape[0], width), -np.inf, dtype=np.float32)
     ids = np.full((x.shape[0], width), -1, dtype=np.int64)
-    values[rows, places] = x[rows, found]
-    ids[rows, places] = found
+    values[rows, places] = x[rows, columns]
+    ids[rows, places] = columns
     return values, ids
 
 
@@ -267,10 +287,20 @@ def kth_largest(x: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.float32]:
     ``k`` columns reach, so the row's ``k``-th largest is among the columns at or above it:
     one comparison over the row and a partition of a few thousand values, instead of a
     partition of the whole row."""
+    return _kth_and_candidates(x, k)[0]
+
+
+def _kth_and_candidates(
+    x: npt.NDArray[np.float32], k: int
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.intp] | None, npt.NDArray[np.intp] | None]:
+    """:func:`kth_largest`, and the columns at or above the sampled floor it read (every
+    column at or above the k-th among them; by row, then column), or None with a row too
+    narrow to sample (the whole row was partitioned)."""
     width = x.shape[1]
     sample = x[:, ::SAMPLE_STRIDE]
     if sample.shape[1] < k:
-        return np.asarray(np.partition(x, width - k, axis=1)[:, width - k], dtype=np.float32)
+        kth = np.partition(x, width - k, axis=1)[:, width - k]
+        return np.asarray(kth, dtype=np.float32), None, None
     floor = np.partition(sample, sample.shape[1] - k, axis=1)[:, sample.shape[1] - k]
     rows, columns = _where(x >= floor[:, None])
     sizes = np.bincount(rows, minlength=x.shape[0])
@@ -278,7 +308,8 @@ def kth_largest(x: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.float32]:
     reached = np.full((x.shape[0], int(sizes.max(initial=k))), -np.inf, dtype=np.float32)
     reached[rows, places] = x[rows, columns]
     last = reached.shape[1] - k
-    return np.asarray(np.partition(reached, last, axis=1)[:, last], dtype=np.float32)
+    kth = np.partition(reached, last, axis=1)[:, last]
+    return np.asarray(kth, dtype=np.float32), rows, columns
 
 
 def _where(chosen: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
