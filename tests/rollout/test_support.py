@@ -117,6 +117,31 @@ def test_the_recomputed_support_on_the_top_columns_gives_the_whole_rows_bits(see
     assert dense_mask(rollout, np.arange(ROWS), V).tolist() == mask.tolist()
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("temperature", [0.7, 3.0])
+def test_the_recomputed_support_narrows_on_the_tempered_logits(
+    seed: int, temperature: float
+) -> None:
+    """Values one fp32 step below the k-th largest ``x`` can round onto it in ``x / T``,
+    which ties them into the rules' support: narrowing on ``x`` would drop them."""
+    x, _ = _near_the_floor(seed, temperature)
+    support = exact_support(x, real_vocab_size=V, temperature=temperature, **PARAMS).mask
+    kth = np.sort(x, axis=1)[:, -K][:, None]
+    below = support & (x < kth)  # kept although below the k-th largest x
+    tokens = np.where(below.any(axis=1), below.argmax(axis=1), x.argmax(axis=1))
+    rollout = EngineRollout(
+        engine="test", token_ids=tokens.astype(np.int64), logprobs=None, support=None,
+        has_mask=np.zeros(ROWS, dtype=np.bool_),
+    )  # fmt: skip
+    columns = [torch.from_numpy(x[:, : V // 2]), torch.from_numpy(x[:, V // 2 :])]
+    found = _recomputed(columns, rollout, np.ones(ROWS, dtype=np.bool_), temperature, V, PARAMS, 7)
+    value, _, _ = exact_processed_logprob(
+        x, tokens, support, real_vocab_size=V, temperature=temperature
+    )  # fmt: skip
+    assert np.array_equal(found, value, equal_nan=True)
+    assert below.any()  # some rows reach the tie the test is about
+
+
 def _near_the_floor(seed: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """Rows whose k-th largest ``z`` has neighbours one fp32 step below it in ``x`` (which
     ``x / T`` can round onto it), ties, ``-inf`` columns, and masks that keep a column just

@@ -150,8 +150,12 @@ def _judge_row(
 
 def _reachable(x: Floats32, mask: Bools, top_k: int, eps: float) -> tuple[Floats32, Bools]:
     """The row's columns within ``2 eps`` of its ``top_k``-th largest or above, and its kept
-    ones, in column order; the rest -inf."""
-    floor = kth_largest(x, top_k)[:, None] - np.float32(2.0 * eps)
+    ones, in column order; the rest -inf.
+
+    The floor is taken in float64 and a few fp32 steps lower still: ``fl((x + d) / T)``
+    can round a column that ends just below the k-th onto it, and a tie is kept."""
+    kth = kth_largest(x, top_k)[:, None].astype(np.float64)
+    floor = kth - 2.0 * eps - 4.0 * np.spacing(np.abs(kth).astype(np.float32)).astype(np.float64)
     chosen = (x >= floor) | mask
     values = np.where(chosen, x, np.float32(-np.inf))
     columns = np.flatnonzero(chosen[0])

@@ -54,7 +54,7 @@ from tp_logprob.rollout.noise import (
 )
 from tp_logprob.rollout.numerics import op_bound
 from tp_logprob.rollout.report import ResponseFinding, RolloutCheck
-from tp_logprob.rollout.support import screen_masks, top_columns
+from tp_logprob.rollout.support import screen_masks, tempered_top_columns
 from tp_logprob.rollout.trainer import (
     dense_mask,
     kept_values,
@@ -300,9 +300,11 @@ def _recomputed(
 ) -> Floats:
     """The logprob over the rules' support on the trainer's logits, on ``rows_wanted``.
 
-    With top-k the rules keep none but each row's top columns (:func:`top_columns`), and
-    the logprob over a support reads its kept columns only, so both are computed on those
-    columns: the same decisions and the same correctly rounded values."""
+    With top-k the rules keep none but each row's top columns of the tempered logits
+    ``fl(x / T)`` (:func:`tempered_top_columns`; not of ``x``, which ``/ T`` can tie at
+    the boundary), and the logprob over a support reads its kept columns only, so both
+    are computed on those columns: the same decisions and the same correctly rounded
+    values."""
 
     found = np.full(rollout.num_tokens, math.nan)
     rows = np.flatnonzero(rows_wanted)
@@ -311,8 +313,11 @@ def _recomputed(
         part = rows[start : start + block]
         x, width = logit_rows(columns, part), rv
         targets = rollout.token_ids[part]
-        if top_k is not None and top_k < rv:
-            x, ids = top_columns(x[:, :rv], top_k)
+        narrowed = None if top_k is None or top_k >= rv else tempered_top_columns(
+            x[:, :rv], top_k, temperature
+        )  # fmt: skip
+        if narrowed is not None:
+            x, ids = narrowed
             width = x.shape[1]
             places = ids == targets[:, None]
             targets = np.where(places.any(axis=1), places.argmax(axis=1), -1)

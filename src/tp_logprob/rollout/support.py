@@ -29,6 +29,7 @@ __all__ = [
     "kth_largest",
     "screen_masks",
     "screened_columns",
+    "tempered_top_columns",
     "top_columns",
 ]
 
@@ -251,6 +252,25 @@ def _ids(values: Any, limit: int = 6) -> str:
     shown = ", ".join(str(int(v)) for v in values[:limit])
     more = f" and {values.size - limit} more" if values.size > limit else ""
     return f"token{'s' if values.size > 1 else ''} {shown}{more}"
+
+
+def tempered_top_columns(
+    x: npt.NDArray[np.float32], top_k: int, temperature: float
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] | None:
+    """Each row's columns of ``x`` at or above its ``top_k``-th largest tempered logit
+    ``fl(x / T)``, the values top-k ranks (:func:`top_columns` on ``z``, the values read
+    back from ``x``); None where a row's largest ``z`` is not finite, which only the whole
+    row decides."""
+    z = x
+    t32 = checked_temperature(temperature)
+    if t32 != 1.0:
+        with np.errstate(over="ignore", under="ignore"):
+            z = np.divide(x, np.float32(t32), dtype=np.float32)
+    if not np.isfinite(z.max(axis=1)).all():
+        return None
+    _, ids = top_columns(z, top_k)
+    values = np.take_along_axis(x, np.maximum(ids, 0), axis=1)
+    return np.where(ids >= 0, values, np.float32(-np.inf)).astype(np.float32), ids
 
 
 def top_columns(
