@@ -95,6 +95,12 @@ PEER_TESTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         (*VLLM_SAMPLER_IMPORTS, "setproctitle", "blake3"),
         ("tests/peers/test_processed_adapters.py",),
     ),
+    # The CPU model runner's sampler, from 0.34: the same imports as 0.33's v1 sampler.
+    "vllm_sampler_034": (
+        "vllm",
+        tuple(VLLM_SAMPLER_IMPORTS),
+        ("tests/peers/test_processed_adapters.py",),
+    ),
     "vllm_sampler_010": (
         "vllm",
         _history_corpus().requirements("vllm==0.10.0"),

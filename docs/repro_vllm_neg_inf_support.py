@@ -1,5 +1,5 @@
 """vLLM's support never holds a -inf logit, where the exact top-k rule keeps some
-(vllm 0.33.0, PyTorch path).
+(vllm 0.33.0 and 0.34.0, PyTorch path).
 
 Exact top-k keeps every token ``>= z_(k)``, the k-th largest value with
 multiplicity. In ``z = [1, 0, -inf, -inf]`` with ``top_k = 3`` that value is

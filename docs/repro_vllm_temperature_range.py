@@ -1,4 +1,4 @@
-"""vLLM refuses a temperature above 2 (vllm 0.33.0, ``SamplingParams``).
+"""vLLM refuses a temperature above 2 (vllm 0.33.0 and 0.34.0, ``SamplingParams``).
 
 The processed logprob at temperature ``T`` is that of ``z = x / T`` for any
 ``T > 0``; a trainer may evaluate at ``T = 4`` (a flattened policy, an

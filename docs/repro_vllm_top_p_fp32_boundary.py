@@ -1,4 +1,4 @@
-"""vLLM's fp32 top-p drops a token the exact rule keeps (vllm 0.33.0, PyTorch path).
+"""vLLM's fp32 top-p drops a token the exact rule keeps (vllm 0.33.0 and 0.34.0, PyTorch path).
 
 Two tokens, ``z = [a, b]`` with ``a > b``, and ``top_p`` one fp32 step above the
 probability ``p_a`` of the first. The exact rule keeps ``b`` iff the mass above it,

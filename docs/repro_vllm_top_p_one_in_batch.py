@@ -1,5 +1,5 @@
 """A vLLM request with top_p = 1 loses its underflowing tokens when another request
-in the batch uses top-p (vllm 0.33.0, PyTorch path).
+in the batch uses top-p (vllm 0.33.0 and 0.34.0, PyTorch path).
 
 ``top_p = 1`` leaves the rule off, so the exact support of ``z = [0, -200]`` is both
 tokens, and the processed logprob of the second is ``-200 - log1p(exp(-200))``.

@@ -1,4 +1,4 @@
-"""vLLM's top-p cuts a tie at the boundary by sort position (vllm 0.33.0, PyTorch path).
+"""vLLM's top-p cuts a tie at the boundary by sort position (vllm 0.33.0 and 0.34.0, PyTorch path).
 
 The exact rule (docs/semantics.md, "Processed logprobs") keeps a token iff the
 mass of the tokens with strictly larger probability is ``< top_p``, so tokens

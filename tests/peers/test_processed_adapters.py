@@ -1,10 +1,12 @@
 """The processed-logprob adapters on the reproducer rows and on random rows.
 
-Each reproducer row (``docs/repro_vllm_*.py``) pins what the library does where
-it differs from the exact rules of docs/semantics.md, "Processed logprobs"; the
-random rows check the glue: the support outputs describe the support the library
-chose, and rows far from every boundary agree with the exact rules, computed here
-with mpmath. Skipped where the library is not installed.
+The vLLM adapter is the one that serves the installed release: ``vllm_sampler``
+(0.11 to 0.33, ``vllm.v1.sample.sampler``) or ``vllm_sampler_034`` (from 0.34, the
+CPU model runner's sampler). Each reproducer row (``docs/repro_vllm_*.py``) pins
+what the library does where it differs from the exact rules of docs/semantics.md,
+"Processed logprobs"; the random rows check the glue: the support outputs describe
+the support the library chose, and rows far from every boundary agree with the
+exact rules, computed here with mpmath. Skipped where the library is not installed.
 """
 
 from __future__ import annotations
@@ -32,7 +34,16 @@ try:
 except ImportError:  # before 0.14 SamplingParams refuses a row with ValueError
     VLLMValidationError = ValueError  # type: ignore[misc,assignment]
 
-from tp_logprob.peers import vllm_sampler  # noqa: E402
+from importlib import metadata  # noqa: E402
+
+from tp_logprob.peers import vllm_sampler as vllm_sampler_011  # noqa: E402
+from tp_logprob.peers import vllm_sampler_034  # noqa: E402
+from tp_logprob.peers._releases import parse_release  # noqa: E402
+
+RELEASE = parse_release(metadata.version("vllm"))
+vllm_sampler = vllm_sampler_034 if RELEASE >= (0, 34) else vllm_sampler_011
+PEER = next(peer for peer in PROCESSED_PEERS if peer.module == vllm_sampler.__name__.split(".")[-1])
+"""The adapter of the installed release and its catalog entry."""
 
 
 def _contract(rows: int, vocab: int, support: SupportSpec, **extra: object) -> tpl.LogprobContract:
@@ -104,15 +115,37 @@ def test_a_kept_neg_inf_column_is_not_in_the_support() -> None:
     assert result.selected_logp.item() == pytest.approx(-math.log1p(math.e), rel=1e-6)
 
 
+def test_a_row_without_a_finite_logit_has_an_undefined_support() -> None:
+    """docs/semantics.md, "Processed logprobs": NaN, 0 and NaN, beside a defined row."""
+    result = _run([[-INF, -INF], [1.0, 0.0]], SupportSpec(top_p=1.0))
+    assert result.support_size.tolist() == [0, 2]
+    assert math.isnan(result.support_lse[0].item())
+    assert math.isnan(result.support_threshold[0].item())
+    assert result.support_lse[1].item() == pytest.approx(math.log1p(math.exp(-1)) + 1, rel=1e-6)
+
+
 def test_processed_logits_are_what_processed_logprobs_mode_returns() -> None:
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(6, 40, generator=generator) * 3
-    contract = _contract(6, 40, SupportSpec(top_k=9, top_p=0.8, min_p=0.01), temperature=0.7)
-    processed = vllm_sampler.processed_logits(x, contract)
-    metadata = vllm_sampler._metadata(vllm_sampler.sampling_params(contract), 40)
-    sampler = vllm_sampler._vllm()["Sampler"](logprobs_mode="processed_logprobs")
-    returned = vllm_sampler.in_vocabulary_order(sampler(x.clone(), metadata).logprobs_tensors, 40)
-    assert torch.equal(sampler.compute_logprobs(processed), returned)
+    """Up to 0.33, the sampler's ``processed_logprobs`` mode returns ``compute_logprobs`` of
+    the adapter's processed logits; from 0.34, the sampling mask it returns is their finite
+    columns and ``compute_topk_scores`` their ``log_softmax``."""
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(1)) * 3
+    if vllm_sampler is vllm_sampler_011:
+        contract = _contract(6, 40, SupportSpec(top_k=9, top_p=0.8, min_p=0.01), temperature=0.7)
+        processed = vllm_sampler_011.processed_logits(x, contract)
+        metadata = vllm_sampler_011._metadata(vllm_sampler_011.sampling_params(contract), 40)
+        sampler = vllm_sampler_011._vllm()["Sampler"](logprobs_mode="processed_logprobs")
+        tensors = sampler(x.clone(), metadata).logprobs_tensors
+        returned = vllm_sampler_011.in_vocabulary_order(tensors, 40)
+        assert torch.equal(sampler.compute_logprobs(processed), returned)
+        return
+    support = SupportSpec(top_k=[9, None, 3, 40, None, 5], top_p=0.8, min_p=0.01)
+    contract = _contract(6, 40, support, temperature=[0.7, 1.0, 0.0, 1.3, 0.5, 0.9])
+    step = vllm_sampler_034.processed_step(x, contract)
+    for row, kept in enumerate(step.kept):
+        assert kept.tolist() == torch.nonzero(torch.isfinite(step.logits[row]))[:, 0].tolist()
+    torch.testing.assert_close(step.logprobs, torch.log_softmax(step.logits, dim=1))
+    assert len(step.kept[2]) == 40  # the greedy request keeps every token
+    assert 0 < len(step.kept[0]) <= 9
 
 
 def _exact_support(z: np.ndarray, support: SupportSpec) -> tuple[list[int], float]:
@@ -191,6 +224,18 @@ FINDING_ROWS = {
         [1],
         {"temperature": 0.005},
     ),
+    "docs/repro_vllm_034_min_p_boundary.py": (
+        [[0.0, -0.6931471824645996]],
+        SupportSpec(min_p=0.5),
+        [1],
+        {},
+    ),
+    "docs/repro_vllm_034_temperature_floor.py": (
+        [[1.0, 0.0]],
+        SupportSpec(top_k=2),
+        [1],
+        {"temperature": 0.005},
+    ),
     "docs/repro_vllm_neg_inf_support.py": ([[1.0, 0.0, -INF, -INF]], SupportSpec(top_k=3), [1], {}),
     "docs/repro_vllm_temperature_range.py": (
         [[1.0, 0.0]],
@@ -215,9 +260,7 @@ property each one checks."""
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize(
-    "finding", PROCESSED_PEERS[0].findings, ids=[f.rule for f in PROCESSED_PEERS[0].findings]
-)
+@pytest.mark.parametrize("finding", PEER.findings, ids=[f.rule for f in PEER.findings])
 def test_a_finding_lists_the_properties_its_row_fails(finding) -> None:  # type: ignore[no-untyped-def]
     """Finding.properties is what the report links a failing property to: pinned here."""
     row = FINDING_ROWS.get(str(finding.explanation.reproducer))
@@ -227,7 +270,7 @@ def test_a_finding_lists_the_properties_its_row_fails(finding) -> None:  # type:
     logits, support, targets, extra = row
     contract = _contract(len(logits), len(logits[0]), support, export_lse=True, **extra)
     case = LogprobCase(contract, np.array(logits, np.float32), np.array(targets))
-    (backend,) = resolve_backends([PROCESSED_PEERS[0].spec()], "cpu")
+    (backend,) = resolve_backends([PEER.spec()], "cpu")
     failing = set()
     for test, prop in SUITE_PROPERTIES.items():
         try:
@@ -237,7 +280,7 @@ def test_a_finding_lists_the_properties_its_row_fails(finding) -> None:  # type:
         except VLLMValidationError:  # the library refuses the row
             failing.add(test)
     since = FINDING_SINCE.get(str(finding.explanation.reproducer), (0,))
-    expected = finding.properties if vllm_sampler._vllm()["release"] >= since else ()
+    expected = finding.properties if since <= RELEASE else ()
     assert failing == set(expected)
 
 

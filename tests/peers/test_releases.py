@@ -35,6 +35,7 @@ ADAPTERS = [
     "verl_naive",
     "vllm_sampler",
     "vllm_sampler_010",
+    "vllm_sampler_034",
 ]
 
 
@@ -102,7 +103,7 @@ def test_vllm_sampler_serves_0_11_to_0_33(version: str) -> None:
 @pytest.mark.parametrize(
     ("version", "reason"),
     [("0.9.2", "no logprobs_mode"), ("0.10.2", "tp_logprob.peers.vllm_sampler_010's"),
-     ("0.34.0", "0.34 removed vllm.v1.sample.sampler")],
+     ("0.34.0", "0.34 removed vllm.v1.sample.sampler.*tp_logprob.peers.vllm_sampler_034")],
 )  # fmt: skip
 def test_vllm_sampler_refuses_the_releases_around_it_with_the_reason(
     version: str, reason: str
@@ -111,6 +112,22 @@ def test_vllm_sampler_refuses_the_releases_around_it_with_the_reason(
 
     with pytest.raises(UnservedReleaseError, match=rf"serves vllm>=0\.11,<0\.34 only; .*{reason}"):
         SERVED.check(version)
+
+
+@pytest.mark.parametrize("version", ["0.34.0", "0.34.1"])
+def test_vllm_sampler_034_serves_0_34(version: str) -> None:
+    from tp_logprob.peers.vllm_sampler_034 import SERVED
+
+    assert SERVED.check(version) == parse_release(version)
+
+
+def test_vllm_sampler_034_refuses_0_33_naming_the_adapters_before_it() -> None:
+    from tp_logprob.peers.vllm_sampler_034 import SERVED
+
+    with pytest.raises(
+        UnservedReleaseError, match=r"serves vllm>=0\.34,<0\.35 only; .*vllm_sampler "
+    ):
+        SERVED.check("0.33.0")
 
 
 def _logits_contract() -> tpl.LogprobContract:
@@ -145,6 +162,7 @@ def _hidden_call(op: Any) -> None:
         ("openrlhf", "0.6.1", "logits"),  # no temperature argument yet
         ("vllm_sampler", "0.10.2", "logits"),  # a greedy row divided by -1
         ("vllm_sampler", "0.34.0", "logits"),  # no vllm.v1.sample.sampler
+        ("vllm_sampler_034", "0.33.0", "logits"),  # no vllm.v1.worker.cpu.sampler
     ],
 )
 def test_an_adapter_refuses_an_unserved_release_before_any_work(

@@ -1016,89 +1016,133 @@ _SGLANG_SORT = (
     "top_k_top_p_min_p_sampling_from_probs_torch sorts the fp32 probabilities descending and "
 )
 
+_VLLM_FINDINGS = (
+    Finding(
+        "top-p, ties at the boundary",
+        Explanation(
+            PEER_LIMITATION,
+            _VLLM_TOP_P + "is <= 1 - top_p: of tokens tied at the boundary it keeps "
+            "those the sort put last, where the exact rule keeps the whole tie",
+            "docs/repro_vllm_top_p_ties.py",
+        ),
+        _ORACLE,
+    ),
+    Finding(
+        "top-p, fp32 boundary",
+        Explanation(
+            PEER_LIMITATION,
+            "the top-p decision is taken on fp32 softmax, fp32 cumsum and fp32 1 - top_p: "
+            "a token whose exact mass above lies within that rounding of top_p can land "
+            "on either side (here it is dropped, kept exactly by 3.7e-8); a borderline "
+            "token, admissible either way within the bound of docs/tolerances.md",
+            "docs/repro_vllm_top_p_fp32_boundary.py",
+        ),
+    ),
+    Finding(
+        "min-p, fp32 boundary",
+        Explanation(
+            PEER_LIMITATION,
+            "min-p compares fp32 probabilities, p < max p * min_p, both sides rounded: "
+            "exp(z - M) = 0.499999999 against min_p = 0.5 rounds to a tie and is kept; "
+            "a borderline token, admissible either way within the bound of "
+            "docs/tolerances.md",
+            "docs/repro_vllm_min_p_fp32_boundary.py",
+        ),
+    ),
+    Finding(
+        "top_p = 1 beside a top-p request",
+        Explanation(
+            PEER_LIMITATION,
+            "one top_p tensor serves the batch once any request has top_p < 1; a top_p = 1 "
+            "row then loses every token whose fp32 probability underflows (cumsum <= 0), "
+            "so its support and processed logprob (-inf for such a token) depend on the "
+            "other requests",
+            "docs/repro_vllm_top_p_one_in_batch.py",
+        ),
+    ),
+    Finding(
+        "temperature below 0.01",
+        Explanation(
+            PEER_LIMITATION,
+            "SamplingParams raises any temperature in (0, 0.01) to 0.01 (with a logged "
+            "warning), so the processed logprob is that of x / 0.01, not x / T",
+            "docs/repro_vllm_temperature_floor.py",
+        ),
+        _ORACLE,
+    ),
+    Finding(
+        "temperature above 2",
+        Explanation(
+            PEER_LIMITATION,
+            "SamplingParams (from 0.24.0) refuses any temperature outside [0, 2] with "
+            "VLLMValidationError, so the engine has no processed logprob at T > 2 to "
+            "compare with; the adapter passes the error on",
+            "docs/repro_vllm_temperature_range.py",
+        ),
+        (*_ORACLE, "test_processed_run_to_run_and_batch_invariance"),
+    ),
+    Finding(
+        "-inf logits inside the support",
+        Explanation(
+            PEER_LIMITATION,
+            "a kept -inf logit is indistinguishable from a masked one, and vLLM's sampling "
+            "mask is the finite processed logits: where the k-th largest value is -inf the "
+            "exact support (and size, and threshold -inf) holds -inf columns vLLM's does "
+            "not; the logprobs agree",
+            "docs/repro_vllm_neg_inf_support.py",
+        ),
+        _ORACLE,
+    ),
+)
+"""vLLM's findings up to 0.33 (``vllm_sampler``), in the order of its report."""
+
+_VLLM_034_MIN_P = Finding(
+    "min-p, fp32 boundary",
+    Explanation(
+        PEER_LIMITATION,
+        "from 0.34 min-p drops z < max z + log(min_p), all in fp32: z = fp32(log 0.5) against "
+        "min_p = 0.5 equals the fp32 threshold and is kept, where exactly exp(z - M) = "
+        "0.499999999 < 0.5 drops it; a borderline token, admissible either way within the bound "
+        "of docs/tolerances.md",
+        "docs/repro_vllm_034_min_p_boundary.py",
+    ),
+)
+_VLLM_034_TEMPERATURE_FLOOR = Finding(
+    "temperature below 0.01",
+    Explanation(
+        PEER_LIMITATION,
+        "SamplingParams raises any temperature in (0, 0.01) to 0.01 (with a logged warning), and "
+        "CPUSamplingStates divides by what it holds, so the processed logprob is that of "
+        "x / 0.01, not x / T",
+        "docs/repro_vllm_034_temperature_floor.py",
+    ),
+    _ORACLE,
+)
+
 PROCESSED_PEERS = (
     ProcessedPeer(
         name="vllm_sampler",
         module="vllm_sampler",
         library="vLLM v1 Sampler, processed_logits mode (PyTorch top-k/top-p, MinPLogitsProcessor)",
         distribution="vllm",
+        findings=_VLLM_FINDINGS,
+        agrees="top-k keeps the whole tie at the k-th value; the order is the exact one "
+        "(temperature, then min-p, then top-k, then top-p on the distribution renormalised "
+        "over the survivors); the maximum is always kept; the processed logprob of a dropped "
+        "target is -inf",
+    ),
+    ProcessedPeer(
+        name="vllm_sampler_034",
+        module="vllm_sampler_034",
+        library="vLLM CPU model runner sampler, processed_logprobs mode with the sampling mask "
+        "(CPUSampler: PyTorch top-k/top-p, min-p in logit space)",
+        distribution="vllm",
         findings=(
-            Finding(
-                "top-p, ties at the boundary",
-                Explanation(
-                    PEER_LIMITATION,
-                    _VLLM_TOP_P + "is <= 1 - top_p: of tokens tied at the boundary it keeps "
-                    "those the sort put last, where the exact rule keeps the whole tie",
-                    "docs/repro_vllm_top_p_ties.py",
-                ),
-                _ORACLE,
-            ),
-            Finding(
-                "top-p, fp32 boundary",
-                Explanation(
-                    PEER_LIMITATION,
-                    "the top-p decision is taken on fp32 softmax, fp32 cumsum and fp32 1 - top_p: "
-                    "a token whose exact mass above lies within that rounding of top_p can land "
-                    "on either side (here it is dropped, kept exactly by 3.7e-8); a borderline "
-                    "token, admissible either way within the bound of docs/tolerances.md",
-                    "docs/repro_vllm_top_p_fp32_boundary.py",
-                ),
-            ),
-            Finding(
-                "min-p, fp32 boundary",
-                Explanation(
-                    PEER_LIMITATION,
-                    "min-p compares fp32 probabilities, p < max p * min_p, both sides rounded: "
-                    "exp(z - M) = 0.499999999 against min_p = 0.5 rounds to a tie and is kept; "
-                    "a borderline token, admissible either way within the bound of "
-                    "docs/tolerances.md",
-                    "docs/repro_vllm_min_p_fp32_boundary.py",
-                ),
-            ),
-            Finding(
-                "top_p = 1 beside a top-p request",
-                Explanation(
-                    PEER_LIMITATION,
-                    "one top_p tensor serves the batch once any request has top_p < 1; a top_p = 1 "
-                    "row then loses every token whose fp32 probability underflows (cumsum <= 0), "
-                    "so its support and processed logprob (-inf for such a token) depend on the "
-                    "other requests",
-                    "docs/repro_vllm_top_p_one_in_batch.py",
-                ),
-            ),
-            Finding(
-                "temperature below 0.01",
-                Explanation(
-                    PEER_LIMITATION,
-                    "SamplingParams raises any temperature in (0, 0.01) to 0.01 (with a logged "
-                    "warning), so the processed logprob is that of x / 0.01, not x / T",
-                    "docs/repro_vllm_temperature_floor.py",
-                ),
-                _ORACLE,
-            ),
-            Finding(
-                "temperature above 2",
-                Explanation(
-                    PEER_LIMITATION,
-                    "SamplingParams (from 0.24.0) refuses any temperature outside [0, 2] with "
-                    "VLLMValidationError, so the engine has no processed logprob at T > 2 to "
-                    "compare with; the adapter passes the error on",
-                    "docs/repro_vllm_temperature_range.py",
-                ),
-                (*_ORACLE, "test_processed_run_to_run_and_batch_invariance"),
-            ),
-            Finding(
-                "-inf logits inside the support",
-                Explanation(
-                    PEER_LIMITATION,
-                    "a kept -inf logit is indistinguishable from a masked one, and vLLM's sampling "
-                    "mask is the finite processed logits: where the k-th largest value is -inf the "
-                    "exact support (and size, and threshold -inf) holds -inf columns vLLM's does "
-                    "not; the logprobs agree",
-                    "docs/repro_vllm_neg_inf_support.py",
-                ),
-                _ORACLE,
-            ),
+            *_VLLM_FINDINGS[:2],  # top-p: apply_top_k_top_p_pytorch is unchanged in 0.34
+            _VLLM_034_MIN_P,
+            _VLLM_FINDINGS[3],  # top_p = 1 beside a top-p request: one top_p tensor still
+            _VLLM_034_TEMPERATURE_FLOOR,
+            *_VLLM_FINDINGS[5:],  # SamplingParams' range; the mask is the finite logits
         ),
         agrees="top-k keeps the whole tie at the k-th value; the order is the exact one "
         "(temperature, then min-p, then top-k, then top-p on the distribution renormalised "

@@ -84,6 +84,8 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
         "0.29.0",
         "0.33.0",
     ),
+    # 0.34 replaced vllm.v1.sample.sampler with the model runner's samplers.
+    "vllm_sampler_034": ("0.34.0",),
     # 0.10.1 moved the logits processors into a package; 0.10.2 made the mode an enum.
     "vllm_sampler_010": ("0.10.0", "0.10.1", "0.10.2"),
     "openrlhf": ("0.6.2", "0.7.0", "0.8.0", "0.8.11", "0.9.5", "0.10.4", "0.11.2"),

@@ -41,6 +41,9 @@ documentation and source, and declares the releases of the library it serves
 - :mod:`.vllm_sampler` - vLLM's v1 sampler in ``processed_logits`` mode: the
   processed logprob under a sampling support (top-k, top-p, min-p), TP=1, of one
   request per row (vllm 0.11 to 0.33);
+- :mod:`.vllm_sampler_034` - vLLM's CPU model runner sampler (``CPUSampler``) in
+  ``processed_logprobs`` mode with its sampling mask, the same from vllm 0.34, which
+  removed the v1 sampler;
 - :mod:`.vllm_sampler_010` - vLLM 0.10's v1 sampler in ``processed_logprobs``
   mode, the API of each 0.10 release chosen by its version (the historical
   benchmark's vLLM entry);

@@ -27,7 +27,8 @@ all_random)``; 0.10's holds -1 and divides by it, negating the row's processed l
 ``tp_logprob.peers.vllm_sampler_010`` serves 0.10 with one request per batch), to 0.33,
 the last with ``vllm.v1.sample.sampler`` (0.34 removed it, with ``SamplingMetadata``, for
 the model runner's own samplers, ``vllm.v1.worker.cpu.sampler`` and
-``vllm.v1.worker.gpu.sample.sampler``, which take its input batch and request states).
+``vllm.v1.worker.gpu.sample.sampler``, which take its input batch and request states;
+``tp_logprob.peers.vllm_sampler_034`` drives the first).
 Between them the sampler, ``SamplingMetadata``, ``SamplingParams`` and the logits
 processors keep the calls made here, read from each release's sources, with one difference
 (:data:`_FULL_LOGPROBS`): 0.11.0 has no ``max_num_logprobs=-1`` (the whole unsorted
@@ -61,7 +62,8 @@ the caller's stream is untouched. ``lse`` is ``z_max - log_softmax(z)[argmax]`` 
 vLLM's ``compute_logprobs`` on vLLM's tempered logits; ``support_lse`` the same from
 the processed logits (the normaliser of the distribution vLLM returns),
 ``support_threshold`` the smallest kept tempered logit, ``support_size`` the count
-of kept columns.
+of kept columns. A row whose support is undefined (no finite processed logit, or a NaN or
+``+inf`` in ``z``; docs/semantics.md) gets NaN, ``0`` and NaN there.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ SERVED = ServedReleases(
     "0.10's sampler, which divides a greedy request's row by the -1 its input batch holds, "
     "is tp_logprob.peers.vllm_sampler_010's (one request per batch); 0.34 removed "
     "vllm.v1.sample.sampler and SamplingMetadata (the model runner's samplers take its input "
-    "batch instead); before 0.10 the v1 sampler had no logprobs_mode",
+    "batch instead): from 0.34 use tp_logprob.peers.vllm_sampler_034; before 0.10 the v1 "
+    "sampler had no logprobs_mode",
 )
 """The releases of vllm the adapter serves; it refuses the others before any work."""
 
@@ -260,15 +263,15 @@ def vllm_processed_logprob(
         if contract.export_lse:
             lse = _lse(z, sampler.compute_logprobs(z))
         support_lse = _lse(processed, logprobs)
-        inf = torch.full_like(z, float("inf"))
-        threshold = torch.where(kept, z, inf).amin(dim=1)
-        threshold = torch.where(kept.any(dim=1), threshold, float("nan"))
+        defined = kept.any(dim=1) & ~(z.isnan() | z.isposinf()).any(dim=1)
+        threshold = torch.where(kept, z, torch.full_like(z, float("inf"))).amin(dim=1)
+    nan = float("nan")
     return LogprobResult(
         selected,
         lse,
-        support_lse=support_lse,
-        support_size=kept.sum(dim=1, dtype=torch.int64),
-        support_threshold=threshold,
+        support_lse=torch.where(defined, support_lse, nan),
+        support_size=torch.where(defined, kept.sum(dim=1, dtype=torch.int64), 0),
+        support_threshold=torch.where(defined, threshold, nan),
     )
 
 
