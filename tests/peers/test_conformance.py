@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -220,17 +221,18 @@ def test_processed_section_reports_each_finding_and_its_reproducer(
     assert stale == (outcome == "agrees")
 
 
-def test_a_reproducer_is_run_and_read_by_its_exit_status(tmp_path: Path) -> None:
+def test_a_reproducer_is_run_and_read_by_its_exit_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     peer = PROCESSED_PEERS[0]  # the vLLM sampler
     finding = peer.findings[0]
+    monkeypatch.setattr(processed, "not_runnable", lambda peer: None)  # as if installed
     script = tmp_path / str(finding.explanation.reproducer)
     script.parent.mkdir(parents=True)
     outcomes = []
     for body in ("raise SystemExit(1)", "print('same')", "import no_such_module"):
         script.write_text(body)
-        run = conformance._reproduce(
-            dataclasses.replace(peer, distribution="pytest"), finding, tmp_path
-        )
+        run = conformance._reproduce(peer, finding, tmp_path)
         outcomes.append((run.outcome.split(" ")[0], run.failed))
     assert outcomes == [("differs", False), ("agrees", False), ("error", True)]
 
@@ -531,3 +533,33 @@ def test_merge_keeps_the_subsections_of_peers_not_run(monkeypatch: pytest.Monkey
     assert processed.merge(existing, fresh) == [kept_other, fresh[peer.name]]
     assert processed.merge("", fresh) == [fresh[peer.name]]
     assert processed.merge(existing, {}) == [kept_other, "### `vllm_sampler`\n\nv"]
+
+
+@pytest.mark.parametrize(
+    ("peer", "version", "reason"),
+    [
+        (
+            "vllm_sampler_034",
+            "0.33.0",
+            r"vllm 0\.33\.0 is installed; the adapter serves vllm>=0\.34",
+        ),
+        ("vllm_sampler", "0.34.0", r"vllm 0\.34\.0 is installed; the adapter serves vllm>=0\.11"),
+        ("vllm_sampler", "not installed", "vllm is not installed"),
+    ],
+)
+def test_a_processed_peer_whose_release_is_not_served_is_not_run(
+    monkeypatch: pytest.MonkeyPatch, peer: str, version: str, reason: str
+) -> None:
+    """Two adapters of one library serve different releases: one environment runs one."""
+    (chosen,) = [candidate for candidate in PROCESSED_PEERS if candidate.name == peer]
+    monkeypatch.setattr(processed, "installed", lambda distribution: version)
+    assert re.fullmatch(f"{reason}.*", processed.not_runnable(chosen) or "")
+    results, _ = conformance._run_processed(chosen, None, Path())  # type: ignore[arg-type]
+    assert {result.outcome for result in results} == {"not run"}
+    assert conformance._reproduce(chosen, chosen.findings[0], Path()).outcome.startswith("not run")
+
+
+def test_a_processed_peer_on_a_served_release_is_runnable(monkeypatch: pytest.MonkeyPatch) -> None:
+    (chosen,) = [candidate for candidate in PROCESSED_PEERS if candidate.name == "vllm_sampler_034"]
+    monkeypatch.setattr(processed, "installed", lambda distribution: "0.34.0")
+    assert processed.not_runnable(chosen) is None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from tools.conformance.catalog import PROCESSED_PEERS, UNAVAILABLE, Finding, ProcessedPeer
 from tools.conformance.records import Record, headline
 from tools.conformance.releases import served_and_tested
+from tp_logprob.peers._releases import UnservedReleaseError
 
 __all__ = [
     "HEADING",
@@ -31,6 +32,7 @@ __all__ = [
     "Reproduction",
     "installed",
     "merge",
+    "not_runnable",
     "peer_subsection",
     "processed_tests",
     "results_from",
@@ -127,6 +129,21 @@ def installed(distribution: str) -> str:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+def not_runnable(peer: ProcessedPeer) -> str | None:
+    """Why ``peer`` cannot run on what is installed (its library absent, or a release its
+    adapter does not serve, as when one environment holds the release another adapter of
+    the same library serves), or None."""
+    version = installed(peer.distribution)
+    if version == "not installed":
+        return f"{peer.distribution} is not installed"
+    served = importlib.import_module(f"tp_logprob.peers.{peer.module}").SERVED
+    try:
+        served.check(version)
+    except UnservedReleaseError:
+        return f"{peer.distribution} {version} is installed; the adapter serves {served}"
+    return None
 
 
 def _capability_summary(peer: ProcessedPeer) -> tuple[str, str]:

@@ -173,8 +173,8 @@ def _run_processed(
 ) -> tuple[list[PropertyResult], float]:
     """The processed properties on the peer; each first failing example kept for the report."""
     tests = processed.processed_tests()
-    if processed.installed(peer.distribution) == "not installed":
-        reason = f"{peer.distribution} is not installed"
+    reason = processed.not_runnable(peer)
+    if reason is not None:
         return [PropertyResult(test, "not run", reason) for test in tests], 0.0
     record, elapsed = _pytest(peer.name, processed.PROCESSED_MODULE, [peer.spec()], args, scratch)
     backend = _backend_id(peer, peer.attr)
@@ -424,8 +424,9 @@ def _reproduce(peer: ProcessedPeer, finding: Finding, root: Path) -> Reproductio
     script = finding.explanation.reproducer
     if script is None:
         return Reproduction(finding, "error: no reproducer")
-    if processed.installed(peer.distribution) == "not installed":
-        return Reproduction(finding, f"not run: {peer.distribution} is not installed")
+    reason = processed.not_runnable(peer)
+    if reason is not None:
+        return Reproduction(finding, f"not run: {reason}")
     finished = subprocess.run(
         [sys.executable, script], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
