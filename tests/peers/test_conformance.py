@@ -563,3 +563,19 @@ def test_a_processed_peer_on_a_served_release_is_runnable(monkeypatch: pytest.Mo
     (chosen,) = [candidate for candidate in PROCESSED_PEERS if candidate.name == "vllm_sampler_034"]
     monkeypatch.setattr(processed, "installed", lambda distribution: "0.34.0")
     assert processed.not_runnable(chosen) is None
+
+
+def test_a_run_keeps_the_subsection_of_a_peer_whose_release_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With vllm 0.33 installed, ``--peer vllm_sampler_034`` runs nothing and keeps what a
+    0.34 environment wrote."""
+    monkeypatch.setattr(processed, "installed", lambda distribution: "0.33.0")
+    monkeypatch.setattr(conformance, "_run_processed", _fake_processed({}))
+    output = tmp_path / "conformance.md"
+    kept = "### `vllm_sampler_034`\n\nwritten on vllm 0.34.0"
+    output.write_text(f"# matrix\n\n{processed.HEADING}\n\n{kept}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert conformance.main(["--output", str(output), "--peer", "vllm_sampler_034"]) == 0
+    assert kept in output.read_text(encoding="utf-8")
+    assert "vllm_sampler_034: not run (vllm 0.33.0 is installed" in capsys.readouterr().out

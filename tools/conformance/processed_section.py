@@ -38,6 +38,7 @@ __all__ = [
     "results_from",
     "section",
     "unexplained",
+    "unserved",
 ]
 
 PROCESSED_MODULE = "tp_logprob.properties.test_processed"
@@ -133,11 +134,19 @@ def installed(distribution: str) -> str:
 
 def not_runnable(peer: ProcessedPeer) -> str | None:
     """Why ``peer`` cannot run on what is installed (its library absent, or a release its
-    adapter does not serve, as when one environment holds the release another adapter of
-    the same library serves), or None."""
+    adapter does not serve), or None."""
+    if installed(peer.distribution) == "not installed":
+        return f"{peer.distribution} is not installed"
+    return unserved(peer)
+
+
+def unserved(peer: ProcessedPeer) -> str | None:
+    """Why ``peer``'s adapter refuses the installed release of its library, or None (also
+    when the library is absent). Two adapters of one library serve different releases, so
+    one environment runs one of them."""
     version = installed(peer.distribution)
     if version == "not installed":
-        return f"{peer.distribution} is not installed"
+        return None
     served = importlib.import_module(f"tp_logprob.peers.{peer.module}").SERVED
     try:
         served.check(version)

@@ -471,6 +471,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--peer: unknown {sorted(unknown)}; known: {known}")
     chosen = [peer for peer in PEERS if not args.peer or peer.name in args.peer]
     chosen_processed = [p for p in PROCESSED_PEERS if not args.peer or p.name in args.peer]
+    unserved = {p.name: processed.unserved(p) for p in chosen_processed}
+    for name, reason in unserved.items():
+        if reason is not None:  # another adapter of its library serves what is installed
+            print(f"conformance: {name}: not run ({reason}); its subsection is kept")
+    chosen_processed = [p for p in chosen_processed if unserved[p.name] is None]
     args.root = Path.cwd().resolve()
     args.artifacts_out = args.output.resolve().parent / "conformance"
     args.artifacts_out.mkdir(parents=True, exist_ok=True)
