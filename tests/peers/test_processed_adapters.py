@@ -297,7 +297,9 @@ def test_a_mixed_batch_gives_each_row_what_its_request_alone_gives() -> None:
     x, targets, contract = _mixed_batch()
     op, capability = vllm_sampler.honest
     assert capability.supports(contract)
+    numpy_stream = np.random.get_state()[1].copy()
     mixed = op(x, targets, contract)
+    assert np.array_equal(np.random.get_state()[1], numpy_stream)  # unseeded requests' seeds
     for row in range(5):
         top_k, top_p, _ = contract.support.row_rules(row)
         temperature = contract.temperature[row]

@@ -198,20 +198,29 @@ def _engine(params: list[Any], width: int) -> tuple[Any, Any]:
     mapping each row onto its request's slot, as the CPU model runner builds them."""
     vllm = _vllm()
     rows, cpu = len(params), torch.device("cpu")
-    states = vllm["CPURequestState"](rows, 2, rows, width, cpu)
+    states = vllm["CPURequestState"](
+        max_num_reqs=rows,
+        max_model_len=2,
+        max_num_batched_tokens=rows,
+        vocab_size=width,
+        device=cpu,
+    )
     sampler = vllm["CPUSampler"](
-        SimpleNamespace(reasoning_config=None),  # the one field its constructor reads
-        rows,
-        width,
-        cpu,
-        states,
+        vllm_config=SimpleNamespace(reasoning_config=None),  # the one field it reads
+        max_num_reqs=rows,
+        vocab_size=width,
+        device=cpu,
+        req_states=states,
         logprobs_mode="processed_logprobs",
         return_sampling_mask=True,
     )
     slots = []
     with _numpy_stream_kept():
         for row, request in enumerate(params):
-            states.add_request(f"row-{row}", 1, [0], 1, 1)
+            # A decode step: a one-token prompt already computed, one token to sample.
+            states.add_request(
+                f"row-{row}", prompt_len=1, all_token_ids=[0], num_computed_tokens=1, max_tokens=1
+            )
             slots.append(states.req_id_to_index[f"row-{row}"])
             sampler.add_request(slots[-1], request)
     batch = vllm["InputBatch"].make_dummy(rows, rows, vllm["InputBuffers"](rows, rows, cpu))
