@@ -303,6 +303,8 @@ def conformance(session: nox.Session) -> None:
         )  # fmt: skip
     # vLLM's wheel pins a CUDA build of torch: install it without dependencies, then only
     # what its sampler modules import (tp_logprob.peers.vllm_sampler), at vLLM's own bounds.
+    # The pinned 0.33 is not vllm_sampler_034's: the report keeps that adapter's subsection,
+    # written where vLLM 0.34 is installed (python -m tools.conformance --peer vllm_sampler_034).
     session.install(*peers, "--no-deps", "vllm")
     session.install(*_constraints(), *peers, *VLLM_SAMPLER_IMPORTS)
     # verl (tp_logprob.peers.verl) asks for transformers < 5.11 (below vLLM's bound) and for
