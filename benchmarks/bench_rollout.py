@@ -8,7 +8,8 @@ cause planted on a response or a subset of tokens; ``--spread S`` scales each ro
 logits by a factor log-uniform in ``[1/S, S]``, so that the tokens' magnitudes (and
 their perturbations) differ as a real policy's do. It prints, per planted cause,
 the share of the tokens it affects that the check names, the verdicts on the clean
-tokens, the noise it estimated, and the median wall and CPU time of ``--repeat``
+responses, the tokens named after a cause where none was planted (the clean responses
+and the clean tokens of the others), the noise it estimated, and the median wall and CPU time of ``--repeat``
 runs (the check only; building the corpus is not timed).
 
     python benchmarks/bench_rollout.py --repeat 3
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_corpus import TEMPERATURE, TOP_K, TOP_P, Corpus, build_corpus
 
 from tp_logprob.rollout import check_rollout
+from tp_logprob.rollout.causes import ENGINE_CAUSES
 from tp_logprob.rollout.report import ENGINE_FAULTS
 
 
@@ -97,6 +99,13 @@ def main() -> None:
     print(
         f"  clean responses: {len(clean)} tokens, verdicts "
         f"{dict(Counter(check.verdict[t] for t in clean))}, engine faults {dict(faults)}"
+    )
+    unplanted = [t for t, p in enumerate(corpus.planted) if not p]
+    misnamed = Counter(check.verdict[t] for t in unplanted if check.verdict[t] in ENGINE_CAUSES)
+    evidence = sum(len(found.tokens) for r in check.responses for found in r.evidence)
+    print(
+        f"  causes named where none was planted: {sum(misnamed.values())} of {len(unplanted)} "
+        f"tokens {dict(misnamed)}; named by a response's evidence: {evidence} tokens"
     )
     print(
         f"  time: median {statistics.median(times):.2f} s wall of {args.repeat} (min "

@@ -17,7 +17,7 @@ judged against the sampling rules under the same noise
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from typing import Any
@@ -38,6 +38,15 @@ from tp_logprob.rollout.causes import (
     is_stale,
     kept_logprob,
     solve_temperature,
+)
+from tp_logprob.rollout.evidence import (
+    MIN_CONFIDENT,
+    CauseEvidence,
+    log_ratios,
+    mixture,
+    name_within_noise,
+    select_causes,
+    typical_scale,
 )
 from tp_logprob.rollout.inputs import (
     check_logits,
@@ -185,6 +194,7 @@ def check_rollout(
     beyond = judged & ~inside
     refused = np.zeros(n, dtype=np.bool_)
     refused[list(problems)] = True
+    recomputed_rows: Callable[[Bools], Floats] | None = None
     if has_params and (beyond & refused).any():
         # A mask the rules admit is their support up to borderline ids: the recomputed
         # support is tried where the rules refuse the mask only.
@@ -192,8 +202,13 @@ def check_rollout(
         values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block)
         predicted[recomputed] = values
         misfit[recomputed] = token_shift(engine, values, t)
+        recomputed_rows = lambda rows: _recomputed(  # noqa: E731
+            columns, rollout, rows & refused, t, rv, params, block
+        )
+
     open_ = _name_tokens(beyond, engine, bound, eps, predicted, misfit, verdict, detail)
     findings = []
+    sigma = typical_scale(shift, eps, informative & np.isin(verdict, ("agree", "noise")))
     for index, (begin, end) in enumerate(_spans(owner)):
         span = np.zeros(n, dtype=np.bool_)
         span[begin:end] = True
@@ -224,7 +239,25 @@ def check_rollout(
             verdict[hit] = "stale_policy"
             detail[hit] = "most of this response is far beyond the noise and no cause fits it"
             open_ &= ~hit
-        findings.append(ResponseFinding(index, begin, end, solved, stale, _name(fit)))
+        evidence: list[CauseEvidence] = []
+        if fit is None and not stale:
+            if recomputed_rows is not None:
+                _extend_recomputed(span, verdict, predicted, misfit, recomputed_rows, engine, t)
+            within = span & informative & np.isin(verdict, ("agree", "noise"))
+            evidence = _response_evidence(within, span, shift, misfit, sigma, verdict)
+            for found in evidence:
+                h = next(h for h in predicted if h.name == found.cause)
+                for row in found.tokens:
+                    verdict[row] = h.name
+                    detail[row] = (
+                        f"named by the response's evidence (the cause raises Lambda by "
+                        f"{found.gain:.3g} over {found.within} tokens within the noise, "
+                        f"{found.beyond} beyond it take it): "
+                        f"{h.what}: it predicts {predicted[h][row]:.6g}"
+                    )
+        findings.append(
+            ResponseFinding(index, begin, end, solved, stale, _name(fit), tuple(evidence))
+        )
     verdict[open_] = "unexplained"
     for t_ in np.flatnonzero(open_).tolist():
         detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps[t_]:.3g}"
@@ -385,6 +418,70 @@ def _response_fit(
         if found is None or score * RESPONSE_FIT < fixed[found]:
             found = h
     return found
+
+
+def _extend_recomputed(
+    span: Bools,
+    verdict: npt.NDArray[Any],
+    predicted: dict[Hypothesis, Floats],
+    misfit: dict[Hypothesis, Floats],
+    compute: Callable[[Bools], Floats],
+    engine: Floats,
+    t: float,
+) -> None:
+    """The recomputed support on a response's other tokens, where enough of its tokens beyond
+    the noise took it for its evidence to be weighed (the support is costly to recompute)."""
+    h = next(h for h in predicted if h.support == "recomputed")
+    if int((span & (verdict == h.name)).sum()) < MIN_CONFIDENT:
+        return
+    rows = span & np.isnan(predicted[h])
+    values = compute(rows)
+    done = rows & np.isfinite(values)
+    predicted[h][done] = values[done]
+    misfit[h][done] = token_shift(engine[done], values[done], t)
+
+
+def _response_evidence(
+    within: Bools,
+    span: Bools,
+    shift: Floats,
+    misfit: dict[Hypothesis, Floats],
+    sigma: Floats,
+    verdict: npt.NDArray[Any],
+) -> list[CauseEvidence]:
+    """The fixed causes present in a response (:mod:`tp_logprob.rollout.evidence`) and, for
+    each, its tokens within the noise that it names."""
+    causes = {h.name: h for h in misfit}
+    beyond = {name: int((span & (verdict == name)).sum()) for name in causes}
+    if max(beyond.values(), default=0) < MIN_CONFIDENT:
+        return []
+    confident = span & np.isin(verdict, list(causes))
+    usable = np.isfinite(sigma) & np.isfinite(shift)
+    rows = np.flatnonzero((within | confident) & usable)
+    s = sigma[rows]
+    ratios = {name: log_ratios(shift[rows], misfit[h][rows], s) for name, h in causes.items()}
+    chosen = select_causes(ratios, beyond)
+    if not chosen:
+        return []
+    names = [name for name, _ in chosen]
+    statistic, share = mixture(np.stack([ratios[name] for name in names]))
+    distance = np.stack(
+        [np.nan_to_num(misfit[causes[name]][rows] / s, nan=math.inf) for name in names]
+    )
+    picked = name_within_noise(np.stack([ratios[name] for name in names]), distance, share)
+    picked[~within[rows]] = -1
+    return [
+        CauseEvidence(
+            name,
+            beyond[name],
+            int((within & usable).sum()),
+            gain,
+            statistic,
+            float(share[i]),
+            tuple(rows[picked == i].tolist()),
+        )
+        for i, (name, gain) in enumerate(chosen)
+    ]
 
 
 def _name(h: Hypothesis | None) -> str | None:

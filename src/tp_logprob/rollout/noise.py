@@ -53,8 +53,10 @@ import numpy.typing as npt
 
 __all__ = [
     "CEILING_UNITS",
+    "HALF_NORMAL_MEDIAN",
     "MIN_TOKENS",
     "NoiseEstimate",
+    "SIGMAS",
     "estimate_noise",
     "given_noise",
     "log_odds",

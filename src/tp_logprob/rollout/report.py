@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from tp_logprob.judging.bounds import fp32_ulp
 from tp_logprob.rollout.causes import ENGINE_CAUSES
+from tp_logprob.rollout.evidence import CauseEvidence
 from tp_logprob.rollout.noise import NoiseEstimate
 from tp_logprob.rollout.units import RLUnits, decompose, rl_units
 
@@ -40,7 +41,8 @@ VERDICTS = (*CLEAN, *NOT_JUDGED, *ENGINE_FAULTS, *TRAINER_FAULTS, "nonfinite")
 class ResponseFinding:
     """What the check found about one response as a whole: its tokens ``begin:end``, the
     temperature solved for it (None if none fits), whether it looks like a stale policy,
-    and the cause the whole response fits (None if none)."""
+    the cause the whole response fits (None if none), and the causes its evidence finds
+    present on part of it (:mod:`tp_logprob.rollout.evidence`)."""
 
     index: int
     begin: int
@@ -48,6 +50,7 @@ class ResponseFinding:
     solved_temperature: float | None
     stale: bool
     cause: str | None
+    evidence: tuple[CauseEvidence, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class RolloutCheck:
             "solved_temperature": finding.solved_temperature,
             "stale_policy": finding.stale,
             "cause": finding.cause,
+            "evidence": [found.to_json() for found in finding.evidence],
             "units": {"engine": engine.to_json(), "noise_alone": noise_only.to_json()},
         }
 
