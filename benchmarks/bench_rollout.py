@@ -9,8 +9,8 @@ logits by a factor log-uniform in ``[1/S, S]``, so that the tokens' magnitudes (
 their perturbations) differ as a real policy's do. It prints, per planted cause,
 the share of the tokens it affects that the check names, the verdicts on the clean
 responses, the tokens named after a cause where none was planted (the clean responses
-and the clean tokens of the others), the noise it estimated, and the median wall and CPU time of ``--repeat``
-runs (the check only; building the corpus is not timed).
+and the clean tokens of the others), the noise it estimated, and the median wall and
+CPU time of ``--repeat`` runs (the check only; building the corpus is not timed).
 
     python benchmarks/bench_rollout.py --repeat 3
 """

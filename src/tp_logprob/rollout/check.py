@@ -9,7 +9,9 @@ forward pass. The trainer is held to the op's tight bound
 (:mod:`tp_logprob.rollout.numerics`). The engine is judged against the logit
 noise (:mod:`tp_logprob.rollout.noise`) plus that bound: within it a token is
 ``agree`` or ``noise``; beyond it the first common cause that reproduces it is
-named (:mod:`tp_logprob.rollout.causes`), else ``unexplained``. The mask is
+named (:mod:`tp_logprob.rollout.causes`), else ``unexplained``; a cause the
+response's evidence finds present is named on its tokens within the noise that sit
+on its prediction (:mod:`tp_logprob.rollout.evidence`). The mask is
 judged against the sampling rules under the same noise
 (:mod:`tp_logprob.rollout.support`): ``borderline`` or ``support``.
 """

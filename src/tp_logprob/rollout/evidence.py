@@ -4,17 +4,17 @@ A cause on part of a response moves some of its tokens beyond the noise, where e
 is named on its own, and others by less than the worst-case noise, which must also
 cover every clean token: token by token those cannot be told from the noise. Over a
 response they can. Each judged token's distance from a prediction is measured in
-the typical noise ``sigma_t``: ``eps_t / 6``, the robust scale the noise estimate fits
-(:mod:`tp_logprob.rollout.noise`), widened until the median clean token sits at a
-half-normal's median (:func:`typical_scale`): ``u_t`` from the clean value (the oracle), ``v_t``
-from a cause ``C``'s exact prediction, both ``T |d log-odds| / 2 / sigma_t`` and
-modelled half-normal.
+the typical noise ``sigma_t``: ``eps_t / 6``, the robust scale the noise estimate
+fits (:mod:`tp_logprob.rollout.noise`), widened until the median clean token sits at
+a half-normal's median (:func:`typical_scale`). ``u_t`` is the distance from the clean
+value (the oracle), ``v_t`` from a cause ``C``'s exact prediction, both
+``T |d log-odds| / 2 / sigma_t`` and modelled half-normal.
 
-**Presence.** A response's tokens within the noise are modelled as a mixture: each
-is clean, or holds cause ``C`` with probability ``pi_C``. With
-``r_t(C) = (u_t^2 - v_t^2) / 2`` (clipped to ``+-`` :data:`CLIP`: the noise's tails
-are heavier than a Gaussian's, and no token may decide alone) the log-likelihood
-gain of the mixture over the clean response is
+**Presence.** A response's tokens within the noise, and those beyond it that a fixed
+cause took, are modelled as a mixture: each is clean, or holds cause ``C`` with
+probability ``pi_C``. With ``r_t(C) = (u_t^2 - v_t^2) / 2`` (clipped to ``+-``
+:data:`CLIP`: the noise's tails are heavier than a Gaussian's, and no token may
+decide alone) the log-likelihood gain of the mixture over the clean response is
 
     L(pi) = sum_t log(1 - sum_C pi_C + sum_C pi_C exp(r_t(C))),
 
@@ -31,10 +31,11 @@ asked for at all.
 **Naming.** Where causes are present, a token within the noise takes ``C`` only when
 its value is much closer to ``C``'s prediction than to the clean value and to every
 other cause present: within :data:`TIGHT` typical scales of ``C``, and its posterior
-under the fitted shares at least :data:`POSTERIOR`, the clean share taken at least one
-half (a response mostly at fault must not lower the bar for each token). On a
-response half clean and half ``C``, a token on ``C``'s prediction needs the clean value
-3 scales away, one :data:`TIGHT` scales from it 3.9.
+under the fitted shares at least :data:`POSTERIOR`, the clean share held at one half
+or more (a response mostly at fault must not lower the bar for each token; the
+fitted shares are loose where a cause's prediction is near the clean value). At a
+share of one half a token on ``C``'s prediction needs the clean value 2.1 scales
+away, one :data:`TIGHT` scales from it 2.6.
 """
 
 from __future__ import annotations
