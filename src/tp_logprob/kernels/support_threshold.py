@@ -284,7 +284,7 @@ def _nucleus(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Over the pooled candidates: the least one whose strictly larger ones weigh
     ``< limit``, how many lie at or above it, and whether those reach ``limit``."""
-    ascending = torch.sort(candidates, dim=1).values
+    ascending = torch.sort(candidates, dim=1).values.contiguous()  # searchsorted wants it
     masses = fixed_point_terms(torch.exp(ascending - row_max.unsqueeze(1)), bits)
     running = torch.cumsum(masses, dim=1)
     past_ties = torch.searchsorted(ascending, ascending, right=True)  # >= 1
