@@ -63,11 +63,15 @@ def my_logprob(
 
 
 def _live(local_logits: torch.Tensor, contract: tpl.LogprobContract) -> tuple[torch.Tensor, int]:
-    """This rank's real (non-padding) columns as ``z = fp32(x) / fp32(T)``, and the first id."""
+    """This rank's real (non-padding) columns as ``z = fp32(x) / fp32(T)``, and the first id.
+
+    Row-major whatever the caller's layout: torch's row reductions pick their order by the
+    tensor's strides, and a column-major view would sum a row in another order in a batch
+    than alone, which breaks batch invariance."""
     start, live_end = contract.sharding.live_bounds()
     live = local_logits[:, : live_end - start].float()
     divisor = torch.tensor(contract.temperature_fp32, device=live.device)
-    return live / divisor, start
+    return (live / divisor).contiguous(), start
 
 
 def _forward(
@@ -115,7 +119,8 @@ def _forward(
     ends = torch.tensor(
         [end for _, end in contract.sharding.vocab_shard_bounds], device=live.device
     )
-    owner = torch.bucketize(targets, ends, right=True).clamp(0, len(partials) - 1)
+    # Targets may arrive as a strided view, which bucketize reads only with a warning.
+    owner = torch.bucketize(targets.contiguous(), ends, right=True).clamp(0, len(partials) - 1)
     target = torch.stack([p[:, 2] for p in partials]).gather(0, owner[None, :].long())[0]
     selected = torch.where(lse == float("inf"), float("nan"), target - lse)
     return torch.where(active, selected, 0.0), lse, torch.where(active, entropy, 0.0)
