@@ -128,6 +128,14 @@ def _gathers_every_label(library: str) -> Explanation:
 _ONE_RANK = Cell(note="n/a: TP=1 only")
 _NO_XTP = Cell(note="n/a: TP=1 only")
 _REAL_GROUP_ONLY = Cell(note="n/a: real process group only")
+_STRIDED_REDUCTION = Explanation(
+    PEER_LIMITATION,
+    "the row max and sum over the vocabulary run in torch on the logits as given: on a "
+    "column-major view (one of the input forms trainers pass) torch orders the reduction by "
+    "the strides and the batch's size, so a row's bits depend on its batch; on the "
+    "contiguous logits Megatron's LM head produces it is batch invariant",
+)
+
 _TRANSPORT_SUM = Explanation(
     PEER_LIMITATION,
     "on a real group Megatron's all-reduce SUM is the transport's own (gloo here, NCCL on "
@@ -528,7 +536,7 @@ PEERS = (
         library="Megatron-Core VocabParallelCrossEntropy, contract's shard bounds",
         distribution="megatron-core",
         cells={
-            "honest": Cell("honest"),
+            "honest": Cell("honest", by_property=(("test_batch_invariance", _STRIDED_REDUCTION),)),
             "padding": Cell("assume_padding", explanation=_PADDING),
             "uneven": Cell(note="claimed: takes any bounds"),
             "16bit": Cell(note="claimed: upcast to fp32"),
@@ -559,7 +567,9 @@ PEERS = (
         distribution="megatron-core",
         cells={
             # even_shards_only: tp divides the padded vocabulary, as VocabUtility needs.
-            "honest": Cell("equal_shards"),
+            "honest": Cell(
+                "equal_shards", by_property=(("test_batch_invariance", _STRIDED_REDUCTION),)
+            ),
             "padding": Cell(note="as megatron_vp_ce"),
             "uneven": Cell(
                 "assume_uneven_shards",
