@@ -88,7 +88,15 @@ from tp_logprob.peers._releases import ServedReleases
 from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
-__all__ = ["CAPABILITY", "SERVED", "VERIFIED_VERSIONS", "honest", "vllm_processed_logprob"]
+__all__ = [
+    "CAPABILITY",
+    "SERVED",
+    "VERIFIED_VERSIONS",
+    "honest",
+    "lse_behind",
+    "support_result",
+    "vllm_processed_logprob",
+]
 
 SERVED = ServedReleases(
     "vllm",
@@ -261,10 +269,22 @@ def vllm_processed_logprob(
         )
         lse = None
         if contract.export_lse:
-            lse = _lse(z, sampler.compute_logprobs(z))
-        support_lse = _lse(processed, logprobs)
-        defined = kept.any(dim=1) & ~(z.isnan() | z.isposinf()).any(dim=1)
-        threshold = torch.where(kept, z, torch.full_like(z, float("inf"))).amin(dim=1)
+            lse = lse_behind(z, sampler.compute_logprobs(z))
+        return support_result(selected, lse, z, kept, lse_behind(processed, logprobs))
+
+
+def support_result(
+    selected: torch.Tensor,
+    lse: torch.Tensor | None,
+    z: torch.Tensor,
+    kept: torch.Tensor,
+    support_lse: torch.Tensor,
+) -> LogprobResult:
+    """The result with the support outputs of the mask ``kept`` over the tempered logits
+    ``z``; NaN, size 0 and NaN where the support is undefined (nothing kept, or a NaN or
+    +inf ``z``), as docs/semantics.md says."""
+    defined = kept.any(dim=1) & ~(z.isnan() | z.isposinf()).any(dim=1)
+    threshold = torch.where(kept, z, torch.full_like(z, float("inf"))).amin(dim=1)
     nan = float("nan")
     return LogprobResult(
         selected,
@@ -275,7 +295,7 @@ def vllm_processed_logprob(
     )
 
 
-def _lse(values: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+def lse_behind(values: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
     """``max - logprob[argmax]`` per row: the log normaliser behind ``logprobs``."""
     top = values.argmax(dim=1, keepdim=True)
     return lse_from_max(values.gather(1, top)[:, 0], -logprobs.gather(1, top)[:, 0])

@@ -81,8 +81,9 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
+from tp_logprob.peers._glue import imported_once, private_copy
 from tp_logprob.peers._releases import ServedReleases
+from tp_logprob.peers.vllm_sampler import lse_behind, support_result
 from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
@@ -288,27 +289,13 @@ def vllm_processed_logprob(
         step = processed_step(local_logits.detach(), contract)
         selected = step.logprobs.gather(1, targets.long()[:, None])[:, 0]
         z = local_logits.detach().float() / torch.from_numpy(contract.row_divisors())[:, None]
-        lse = _lse(z, torch.log_softmax(z, dim=1)) if contract.export_lse else None
+        lse = lse_behind(z, torch.log_softmax(z, dim=1)) if contract.export_lse else None
         kept = torch.zeros_like(z, dtype=torch.bool)
         for row, ids in enumerate(step.kept):
             kept[row, torch.from_numpy(np.asarray(ids, dtype=np.int64))] = True
-        defined = kept.any(dim=1) & ~(z.isnan() | z.isposinf()).any(dim=1)
-        threshold = torch.where(kept, z, torch.full_like(z, float("inf"))).amin(dim=1)
-        support_lse = _lse(step.logits.float(), step.logprobs)
-    nan = float("nan")
-    return LogprobResult(
-        selected,
-        lse,
-        support_lse=torch.where(defined, support_lse, nan),
-        support_size=torch.where(defined, kept.sum(dim=1, dtype=torch.int64), 0),
-        support_threshold=torch.where(defined, threshold, nan),
-    )
-
-
-def _lse(values: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
-    """``max - logprob[argmax]`` per row: the log normaliser behind ``logprobs``."""
-    top = values.argmax(dim=1, keepdim=True)
-    return lse_from_max(values.gather(1, top)[:, 0], -logprobs.gather(1, top)[:, 0])
+        return support_result(
+            selected, lse, z, kept, lse_behind(step.logits.float(), step.logprobs)
+        )
 
 
 honest = (vllm_processed_logprob, CAPABILITY)
