@@ -7,12 +7,14 @@ perturbation the size of two bf16 forward passes, rounded to bf16, every common
 cause planted on a response or a subset of tokens; ``--spread S`` scales each row's
 logits by a factor log-uniform in ``[1/S, S]``, so that the tokens' magnitudes (and
 their perturbations) differ as a real policy's do. It prints, per planted cause,
-the share of the tokens it affects that the check names, the verdicts on the clean
+the share of the tokens it affects that the check names (and of those beyond the
+realised perturbation, and beyond the check's stated noise), the verdicts on the clean
 responses, the tokens named after a cause where none was planted (the clean responses
 and the clean tokens of the others), the noise it estimated, and the median wall and
 CPU time of ``--repeat`` runs (the check only; building the corpus is not timed).
 
     python benchmarks/bench_rollout.py --repeat 3
+    python benchmarks/bench_rollout.py --repeat 1 --all-clean --vocab 32000 --seed 1
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout_corpus import TEMPERATURE, TOP_K, TOP_P, Corpus, build_corpus
+from rollout_corpus import DETECTABLE, PLAN, TEMPERATURE, TOP_K, TOP_P, Corpus, build_corpus
 
 from tp_logprob.rollout import check_rollout
 from tp_logprob.rollout.causes import ENGINE_CAUSES
@@ -37,15 +39,15 @@ from tp_logprob.rollout.report import ENGINE_FAULTS
 
 
 def named_shares(
-    planted: list[str], affects: np.ndarray, beyond: np.ndarray, verdict: list[str]
+    planted: list[str], columns: list[np.ndarray], verdict: list[str]
 ) -> list[tuple[str, str]]:
-    """Per planted cause: named on how many of the tokens it affects, of those beyond the
-    check's noise, and of all it was planted on."""
+    """Per planted cause: named on how many of its tokens each of ``columns`` selects."""
     found = []
     for cause in sorted(set(planted) - {""}):
         tokens = [t for t, p in enumerate(planted) if p == cause]
         cells = []
-        for chosen in ([t for t in tokens if affects[t]], [t for t in tokens if beyond[t]], tokens):
+        for column in columns:
+            chosen = [t for t in tokens if column[t]]
             named = sum(verdict[t] == cause for t in chosen)
             share = f"{named / len(chosen):.1%}" if chosen else "-"
             cells.append(f"{named}/{len(chosen)} ({share})")
@@ -64,8 +66,13 @@ def main() -> None:
         "--spread", type=float, default=1.0,
         help="scale each row's logits by a factor log-uniform in [1/SPREAD, SPREAD] (1: none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--all-clean", action="store_true",
+        help="plant no cause: every response clean (a clean rollout must get no engine fault)",
+    )  # fmt: skip
     args = parser.parse_args()
-    corpus = build_corpus(args.vocab, args.tokens, args.seed, spread=args.spread)
+    plan = (("clean", "all"),) * len(PLAN) if args.all_clean else PLAN
+    corpus = build_corpus(args.vocab, args.tokens, args.seed, plan=plan, spread=args.spread)
     shards = list(torch.tensor_split(corpus.logits, args.tp, dim=1))
     print(
         f"rollout check: {corpus.logits.shape[0]} tokens in {len(corpus.rollouts)} responses, "
@@ -90,9 +97,12 @@ def main() -> None:
         (check.engine_logprob >= check.noise_low - check.bound)
         & (check.engine_logprob <= check.noise_high + check.bound)
     )
-    print("  per planted cause, named on: the tokens it moves beyond the true perturbation; "
-          "beyond the check's stated noise; all it was planted on")  # fmt: skip
-    for cause, share in named_shares(corpus.planted, corpus.affects, beyond, check.verdict):
+    print("  per planted cause, named on: the tokens it affects (moved beyond "
+          f"{DETECTABLE:g} standard deviations of their noise); beyond the realised "
+          "perturbation; beyond the check's stated noise; all it was planted on")  # fmt: skip
+    every = np.ones(len(corpus.planted), dtype=np.bool_)
+    columns = [corpus.affects, corpus.beyond_realised, beyond, every]
+    for cause, share in named_shares(corpus.planted, columns, check.verdict):
         print(f"    {cause:20s}: {share}")
     clean = [t for t in range(len(corpus.planted)) if _clean_response(corpus, check.response, t)]
     faults = Counter(check.verdict[t] for t in clean if check.verdict[t] in ENGINE_FAULTS)

@@ -8,11 +8,16 @@ top-k 50 then top-p 0.95 (vLLM's order, ties kept) on its own logits, returns it
 mask, and gives the fp32 logprob over it. Causes are planted on responses or on
 subsets of tokens (:data:`PLAN`); one response is half one cause, half another.
 
-A planted token *affects* the check when the planted logprob lies outside what
-the two forward passes' perturbation (its sup norm over the returned mask, the
-logits the logprob reads) allows around the trainer's value
-(:func:`tp_logprob.rollout.noise.noise_interval`): a change the noise could make
-cannot be told from the noise.
+A planted token *affects* the check when the planted logprob lies beyond what the
+two forward passes could give it: more than :data:`DETECTABLE` standard deviations of
+the token's own noise from the trainer's value (the shift ``T |d log-odds| / 2``
+that :func:`tp_logprob.rollout.noise.token_shift` measures, its standard deviation
+linearised from the perturbation's law on each logit the logprob reads). A change the
+noise makes on one clean token in a million cannot be told from the noise, token by
+token. The corpus also keeps each token's realised perturbation (its sup norm over
+the returned mask) and whether the planted value lies beyond what that realised
+perturbation allows (:func:`tp_logprob.rollout.noise.noise_interval`): a stricter
+count, which takes in changes the noise makes on one clean token in twenty.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 import torch
 
 from tp_logprob.engine_formats import EngineRollout, prime_rl_rollout
-from tp_logprob.rollout.noise import noise_interval
+from tp_logprob.rollout.noise import noise_interval, token_shift
 
 TEMPERATURE = 0.7
 TOP_K = 50
@@ -50,19 +55,23 @@ or the first half one cause and the second half the other)."""
 
 OTHER_TEMPERATURE = 0.9
 STALE_SIZE = 1.0
+DETECTABLE = 5.0
+"""Standard deviations of a token's own noise beyond which a planted change affects the check."""
 
 
 @dataclass(frozen=True)
 class Corpus:
     """The trainer's logits (all responses' tokens in order), the engine's responses, and
-    per token the cause planted there (``""`` where none), whether it affects the check, and
-    the two forward passes' perturbation over its returned mask (sup norm)."""
+    per token the cause planted there (``""`` where none), whether it affects the check,
+    the two forward passes' perturbation over its returned mask (sup norm), and whether the
+    planted value lies beyond what that realised perturbation allows."""
 
     logits: torch.Tensor
     rollouts: list[EngineRollout]
     planted: list[str]
     affects: np.ndarray
     eps: np.ndarray
+    beyond_realised: np.ndarray
 
 
 def build_corpus(
@@ -84,7 +93,7 @@ def build_corpus(
     if spread > 1.0:
         scale = np.exp(rng.uniform(-math.log(spread), math.log(spread), x.shape[0]))
         x *= torch.from_numpy(scale.astype(np.float32))[:, None]
-    rollouts, planted, affects, sizes = [], [], [], []
+    rollouts, planted, affects, realised, sizes = [], [], [], [], []
     for index, (cause, where) in enumerate(plan):
         rows = x[index * per : (index + 1) * per]
         size = math.sqrt(2.0) * BF16_UNIT * rows.abs()
@@ -94,12 +103,16 @@ def build_corpus(
             engine = rows + STALE_SIZE * torch.randn(rows.shape, generator=generator)
             engine = engine.bfloat16().float()
         causes = _where(cause, where, per, rng)
-        rollout, hit, eps = _response(rows, engine, clean, causes, generator)
+        rollout, hit, eps, beyond = _response(rows, engine, clean, causes, generator)
         rollouts.append(rollout)
         planted += causes
         affects += hit
+        realised += beyond
         sizes.append(eps)
-    return Corpus(x, rollouts, planted, np.array(affects, dtype=np.bool_), np.concatenate(sizes))
+    return Corpus(
+        x, rollouts, planted, np.array(affects, dtype=np.bool_), np.concatenate(sizes),
+        np.array(realised, dtype=np.bool_),
+    )  # fmt: skip
 
 
 def _where(cause: str, where: str, count: int, rng: np.random.Generator) -> list[str]:
@@ -136,7 +149,7 @@ def _response(
     clean: torch.Tensor,
     causes: list[str],
     generator: torch.Generator,
-) -> tuple[EngineRollout, list[bool], np.ndarray]:
+) -> tuple[EngineRollout, list[bool], np.ndarray, list[bool]]:
     t = TEMPERATURE
     z = engine / t
     mask = _support(z)
@@ -171,7 +184,9 @@ def _response(
             logprobs[row] = values[cause][row]
     rollout = _rollout(returned, token, logprobs)
     eps = torch.where(returned, (clean - trainer).abs(), 0.0).max(dim=1).values.double().numpy()
-    return rollout, _affects(trainer, eps, returned, token, logprobs, causes), eps
+    affects = _affects(trainer, returned, token, logprobs, causes)
+    beyond = _beyond_realised(trainer, eps, returned, token, logprobs, causes)
+    return rollout, affects, eps, beyond
 
 
 def _rollout(mask: torch.Tensor, token: torch.Tensor, logprobs: torch.Tensor) -> EngineRollout:
@@ -184,15 +199,57 @@ def _rollout(mask: torch.Tensor, token: torch.Tensor, logprobs: torch.Tensor) ->
 
 def _affects(
     trainer: torch.Tensor,
+    returned: torch.Tensor,
+    token: torch.Tensor,
+    logprobs: torch.Tensor,
+    causes: list[str],
+) -> list[bool]:
+    """Per token: a cause is planted there and moves the logprob more than :data:`DETECTABLE`
+    standard deviations of the token's noise from the trainer's value over the returned mask
+    (a support fault always affects the check: the mask itself is wrong; a lone kept token,
+    logprob 0 under any noise, is affected by any other value)."""
+    z = trainer.double() / TEMPERATURE
+    reference = _logprob(z, returned, token).numpy()
+    shift = token_shift(logprobs.double().numpy(), reference, TEMPERATURE)
+    sigma = _noise_deviation(trainer.double(), returned, token)
+    found = []
+    for row, cause in enumerate(causes):
+        moved = bool(shift[row] > DETECTABLE * sigma[row]) or (
+            reference[row] == 0.0 and float(logprobs[row]) != 0.0
+        )
+        found.append(bool(cause) and (cause == "support" or moved))
+    return found
+
+
+def _noise_deviation(x: torch.Tensor, mask: torch.Tensor, token: torch.Tensor) -> np.ndarray:
+    """Each token's standard deviation of ``T |d log-odds| / 2`` under the two forward passes.
+
+    The log-odds are ``(x_y - LSE_{S - y}(x)) / T``; to first order a perturbation ``d``
+    moves them by ``(d_y - sum_i w_i d_i) / T`` with ``w`` the softmax of ``x / T`` over the
+    mask without ``y``. Each ``d_i`` is the Gaussian part (variance ``2 u^2 x_i^2``) plus
+    bf16 rounding (uniform over half a unit in the last place of ``x_i``: variance
+    ``(ulp_i / 2)^2 / 3``), independent across logits."""
+    rounding = (torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 8.0)) ** 2 / 3.0
+    variance = 2.0 * BF16_UNIT**2 * x * x + rounding
+    rows = torch.arange(x.shape[0])
+    others = mask.clone()
+    others[rows, token] = False
+    w = torch.softmax(torch.where(others, x / TEMPERATURE, -math.inf), dim=1).nan_to_num(0.0)
+    total = variance[rows, token] + (w * w * variance).sum(dim=1)
+    return (0.5 * total.sqrt()).numpy()
+
+
+def _beyond_realised(
+    trainer: torch.Tensor,
     eps: np.ndarray,
     returned: torch.Tensor,
     token: torch.Tensor,
     logprobs: torch.Tensor,
     causes: list[str],
 ) -> list[bool]:
-    """Per token: a cause is planted there and moves the logprob beyond what the true
+    """Per token: a cause is planted there and moves the logprob beyond what the realised
     perturbation allows around the trainer's value over the returned mask (a support fault
-    always affects the check: the mask itself is wrong)."""
+    always counts: the mask itself is wrong)."""
     z = trainer.double() / TEMPERATURE
     reference = _logprob(z, returned, token).numpy()
     found = []

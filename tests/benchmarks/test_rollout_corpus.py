@@ -25,23 +25,16 @@ def checked() -> tuple[object, object]:
 
 
 def test_every_planted_cause_is_named_where_it_shows(checked: tuple[object, object]) -> None:
-    """Named where the cause moves the logprob beyond the noise the check states (what is
-    within it cannot be told from the noise), and that noise is near the true one."""
+    """Named where the cause moves the logprob beyond what the two forward passes could
+    (five standard deviations of the token's noise: the corpus's *affects*), and the
+    noise the check states is near the true one."""
     corpus, check = checked
     planted, affects, verdict = corpus.planted, corpus.affects, check.verdict  # type: ignore[attr-defined]
-    with np.errstate(invalid="ignore"):
-        beyond = ~(
-            (check.engine_logprob >= check.noise_low - check.bound)  # type: ignore[attr-defined]
-            & (check.engine_logprob <= check.noise_high + check.bound)  # type: ignore[attr-defined]
-        )
     true = corpus.eps  # type: ignore[attr-defined]
-    assert np.median(true) <= check.noise.eps <= true.max()  # type: ignore[attr-defined]
+    assert np.median(true) <= check.noise.eps <= 2.5 * np.median(true)  # type: ignore[attr-defined]
     shares = {}
     for cause in sorted(set(planted) - {""}):
-        hit = [
-            t for t, p in enumerate(planted)
-            if p == cause and affects[t] and (beyond[t] or cause == "support")
-        ]  # fmt: skip
+        hit = [t for t, p in enumerate(planted) if p == cause and affects[t]]
         shares[cause] = (sum(verdict[t] == cause for t in hit), len(hit))
     named = sum(n for n, _ in shares.values())
     total = sum(count for _, count in shares.values())

@@ -83,8 +83,8 @@ def test_the_estimate_covers_a_clean_run_and_ignores_what_a_cause_fits() -> None
     rng = np.random.default_rng(0)
     magnitude = rng.uniform(5.0, 40.0, 4000)
     shift = np.abs(rng.normal(0.0, 1.0, 4000)) * (0.002 + 0.001 * magnitude)
-    fitted = np.zeros(4000, dtype=bool)
-    clean = estimate_noise(shift, fitted, magnitude, largest_logit=40.0)
+    none = np.full((1, 4000), np.nan)  # a cause that predicts nothing
+    clean = estimate_noise(shift, none, magnitude, largest_logit=40.0)
     assert clean.source == "estimated"
     assert clean.a == pytest.approx(6 * 0.002, rel=0.5)
     assert clean.b == pytest.approx(6 * 0.001, rel=0.1)
@@ -92,16 +92,40 @@ def test_the_estimate_covers_a_clean_run_and_ignores_what_a_cause_fits() -> None
     # The line follows the magnitude: the small tokens get a narrower noise than one size.
     assert clean.per_token[magnitude < 10].max() < 0.5 * clean.per_token[magnitude > 35].min()
     faulty = shift.copy()
-    faulty[:1500] = 5.0  # a cause fits these: they do not move the estimate
-    fitted[:1500] = True
-    moved = estimate_noise(faulty, fitted, magnitude, 40.0)
-    kept = estimate_noise(shift[1500:], fitted[1500:], magnitude[1500:], 40.0)
-    assert (moved.a, moved.b) == pytest.approx((kept.a, kept.b))
-    few = estimate_noise(shift[: MIN_TOKENS - 1], np.zeros(MIN_TOKENS - 1, dtype=bool),
+    faulty[:1500] = 5.0
+    misfit = np.full((1, 4000), 50.0)
+    misfit[0, :1500] = shift[:1500]  # a cause fits these: they do not move the estimate
+    moved = estimate_noise(faulty, misfit, magnitude, 40.0)
+    kept = estimate_noise(shift[1500:], misfit[:, 1500:], magnitude[1500:], 40.0)
+    assert (moved.a, moved.b) == pytest.approx((kept.a, kept.b), rel=0.02)
+    few = estimate_noise(shift[: MIN_TOKENS - 1], none[:, : MIN_TOKENS - 1],
                          magnitude[: MIN_TOKENS - 1], 40.0)  # fmt: skip
     assert few.source == "smallest" and few.eps == shift[: MIN_TOKENS - 1].max() and few.b == 0
-    capped = estimate_noise(shift * 1000, np.zeros(4000, dtype=bool), magnitude, 1.0)
+    capped = estimate_noise(shift * 1000, none, magnitude, 1.0)
     assert capped.source == "capped" and capped.per_token.max() == capped.ceiling
+
+
+def test_a_clean_shift_near_a_cause_by_chance_still_counts() -> None:
+    """Causes whose predictions sit a scale or two from the clean value catch the larger
+    clean shifts more often than the small ones: leaving out every token a cause fits
+    better would bias the scale low; the mixture keeps it."""
+    rng = np.random.default_rng(1)
+    n = 6000
+    magnitude = rng.uniform(5.0, 40.0, n)
+    sigma = 0.001 * magnitude
+    signed = rng.normal(0.0, 1.0, n) * sigma
+    shift = np.abs(signed)
+    # Six causes, each predicting a value 0.5 to 3 scales to either side of the clean one.
+    offsets = rng.uniform(0.5, 3.0, (6, n)) * rng.choice([-1.0, 1.0], (6, n)) * sigma
+    misfit = np.abs(signed - offsets)
+    truth = estimate_noise(shift, np.full((1, n), np.nan), magnitude, 40.0)
+    found = estimate_noise(shift, misfit, magnitude, 40.0)
+    assert found.b == pytest.approx(truth.b, rel=0.12)
+    fitted = (misfit < shift).any(axis=0)
+    assert fitted.mean() > 0.3  # the hard rule would have left out this many
+    biased = estimate_noise(shift[~fitted], np.full((1, int((~fitted).sum())), np.nan),
+                            magnitude[~fitted], 40.0)  # fmt: skip
+    assert biased.b < 0.85 * truth.b  # and been this far off
 
 
 @pytest.mark.parametrize(

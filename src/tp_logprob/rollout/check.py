@@ -176,14 +176,10 @@ def check_rollout(
     informative = judged & (rollout.support.kept_counts() > 1)
     shift = np.where(informative, token_shift(engine, oracle, t), math.nan)
     misfit = {h: token_shift(engine, v, h.temperature) for h, v in predicted.items()}
-    fitted = np.zeros(n, dtype=np.bool_)
-    for values in misfit.values():
-        with np.errstate(invalid="ignore"):
-            fitted |= informative & (values < shift)
     magnitude = token_magnitude(kept)
     largest = float(magnitude.max(initial=0.0))
     noise = (
-        estimate_noise(shift, fitted, magnitude, largest)
+        estimate_noise(shift, np.stack(list(misfit.values())), magnitude, largest)
         if given is None
         else given_noise(given, magnitude, largest)
     )
@@ -237,7 +233,9 @@ def check_rollout(
         solved = fit.temperature if fit is not None and fit.name == "temperature_other" else None
         stale = fit is None and is_stale(span & beyond, span & open_, span & informative)
         if stale:
-            hit = span & beyond
+            # Every token of the response came from the other weights; the ones the noise
+            # hides are stale too.
+            hit = span & judged & ~within_op
             verdict[hit] = "stale_policy"
             detail[hit] = "most of this response is far beyond the noise and no cause fits it"
             open_ &= ~hit
@@ -247,6 +245,8 @@ def check_rollout(
                 _extend_recomputed(span, verdict, predicted, misfit, recomputed_rows, engine, t)
             within = span & informative & np.isin(verdict, ("agree", "noise"))
             evidence = _response_evidence(within, span, shift, misfit, sigma, verdict)
+            present = [h for h in predicted if h.name in {found.cause for found in evidence}]
+            _prefer_present(span, present, engine, bound, eps, predicted, misfit, verdict, detail)
             for found in evidence:
                 h = next(h for h in predicted if h.name == found.cause)
                 for row in found.tokens:
@@ -420,6 +420,40 @@ def _response_fit(
         if found is None or score * RESPONSE_FIT < fixed[found]:
             found = h
     return found
+
+
+def _prefer_present(
+    span: Bools,
+    present: list[Hypothesis],
+    engine: Floats,
+    bound: Floats,
+    eps: Floats,
+    predicted: dict[Hypothesis, Floats],
+    misfit: dict[Hypothesis, Floats],
+    verdict: npt.NDArray[Any],
+    detail: npt.NDArray[Any],
+) -> None:
+    """A token beyond the noise named after a cause the response's evidence did not find,
+    which a cause it found also explains, takes the found cause (the nearest, if several).
+
+    Causes predict alike on many tokens (the temperature missing and the kept mass not
+    renormalised both raise a likely token's logprob): token by token the smaller misfit
+    wins by chance, where the response says which cause is there."""
+    if not present:
+        return
+    names = {h.name for h in present}
+    moved = span & np.isin(verdict, [h.name for h in predicted]) & ~np.isin(verdict, list(names))
+    best = np.full(engine.size, math.inf)
+    for h in present:
+        fits = moved & explained(engine, predicted[h], bound, eps, h.temperature)
+        score = np.where(np.isnan(misfit[h]), 0.0, misfit[h])
+        for row in np.flatnonzero(fits & (score < best)).tolist():
+            best[row] = score[row]
+            verdict[row] = h.name
+            detail[row] = (
+                f"{h.what}: it predicts {predicted[h][row]:.6g} (the cause this response's "
+                f"evidence finds, which explains the token as well)"
+            )
 
 
 def _extend_recomputed(

@@ -34,8 +34,12 @@ other cause present: within :data:`TIGHT` typical scales of ``C``, and its poste
 under the fitted shares at least :data:`POSTERIOR`, the clean share held at one half
 or more (a response mostly at fault must not lower the bar for each token; the
 fitted shares are loose where a cause's prediction is near the clean value). At a
-share of one half a token on ``C``'s prediction needs the clean value 2.1 scales
-away, one :data:`TIGHT` scales from it 2.6.
+share of one half a token on ``C``'s prediction needs the clean value 1.7 scales
+away, one :data:`TIGHT` scales from it 3.0. On the corpus of
+``benchmarks/rollout_corpus.py`` (V = 32,000, seeds 0 and 1) these thresholds name
+96.7% of the tokens a missing temperature moves beyond five standard deviations of
+their noise and blame 1 of 3,557 clean tokens; a posterior of 0.9 within 1.5 scales
+names 92.8% and blames none.
 """
 
 from __future__ import annotations
@@ -70,9 +74,9 @@ THRESHOLD = 30.0
 """The rise in the likelihood ratio statistic a cause must bring: ``1e-8`` on a clean response."""
 CLIP = 8.0
 """The largest log ratio one token contributes, either way."""
-TIGHT = 1.5
+TIGHT = 2.5
 """A token named by a response's evidence lies within this many typical scales of the cause."""
-POSTERIOR = 0.9
+POSTERIOR = 0.8
 EM_STEPS = 200
 
 

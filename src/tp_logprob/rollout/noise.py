@@ -29,13 +29,14 @@ the largest logit its logprob reads (:func:`token_magnitude`): ``a`` is the part
 no magnitude explains, ``b`` the relative part. ``--logit-noise`` gives a constant
 ``eps`` (``a = eps``, ``b = 0``); ``logit_noise_model=(a, b)`` gives both.
 
-**The estimate.** Each token needs at least ``s_t = T |d log-odds| / 2``. Over the
-tokens that no cause fits better than the noise does, ``s_t`` is modelled as
-``sigma_t |g|``, ``sigma_t = alpha + beta m_t`` and ``g`` a standard normal, so the
-conditional median of ``s_t`` is ``0.6745 sigma_t``: a least-absolute-deviations
-line of ``s_t`` on ``m_t`` with both coefficients ``>= 0`` (:func:`median_line`;
-robust to the tokens a cause moves that no hypothesis caught) over 0.6745 gives
-``alpha`` and ``beta``, and ``(a, b) = 6 (alpha, beta)``: a Gaussian token beyond its own
+**The estimate.** Each token needs at least ``s_t = T |d log-odds| / 2``. On a clean
+token ``s_t`` is modelled as ``sigma_t |g|``, ``sigma_t = alpha + beta m_t`` and ``g``
+a standard normal, so the conditional median of ``s_t`` is ``0.6745 sigma_t``: a
+least-absolute-deviations line of ``s_t`` on ``m_t`` with both coefficients ``>= 0``
+(:func:`median_line`; robust to the tokens a cause moves that no hypothesis
+caught), each token weighed by its chance of being clean against the causes
+(:func:`estimate_noise`), over 0.6745 gives ``alpha`` and ``beta``, and
+``(a, b) = 6 (alpha, beta)``: a Gaussian token beyond its own
 ``eps_t`` is a six-sigma event; the margin is for the heavier tails of bf16
 rounding. A perturbation larger than :data:`CEILING_UNITS` bf16 roundings of the
 largest kept logit is not two forward passes of one policy: every ``eps_t`` is
@@ -77,6 +78,8 @@ CEILING_UNITS = 8.0
 """The largest believable perturbation, in bf16 unit roundoffs of the largest logit."""
 BF16_UNIT = 2.0**-8
 IRLS_STEPS = 50
+MIXTURE_STEPS = 12
+"""EM rounds of the clean-or-cause mixture the noise estimate weighs the tokens by."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ class NoiseEstimate:
     ``b`` given), ``"estimated"``, ``"smallest"`` (too few tokens: the smallest constant
     explaining every one) or ``"capped"`` (the fit exceeded the ceiling of two forward
     passes on some token); ``tokens`` how many tokens it was estimated from, ``scale`` the
-    robust scale ``sigma_t`` at the median magnitude, ``magnitude`` each token's ``m_t``.
+    robust scale ``sigma_t`` at the median magnitude, ``magnitude`` each token's ``m_t``
+    (``tokens``, when estimated: the tokens' total chance of being clean).
     """
 
     a: float
@@ -117,8 +121,8 @@ class NoiseEstimate:
         what = {
             "given": "given (--logit-noise), the same on every token",
             "given_model": "given (a and b)",
-            "estimated": f"fitted to {self.tokens} tokens ({SIGMAS:g} x their robust scale, "
-            f"{self.scale:.3g} at the median magnitude)",
+            "estimated": f"fitted to the equivalent of {self.tokens} clean tokens ({SIGMAS:g} x "
+            f"their robust scale, {self.scale:.3g} at the median magnitude)",
             "smallest": f"the smallest constant explaining all {self.tokens} tokens (fewer than "
             f"{MIN_TOKENS} to estimate from; pass --logit-noise)",
             "capped": f"capped at {CEILING_UNITS:g} bf16 roundings of the largest logit "
@@ -178,28 +182,32 @@ def token_shift(value: Floats, reference: Floats, temperature: float) -> Floats:
     return np.asarray(np.where(same, 0.0, shift), dtype=np.float64)
 
 
-def median_line(shift: Floats, magnitude: Floats) -> tuple[float, float]:
-    """``(alpha, beta) >= 0`` minimising ``sum |shift - alpha - beta magnitude|``.
+def median_line(
+    shift: Floats, magnitude: Floats, weight: Floats | None = None
+) -> tuple[float, float]:
+    """``(alpha, beta) >= 0`` minimising ``sum w |shift - alpha - beta magnitude|``.
 
-    A least-absolute-deviations line, by iteratively reweighted least squares from the
-    ordinary fit; where it leaves the quadrant ``alpha, beta >= 0`` (or the magnitudes are
-    all equal) the better of the two edges is taken (``beta = 0``: the median; ``alpha = 0``: the
-    median of ``shift / magnitude`` weighted by ``magnitude``)."""
+    A (weighted) least-absolute-deviations line, by iteratively reweighted least squares
+    from the ordinary fit; where it leaves the quadrant ``alpha, beta >= 0`` (or the
+    magnitudes are all equal) the better of the two edges is taken (``beta = 0``: the
+    median; ``alpha = 0``: the median of ``shift / magnitude`` weighted by ``magnitude``)."""
     s = np.asarray(shift, dtype=np.float64)
     m = np.asarray(magnitude, dtype=np.float64)
+    w = np.ones_like(s) if weight is None else np.asarray(weight, dtype=np.float64)
 
     def cost(alpha: float, beta: float) -> float:
-        return float(np.abs(s - alpha - beta * m).sum())
+        return float((w * np.abs(s - alpha - beta * m)).sum())
 
-    edges = [(float(np.median(s)), 0.0)]
+    edges = [(_weighted_median(s, w), 0.0)]
     if (m > 0).any():
-        edges.append((0.0, _weighted_median(s[m > 0] / m[m > 0], m[m > 0])))
+        edges.append((0.0, _weighted_median(s[m > 0] / m[m > 0], (w * m)[m > 0])))
     design = np.stack([np.ones_like(m), m], axis=1)
     floor = max(float(np.median(s)), 1e-300) * 1e-6
     if m.size and float(np.ptp(m)) > 0.0:
-        coef = np.linalg.lstsq(design, s, rcond=None)[0]
+        root = np.sqrt(w)
+        coef = np.linalg.lstsq(design * root[:, None], s * root, rcond=None)[0]
         for _ in range(IRLS_STEPS):
-            root = np.sqrt(1.0 / np.maximum(np.abs(s - design @ coef), floor))
+            root = np.sqrt(w / np.maximum(np.abs(s - design @ coef), floor))
             coef = np.linalg.lstsq(design * root[:, None], s * root, rcond=None)[0]
         if coef[0] >= 0.0 and coef[1] >= 0.0:
             edges.append((float(coef[0]), float(coef[1])))
@@ -213,21 +221,53 @@ def _weighted_median(values: Floats, weights: Floats) -> float:
 
 
 def estimate_noise(
-    shift: Floats, fitted: Bools, magnitude: Floats, largest_logit: float
+    shift: Floats, misfit: Floats, magnitude: Floats, largest_logit: float
 ) -> NoiseEstimate:
     """The noise model from each informative token's ``shift`` (:func:`token_shift`; NaN
-    where a token says nothing) over the tokens no cause ``fitted``, against each token's
-    ``magnitude`` (:func:`token_magnitude`)."""
+    where a token says nothing), each cause's ``misfit`` on it (``[causes, tokens]``, the
+    shift from the cause's prediction; NaN where it predicts nothing) and each token's
+    ``magnitude`` (:func:`token_magnitude`).
+
+    A token a cause moved must not widen the noise, but leaving out every token some
+    cause fits better than the clean value biases the scale low: with several causes
+    tried, a large clean shift sits nearer one of their predictions more often than a
+    small one does (on a clean rollout that leaves out 40% of the tokens, the large ones
+    most, and one clean token in 2,000 lands beyond the noise). So each token is weighed
+    by its chance of being clean under a mixture: clean, with ``shift ~ sigma_t |g|``, or
+    moved by cause ``C``, with ``misfit_C ~ sigma_t |g|``, at shares fitted by EM with the
+    line (:data:`MIXTURE_STEPS` rounds, from the unweighted line, which is too wide where
+    causes abound: the side that lets the causes' tokens show). A clean shift near a
+    cause's prediction by chance keeps most of its weight; a token far from the clean
+    value and on a cause's prediction loses it."""
     ceiling = CEILING_UNITS * BF16_UNIT * largest_logit
-    used = np.isfinite(shift) & ~fitted
+    used = np.isfinite(shift)
+    misfit = np.asarray(misfit, dtype=np.float64).reshape(-1, shift.size)
     if int(used.sum()) < MIN_TOKENS:
-        eps = float(shift[used].max(initial=0.0))
-        return NoiseEstimate(eps, 0.0, "smallest", int(used.sum()), math.nan, ceiling, magnitude)
-    alpha, beta = median_line(shift[used], magnitude[used])
+        # Too few for a mixture: the smallest size that explains every token no cause fits.
+        with np.errstate(invalid="ignore"):
+            unfitted = used & ~(misfit < shift).any(axis=0)
+        eps = float(shift[unfitted].max(initial=0.0))
+        count = int(unfitted.sum())
+        return NoiseEstimate(eps, 0.0, "smallest", count, math.nan, ceiling, magnitude)
+    s, m = shift[used], magnitude[used]
+    fits = misfit[:, used]
+    alpha, beta = median_line(s, m)
+    share = np.full(fits.shape[0], 0.5 / max(fits.shape[0], 1))
+    clean = np.ones_like(s)
+    for _ in range(MIXTURE_STEPS):
+        sigma = np.maximum((alpha + beta * m) / HALF_NORMAL_MEDIAN, 1e-300)
+        with np.errstate(invalid="ignore", over="ignore"):
+            terms = np.concatenate([[-0.5 * (s / sigma) ** 2], -0.5 * (fits / sigma) ** 2])
+        terms = np.nan_to_num(terms, nan=-np.inf)
+        top = terms.max(axis=0)
+        weights = np.concatenate([[1.0 - share.sum()], share])[:, None] * np.exp(terms - top)
+        posterior = weights / weights.sum(axis=0)
+        clean, share = posterior[0], posterior[1:].mean(axis=1)
+        alpha, beta = median_line(s, m, clean)
     a, b = SIGMAS * alpha / HALF_NORMAL_MEDIAN, SIGMAS * beta / HALF_NORMAL_MEDIAN
-    scale = (alpha + beta * float(np.median(magnitude[used]))) / HALF_NORMAL_MEDIAN
+    scale = (alpha + beta * _weighted_median(m, clean)) / HALF_NORMAL_MEDIAN
     source = "capped" if a + b * float(magnitude.max(initial=0.0)) > ceiling else "estimated"
-    return NoiseEstimate(a, b, source, int(used.sum()), scale, ceiling, magnitude)
+    return NoiseEstimate(a, b, source, round(float(clean.sum())), scale, ceiling, magnitude)
 
 
 def given_noise(
