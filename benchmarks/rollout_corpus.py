@@ -165,6 +165,7 @@ def _response(
     }
     values = {cause: planted[cause]() for cause in set(causes) & set(planted)}
     returned = mask.clone()
+    kept_beyond_noise = [False] * len(causes)
     logprobs = _logprob(z, mask, token)
     for row, cause in enumerate(causes):
         if cause == "recomputed_mask":
@@ -178,13 +179,14 @@ def _response(
                 causes[row] = ""  # a mask of one token has nothing to drop
                 continue
             returned[row, victim] = False
+            kept_beyond_noise[row] = _kept_beyond_noise(trainer[row], victim)
             one = slice(row, row + 1)
             logprobs[row] = _logprob(z[one], returned[one], token[one])[0]
         if cause in values:
             logprobs[row] = values[cause][row]
     rollout = _rollout(returned, token, logprobs)
     eps = torch.where(returned, (clean - trainer).abs(), 0.0).max(dim=1).values.double().numpy()
-    affects = _affects(trainer, returned, token, logprobs, causes)
+    affects = _affects(trainer, returned, token, logprobs, causes, kept_beyond_noise)
     beyond = _beyond_realised(trainer, eps, returned, token, logprobs, causes)
     return rollout, affects, eps, beyond
 
@@ -203,11 +205,12 @@ def _affects(
     token: torch.Tensor,
     logprobs: torch.Tensor,
     causes: list[str],
+    kept_beyond_noise: list[bool],
 ) -> list[bool]:
     """Per token: a cause is planted there and moves the logprob more than :data:`DETECTABLE`
     standard deviations of the token's noise from the trainer's value over the returned mask
-    (a support fault always affects the check: the mask itself is wrong; a lone kept token,
-    logprob 0 under any noise, is affected by any other value)."""
+    (a lone kept token, logprob 0 under any noise, is affected by any other value); a
+    support fault affects it when the rules keep the dropped token beyond the noise."""
     z = trainer.double() / TEMPERATURE
     reference = _logprob(z, returned, token).numpy()
     shift = token_shift(logprobs.double().numpy(), reference, TEMPERATURE)
@@ -217,8 +220,34 @@ def _affects(
         moved = bool(shift[row] > DETECTABLE * sigma[row]) or (
             reference[row] == 0.0 and float(logprobs[row]) != 0.0
         )
-        found.append(bool(cause) and (cause == "support" or moved))
+        wrong_mask = cause == "support" and kept_beyond_noise[row]
+        found.append(bool(cause) and (wrong_mask or (cause != "support" and moved)))
     return found
+
+
+def _kept_beyond_noise(x: torch.Tensor, victim: int) -> bool:
+    """Whether top-k then top-p keep column ``victim`` of the trainer's logits ``x`` beyond
+    :data:`DETECTABLE` standard deviations of the two passes' noise.
+
+    Top-p keeps it while ``f = log(sum_A e^z) - log(sum_K e^z) < log top_p``, ``A`` the
+    top-k survivors above it and ``K`` all of them (``z = x / T``); to first order a
+    perturbation ``d`` moves ``f`` by ``sum_u (a_u [u in A] - b_u) d_u / T``, ``a`` and ``b``
+    the softmax over ``A`` and over ``K``. The victim is the most likely token the engine did
+    not sample: always within the top k."""
+    z = x.double() / TEMPERATURE
+    top = torch.topk(z, TOP_K)
+    ids, values = top.indices, top.values
+    above = values > z[victim]
+    if not bool(above.any()):
+        return True
+    a = torch.where(above, torch.softmax(torch.where(above, values, -math.inf), 0), 0.0)
+    b = torch.softmax(values, 0)
+    f = float(torch.logsumexp(values[above], 0) - torch.logsumexp(values, 0))
+    xs = x.double()[ids]
+    rounding = torch.exp2(torch.floor(torch.log2(xs.abs().clamp_min(1e-30))) - 8.0) ** 2 / 3.0
+    variance = 2.0 * BF16_UNIT**2 * xs * xs + rounding
+    sigma = float(((a - b) ** 2 * variance).sum().sqrt()) / TEMPERATURE
+    return math.log(TOP_P) - f > DETECTABLE * sigma
 
 
 def _noise_deviation(x: torch.Tensor, mask: torch.Tensor, token: torch.Tensor) -> np.ndarray:

@@ -111,14 +111,16 @@ def judge_under_noise(
     the row's ``eps``, and its kept and dropped tokens be ordered as the rules need?"""
     found = []
     top_k = params.get("top_k")
+    narrow = top_k is not None and top_k < rv
+    # A column more than 2 eps below the k-th largest stays below k columns under every
+    # perturbation: top-k drops it, and min-p and top-p never read it.
+    reach = _reachable(x[:, :rv], mask[:, :rv], top_k, eps) if narrow else None
     for r in range(len(x)):
-        row, kept, size, width = x[r : r + 1], mask[r : r + 1], float(eps[r]), rv
-        if top_k is not None and top_k < rv and not kept[:, rv:].any():
-            # A column more than 2 eps below the k-th largest stays below k columns under
-            # every perturbation: top-k drops it, and min-p and top-p never read it.
-            row, kept = _reachable(row[:, :rv], kept[:, :rv], top_k, size)
-            width = row.shape[1]
-        found.append(_judge_row(row[0], kept[0], margins, width, temperature, size, params))
+        row, kept, size, width = x[r], mask[r], float(eps[r]), rv
+        if reach is not None and not kept[rv:].any():
+            columns = np.flatnonzero(reach[r])
+            row, kept, width = row[columns], kept[columns], columns.size
+        found.append(_judge_row(row, kept, margins, width, temperature, size, params))
     return found
 
 
@@ -148,15 +150,13 @@ def _judge_row(
     return bool(flippable(row, wrong, kept[wrong], eps, margins, rv, temperature, params).all())
 
 
-def _reachable(x: Floats32, mask: Bools, top_k: int, eps: float) -> tuple[Floats32, Bools]:
-    """The row's columns within ``2 eps`` of its ``top_k``-th largest or above, and its kept
-    ones, in column order; the rest -inf.
+def _reachable(x: Floats32, mask: Bools, top_k: int, eps: npt.NDArray[np.float64]) -> Bools:
+    """Per row: its columns within ``2 eps`` (the row's) of its ``top_k``-th largest or
+    above, and its kept ones.
 
     The floor is taken in float64 and a few fp32 steps lower still: ``fl((x + d) / T)``
     can round a column that ends just below the k-th onto it, and a tie is kept."""
     kth = kth_largest(x, top_k)[:, None].astype(np.float64)
-    floor = kth - 2.0 * eps - 4.0 * np.spacing(np.abs(kth).astype(np.float32)).astype(np.float64)
-    chosen = (x >= floor) | mask
-    values = np.where(chosen, x, np.float32(-np.inf))
-    columns = np.flatnonzero(chosen[0])
-    return values[:, columns], mask[:, columns]
+    step = 4.0 * np.spacing(np.abs(kth).astype(np.float32)).astype(np.float64)
+    floor = kth - 2.0 * np.asarray(eps, dtype=np.float64)[:, None] - step
+    return np.asarray((x >= floor) | mask, dtype=np.bool_)

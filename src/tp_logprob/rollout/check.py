@@ -43,6 +43,7 @@ from tp_logprob.rollout.causes import (
 )
 from tp_logprob.rollout.evidence import (
     MIN_CONFIDENT,
+    THRESHOLD,
     CauseEvidence,
     log_ratios,
     mixture,
@@ -139,14 +140,18 @@ def check_rollout(
     t = engine_temperature
     block = max(1, BLOCK_VALUES // max(contract.sharding.padded_vocab_size, 1))
     margins = op_margins(dtype, rv, num_shards=tp)
+    hypotheses = fixed_hypotheses(t, has_params)
+    full = list(dict.fromkeys(h.temperature for h in hypotheses if h.support == "full"))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        # The masks are screened (numpy, one thread) while the backend runs (its ranks' threads).
+        # The masks are screened, and the full vocabulary's log-sum-exp taken (numpy, one
+        # thread), while the backend runs (its ranks' threads).
         screening = None
         if has_params:
             context = copy_context()  # the caller's oracle settings (slow_path_only)
             screening = pool.submit(
                 lambda: context.run(screen_masks, columns, rollout, margins, rv, t, params, block)
             )
+        whole = pool.submit(full_vocabulary_lse, columns, rv, full, block) if full else None
         trainer, trainer_order = trainer_logprobs(
             columns if group is None else shards[0], rollout, contract, backend, group
         )
@@ -157,6 +162,7 @@ def check_rollout(
         active = rollout.has_mask
         oracle, support_lse = exact_selected_logprob(kept, local, active_mask=active, temperature=t)
         problems = {} if screening is None else screening.result()
+        lse = {} if whole is None else whole.result()
     n = rollout.num_tokens
     engine = np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.copy()
     bound = op_bound(contract, oracle, support_lse, engine_order)
@@ -171,8 +177,7 @@ def check_rollout(
     for t_ in np.flatnonzero(active & ~missing & ~finite).tolist():
         verdict[t_], detail[t_] = "nonfinite", _nonfinite(oracle[t_], trainer[t_], engine[t_])
 
-    hypotheses = fixed_hypotheses(t, has_params)
-    predicted = _predictions(hypotheses, kept, local, columns, judged, rv, block)
+    predicted = _predictions(hypotheses, kept, local, lse, judged)
     informative = judged & (rollout.support.kept_counts() > 1)
     shift = np.where(informative, token_shift(engine, oracle, t), math.nan)
     misfit = {h: token_shift(engine, v, h.temperature) for h, v in predicted.items()}
@@ -244,18 +249,25 @@ def check_rollout(
             if recomputed_rows is not None:
                 _extend_recomputed(span, verdict, predicted, misfit, recomputed_rows, engine, t)
             within = span & informative & np.isin(verdict, ("agree", "noise"))
-            evidence = _response_evidence(within, span, shift, misfit, sigma, verdict)
-            present = [h for h in predicted if h.name in {found.cause for found in evidence}]
-            _prefer_present(span, present, engine, bound, eps, predicted, misfit, verdict, detail)
+            far = span & beyond
+            explains = {
+                h: far & explained(engine, values, bound, eps, h.temperature)
+                for h, values in tried.items()
+            }
+            evidence = _response_evidence(within, shift, misfits, sigma, explains)
+            present = [h for h in tried if h.name in {found.cause for found in evidence}]
+            _prefer_present(span, present, engine, bound, eps, tried, misfits, verdict, detail)
             for found in evidence:
-                h = next(h for h in predicted if h.name == found.cause)
+                h = next(h for h in tried if h.name == found.cause)
+                if h.name == "temperature_other":
+                    solved = h.temperature
                 for row in found.tokens:
                     verdict[row] = h.name
                     detail[row] = (
                         f"named by the response's evidence (the cause raises Lambda by "
                         f"{found.gain:.3g} over {found.within} tokens within the noise, "
-                        f"{found.beyond} beyond it take it): "
-                        f"{h.what}: it predicts {predicted[h][row]:.6g}"
+                        f"{found.beyond} beyond it that it explains): "
+                        f"{h.what}: it predicts {tried[h][row]:.6g}"
                     )
         findings.append(
             ResponseFinding(index, begin, end, solved, stale, _name(fit), tuple(evidence))
@@ -305,15 +317,12 @@ def _predictions(
     hypotheses: list[Hypothesis],
     kept: Floats,
     local: npt.NDArray[np.int64],
-    columns: list[Any],
+    lse: dict[float, Floats],
     judged: Bools,
-    rv: int,
-    block: int,
 ) -> dict[Hypothesis, Floats]:
-    """Each mask or full-vocabulary hypothesis' logprob on every judged token."""
+    """Each mask or full-vocabulary hypothesis' logprob on every judged token (``lse``: the
+    full vocabulary's log-sum-exp at each full hypothesis' temperature)."""
     found: dict[Hypothesis, Floats] = {}
-    full = [h.temperature for h in hypotheses if h.support == "full"]
-    lse = full_vocabulary_lse(columns, rv, list(dict.fromkeys(full)), block) if full else {}
     sampled = np.take_along_axis(kept, local[:, None], axis=1)[:, 0]
     for h in hypotheses:
         if h.support == "mask":
@@ -479,24 +488,24 @@ def _extend_recomputed(
 
 def _response_evidence(
     within: Bools,
-    span: Bools,
     shift: Floats,
     misfit: dict[Hypothesis, Floats],
     sigma: Floats,
-    verdict: npt.NDArray[Any],
+    explains: dict[Hypothesis, Bools],
 ) -> list[CauseEvidence]:
-    """The fixed causes present in a response (:mod:`tp_logprob.rollout.evidence`) and, for
-    each, its tokens within the noise that it names."""
+    """The causes present in a response (:mod:`tp_logprob.rollout.evidence`; the
+    temperature solved for it among them) and, for each, its tokens within the noise that
+    it names. ``explains``: per cause, the response's tokens beyond the noise it explains."""
     causes = {h.name: h for h in misfit}
-    beyond = {name: int((span & (verdict == name)).sum()) for name in causes}
+    beyond = {h.name: int(explains[h].sum()) for h in misfit}
     if max(beyond.values(), default=0) < MIN_CONFIDENT:
         return []
-    confident = span & np.isin(verdict, list(causes))
+    confident = np.logical_or.reduce([explains[h] for h in misfit])
     usable = np.isfinite(sigma) & np.isfinite(shift)
     rows = np.flatnonzero((within | confident) & usable)
     s = sigma[rows]
     ratios = {name: log_ratios(shift[rows], misfit[h][rows], s) for name, h in causes.items()}
-    chosen = select_causes(ratios, beyond)
+    chosen = _choose(ratios, beyond)
     if not chosen:
         return []
     names = [name for name, _ in chosen]
@@ -518,6 +527,22 @@ def _response_evidence(
         )
         for i, (name, gain) in enumerate(chosen)
     ]
+
+
+def _choose(ratios: dict[str, Floats], beyond: dict[str, int]) -> list[tuple[str, float]]:
+    """The fixed causes present (:func:`select_causes`), unless the temperature solved for
+    the response alone raises ``Lambda`` by :data:`THRESHOLD` over all of them: it has a
+    free parameter, so it fits at least as well as a fixed temperature near it, and must
+    do clearly better to displace them."""
+    solved = "temperature_other"
+    fixed = {name: r for name, r in ratios.items() if name != solved}
+    chosen = select_causes(fixed, beyond)
+    if solved not in ratios or beyond[solved] < MIN_CONFIDENT:
+        return chosen
+    alone = mixture(ratios[solved][None])[0]
+    if alone >= sum(gain for _, gain in chosen) + THRESHOLD:
+        return [(solved, alone)]
+    return chosen
 
 
 def _name(h: Hypothesis | None) -> str | None:

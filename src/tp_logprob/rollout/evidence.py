@@ -10,8 +10,9 @@ a half-normal's median (:func:`typical_scale`). ``u_t`` is the distance from the
 value (the oracle), ``v_t`` from a cause ``C``'s exact prediction, both
 ``T |d log-odds| / 2 / sigma_t`` and modelled half-normal.
 
-**Presence.** A response's tokens within the noise, and those beyond it that a fixed
-cause took, are modelled as a mixture: each is clean, or holds cause ``C`` with
+**Presence.** A response's tokens within the noise, and those beyond it that a cause
+explains (the fixed ones, and the temperature solved for the response), are modelled
+as a mixture: each is clean, or holds cause ``C`` with
 probability ``pi_C``. With ``r_t(C) = (u_t^2 - v_t^2) / 2`` (clipped to ``+-``
 :data:`CLIP`: the noise's tails are heavier than a Gaussian's, and no token may
 decide alone) the log-likelihood gain of the mixture over the clean response is
@@ -19,8 +20,8 @@ decide alone) the log-likelihood gain of the mixture over the clean response is
     L(pi) = sum_t log(1 - sum_C pi_C + sum_C pi_C exp(r_t(C))),
 
 maximised over the shares by EM. Causes join one at a time, the one that gains most
-first, each only when at least :data:`MIN_CONFIDENT` of the response's tokens beyond
-the noise took it and it raises ``Lambda = 2 L`` by :data:`THRESHOLD` over the causes
+first, each only when it explains at least :data:`MIN_CONFIDENT` of the response's
+tokens beyond the noise and it raises ``Lambda = 2 L`` by :data:`THRESHOLD` over the causes
 already in: a cause whose predictions sit near another's (T = 1 over the mask and
 over the whole vocabulary, on a narrow vocabulary) adds nothing once the other is in.
 On a clean response every ``pi_C = 0`` is the truth, on the boundary: one cause's
@@ -69,7 +70,7 @@ Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
 MIN_CONFIDENT = 3
-"""Tokens beyond the noise that must take a cause before its evidence is weighed."""
+"""Tokens beyond the noise a cause must explain before its evidence is weighed."""
 THRESHOLD = 30.0
 """The rise in the likelihood ratio statistic a cause must bring: ``1e-8`` on a clean response."""
 CLIP = 8.0
@@ -82,7 +83,7 @@ EM_STEPS = 200
 
 @dataclass(frozen=True)
 class CauseEvidence:
-    """A cause found present in a response: ``beyond`` tokens beyond the noise took it;
+    """A cause found present in a response: it explains ``beyond`` tokens beyond the noise;
     it raised ``Lambda`` by ``gain``, over ``within`` tokens within the noise, to
     ``statistic``, at the fitted ``share``; ``tokens`` are the ones within the noise it
     names (batch indices)."""
