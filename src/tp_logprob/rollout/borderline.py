@@ -111,10 +111,11 @@ def judge_under_noise(
     the row's ``eps``, and its kept and dropped tokens be ordered as the rules need?"""
     found = []
     top_k = params.get("top_k")
-    narrow = top_k is not None and top_k < rv
     # A column more than 2 eps below the k-th largest stays below k columns under every
     # perturbation: top-k drops it, and min-p and top-p never read it.
-    reach = _reachable(x[:, :rv], mask[:, :rv], top_k, eps) if narrow else None
+    reach = None
+    if top_k is not None and top_k < rv:
+        reach = _reachable(x[:, :rv], mask[:, :rv], int(top_k), eps)
     for r in range(len(x)):
         row, kept, size, width = x[r], mask[r], float(eps[r]), rv
         if reach is not None and not kept[rv:].any():
