@@ -313,16 +313,46 @@ def test_a_declared_engine_order_tightens_the_numerics_bound_and_is_named() -> N
     from tp_logprob.accumulation import AccumulationOrder
 
     x = _logits()
-    rollout = sglang_rollout(_response(x))
-    loose = check_rollout(x, rollout, engine_temperature=T, top_k=K)
+    wide = 40  # a tree's path over the 48 columns (6 additions) is shorter than 39
+    rollout = sglang_rollout(_response(x, k=wide))
+    loose = check_rollout(x, rollout, engine_temperature=T, top_k=wide)
     tree = AccumulationOrder.tree()
-    tight = check_rollout(x, rollout, engine_temperature=T, top_k=K, engine_order=tree)
+    tight = check_rollout(x, rollout, engine_temperature=T, top_k=wide, engine_order=tree)
     assert np.all(tight.bound < loose.bound)
     assert tight.verdict == loose.verdict == ["agree"] * N
     assert loose.settings["engine_order"] == AccumulationOrder.any().describe()
     assert tight.settings["engine_order"] == tree.describe()
     # The trainer is held to the order its backend's capability declares.
     assert loose.settings["trainer_order"] == tree.describe()  # torch_native's pairwise tree
+    # Over K kept columns any order adds at most K - 1 times: shorter than the tree.
+    narrow = sglang_rollout(_response(x))
+    anywise = check_rollout(x, narrow, engine_temperature=T, top_k=K)
+    declared = check_rollout(x, narrow, engine_temperature=T, top_k=K, engine_order=tree)
+    assert np.array_equal(anywise.bound, declared.bound)
+
+
+def test_the_numerics_bound_counts_the_kept_columns_not_the_vocabulary() -> None:
+    """Columns outside a replayed mask add exact zeros: at a 152,064 vocabulary a one-token
+    mask's logprob of 0 is held to a bound near 1e-5, and a kept mass never
+    renormalised is beyond the op's numerics (the vocabulary-wide
+    any-order bound, about 0.01, would have called it agree)."""
+    rows, vocab = 4, 152_064
+    x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(3)) * 3
+    z = x.double() / T
+    top = torch.argmax(z, dim=1)
+    full = torch.log_softmax(z, dim=1)
+    unrenormalised = [float(full[r, top[r]]) for r in range(rows)]
+    response = {
+        "output_ids": top.tolist(),
+        "meta_info": {
+            "output_token_sampling_mask": [[int(v)] for v in top],
+            "output_token_sampling_logprobs": [0.0, 0.0, *unrenormalised[2:]],
+        },
+    }  # fmt: skip
+    check = check_rollout(x, sglang_rollout(response), engine_temperature=T, top_k=1)
+    assert np.all(check.bound < 1e-4), check.bound
+    assert check.verdict[:2] == ["agree", "agree"]
+    assert all(v != "agree" for v in check.verdict[2:]), check.markdown()
 
 
 @pytest.mark.parametrize(

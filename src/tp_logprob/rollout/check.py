@@ -165,8 +165,9 @@ def check_rollout(
         lse = {} if whole is None else whole.result()
     n = rollout.num_tokens
     engine = np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.copy()
-    bound = op_bound(contract, oracle, support_lse, engine_order)
-    trainer_bound = op_bound(contract, oracle, support_lse, trainer_order)
+    widest = int(rollout.support.kept_counts().max(initial=1))
+    bound = op_bound(contract, oracle, support_lse, engine_order, widest)
+    trainer_bound = op_bound(contract, oracle, support_lse, trainer_order, widest)
     finite = np.isfinite(engine) & np.isfinite(oracle) & np.isfinite(trainer)
     judged = active & finite
     verdict = np.array(["agree"] * n, dtype=object)
