@@ -243,9 +243,7 @@ def _kept_beyond_noise(x: torch.Tensor, victim: int) -> bool:
     a = torch.where(above, torch.softmax(torch.where(above, values, -math.inf), 0), 0.0)
     b = torch.softmax(values, 0)
     f = float(torch.logsumexp(values[above], 0) - torch.logsumexp(values, 0))
-    xs = x.double()[ids]
-    rounding = torch.exp2(torch.floor(torch.log2(xs.abs().clamp_min(1e-30))) - 8.0) ** 2 / 3.0
-    variance = 2.0 * BF16_UNIT**2 * xs * xs + rounding
+    variance = _perturbation_variance(x.double()[ids])
     sigma = float(((a - b) ** 2 * variance).sum().sqrt()) / TEMPERATURE
     return math.log(TOP_P) - f > DETECTABLE * sigma
 
@@ -258,14 +256,20 @@ def _noise_deviation(x: torch.Tensor, mask: torch.Tensor, token: torch.Tensor) -
     mask without ``y``. Each ``d_i`` is the Gaussian part (variance ``2 u^2 x_i^2``) plus
     bf16 rounding (uniform over half a unit in the last place of ``x_i``: variance
     ``(ulp_i / 2)^2 / 3``), independent across logits."""
-    rounding = (torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 8.0)) ** 2 / 3.0
-    variance = 2.0 * BF16_UNIT**2 * x * x + rounding
+    variance = _perturbation_variance(x)
     rows = torch.arange(x.shape[0])
     others = mask.clone()
     others[rows, token] = False
     w = torch.softmax(torch.where(others, x / TEMPERATURE, -math.inf), dim=1).nan_to_num(0.0)
     total = variance[rows, token] + (w * w * variance).sum(dim=1)
     return (0.5 * total.sqrt()).numpy()
+
+
+def _perturbation_variance(x: torch.Tensor) -> torch.Tensor:
+    """Each logit's variance under the two passes: the Gaussian part ``2 u^2 x^2`` plus bf16
+    rounding, uniform over half a unit in the last place of ``x`` (``(ulp / 2)^2 / 3``)."""
+    rounding = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 8.0) ** 2 / 3.0
+    return 2.0 * BF16_UNIT**2 * x * x + rounding
 
 
 def _beyond_realised(

@@ -389,18 +389,33 @@ def _name_tokens(
 ) -> Bools:
     """Each token beyond the noise takes the cause that explains it with the least misfit;
     the tokens left open are returned."""
-    best = np.full(engine.size, math.inf)
-    choice: list[Hypothesis | None] = [None] * engine.size
-    for h, values in predicted.items():
-        fits = beyond & explained(engine, values, bound, eps, h.temperature)
-        score = np.where(np.isnan(misfit[h]), 0.0, misfit[h])
-        for row in np.flatnonzero(fits & (score < best)).tolist():
-            best[row], choice[row] = score[row], h
+    choice = _nearest(beyond, list(predicted), engine, bound, eps, predicted, misfit)
     for row, chosen in enumerate(choice):
         if chosen is not None:
             verdict[row] = chosen.name
             detail[row] = f"{chosen.what}: it predicts {predicted[chosen][row]:.6g}"
     return np.asarray(beyond & np.array([c is None for c in choice]), dtype=np.bool_)
+
+
+def _nearest(
+    rows: Bools,
+    hypotheses: list[Hypothesis],
+    engine: Floats,
+    bound: Floats,
+    eps: Floats,
+    predicted: dict[Hypothesis, Floats],
+    misfit: dict[Hypothesis, Floats],
+) -> list[Hypothesis | None]:
+    """Per token of ``rows``: the one of ``hypotheses`` that explains it with the least
+    misfit (the first on a tie; None where none explains it)."""
+    best = np.full(engine.size, math.inf)
+    choice: list[Hypothesis | None] = [None] * engine.size
+    for h in hypotheses:
+        fits = rows & explained(engine, predicted[h], bound, eps, h.temperature)
+        score = np.where(np.isnan(misfit[h]), 0.0, misfit[h])
+        for row in np.flatnonzero(fits & (score < best)).tolist():
+            best[row], choice[row] = score[row], h
+    return choice
 
 
 def _response_fit(
@@ -453,12 +468,9 @@ def _prefer_present(
         return
     names = {h.name for h in present}
     moved = span & np.isin(verdict, [h.name for h in predicted]) & ~np.isin(verdict, list(names))
-    best = np.full(engine.size, math.inf)
-    for h in present:
-        fits = moved & explained(engine, predicted[h], bound, eps, h.temperature)
-        score = np.where(np.isnan(misfit[h]), 0.0, misfit[h])
-        for row in np.flatnonzero(fits & (score < best)).tolist():
-            best[row] = score[row]
+    choice = _nearest(moved, present, engine, bound, eps, predicted, misfit)
+    for row, h in enumerate(choice):
+        if h is not None:
             verdict[row] = h.name
             detail[row] = (
                 f"{h.what}: it predicts {predicted[h][row]:.6g} (the cause this response's "
