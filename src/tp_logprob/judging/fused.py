@@ -117,16 +117,18 @@ def _expected_grads(
     shared = _gamma(contract.num_tokens) + parts * u
     with np.errstate(invalid="ignore", over="ignore"):
         d_hidden = g @ wt
-        hidden_scale = size @ np.abs(wt)
+        hidden_scale = _bound_product(size, np.abs(wt))
         hidden_bound = (
-            g_bound @ np.abs(wt) + (_gamma(real) + (world + 1) * u) * hidden_scale + world * tiny
+            _bound_product(g_bound, np.abs(wt))
+            + (_gamma(real) + (world + 1) * u) * hidden_scale
+            + world * tiny
         )
         d_weight = np.zeros((padded, wt.shape[1]))
         d_weight[:real] = g.T @ h
         weight_scale = np.zeros_like(d_weight)
-        weight_scale[:real] = size.T @ np.abs(h)
+        weight_scale[:real] = _bound_product(size.T, np.abs(h))
         weight_bound = np.zeros_like(d_weight)
-        weight_bound[:real] = g_bound.T @ np.abs(h)
+        weight_bound[:real] = _bound_product(g_bound.T, np.abs(h))
         weight_bound += shared * weight_scale
         weight_bound[:real] += parts * tiny
         d_bias = np.zeros(padded)
@@ -203,6 +205,17 @@ def _grouped_logit_grads(
         kept = None if support is None else (support[0][picked], support[1][picked])
         g[picked], g_bound[picked] = _logit_grads(part, w[picked], v[picked], kept)
     return g, g_bound
+
+
+def _bound_product(a: Floats, b: Floats) -> Floats:
+    """``a @ b`` of two nonnegative bounds, where ``0 * inf`` adds 0: a term whose other
+    factor is exactly 0 adds exactly 0 to the backend's finite sum, however loose the bound
+    on this factor (a one-column row at T = 1e-30 has an inf bound on ``G`` and a zero
+    weight beside it; numpy's product would make the bound NaN)."""
+    infinite = np.isinf(a).astype(np.float64) @ (b != 0.0) + (a != 0.0) @ np.isinf(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.where(np.isinf(a), 0.0, a) @ np.where(np.isinf(b), 0.0, b)
+    return np.where(infinite > 0, np.inf, finite)
 
 
 def _gamma(terms: int) -> float:
