@@ -238,6 +238,13 @@ def _live(contract: Any, row: Any) -> Any:
     return row[: contract.sharding.real_vocab_size].astype(np.float64)
 
 
+def _ranks_of(contract: Any, columns: Any) -> set[int]:
+    """The ranks whose live columns hold ``columns``."""
+    sharding = contract.sharding
+    bounds = [sharding.live_bounds(rank) for rank in range(sharding.tp_world_size)]
+    return {rank for column in columns for rank, (a, b) in enumerate(bounds) if a <= column < b}
+
+
 @pytest.mark.parametrize(
     ("kind", "strategy", "condition"),
     [
@@ -245,6 +252,14 @@ def _live(contract: Any, row: Any) -> Any:
             "tie at the maximum",
             _rows(),
             lambda c, r: len(_live(c, r)) > 2 and np.sum(_live(c, r) == _live(c, r).max()) >= 2,
+        ),
+        (
+            "tie below the maximum, over two ranks",
+            _rows(),
+            lambda c, r: any(
+                len(_ranks_of(c, np.flatnonzero(_live(c, r) == value))) >= 2
+                for value in np.unique(_live(c, r)[np.isfinite(_live(c, r))])[:-1]
+            ),
         ),
         (
             "-inf column",

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from tp_logprob import SupportMode
-from tp_logprob.strategies import cases, contracts, supports
+from tp_logprob.strategies import cases, contracts, logits, shard_edge_columns, supports
 
 SETTINGS = settings(
     database=None, max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -53,6 +53,53 @@ def test_top_k_boundaries_land_on_ties() -> None:
 
     search()
     assert found
+
+
+@settings(database=None, max_examples=60, deadline=None)
+@given(data=st.data())
+def test_ties_inside_rows_tie_a_shard_edge_below_the_maximum(data: Any) -> None:
+    """Every ``ties_inside`` row repeats one value in two live columns or more, one of them a
+    shard's first or last live column."""
+    contract = data.draw(contracts(max_padded_vocab_size=24, min_num_tokens=1), label="contract")
+    real = contract.sharding.real_vocab_size
+    if real < 2:
+        return
+    rows = data.draw(logits(contract, kinds={"ties_inside"}), label="logits")
+    edges = set(shard_edge_columns(contract))
+    for row in rows[:, :real]:
+        shared = [np.flatnonzero(row == value) for value in np.unique(row)]
+        assert any(len(cols) >= 2 and edges & set(cols.tolist()) for cols in shared), row
+
+
+def test_top_k_reaches_a_tie_at_the_k_th_value_over_two_ranks() -> None:
+    """Some drawn top_k >= 2 is the first of several tokens tied at the k-th value, held by
+    two ranks: a rule that keeps exactly k tokens, or cuts the tie per shard, drops one."""
+
+    def tie_over_ranks(case: Any) -> bool:
+        k = case.contract.support.top_k
+        sharding = case.contract.sharding
+        bounds = [sharding.live_bounds(rank) for rank in range(sharding.tp_world_size)]
+        for row in _z(case):
+            finite = row[np.isfinite(row)]
+            if np.isnan(row).any() or not 2 <= k < finite.size:
+                continue
+            tied = np.flatnonzero(row == np.sort(finite)[-k])
+            ranks = {rank for col in tied for rank, (a, b) in enumerate(bounds) if a <= col < b}
+            if np.sum(finite >= np.sort(finite)[-k]) > k and len(ranks) >= 2:
+                return True
+        return False
+
+    found = find(
+        cases(
+            support_modes={"sampling_params"},
+            support_rules=("top_k",),
+            tp_world_sizes={2, 3, 4},
+            max_padded_vocab_size=24,
+        ),
+        tie_over_ranks,
+        settings=settings(database=None, max_examples=400, deadline=None),
+    )
+    assert tie_over_ranks(found)
 
 
 def _survivors(finite: np.ndarray, support: Any) -> np.ndarray:

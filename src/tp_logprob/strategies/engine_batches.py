@@ -4,10 +4,10 @@ A rollout engine's scheduler batches requests that each bring their own
 temperature and top-k / top-p / min-p, greedy requests (temperature 0) beside
 sampled ones (``docs/semantics.md``, "Heterogeneous batches").
 :func:`engine_batches` turns a case with a sampling support into such a batch:
-it draws a few requests' parameter sets (a temperature, or 0 for a greedy
-request, and rules aimed at a boundary of one of the rows, as
-:func:`~tp_logprob.strategies.supports` aims them), and gives each row one of
-them, so groups of several rows sit beside single rows. A replayed mask keeps its
+it gives each row one of a few requests, so groups of several rows sit beside
+single rows, and draws each request's parameter set (a temperature, or 0 for a
+greedy request, and rules aimed at a boundary of one of the rows it serves, as
+:func:`~tp_logprob.strategies.supports` aims them). A replayed mask keeps its
 kept ids (the engine's) and takes per-row temperatures only. A greedy request
 keeps the rules it was drawn with: the semantics turn them off, and a backend that
 applies them anyway shows it.
@@ -52,12 +52,13 @@ def engine_batches(draw: Any, case: LogprobCase) -> LogprobCase:
         return case
     # One request for the batch is the scalar case, drawn on its own: two at least here.
     count = draw(st.integers(min(2, rows), min(MAX_REQUESTS, rows)), label="requests")
+    chosen = [draw(st.integers(0, count - 1), label=f"row {row} request") for row in range(rows)]
     requests: list[tuple[float, RowRules]] = []
     for request in range(count):
         greedy = draw(st.booleans(), label=f"request {request} greedy")
         temperature = 0.0 if greedy else draw(temperatures(), label=f"request {request} T")
-        requests.append((temperature, draw(_rules(case, temperature, request))))
-    chosen = [draw(st.integers(0, count - 1), label=f"row {row} request") for row in range(rows)]
+        own = [row for row, pick in enumerate(chosen) if pick == request] or list(range(rows))
+        requests.append((temperature, draw(_rules(case, temperature, request, own))))
     per_row = dataclasses.replace(contract, temperature=tuple(requests[pick][0] for pick in chosen))
     if contract.support.mode is SupportMode.SAMPLING_PARAMS:
         per_row = dataclasses.replace(
@@ -72,13 +73,16 @@ def engine_batches(draw: Any, case: LogprobCase) -> LogprobCase:
 
 
 @st.composite
-def _rules(draw: Any, case: LogprobCase, temperature: float, request: int) -> RowRules:
-    """One request's ``(top_k, top_p, min_p)``, aimed at a boundary of one row's logits at the
-    request's temperature (every rule off for a replayed mask)."""
+def _rules(
+    draw: Any, case: LogprobCase, temperature: float, request: int, own: list[int]
+) -> RowRules:
+    """One request's ``(top_k, top_p, min_p)``, aimed at a boundary of the logits of one of the
+    rows ``own`` that take them, at the request's temperature (every rule off for a replayed
+    mask): a value aimed at a row that another request serves would test nothing there."""
     contract = case.contract
     if contract.support is None or contract.support.mode is SupportMode.REPLAYED_MASK:
         return None, None, None
-    row = draw(st.integers(0, contract.num_tokens - 1), label=f"request {request} row")
+    row = draw(st.sampled_from(own), label=f"request {request} row")
     one_row = dataclasses.replace(
         contract_rows(contract, [row]), temperature=temperature or 1.0, support=None
     )

@@ -23,6 +23,7 @@ from hypothesis.errors import InvalidArgument
 
 from tp_logprob.contract import LogprobContract, LogprobDType
 from tp_logprob.oracle.formats import FORMATS
+from tp_logprob.strategies.targets import shard_edge_columns
 
 __all__ = [
     "DTYPE_MAX",
@@ -36,6 +37,7 @@ __all__ = [
 LOGIT_KINDS = (
     "random",
     "ties_at_max",
+    "ties_inside",
     "neg_inf_columns",
     "huge_range",
     "dtype_extremes",
@@ -44,7 +46,11 @@ LOGIT_KINDS = (
     "max_in_padding",
     "subnormal",
 )
-"""Row kinds drawn by default. ``max_in_padding`` needs vocabulary padding."""
+"""Row kinds drawn by default. ``max_in_padding`` needs vocabulary padding.
+``ties_inside`` repeats the row's second to fifth largest value across columns, one
+of them the first or last live column of a shard: a tie below the maximum (unless a
+copy lands on it), spread over the ranks, where top-k's k-th value or a top-p or
+min-p boundary can fall."""
 
 SPECIAL_KINDS = ("nan", "pos_inf", "all_neg_inf", "special_in_padding")
 """Row kinds drawn only with ``special_values=True``: NaN and +inf in live
@@ -107,6 +113,12 @@ def _row(draw: Any, contract: LogprobContract, kinds: tuple[str, ...]) -> npt.ND
     if kind == "ties_at_max":
         tied = _positions(draw, real, 2, real)
         live[tied] = live.max() + draw(st.sampled_from([0.0, 1.0, 100.0]))
+    elif kind == "ties_inside":
+        source = int(np.argsort(-live)[draw(st.integers(1, min(4, real - 1)))])
+        edge = draw(st.sampled_from([c for c in shard_edge_columns(contract) if c != source]))
+        others = [column for column in range(real) if column not in (source, edge)]
+        more = _positions(draw, len(others), 0, len(others)) if others else []
+        live[[edge, *(others[index] for index in more)]] = live[source]
     elif kind == "neg_inf_columns":
         live[_positions(draw, real, 1, real - 1)] = -np.inf
     elif kind == "huge_range":
@@ -197,7 +209,7 @@ def _applies(kind: str, contract: LogprobContract) -> bool:
     sharding = contract.sharding
     if kind in ("max_in_padding", "special_in_padding"):
         return sharding.has_padding
-    if kind in ("ties_at_max", "neg_inf_columns"):
+    if kind in ("ties_at_max", "ties_inside", "neg_inf_columns"):
         return sharding.real_vocab_size >= 2
     return True
 

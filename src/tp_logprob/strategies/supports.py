@@ -4,12 +4,16 @@
 parameters (top-k, top-p, min-p, alone or together, or every rule off) or a
 replayed mask of kept ids. Given the logits, the parameters aim at the places the
 rules are hard to get right (``docs/semantics.md``, "Processed logprobs"): a
-``top_k`` that lands on a tie, a ``top_p`` equal to (or one ulp around) the mass
-strictly above some token, relative to the survivors of the min-p and top-k drawn
-with it (the distribution top-p renormalises over), a ``min_p`` equal to (or one
-ulp around) some token's ``exp(z - M)``. Those values are computed in float64
-here; the exact decision at such a boundary is the oracle's business, and a
-backend may take either side of a borderline token.
+``top_k`` whose k-th value is the first of several tied tokens, a ``top_p`` equal to
+(or one ulp around) the mass strictly above some token, relative to the survivors of
+the min-p and top-k drawn with it (the distribution top-p renormalises over), a
+``min_p`` equal to (or one ulp around) some token's ``exp(z - M)``. Where a row has
+a tie (the ``ties_at_max`` and ``ties_inside`` rows of
+:func:`~tp_logprob.strategies.logits`, the latter across a shard edge), the boundary
+is usually on it: a rule that cuts a tie by position, as a sort does, goes wrong
+only there. Those values are computed in float64 here; the exact decision at such a
+boundary is the oracle's business, and a backend may take either side of a
+borderline token.
 
 Replayed masks keep a random subset of each row's live columns (all of them, a
 single token, or the row's largest values), never empty for an active row.
@@ -32,7 +36,16 @@ from tp_logprob.support import SupportMode, SupportSpec
 
 __all__ = ["PARAM_KINDS", "REPLAYED_ROW_KINDS", "RULES", "supports"]
 
-PARAM_KINDS = ("all_off", "top_k", "top_p", "min_p", "top_k_top_p", "min_p_top_p", "all_rules")
+PARAM_KINDS = (
+    "all_off",
+    "top_k",
+    "top_p",
+    "min_p",
+    "top_k_top_p",
+    "min_p_top_k",
+    "min_p_top_p",
+    "all_rules",
+)
 """Which sampling rules a drawn support turns on (``all_off`` is ``top_p=1``)."""
 
 RULES = ("min_p", "top_k", "top_p")
@@ -42,6 +55,12 @@ REPLAYED_ROW_KINDS = ("every_live", "single", "random_subset", "largest", "empty
 """How a replayed mask's row is drawn: every live column, one token, a random
 subset, the row's largest values (what an engine's top-k keeps), or nothing (for an
 inactive row only)."""
+
+_AT_A_BOUNDARY = (False, True, True)
+"""Whether a rule's value sits at a boundary of the logits (two times in three; shrinks to a
+plain value)."""
+_ON_A_TIE = (False, True, True, True)
+"""Whether a boundary sits on a tied value, where some row has one (three times in four)."""
 
 _TOP_P_VALUES = (0.5, 0.8, 0.9, 0.95, 0.99)
 _MIN_P_VALUES = (0.01, 0.05, 0.1, 0.5, 1.0)
@@ -85,26 +104,44 @@ def _survivors(values: npt.NDArray[Any], earlier: dict[str, Any]) -> npt.NDArray
     return kept
 
 
+def _boundary_values(row: npt.NDArray[Any], rule: str, earlier: dict[str, Any]) -> npt.NDArray[Any]:
+    """The finite values of a defined ``row`` that ``rule`` decides on: top-p's are the
+    survivors of the rules drawn ``earlier``."""
+    finite = row[np.isfinite(row)]
+    return _survivors(finite, earlier) if rule == "top_p" else finite
+
+
+def _tied(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """The distinct ``values`` that two tokens or more share, largest first."""
+    distinct, counts = np.unique(values, return_counts=True)
+    return distinct[counts > 1][::-1]
+
+
 @st.composite
 def _boundary(
     draw: Any, z: npt.NDArray[Any], rule: str, earlier: dict[str, Any]
 ) -> float | int | None:
     """A parameter of ``rule`` at a boundary of some defined row of ``z``, or None; top-p's on
-    the distribution renormalised over the survivors of the rules drawn ``earlier``."""
-    rows = _defined_rows(z)
-    if rows.size == 0:
+    the distribution renormalised over the survivors of the rules drawn ``earlier``.
+
+    Where some row holds a tie (among top-p's survivors, for top-p), the boundary sits on
+    a tied value three times in four: a rule that cuts a tie (torch.topk's exactly k tokens
+    of a tie at the k-th value, a prefix of a sorted cumulative sum at the top-p
+    boundary) shows only there, and most rows have none."""
+    rows = _defined_rows(z).tolist()
+    if not rows:
         return None
-    row = z[draw(st.sampled_from(rows.tolist()), label=f"{rule} boundary row")]
-    finite = row[np.isfinite(row)]
-    if rule == "top_p":
-        finite = _survivors(finite, earlier)
-    values = np.unique(finite)[::-1]  # distinct finite values, largest first
+    tied_rows = [row for row in rows if _tied(_boundary_values(z[row], rule, earlier)).size]
+    on_tie = bool(tied_rows) and draw(st.sampled_from(_ON_A_TIE), label=f"{rule} on a tie")
+    row = z[draw(st.sampled_from(tied_rows if on_tie else rows), label=f"{rule} boundary row")]
+    finite = _boundary_values(row, rule, earlier)
+    values = _tied(finite) if on_tie else np.unique(finite)[::-1]  # largest first
     index = draw(st.integers(0, values.size - 1), label=f"{rule} boundary value")
     value = float(values[index])
     if rule == "top_k":
         # k lands on the first of the tokens tied at ``value``: every tie must be kept.
         return int(np.count_nonzero(row > value)) + 1
-    top = float(values[0])
+    top = float(finite.max())
     masses = np.exp(finite - top)
     if rule == "min_p":
         boundary = float(np.exp(value - top))
@@ -120,15 +157,14 @@ def _boundary(
 def _rule_value(
     draw: Any, rule: str, z: npt.NDArray[Any] | None, real: int, earlier: dict[str, Any]
 ) -> Any:
-    """One rule's parameter: at a boundary of the logits when given, else a plain value."""
-    if z is not None and draw(st.booleans(), label=f"{rule} at a boundary"):
+    """One rule's parameter: at a boundary of the logits when given (two times in three),
+    else a plain value."""
+    if z is not None and draw(st.sampled_from(_AT_A_BOUNDARY), label=f"{rule} at a boundary"):
         value = draw(_boundary(z, rule, earlier))
         if value is not None:
             return value
-    if rule == "top_k":
-        return draw(
-            st.sampled_from([1, 2, 3, max(1, real - 1), real, real + 5]) | st.integers(1, real + 2)
-        )
+    if rule == "top_k":  # one past the vocabulary keeps it all: "all_off" draws those
+        return draw(st.sampled_from([1, 2, 3, max(1, real - 1), real]) | st.integers(1, real))
     if rule == "top_p":
         return draw(st.sampled_from(_TOP_P_VALUES) | st.floats(2.0**-20, 1.0, exclude_min=False))
     return draw(st.sampled_from(_MIN_P_VALUES) | st.floats(0.0, 1.0))
@@ -161,6 +197,7 @@ def _sampling_params(
         "top_p": ("top_p",),
         "min_p": ("min_p",),
         "top_k_top_p": ("top_k", "top_p"),
+        "min_p_top_k": ("min_p", "top_k"),
         "min_p_top_p": ("min_p", "top_p"),
         "all_rules": ("min_p", "top_k", "top_p"),
     }[kind]
@@ -211,7 +248,8 @@ def supports(
 
     ``sampling_params`` draws the rules of :data:`PARAM_KINDS`; with ``logits`` their
     values often sit at a boundary of one of the rows (a tie at the k-th value, a
-    mass on or one ulp around ``top_p``, ``min_p`` at a token's ``exp(z - M)``);
+    mass on or one ulp around ``top_p``, ``min_p`` at a token's ``exp(z - M)``), most
+    often at a value that several tokens share, where the row has one;
     ``rules`` (some of :data:`RULES`) turns exactly those rules on instead.
     ``replayed_mask`` draws kept ids per row (:data:`REPLAYED_ROW_KINDS`), never
     empty for an active row. The targets of a replayed contract must then lie in
