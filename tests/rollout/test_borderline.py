@@ -18,7 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tp_logprob.oracle import SupportMargins, exact_support, support_margins
-from tp_logprob.rollout.borderline import flippable, judge_under_noise
+from tp_logprob.rollout.borderline import flippable, judge_under_noise, supports_under_noise
 
 RULES: list[dict[str, Any]] = [
     {"min_p": 0.3},
@@ -86,3 +86,28 @@ def test_a_mask_is_borderline_where_each_refused_decision_flips() -> None:
     # Dropping the third while keeping nothing above it cannot be ordered within 0.1.
     odd = np.array([[True, False, True]])
     assert judge_under_noise(x, odd, margins, 3, 1.0, np.array([0.1]), params) == [False]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    quarters=st.lists(st.integers(-12, 12), min_size=2, max_size=4),
+    eps_quarters=st.integers(0, 3),
+    rule=st.sampled_from(range(len(RULES))),
+)
+def test_the_supports_under_noise_are_those_some_perturbation_gives(
+    quarters: list[int], eps_quarters: int, rule: int
+) -> None:
+    """Every column the search can drop lies past ``low``, every one it can keep before
+    ``high``: the galloping counts leave out no flip and take in none."""
+    x = np.array(quarters, dtype=np.float32) / 4
+    eps = eps_quarters / 4
+    params = RULES[rule]
+    kept = exact_support(x[None], **params).mask[0]
+    order, low, high = supports_under_noise(
+        x, kept, SupportMargins.zero(), x.size, 1.0, eps, params
+    )
+    assert sorted(order.tolist()) == list(range(x.size))
+    sure = {v for v in range(x.size) if kept[v] and not _search(x, v, False, eps, params)}
+    possible = {v for v in range(x.size) if kept[v] or _search(x, v, True, eps, params)}
+    assert set(order[:low].tolist()) == sure, (x.tolist(), eps, params)
+    assert set(order[:high].tolist()) == possible, (x.tolist(), eps, params)

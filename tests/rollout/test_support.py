@@ -24,7 +24,7 @@ from tp_logprob.oracle import (
 )
 from tp_logprob.rollout import support as support_module
 from tp_logprob.rollout.borderline import _judge_row, judge_under_noise
-from tp_logprob.rollout.check import _recomputed
+from tp_logprob.rollout.check import _recomputed, _Seen
 from tp_logprob.rollout.support import kth_largest, screen_masks, screened_columns, top_columns
 from tp_logprob.rollout.trainer import dense_mask
 from tp_logprob.support import SupportSpec
@@ -104,7 +104,8 @@ def test_the_recomputed_support_on_the_top_columns_gives_the_whole_rows_bits(see
         has_mask=np.ones(ROWS, dtype=np.bool_),
     )
     columns = [torch.from_numpy(x[:, : V // 2]), torch.from_numpy(x[:, V // 2 :])]
-    found = _recomputed(columns, rollout, np.ones(ROWS, dtype=np.bool_), T, V, PARAMS, 7)
+    silent = _Seen(np.full(ROWS, math.nan), np.zeros(ROWS), SupportMargins.zero())
+    found = _recomputed(columns, rollout, np.ones(ROWS, dtype=np.bool_), T, V, PARAMS, 7, silent)
     support = exact_support(x, real_vocab_size=V, temperature=T, **PARAMS).mask
     usable = support[np.arange(ROWS), tokens]
     value, _, _ = exact_processed_logprob(
@@ -134,12 +135,42 @@ def test_the_recomputed_support_narrows_on_the_tempered_logits(
         has_mask=np.zeros(ROWS, dtype=np.bool_),
     )  # fmt: skip
     columns = [torch.from_numpy(x[:, : V // 2]), torch.from_numpy(x[:, V // 2 :])]
-    found = _recomputed(columns, rollout, np.ones(ROWS, dtype=np.bool_), temperature, V, PARAMS, 7)
+    silent = _Seen(np.full(ROWS, math.nan), np.zeros(ROWS), SupportMargins.zero())
+    found = _recomputed(
+        columns, rollout, np.ones(ROWS, dtype=np.bool_), temperature, V, PARAMS, 7, silent
+    )
     value, _, _ = exact_processed_logprob(
         x, tokens, support, real_vocab_size=V, temperature=temperature
     )  # fmt: skip
     assert np.array_equal(found, value, equal_nan=True)
     assert below.any()  # some rows reach the tie the test is about
+
+
+@pytest.mark.parametrize("params", [{"top_p": 0.55}, {"top_k": 4, "top_p": 0.55}])
+def test_the_recomputed_support_is_the_one_under_the_noise_nearest_the_engine(
+    params: dict[str, float],
+) -> None:
+    """Top-p 0.55 keeps the first two of [1.0, 0.9, -5, ...]; a perturbation of 0.1 lets
+    the engine's logits keep the first alone (its mass passes 0.55), and the engine's
+    logprob of 0 is that support's. Within 0.01 it cannot: the rules' support stays."""
+    x = np.array([[1.0, 0.9, -5.0, -5.0, -5.0, -5.0]], dtype=np.float32)
+    rollout = EngineRollout(
+        engine="test", token_ids=np.array([0]), logprobs=None, support=None,
+        has_mask=np.zeros(1, dtype=np.bool_),
+    )  # fmt: skip
+    assert exact_support(x, **params).mask[0].tolist()[:2] == [True, True]
+    columns = [torch.from_numpy(x)]
+    margins = support_margins("fp32", 6)
+
+    def recomputed(eps: float) -> float:
+        seen = _Seen(np.array([0.0]), np.array([eps]), margins)
+        return float(
+            _recomputed(columns, rollout, np.ones(1, np.bool_), 1.0, 6, params, 4, seen)[0]
+        )
+
+    both = math.log(math.exp(1.0) / (math.exp(1.0) + math.exp(0.9)))
+    assert recomputed(0.01) == pytest.approx(both, abs=1e-6)
+    assert recomputed(0.1) == 0.0
 
 
 def _near_the_floor(seed: int, temperature: float) -> tuple[np.ndarray, np.ndarray]:

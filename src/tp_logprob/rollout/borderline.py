@@ -42,7 +42,14 @@ import numpy.typing as npt
 from tp_logprob.oracle import SupportMargins, classify_support
 from tp_logprob.rollout.support import kth_largest
 
-__all__ = ["drop_favoured", "flippable", "judge_under_noise", "keep_favoured"]
+__all__ = [
+    "drop_favoured",
+    "flippable",
+    "judge_under_noise",
+    "keep_favoured",
+    "reachable",
+    "supports_under_noise",
+]
 
 Floats32 = npt.NDArray[np.float32]
 Bools = npt.NDArray[np.bool_]
@@ -115,7 +122,7 @@ def judge_under_noise(
     # perturbation: top-k drops it, and min-p and top-p never read it.
     reach = None
     if top_k is not None and top_k < rv:
-        reach = _reachable(x[:, :rv], mask[:, :rv], int(top_k), eps)
+        reach = reachable(x[:, :rv], mask[:, :rv], int(top_k), eps)
     for r in range(len(x)):
         row, kept, size, width = x[r], mask[r], float(eps[r]), rv
         if reach is not None and not kept[rv:].any():
@@ -151,7 +158,7 @@ def _judge_row(
     return bool(flippable(row, wrong, kept[wrong], eps, margins, rv, temperature, params).all())
 
 
-def _reachable(x: Floats32, mask: Bools, top_k: int, eps: npt.NDArray[np.float64]) -> Bools:
+def reachable(x: Floats32, mask: Bools, top_k: int, eps: npt.NDArray[np.float64]) -> Bools:
     """Per row: its columns within ``2 eps`` (the row's) of its ``top_k``-th largest or
     above, and its kept ones.
 
@@ -161,3 +168,53 @@ def _reachable(x: Floats32, mask: Bools, top_k: int, eps: npt.NDArray[np.float64
     step = 4.0 * np.spacing(np.abs(kth).astype(np.float32)).astype(np.float64)
     floor = kth - 2.0 * np.asarray(eps, dtype=np.float64)[:, None] - step
     return np.asarray((x >= floor) | mask, dtype=np.bool_)
+
+
+def supports_under_noise(
+    x: Floats32,
+    kept: Bools,
+    margins: SupportMargins,
+    rv: int,
+    temperature: float,
+    eps: float,
+    params: dict[str, Any],
+) -> tuple[npt.NDArray[np.int64], int, int]:
+    """The supports the rules can give the row ``x`` under a perturbation of ``eps``, as
+    ``(order, low, high)``: ``order`` the live columns, ``kept`` ones first, each part by
+    ``x`` descending; every such support holds ``order[:low]`` and lies within
+    ``order[:high]``.
+
+    Dropping is easier the lower a column and keeping the higher (module docstring), so
+    the kept columns that can drop are the lowest few and the others that can be kept the
+    highest few: each count is found by a galloping search, one perturbed row per step.
+    """
+    live = np.arange(rv)
+    inside = live[kept[:rv]]
+    outside = live[~kept[:rv]]
+    inside = inside[np.argsort(-x[inside], kind="stable")]
+    outside = outside[np.argsort(-x[outside], kind="stable")]
+
+    def can(column: int, keep: bool) -> bool:
+        one = np.array([column], dtype=np.int64)
+        flag = np.array([keep], dtype=np.bool_)
+        return bool(flippable(x, one, flag, eps, margins, rv, temperature, params)[0])
+
+    droppable = _leading(lambda i: can(int(inside[-1 - i]), False), inside.size)
+    keepable = _leading(lambda i: can(int(outside[i]), True), outside.size)
+    order = np.concatenate([inside, outside]).astype(np.int64)
+    return order, inside.size - droppable, inside.size + keepable
+
+
+def _leading(test: Any, n: int) -> int:
+    """How many of ``0 .. n-1`` pass ``test``, which passes a leading run of them (a
+    galloping search, then bisection)."""
+    if n == 0 or not test(0):
+        return 0
+    good, step = 0, 1
+    while good + step < n and test(good + step):
+        good, step = good + step, step * 2
+    bad = min(good + step, n)  # test fails at bad, or bad == n
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if test(middle) else (good, middle)
+    return good + 1

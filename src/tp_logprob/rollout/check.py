@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from tp_logprob.accumulation import AccumulationOrder
 from tp_logprob.engine_formats import EngineRollout
 from tp_logprob.oracle import exact_processed_logprob, exact_selected_logprob, exact_support
 from tp_logprob.oracle import support_margins as op_margins
-from tp_logprob.rollout.borderline import judge_under_noise
+from tp_logprob.rollout.borderline import judge_under_noise, reachable, supports_under_noise
 from tp_logprob.rollout.causes import (
     Hypothesis,
     explained,
@@ -198,16 +199,23 @@ def check_rollout(
     beyond = judged & ~inside
     refused = np.zeros(n, dtype=np.bool_)
     refused[list(problems)] = True
+    fine = _masks_under_noise(problems, columns, rollout, margins, rv, t, eps, params, block)
     recomputed_rows: Callable[[Bools], Floats] | None = None
     if has_params and (beyond & refused).any():
         # A mask the rules admit is their support up to borderline ids: the recomputed
         # support is tried where the rules refuse the mask only.
         recomputed = next(h for h in hypotheses if h.support == "recomputed")
-        values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block)
+        # A mask the noise explains is the rules' up to borderline ids: the engine's
+        # support is the recomputed one, as the trainer's logits give it.
+        borderline = np.zeros(n, dtype=np.bool_)
+        borderline[[row for row, ok in fine.items() if ok]] = True
+        strict = refused & ~borderline
+        seen = _Seen(engine, np.where(strict, eps, 0.0), margins)
+        values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block, seen)
         predicted[recomputed] = values
         misfit[recomputed] = token_shift(engine, values, t)
         recomputed_rows = lambda rows: _recomputed(  # noqa: E731
-            columns, rollout, rows & refused, t, rv, params, block
+            columns, rollout, rows & refused, t, rv, params, block, seen
         )
 
     open_ = _name_tokens(beyond, engine, bound, eps, predicted, misfit, verdict, detail)
@@ -276,7 +284,7 @@ def check_rollout(
     verdict[open_] = "unexplained"
     for t_ in np.flatnonzero(open_).tolist():
         detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps[t_]:.3g}"
-    _judge_masks(problems, columns, rollout, margins, rv, t, eps, params, block, verdict, detail)
+    _mask_verdicts(problems, fine, verdict, detail)
     for finding in findings:
         if finding.stale:  # its masks come from the other weights too
             part = verdict[finding.begin : finding.end]  # a view: written through
@@ -334,6 +342,17 @@ def _predictions(
     return found
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """What the recomputed support is judged under: the engine's logprobs, the logit noise
+    per token (0 where the noise explains the returned mask: the engine's support is then
+    the rules' own) and the op's margins."""
+
+    engine: Floats
+    eps: Floats
+    margins: Any
+
+
 def _recomputed(
     columns: list[Any],
     rollout: EngineRollout,
@@ -342,8 +361,11 @@ def _recomputed(
     rv: int,
     params: dict[str, Any],
     block: int,
+    seen: _Seen,
 ) -> Floats:
-    """The logprob over the rules' support on the trainer's logits, on ``rows_wanted``.
+    """The logprob over the rules' support on the trainer's logits, on ``rows_wanted``;
+    where the noise lets the rules give another support on the engine's logits, over the
+    one of those whose logprob is nearest the engine's (:func:`_nearest_support`).
 
     With top-k the rules keep none but each row's top columns of the tempered logits
     ``fl(x / T)`` (:func:`tempered_top_columns`; not of ``x``, which ``/ T`` can tie at
@@ -357,6 +379,7 @@ def _recomputed(
     for start in range(0, rows.size, block):
         part = rows[start : start + block]
         x, width = logit_rows(columns, part), rv
+        full = x[:, :rv]
         targets = rollout.token_ids[part]
         narrowed = None if top_k is None or top_k >= rv else tempered_top_columns(
             x[:, :rv], top_k, temperature
@@ -374,7 +397,64 @@ def _recomputed(
             active_mask=usable, real_vocab_size=width, temperature=temperature,
         )  # fmt: skip
         found[part] = np.where(usable, value, math.nan)
+        for i, row in enumerate(part.tolist()):
+            kept = support.mask[i, :width]
+            base = np.zeros(rv, dtype=np.bool_)
+            base[kept.nonzero()[0] if narrowed is None else ids[i, kept & (ids[i] >= 0)]] = True
+            nearest = _nearest_support(
+                full[i], base, int(rollout.token_ids[row]), float(found[row]), temperature,
+                params, seen, row,
+            )  # fmt: skip
+            if nearest is not None:
+                found[row] = nearest
     return found
+
+
+def _nearest_support(
+    x: npt.NDArray[np.float32],
+    base: Bools,
+    target: int,
+    point: float,
+    temperature: float,
+    params: dict[str, Any],
+    seen: _Seen,
+    row: int,
+) -> float | None:
+    """The logprob of ``target`` over the support, among those the rules can give row ``x``
+    under the token's noise (:func:`supports_under_noise`; ``base`` the one they give
+    ``x``), nearest the engine's; None where that is ``point`` (the logprob over ``base``,
+    correctly rounded) or the engine gave none. Float64 sums: their error is far below
+    the noise that makes the supports differ."""
+    engine, eps = float(seen.engine[row]), float(seen.eps[row])
+    if not (math.isfinite(engine) and eps > 0.0):
+        return None
+    rv = x.size
+    top_k = params.get("top_k")
+    if top_k is not None and top_k < rv:
+        cols = np.flatnonzero(reachable(x[None], base[None], int(top_k), np.array([eps]))[0])
+    else:
+        cols = np.arange(rv)
+    xr, kept = x[cols], base[cols]
+    order, low, high = supports_under_noise(
+        xr, kept, seen.margins, cols.size, temperature, eps, params
+    )
+    places = np.flatnonzero(cols[order[:high]] == target)
+    if not places.size or (low == high == int(kept.sum())):
+        return None
+    z = (xr / np.float32(temperature)).astype(np.float64)[order[:high]]
+    place = int(places[0])
+    top = float(z.max())
+    weights = np.exp(z - top)
+    start = float(weights[:low].sum()) + (float(weights[place]) if place >= low else 0.0)
+    extra = weights[low:high].copy()
+    if place >= low:
+        extra[place - low] = 0.0
+    mass = start + np.concatenate([[0.0], np.cumsum(extra)])
+    values = z[place] - (top + np.log(mass))
+    best = float(values[int(np.argmin(np.abs(values - engine)))])
+    if math.isfinite(point) and abs(point - engine) <= abs(best - engine):
+        return None
+    return best
 
 
 def _name_tokens(
@@ -591,7 +671,7 @@ def _nonfinite(oracle: float, trainer: float, engine: float) -> str:
     return "non-finite: " + ", ".join(parts)
 
 
-def _judge_masks(
+def _masks_under_noise(
     problems: dict[int, str],
     columns: list[Any],
     rollout: EngineRollout,
@@ -601,13 +681,8 @@ def _judge_masks(
     eps: Floats,
     params: dict[str, Any],
     block: int,
-    verdict: npt.NDArray[Any],
-    detail: npt.NDArray[Any],
-) -> None:
-    """Each mask the op's margins refuse, again under the noise: borderline or support."""
-
-    if not problems:
-        return
+) -> dict[int, bool]:
+    """Per mask the op's margins refuse: can the noise explain it (borderline)?"""
     rows = np.array(sorted(problems), dtype=np.int64)
     fine: list[bool] = []
     for start in range(0, rows.size, block):
@@ -615,7 +690,18 @@ def _judge_masks(
         x = logit_rows(columns, part)
         mask = dense_mask(rollout, part, x.shape[1])
         fine += judge_under_noise(x, mask, margins, rv, t, eps[part], params)
-    for row, ok in zip(rows.tolist(), fine, strict=True):
+    return dict(zip(rows.tolist(), fine, strict=True))
+
+
+def _mask_verdicts(
+    problems: dict[int, str],
+    fine: dict[int, bool],
+    verdict: npt.NDArray[Any],
+    detail: npt.NDArray[Any],
+) -> None:
+    """Each refused mask's verdict: borderline or support (beside a logprob cause, said in
+    its detail)."""
+    for row, ok in fine.items():
         current = str(verdict[row])
         if ok:
             if current in ("agree", "noise", "no_logprob"):
