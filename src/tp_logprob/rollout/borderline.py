@@ -51,6 +51,8 @@ __all__ = [
     "supports_under_noise",
 ]
 
+BATCH_VALUES = 1 << 20  # logits per batch of perturbed rows
+ALL_AT_ONCE = 1024  # a row this narrow has every column's flip tried in one batch
 Floats32 = npt.NDArray[np.float32]
 Bools = npt.NDArray[np.bool_]
 
@@ -88,18 +90,37 @@ def flippable(
 ) -> Bools:
     """Per column in ``columns`` of the row ``x``: can a perturbation of ``eps`` make the
     rules (within the op's ``margins``) keep it (where ``keep``) or drop it (elsewhere)?"""
+    rows = np.zeros(columns.size, dtype=np.int64)
+    sizes = np.full(columns.size, float(eps))
+    return _flippable_pairs(x[None], rows, columns, keep, sizes, margins, rv, temperature, params)
+
+
+def _flippable_pairs(
+    x: Floats32,
+    rows: npt.NDArray[np.int64],
+    columns: npt.NDArray[np.int64],
+    keep: Bools,
+    eps: npt.NDArray[np.float64],
+    margins: SupportMargins,
+    rv: int,
+    temperature: float,
+    params: dict[str, Any],
+) -> Bools:
+    """:func:`flippable` of each ``(row, column)`` pair of ``x``, each at its ``eps``."""
     if not columns.size:
         return np.zeros(0, dtype=np.bool_)
-    rows = np.stack(
+    moved = np.stack(
         [
-            keep_favoured(x, int(c), eps) if k else drop_favoured(x, int(c), eps)
-            for c, k in zip(columns.tolist(), keep.tolist(), strict=True)
+            keep_favoured(x[r], c, e) if k else drop_favoured(x[r], c, e)
+            for r, c, k, e in zip(
+                rows.tolist(), columns.tolist(), keep.tolist(), eps.tolist(), strict=True
+            )
         ]
     )
-    if rv < rows.shape[1]:
-        rows[:, rv:] = x[rv:]  # padding is not logits: nothing perturbs it
+    if rv < moved.shape[1]:
+        moved[:, rv:] = x[rows, rv:]  # padding is not logits: nothing perturbs it
     c = classify_support(
-        rows, margins=margins, real_vocab_size=rv, temperature=temperature, **params
+        moved, margins=margins, real_vocab_size=rv, temperature=temperature, **params
     )
     place = np.arange(columns.size)
     return np.where(keep, ~c.certainly_out[place, columns], ~c.certainly_in[place, columns])
@@ -115,21 +136,28 @@ def judge_under_noise(
     params: dict[str, Any],
 ) -> list[bool]:
     """Per row: can each of ``mask``'s decisions that the rules refuse on ``x`` flip within
-    the row's ``eps``, and its kept and dropped tokens be ordered as the rules need?"""
-    found = []
+    the row's ``eps``, and its kept and dropped tokens be ordered as the rules need?
+
+    With top-k each row is judged on its columns within ``2 eps`` of its k-th largest or
+    above (:func:`reachable`): a column lower stays below k columns under every
+    perturbation, so top-k drops it, and min-p and top-p never read it. The narrowed rows
+    are padded with -inf (a column the rules drop and that moves nothing) and judged at
+    once."""
+    eps = np.asarray(eps, dtype=np.float64)
     top_k = params.get("top_k")
-    # A column more than 2 eps below the k-th largest stays below k columns under every
-    # perturbation: top-k drops it, and min-p and top-p never read it.
-    reach = None
-    if top_k is not None and top_k < rv:
-        reach = reachable(x[:, :rv], mask[:, :rv], int(top_k), eps)
+    if top_k is None or top_k >= rv:
+        return _judge_rows(x, mask, margins, rv, temperature, eps, params).tolist()
+    keeps_padding = mask[:, rv:].any(axis=1)
+    reach = reachable(x[:, :rv], mask[:, :rv], int(top_k), eps)
+    width = max(int(reach.sum(axis=1).max(initial=1)), 1)
+    rows = np.full((len(x), width), -np.inf, dtype=np.float32)
+    kept = np.zeros((len(x), width), dtype=np.bool_)
     for r in range(len(x)):
-        row, kept, size, width = x[r], mask[r], float(eps[r]), rv
-        if reach is not None and not kept[rv:].any():
-            columns = np.flatnonzero(reach[r])
-            row, kept, width = row[columns], kept[columns], columns.size
-        found.append(_judge_row(row, kept, margins, width, temperature, size, params))
-    return found
+        columns = np.flatnonzero(reach[r])
+        rows[r, : columns.size] = x[r, columns]
+        kept[r, : columns.size] = mask[r, columns]
+    found = _judge_rows(rows, kept, margins, width, temperature, eps, params)
+    return (found & ~keeps_padding).tolist()
 
 
 def _judge_row(
@@ -141,21 +169,39 @@ def _judge_row(
     eps: float,
     params: dict[str, Any],
 ) -> bool:
-    live = np.arange(row.size) < rv
-    if (kept & ~live).any():
-        return False
-    c = classify_support(
-        row[None], margins=margins, real_vocab_size=rv, temperature=temperature, **params
-    )
-    if not c.defined[0]:
-        return False
+    """:func:`_judge_rows` of one row."""
+    found = _judge_rows(row[None], kept[None], margins, rv, temperature, np.array([eps]), params)
+    return bool(found[0])
+
+
+def _judge_rows(
+    x: Floats32,
+    kept: Bools,
+    margins: SupportMargins,
+    rv: int,
+    temperature: float,
+    eps: npt.NDArray[np.float64],
+    params: dict[str, Any],
+) -> Bools:
+    """Per row of ``x`` (live width ``rv``), as :func:`judge_under_noise` says; every
+    refused decision of every row is tried in one batch of perturbed rows."""
+    live = np.arange(x.shape[1]) < rv
+    c = classify_support(x, margins=margins, real_vocab_size=rv, temperature=temperature, **params)
+    found = c.defined & ~(kept & ~live).any(axis=1)
     with np.errstate(invalid="ignore"):
-        lowest = float(np.min(row[kept], initial=np.inf))
-        highest = float(np.max(row[live & ~kept], initial=-np.inf))
-    if not highest - lowest < 2.0 * eps:
-        return False
-    wrong = np.flatnonzero(live & ((c.certainly_in[0] & ~kept) | (c.certainly_out[0] & kept)))
-    return bool(flippable(row, wrong, kept[wrong], eps, margins, rv, temperature, params).all())
+        lowest = np.min(np.where(kept, x, np.inf), axis=1, initial=np.inf).astype(np.float64)
+        dropped = live & ~kept
+        highest = np.max(np.where(dropped, x, -np.inf), axis=1, initial=-np.inf)
+        found &= highest.astype(np.float64) - lowest < 2.0 * eps
+    wrong = live & ((c.certainly_in & ~kept) | (c.certainly_out & kept)) & found[:, None]
+    pairs_row, pairs_column = np.nonzero(wrong)
+    step = max(1, BATCH_VALUES // max(x.shape[1], 1))
+    for begin in range(0, pairs_row.size, step):
+        rows, columns = pairs_row[begin : begin + step], pairs_column[begin : begin + step]
+        ok = _flippable_pairs(x, rows, columns, kept[rows, columns], eps[rows], margins, rv,
+                              temperature, params)  # fmt: skip
+        np.logical_and.at(found, rows, ok)
+    return np.asarray(found, dtype=np.bool_)
 
 
 def reachable(x: Floats32, mask: Bools, top_k: int, eps: npt.NDArray[np.float64]) -> Bools:
@@ -186,7 +232,8 @@ def supports_under_noise(
 
     Dropping is easier the lower a column and keeping the higher (module docstring), so
     the kept columns that can drop are the lowest few and the others that can be kept the
-    highest few: each count is found by a galloping search, one perturbed row per step.
+    highest few: on a wide row each count is found by a galloping search, one perturbed
+    row per step.
     """
     live = np.arange(rv)
     inside = live[kept[:rv]]
@@ -194,13 +241,21 @@ def supports_under_noise(
     inside = inside[np.argsort(-x[inside], kind="stable")]
     outside = outside[np.argsort(-x[outside], kind="stable")]
 
-    def can(column: int, keep: bool) -> bool:
-        one = np.array([column], dtype=np.int64)
-        flag = np.array([keep], dtype=np.bool_)
-        return bool(flippable(x, one, flag, eps, margins, rv, temperature, params)[0])
+    if rv <= ALL_AT_ONCE:  # a narrowed row: every column tried in one batch
+        columns = np.concatenate([inside[::-1], outside]).astype(np.int64)
+        keep = np.arange(columns.size) >= inside.size
+        flips = flippable(x, columns, keep, eps, margins, rv, temperature, params)
+        droppable = _leading(lambda i: bool(flips[i]), inside.size)
+        keepable = _leading(lambda i: bool(flips[inside.size + i]), outside.size)
+    else:
 
-    droppable = _leading(lambda i: can(int(inside[-1 - i]), False), inside.size)
-    keepable = _leading(lambda i: can(int(outside[i]), True), outside.size)
+        def can(column: int, keep: bool) -> bool:
+            one = np.array([column], dtype=np.int64)
+            flag = np.array([keep], dtype=np.bool_)
+            return bool(flippable(x, one, flag, eps, margins, rv, temperature, params)[0])
+
+        droppable = _leading(lambda i: can(int(inside[-1 - i]), False), inside.size)
+        keepable = _leading(lambda i: can(int(outside[i]), True), outside.size)
     order = np.concatenate([inside, outside]).astype(np.int64)
     return order, inside.size - droppable, inside.size + keepable
 

@@ -397,13 +397,24 @@ def _recomputed(
             active_mask=usable, real_vocab_size=width, temperature=temperature,
         )  # fmt: skip
         found[part] = np.where(usable, value, math.nan)
-        for i, row in enumerate(part.tolist()):
+        noisy = np.flatnonzero(seen.eps[part] > 0.0)
+        if not noisy.size:
+            continue
+        base = np.zeros((noisy.size, rv), dtype=np.bool_)
+        for j, i in enumerate(noisy.tolist()):
             kept = support.mask[i, :width]
-            base = np.zeros(rv, dtype=np.bool_)
-            base[kept.nonzero()[0] if narrowed is None else ids[i, kept & (ids[i] >= 0)]] = True
+            base[j, kept.nonzero()[0] if narrowed is None else ids[i, kept & (ids[i] >= 0)]] = True
+        # Columns a perturbation cannot lift to the k-th largest stay out of every support.
+        reach = (
+            reachable(full[noisy], base, int(top_k), seen.eps[part[noisy]])
+            if top_k is not None and top_k < rv
+            else np.ones_like(base)
+        )
+        for j, i in enumerate(noisy.tolist()):
+            row = int(part[i])
             nearest = _nearest_support(
-                full[i], base, int(rollout.token_ids[row]), float(found[row]), temperature,
-                params, seen, row,
+                full[i], base[j], np.flatnonzero(reach[j]), int(rollout.token_ids[row]),
+                float(found[row]), temperature, params, seen, row,
             )  # fmt: skip
             if nearest is not None:
                 found[row] = nearest
@@ -413,6 +424,7 @@ def _recomputed(
 def _nearest_support(
     x: npt.NDArray[np.float32],
     base: Bools,
+    cols: npt.NDArray[np.int64],
     target: int,
     point: float,
     temperature: float,
@@ -422,18 +434,12 @@ def _nearest_support(
 ) -> float | None:
     """The logprob of ``target`` over the support, among those the rules can give row ``x``
     under the token's noise (:func:`supports_under_noise`; ``base`` the one they give
-    ``x``), nearest the engine's; None where that is ``point`` (the logprob over ``base``,
-    correctly rounded) or the engine gave none. Float64 sums: their error is far below
-    the noise that makes the supports differ."""
+    ``x``; ``cols`` the columns any of them can hold), nearest the engine's; None where
+    that is ``point`` (the logprob over ``base``, correctly rounded) or the engine gave
+    none. Float64 sums: their error is far below the noise that makes supports differ."""
     engine, eps = float(seen.engine[row]), float(seen.eps[row])
     if not (math.isfinite(engine) and eps > 0.0):
         return None
-    rv = x.size
-    top_k = params.get("top_k")
-    if top_k is not None and top_k < rv:
-        cols = np.flatnonzero(reachable(x[None], base[None], int(top_k), np.array([eps]))[0])
-    else:
-        cols = np.arange(rv)
     xr, kept = x[cols], base[cols]
     order, low, high = supports_under_noise(
         xr, kept, seen.margins, cols.size, temperature, eps, params
