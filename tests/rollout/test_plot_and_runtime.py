@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -103,3 +104,35 @@ def test_the_command_runs_without_pytest(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "c.json").read_text())["engine_at_fault"] == 0
     assert np.isfinite(json.loads((tmp_path / "c.json").read_text())["noise"]["eps"])
+
+
+def test_the_trainer_is_judged_by_its_own_values() -> None:
+    """A trainer's backend that gives NaN on one token and drifts by 1e-3 on another: the
+    first is ``nonfinite`` (the trainer named), the second ``trainer_numerics``; the
+    engine's judgement runs beside the backend and leaves the rest clean."""
+    import dataclasses
+
+    from tp_logprob.kernels.builtin import TORCH_NATIVE
+    from tp_logprob.kernels.native import torch_native_logprob
+    from tp_logprob.registry import registry
+
+    def drifting(logits: Any, targets: Any, contract: Any, group: Any = None) -> Any:
+        result = torch_native_logprob(logits, targets, contract, group)
+        values = result.selected_logp.clone()
+        if contract.num_tokens == N:  # one block: the rows are the tokens
+            values[2], values[5] = math.nan, values[5] + 1e-3
+        return type(result)(values, *result[1:])
+
+    capability = dataclasses.replace(TORCH_NATIVE, backend_id="drifting_trainer")
+    registry.register_logprob_backend("cpu", lambda: drifting, capability, replace=True)
+    x = torch.randn(N, V, generator=torch.Generator().manual_seed(4)) * 3
+    ids, counts, tokens, logprobs = _rollout(x)
+    rollout = prime_rl_rollout(ids, counts, tokens, logprobs=logprobs, vocab_size=V)
+    check = check_rollout(
+        list(torch.tensor_split(x, 2, dim=1)), rollout, engine_temperature=T,
+        backend="drifting_trainer",
+    )  # fmt: skip
+    assert check.verdict[2] == "nonfinite" and "trainer nan" in check.details[2]
+    assert check.verdict[5] == "trainer_numerics"
+    others = [v for i, v in enumerate(check.verdict) if i not in (2, 5)]
+    assert set(others) <= {"agree", "noise"}, others
