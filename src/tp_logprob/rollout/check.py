@@ -144,162 +144,154 @@ def check_rollout(
     hypotheses = fixed_hypotheses(t, has_params)
     full = list(dict.fromkeys(h.temperature for h in hypotheses if h.support == "full"))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        # The trainer's backend runs (its ranks' threads) while this thread screens the
-        # masks, takes the full vocabulary's log-sum-exp and judges the engine against the
-        # oracle, which reads no trainer value.
-        context = copy_context()
-        running = pool.submit(
-            context.run, trainer_logprobs,
-            columns if group is None else shards[0], rollout, contract, backend, group,
-        )  # fmt: skip
-        problems = (
-            screen_masks(columns, rollout, margins, rv, t, params, block) if has_params else {}
+        # The masks are screened, and the full vocabulary's log-sum-exp taken (numpy, one
+        # thread), while the backend runs (its ranks' threads).
+        screening = None
+        if has_params:
+            context = copy_context()  # the caller's oracle settings (slow_path_only)
+            screening = pool.submit(
+                lambda: context.run(screen_masks, columns, rollout, margins, rv, t, params, block)
+            )
+        whole = pool.submit(full_vocabulary_lse, columns, rv, full, block) if full else None
+        trainer, trainer_order = trainer_logprobs(
+            columns if group is None else shards[0], rollout, contract, backend, group
         )
-        lse = full_vocabulary_lse(columns, rv, full, block) if full else {}
         # Over a replayed mask the oracle needs the kept columns only: every other column
         # counts as -inf, so the kept values, padded with -inf, give the same correctly
         # rounded result.
         kept, local = kept_values(columns, rollout)
         active = rollout.has_mask
         oracle, support_lse = exact_selected_logprob(kept, local, active_mask=active, temperature=t)
-        n = rollout.num_tokens
-        engine = np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.copy()
-        widest = int(rollout.support.kept_counts().max(initial=1))
-        bound = op_bound(contract, oracle, support_lse, engine_order, widest)
-        finite = np.isfinite(engine) & np.isfinite(oracle)
-        judged = active & finite
-        verdict = np.array(["agree"] * n, dtype=object)
-        detail = np.array([""] * n, dtype=object)
-        verdict[~active], detail[~active] = "no_mask", "no mask at this position"
-        missing = active & np.isnan(engine)
-        verdict[missing], detail[missing] = "no_logprob", "the engine gave no logprob"
-        verdict[active & ~missing & ~finite] = "nonfinite"  # named once the trainer's are in
-
-        predicted = _predictions(hypotheses, kept, local, lse, judged)
-        informative = judged & (rollout.support.kept_counts() > 1)
-        shift = np.where(informative, token_shift(engine, oracle, t), math.nan)
-        misfit = {h: token_shift(engine, v, h.temperature) for h, v in predicted.items()}
-        magnitude = token_magnitude(kept)
-        largest = float(magnitude.max(initial=0.0))
-        noise = (
-            estimate_noise(shift, np.stack(list(misfit.values())), magnitude, largest)
-            if given is None
-            else given_noise(given, magnitude, largest)
-        )
-        eps = noise.per_token
-        low, high = noise_interval(oracle, eps, t)
-        with np.errstate(invalid="ignore"):
-            within_op = np.abs(engine - oracle) <= bound
-        inside = explained(engine, oracle, bound, eps, t)
-        verdict[judged & ~within_op & inside] = "noise"
-        beyond = judged & ~inside
-        refused = np.zeros(n, dtype=np.bool_)
-        refused[list(problems)] = True
-        fine = _masks_under_noise(problems, columns, rollout, margins, rv, t, eps, params, block)
-        recomputed_rows: Callable[[Bools], Floats] | None = None
-        if has_params and (beyond & refused).any():
-            # A mask the rules admit is their support up to borderline ids: the recomputed
-            # support is tried where the rules refuse the mask only.
-            recomputed = next(h for h in hypotheses if h.support == "recomputed")
-            # A mask the noise explains is the rules' up to borderline ids: the engine's
-            # support is the recomputed one, as the trainer's logits give it.
-            borderline = np.zeros(n, dtype=np.bool_)
-            borderline[[row for row, ok in fine.items() if ok]] = True
-            strict = refused & ~borderline
-            seen = _Seen(engine, np.where(strict, eps, 0.0), margins)
-            values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block, seen)
-            predicted[recomputed] = values
-            misfit[recomputed] = token_shift(engine, values, t)
-            recomputed_rows = lambda rows: _recomputed(  # noqa: E731
-                columns, rollout, rows & refused, t, rv, params, block, seen
-            )
-
-        open_ = _name_tokens(beyond, engine, bound, eps, predicted, misfit, verdict, detail)
-        findings = []
-        sigma = typical_scale(shift, eps, informative & np.isin(verdict, ("agree", "noise")))
-        for index, (begin, end) in enumerate(_spans(owner)):
-            span = np.zeros(n, dtype=np.bool_)
-            span[begin:end] = True
-            # The temperature solved for this response joins the causes for it alone.
-            tried, misfits = dict(predicted), dict(misfit)
-            solved = _solve(engine, kept, local, t, span & informative)
-            if solved is not None and min(abs(solved / c - 1.0) for c in (t, 1.0, t * t)) > 0.02:
-                other = Hypothesis(
-                    "temperature_other", solved, "mask",
-                    f"the logprob is at T={solved:.4g} (solved for this response)",
-                )  # fmt: skip
-                tried[other] = kept_logprob(kept, local, solved)
-                misfits[other] = token_shift(engine, tried[other], solved)
-            fit = _response_fit(span & informative, shift, misfits)
-            if fit is not None:
-                # The whole response fits one cause: it is named on every token it fits better
-                # than the noise does, within the noise too, before any cause of a single token.
-                with np.errstate(invalid="ignore"):
-                    hit = span & judged & (misfits[fit] < shift)
-                hit |= span & open_ & explained(engine, tried[fit], bound, eps, fit.temperature)
-                verdict[hit] = fit.name
-                detail[hit] = _said(fit, tried[fit], hit)
-                open_ &= ~hit
-            solved = (
-                fit.temperature if fit is not None and fit.name == "temperature_other" else None
-            )
-            stale = fit is None and is_stale(span & beyond, span & open_, span & informative)
-            if stale:
-                # Every token of the response came from the other weights; the ones the noise
-                # hides are stale too.
-                hit = span & judged & ~within_op
-                verdict[hit] = "stale_policy"
-                detail[hit] = "most of this response is far beyond the noise and no cause fits it"
-                open_ &= ~hit
-            evidence: list[CauseEvidence] = []
-            if fit is None and not stale:
-                if recomputed_rows is not None:
-                    _extend_recomputed(span, verdict, predicted, misfit, recomputed_rows, engine, t)
-                within = span & informative & np.isin(verdict, ("agree", "noise"))
-                far = span & beyond
-                explains = {
-                    h: far & explained(engine, values, bound, eps, h.temperature)
-                    for h, values in tried.items()
-                }
-                evidence = _response_evidence(within, shift, misfits, sigma, explains)
-                present = [h for h in tried if h.name in {found.cause for found in evidence}]
-                _prefer_present(span, present, engine, bound, eps, tried, misfits, verdict, detail)
-                for found in evidence:
-                    h = next(h for h in tried if h.name == found.cause)
-                    if h.name == "temperature_other":
-                        solved = h.temperature
-                    for row in found.tokens:
-                        verdict[row] = h.name
-                        detail[row] = (
-                            f"named by the response's evidence (the cause raises Lambda by "
-                            f"{found.gain:.3g} over {found.within} tokens within the noise, "
-                            f"{found.beyond} beyond it that it explains): "
-                            f"{h.what}: it predicts {tried[h][row]:.6g}"
-                        )
-            findings.append(
-                ResponseFinding(index, begin, end, solved, stale, _name(fit), tuple(evidence))
-            )
-        verdict[open_] = "unexplained"
-        for t_ in np.flatnonzero(open_).tolist():
-            detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps[t_]:.3g}"
-        _mask_verdicts(problems, fine, verdict, detail)
-        for finding in findings:
-            if finding.stale:  # its masks come from the other weights too
-                part = verdict[finding.begin : finding.end]  # a view: written through
-                part[part == "support"] = "stale_policy"
-        trainer, trainer_order = running.result()
+        problems = {} if screening is None else screening.result()
+        lse = {} if whole is None else whole.result()
+    n = rollout.num_tokens
+    engine = np.full(n, math.nan) if rollout.logprobs is None else rollout.logprobs.copy()
+    widest = int(rollout.support.kept_counts().max(initial=1))
+    bound = op_bound(contract, oracle, support_lse, engine_order, widest)
     trainer_bound = op_bound(contract, oracle, support_lse, trainer_order, widest)
-    trainer_finite = np.isfinite(trainer)
-    for t_ in np.flatnonzero(active & ~missing & ~(finite & trainer_finite)).tolist():
-        # An engine or oracle value was nonfinite from the start (its mask's verdict may
-        # follow); a trainer's alone replaces what the engine's judgement said.
-        said = detail[t_] if verdict[t_] == "nonfinite" else ""
-        verdict[t_] = "nonfinite"
-        detail[t_] = _nonfinite(oracle[t_], trainer[t_], engine[t_]) + said
+    finite = np.isfinite(engine) & np.isfinite(oracle) & np.isfinite(trainer)
+    judged = active & finite
+    verdict = np.array(["agree"] * n, dtype=object)
+    detail = np.array([""] * n, dtype=object)
+    verdict[~active], detail[~active] = "no_mask", "no mask at this position"
+    missing = active & np.isnan(engine)
+    verdict[missing], detail[missing] = "no_logprob", "the engine gave no logprob"
+    for t_ in np.flatnonzero(active & ~missing & ~finite).tolist():
+        verdict[t_], detail[t_] = "nonfinite", _nonfinite(oracle[t_], trainer[t_], engine[t_])
+
+    predicted = _predictions(hypotheses, kept, local, lse, judged)
+    informative = judged & (rollout.support.kept_counts() > 1)
+    shift = np.where(informative, token_shift(engine, oracle, t), math.nan)
+    misfit = {h: token_shift(engine, v, h.temperature) for h, v in predicted.items()}
+    magnitude = token_magnitude(kept)
+    largest = float(magnitude.max(initial=0.0))
+    noise = (
+        estimate_noise(shift, np.stack(list(misfit.values())), magnitude, largest)
+        if given is None
+        else given_noise(given, magnitude, largest)
+    )
+    eps = noise.per_token
+    low, high = noise_interval(oracle, eps, t)
+    with np.errstate(invalid="ignore"):
+        within_op = np.abs(engine - oracle) <= bound
+    inside = explained(engine, oracle, bound, eps, t)
+    verdict[judged & ~within_op & inside] = "noise"
+    beyond = judged & ~inside
+    refused = np.zeros(n, dtype=np.bool_)
+    refused[list(problems)] = True
+    fine = _masks_under_noise(problems, columns, rollout, margins, rv, t, eps, params, block)
+    recomputed_rows: Callable[[Bools], Floats] | None = None
+    if has_params and (beyond & refused).any():
+        # A mask the rules admit is their support up to borderline ids: the recomputed
+        # support is tried where the rules refuse the mask only.
+        recomputed = next(h for h in hypotheses if h.support == "recomputed")
+        # A mask the noise explains is the rules' up to borderline ids: the engine's
+        # support is the recomputed one, as the trainer's logits give it.
+        borderline = np.zeros(n, dtype=np.bool_)
+        borderline[[row for row, ok in fine.items() if ok]] = True
+        strict = refused & ~borderline
+        seen = _Seen(engine, np.where(strict, eps, 0.0), margins)
+        values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block, seen)
+        predicted[recomputed] = values
+        misfit[recomputed] = token_shift(engine, values, t)
+        recomputed_rows = lambda rows: _recomputed(  # noqa: E731
+            columns, rollout, rows & refused, t, rv, params, block, seen
+        )
+
+    open_ = _name_tokens(beyond, engine, bound, eps, predicted, misfit, verdict, detail)
+    findings = []
+    sigma = typical_scale(shift, eps, informative & np.isin(verdict, ("agree", "noise")))
+    for index, (begin, end) in enumerate(_spans(owner)):
+        span = np.zeros(n, dtype=np.bool_)
+        span[begin:end] = True
+        # The temperature solved for this response joins the causes for it alone.
+        tried, misfits = dict(predicted), dict(misfit)
+        solved = _solve(engine, kept, local, t, span & informative)
+        if solved is not None and min(abs(solved / c - 1.0) for c in (t, 1.0, t * t)) > 0.02:
+            other = Hypothesis(
+                "temperature_other", solved, "mask",
+                f"the logprob is at T={solved:.4g} (solved for this response)",
+            )  # fmt: skip
+            tried[other] = kept_logprob(kept, local, solved)
+            misfits[other] = token_shift(engine, tried[other], solved)
+        fit = _response_fit(span & informative, shift, misfits)
+        if fit is not None:
+            # The whole response fits one cause: it is named on every token it fits better
+            # than the noise does, within the noise too, before any cause of a single token.
+            with np.errstate(invalid="ignore"):
+                hit = span & judged & (misfits[fit] < shift)
+            hit |= span & open_ & explained(engine, tried[fit], bound, eps, fit.temperature)
+            verdict[hit] = fit.name
+            detail[hit] = _said(fit, tried[fit], hit)
+            open_ &= ~hit
+        solved = fit.temperature if fit is not None and fit.name == "temperature_other" else None
+        stale = fit is None and is_stale(span & beyond, span & open_, span & informative)
+        if stale:
+            # Every token of the response came from the other weights; the ones the noise
+            # hides are stale too.
+            hit = span & judged & ~within_op
+            verdict[hit] = "stale_policy"
+            detail[hit] = "most of this response is far beyond the noise and no cause fits it"
+            open_ &= ~hit
+        evidence: list[CauseEvidence] = []
+        if fit is None and not stale:
+            if recomputed_rows is not None:
+                _extend_recomputed(span, verdict, predicted, misfit, recomputed_rows, engine, t)
+            within = span & informative & np.isin(verdict, ("agree", "noise"))
+            far = span & beyond
+            explains = {
+                h: far & explained(engine, values, bound, eps, h.temperature)
+                for h, values in tried.items()
+            }
+            evidence = _response_evidence(within, shift, misfits, sigma, explains)
+            present = [h for h in tried if h.name in {found.cause for found in evidence}]
+            _prefer_present(span, present, engine, bound, eps, tried, misfits, verdict, detail)
+            for found in evidence:
+                h = next(h for h in tried if h.name == found.cause)
+                if h.name == "temperature_other":
+                    solved = h.temperature
+                for row in found.tokens:
+                    verdict[row] = h.name
+                    detail[row] = (
+                        f"named by the response's evidence (the cause raises Lambda by "
+                        f"{found.gain:.3g} over {found.within} tokens within the noise, "
+                        f"{found.beyond} beyond it that it explains): "
+                        f"{h.what}: it predicts {tried[h][row]:.6g}"
+                    )
+        findings.append(
+            ResponseFinding(index, begin, end, solved, stale, _name(fit), tuple(evidence))
+        )
+    verdict[open_] = "unexplained"
+    for t_ in np.flatnonzero(open_).tolist():
+        detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps[t_]:.3g}"
+    _mask_verdicts(problems, fine, verdict, detail)
+    for finding in findings:
+        if finding.stale:  # its masks come from the other weights too
+            part = verdict[finding.begin : finding.end]  # a view: written through
+            part[part == "support"] = "stale_policy"
     _judge_trainer(
-        trainer, oracle, trainer_bound, kept, local, trainer_t, t, judged & trainer_finite,
-        verdict, detail,
-    )  # fmt: skip
+        trainer, oracle, trainer_bound, kept, local, trainer_t, t, judged, verdict, detail
+    )
     settings = {
         "engine_temperature": t,
         "trainer_temperature": trainer_t,
