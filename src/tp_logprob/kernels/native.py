@@ -23,8 +23,9 @@ A contract with a support (``docs/semantics.md``, "Processed logprobs") runs
 ``kernels/processed.py`` on the live ``z``: the support's threshold (sampling
 parameters, ``kernels/support_threshold.py``) or the replayed mask, then the
 partial over ``S`` (and the full one for ``lse``) in one all-gather and the same
-merge. The backward is the same local gradient on ``S``, zero outside it, from
-``LSE_S`` and the mask saved in forward.
+merge; a replayed mask without the full ``lse`` reads its kept columns alone
+(``processed.replayed_forward``, bitwise the same). The backward is the same local
+gradient on ``S``, zero outside it, from ``LSE_S`` and the mask saved in forward.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from tp_logprob.contract import LogprobContract
 from tp_logprob.kernels.heterogeneous import by_row_groups
 from tp_logprob.kernels.merge import gather_and_merge
 from tp_logprob.kernels.partials import live_logits, local_grad, local_partial
-from tp_logprob.kernels.processed import processed_forward
+from tp_logprob.kernels.processed import processed_forward, replayed_forward, separate_lse
 from tp_logprob.kernels.results import differentiable_outputs, run_for_role
 from tp_logprob.kernels.validation import active_mask_tensor, check_op_inputs
 from tp_logprob.result import LogprobResult
+from tp_logprob.support import SupportMode
 
 __all__ = [
     "NativeLogprobFunction",
@@ -174,5 +176,7 @@ def _forward(
     if contract.support is None:
         partial = local_partial(local_logits, targets, contract)
         return gather_and_merge(partial, targets, active, contract, group), None
+    if contract.support_mode is SupportMode.REPLAYED_MASK and not separate_lse(contract):
+        return replayed_forward(local_logits, targets, active, contract, group)
     z = live_logits(local_logits, contract)
     return processed_forward(z, targets, active, contract, group)

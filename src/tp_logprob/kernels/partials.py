@@ -36,6 +36,7 @@ __all__ = [
     "owned_target_logit",
     "scaled_logits",
     "shift_by_max",
+    "sparse_tree_sum",
     "target_one_hot",
     "tree_sum",
 ]
@@ -62,6 +63,35 @@ def tree_sum(values: torch.Tensor) -> torch.Tensor:
         size //= 2
         values = values[:, :size] + values[:, size:]
     return values[:, 0]
+
+
+def sparse_tree_sum(
+    rows: torch.Tensor, places: torch.Tensor, values: torch.Tensor, num_rows: int, width: int
+) -> torch.Tensor:
+    """:func:`tree_sum` of ``[num_rows, width]`` rows that are 0 except ``values`` at
+    ``(rows, places)`` (each at most once), bitwise, in O(entries) instead of O(width).
+
+    Each level of the tree adds column ``i + size`` into column ``i``; a zero adds exactly
+    nothing, so a column with one entry carries it unchanged and two entries meet in the
+    same ``fl(a + b)`` (addition is commutative). Only a zero's sign could differ, and a
+    sum of same-signed terms (exps, or entropy terms that are all ``<= 0`` with a ``+0``
+    at the row's maximum) is never a signed zero the dense tree would not give."""
+    size = 1 << max(width - 1, 0).bit_length()
+    rows, places, values = rows.long(), places.long(), values
+    while size > 1:
+        size //= 2
+        keys = rows * size + places % size
+        keys, order = torch.sort(keys, stable=True)
+        values = values[order]
+        keys, counts = torch.unique_consecutive(keys, return_counts=True)
+        first = torch.cumsum(counts, 0) - counts
+        pairs = counts == 2
+        merged = values[first].clone()
+        merged[pairs] = values[first[pairs]] + values[first[pairs] + 1]
+        rows, places, values = keys // size, keys % size, merged
+    found = torch.zeros(num_rows, dtype=values.dtype, device=values.device)
+    found[rows] = values
+    return found
 
 
 def scaled_logits(live: torch.Tensor, contract: LogprobContract, begin: int = 0) -> torch.Tensor:

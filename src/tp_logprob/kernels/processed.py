@@ -30,7 +30,15 @@ from tp_logprob.kernels.merge import (
     merge_partials,
     pack_partial,
 )
-from tp_logprob.kernels.partials import live_partial, shift_by_max, tree_sum
+from tp_logprob.kernels.partials import (
+    compute_dtype,
+    identity_partial,
+    live_partial,
+    scaled_logits,
+    shift_by_max,
+    sparse_tree_sum,
+    tree_sum,
+)
 from tp_logprob.kernels.results import ProcessedOutputs
 from tp_logprob.kernels.shards import owned_local_targets, owner_ranks
 from tp_logprob.kernels.support_mask import ReplayedSupport, threshold_keep
@@ -43,6 +51,8 @@ __all__ = [
     "processed_fields",
     "processed_forward",
     "processed_partial",
+    "replayed_forward",
+    "replayed_partial",
     "separate_lse",
     "support_block",
 ]
@@ -113,6 +123,46 @@ def processed_partial(
     return torch.cat([support, live_partial(z, targets, contract, entropy=False)], dim=1)
 
 
+def replayed_partial(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    contract: LogprobContract,
+    replayed: ReplayedSupport,
+    keep: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`processed_partial` of a replayed mask ``keep`` (every row of ``replayed``)
+    read from its kept columns alone, without :func:`separate_lse`: bitwise the dense
+    partial of ``z`` with every other column ``-inf``, in O(kept) instead of O(width).
+
+    The kept ``z`` sit in a ``[N, most kept]`` block padded with ``-inf`` (the max, and
+    NaN's propagation, as over the row), and the sums run the row's own tree over the
+    kept places alone (:func:`~tp_logprob.kernels.partials.sparse_tree_sum`)."""
+    rows, ids, places = replayed.entries()
+    count = local_logits.shape[0]
+    entropy = contract.export_entropy
+    dtype = compute_dtype(local_logits.dtype)
+    if replayed.width == 0:
+        return identity_partial(count, dtype, local_logits.device, entropy=entropy)
+    most = int(places.max()) + 1 if places.numel() else 1
+    kept = torch.full((count, most), _NEG_INF, dtype=dtype, device=local_logits.device)
+    kept[rows, places] = local_logits[rows, ids].to(dtype)
+    z = scaled_logits(kept, contract)
+    row_max = torch.amax(z, dim=1)
+    shifted = shift_by_max(z, row_max)[rows, places]
+    terms = torch.exp(shifted)
+    sum_exp = sparse_tree_sum(rows, ids, terms, count, replayed.width)
+    owned, local = owned_local_targets(targets, contract)
+    column = local.unsqueeze(1)
+    logit = scaled_logits(local_logits.gather(1, column).to(dtype), contract).squeeze(1)
+    target = torch.where(keep.gather(1, column).squeeze(1), logit, _NEG_INF)
+    entropy_sum = None
+    if entropy:
+        # exp(d) * d with d = -inf is 0 * -inf: a -inf column adds exactly 0 instead.
+        spread = torch.where(shifted == _NEG_INF, 0.0, terms * shifted)
+        entropy_sum = sparse_tree_sum(rows, ids, spread, count, replayed.width)
+    return pack_partial(row_max, sum_exp, torch.where(owned, target, 0.0), entropy_sum)
+
+
 def _upper_set_partials(
     z: torch.Tensor, targets: torch.Tensor, contract: LogprobContract, keep: torch.Tensor
 ) -> torch.Tensor:
@@ -181,3 +231,20 @@ def processed_forward(
     keep, size, threshold = support_block(z, contract, group, replayed)
     partial = processed_partial(z, targets, contract, keep)
     return merge_processed(partial, targets, active, contract, group, size, threshold), keep
+
+
+def replayed_forward(
+    local_logits: torch.Tensor,
+    targets: torch.Tensor,
+    active: torch.Tensor,
+    contract: LogprobContract,
+    group: GroupHandle | None,
+) -> tuple[ProcessedOutputs, torch.Tensor]:
+    """:func:`processed_forward` of a replayed mask without :func:`separate_lse`, from this
+    rank's logits ``local_logits``: it reads the kept columns only (:func:`replayed_partial`),
+    so a response of a few kept ids per row costs O(kept), not O(vocabulary)."""
+    replayed = ReplayedSupport(contract, local_logits.device)
+    keep = replayed.keep()
+    partial = replayed_partial(local_logits, targets, contract, replayed, keep)
+    empty = local_logits.new_empty(0)
+    return merge_processed(partial, targets, active, contract, group, replayed.sizes, empty), keep

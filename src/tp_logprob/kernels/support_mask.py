@@ -61,6 +61,13 @@ class ReplayedSupport:
         self.sizes = torch.from_numpy(support.kept_counts().copy()).to(device)
         """int64 ``[N]``: ``|S|`` of every row (its kept ids on every rank)."""
 
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's kept entries of every row: their rows, local ids and places among
+        their row's kept ids (each row's in ascending order: ``kept_ids`` are sorted)."""
+        places = torch.arange(self._ids.numel(), device=self._ids.device)
+        starts = torch.from_numpy(self._offsets[:-1]).to(self._ids.device)
+        return self._rows, self._ids, places - starts[self._rows]
+
     def keep(
         self, begin: int = 0, end: int | None = None, *, rows: int | None = None
     ) -> torch.Tensor:
