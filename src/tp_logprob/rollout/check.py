@@ -143,9 +143,9 @@ def check_rollout(
     margins = op_margins(dtype, rv, num_shards=tp)
     hypotheses = fixed_hypotheses(t, has_params)
     full = list(dict.fromkeys(h.temperature for h in hypotheses if h.support == "full"))
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # The masks are screened, and the full vocabulary's log-sum-exp taken (numpy, one
-        # thread), while the backend runs (its ranks' threads).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        # The masks are screened and the full vocabulary's log-sum-exp taken (numpy, a
+        # thread each) while the backend runs (its ranks' threads).
         screening = None
         if has_params:
             context = copy_context()  # the caller's oracle settings (slow_path_only)
