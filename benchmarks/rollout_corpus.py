@@ -12,7 +12,8 @@ A planted token *affects* the check when the planted logprob lies beyond what th
 two forward passes could give it: more than :data:`DETECTABLE` standard deviations of
 the token's own noise from the trainer's value (the shift ``T |d log-odds| / 2``
 that :func:`tp_logprob.rollout.noise.token_shift` measures, its standard deviation
-linearised from the perturbation's law on each logit the logprob reads). A change the
+linearised from the perturbation's law on each logit the logprob reads), and beyond
+the fp32 op's own error bound (what a correct op's rounding can give). A change the
 noise makes on one clean token in a million cannot be told from the noise, token by
 token. The corpus also keeps each token's realised perturbation (its sup norm over
 the returned mask) and whether the planted value lies beyond what that realised
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from tp_logprob.engine_formats import EngineRollout, prime_rl_rollout
+from tp_logprob.oracle import tolerance
 from tp_logprob.rollout.noise import noise_interval, token_shift
 
 TEMPERATURE = 0.7
@@ -209,16 +211,18 @@ def _affects(
 ) -> list[bool]:
     """Per token: a cause is planted there and moves the logprob more than :data:`DETECTABLE`
     standard deviations of the token's noise from the trainer's value over the returned mask
-    (a lone kept token, logprob 0 under any noise, is affected by any other value); a
-    support fault affects it when the rules keep the dropped token beyond the noise."""
+    (a lone kept token, logprob 0 under any noise, is affected by any other value), and
+    beyond the op's own rounding (:func:`_beyond_rounding`); a support fault affects it
+    when the rules keep the dropped token beyond the noise."""
     z = trainer.double() / TEMPERATURE
     reference = _logprob(z, returned, token).numpy()
     shift = token_shift(logprobs.double().numpy(), reference, TEMPERATURE)
     sigma = _noise_deviation(trainer.double(), returned, token)
+    rounding = _beyond_rounding(z, returned, reference, logprobs)
     found = []
     for row, cause in enumerate(causes):
-        moved = bool(shift[row] > DETECTABLE * sigma[row]) or (
-            reference[row] == 0.0 and float(logprobs[row]) != 0.0
+        moved = rounding[row] and (
+            bool(shift[row] > DETECTABLE * sigma[row]) or reference[row] == 0.0
         )
         wrong_mask = cause == "support" and kept_beyond_noise[row]
         found.append(bool(cause) and (wrong_mask or (cause != "support" and moved)))
@@ -285,9 +289,24 @@ def _beyond_realised(
     always counts: the mask itself is wrong)."""
     z = trainer.double() / TEMPERATURE
     reference = _logprob(z, returned, token).numpy()
+    rounding = _beyond_rounding(z, returned, reference, logprobs)
     found = []
     for row, cause in enumerate(causes):
         low, high = noise_interval(reference[row : row + 1], float(eps[row]), TEMPERATURE)
         value = float(logprobs[row])
-        found.append(bool(cause) and (cause == "support" or not low[0] <= value <= high[0]))
+        moved = rounding[row] and not low[0] <= value <= high[0]
+        found.append(bool(cause) and (cause == "support" or moved))
     return found
+
+
+def _beyond_rounding(
+    z: torch.Tensor, returned: torch.Tensor, reference: np.ndarray, logprobs: torch.Tensor
+) -> np.ndarray:
+    """Per token: the planted logprob lies beyond the fp32 op's own error bound around the
+    exact value over the returned mask (``docs/tolerances.md``; the mask's kept columns as
+    the shard, one shard): a change a correct op's rounding can make is no cause's mark
+    (a one-token mask's logprob 0 against an exact ``-4e-9`` is what fp32 gives)."""
+    lse = torch.logsumexp(torch.where(returned, z, -math.inf), dim=1).numpy()
+    kept = int(returned.sum(dim=1).max())
+    bound = tolerance("fp32", z.shape[1], max_shard_size=kept).selected_bound(reference, lse)
+    return np.asarray(np.abs(logprobs.double().numpy() - reference) > bound)

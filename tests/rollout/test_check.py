@@ -399,3 +399,27 @@ def test_a_solved_temperature_displaces_a_fixed_cause_only_where_it_fits_far_bet
     assert _response_fit(tokens, shift, far) == other
     none = {twice: np.full(40, 0.5), missing: np.full(40, 0.9), other: np.full(40, 0.6)}
     assert _response_fit(tokens, shift, none) is None
+
+
+@pytest.mark.parametrize("over_the_rules_support", [True, False])
+def test_a_logprob_within_the_noise_over_the_rules_support_names_the_recomputed_mask(
+    over_the_rules_support: bool,
+) -> None:
+    """A peaked row: top-p 0.5 keeps the top token alone, the engine returns top-k's five. Its
+    logprob over the five, about -1e-6, and over the one, 0, both lie within the op's bound
+    and the noise of each other: the mask is refused beyond the noise either way, and a 0,
+    which the noise cannot make of the five's logprob, names the recomputed mask."""
+    x = torch.zeros(1, V)
+    x[0, :K] = torch.tensor([20.0, 10.0, 9.0, 8.5, 8.0])
+    kept = list(range(K))
+    z = x[0].double() / T
+    over_five = float(z[0] - torch.logsumexp(z[kept], 0))
+    assert -1e-5 < over_five < 0.0
+    value = 0.0 if over_the_rules_support else over_five
+    rollout = prime_rl_rollout(kept, [K], [0], logprobs=[value], vocab_size=V)
+    check = check_rollout(x, rollout, engine_temperature=T, top_k=K, top_p=0.5, logit_noise=0.05)
+    if over_the_rules_support:
+        assert check.verdict == ["recomputed_mask"], check.details
+        assert "the mask too: the mask keeps tokens" in check.details[0]
+    else:
+        assert check.verdict == ["support"], check.details

@@ -201,15 +201,16 @@ def check_rollout(
     refused[list(problems)] = True
     fine = _masks_under_noise(problems, columns, rollout, margins, rv, t, eps, params, block)
     recomputed_rows: Callable[[Bools], Floats] | None = None
-    if has_params and (beyond & refused).any():
-        # A mask the rules admit is their support up to borderline ids: the recomputed
-        # support is tried where the rules refuse the mask only.
+    strict = refused.copy()
+    strict[[row for row, ok in fine.items() if ok]] = False
+    # A mask refused beyond the noise beside a logprob within it: the logprob may be over
+    # the rules' support all the same (:func:`_hidden_recomputed`).
+    hidden = strict & judged & ~beyond
+    if has_params and ((beyond & refused) | hidden).any():
+        # The recomputed support is tried where the rules refuse the mask only. A mask the
+        # noise explains is the rules' up to borderline ids: the engine's support is then
+        # the recomputed one as the trainer's logits give it (no noise).
         recomputed = next(h for h in hypotheses if h.support == "recomputed")
-        # A mask the noise explains is the rules' up to borderline ids: the engine's
-        # support is the recomputed one, as the trainer's logits give it.
-        borderline = np.zeros(n, dtype=np.bool_)
-        borderline[[row for row, ok in fine.items() if ok]] = True
-        strict = refused & ~borderline
         seen = _Seen(engine, np.where(strict, eps, 0.0), margins)
         values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block, seen)
         predicted[recomputed] = values
@@ -284,6 +285,14 @@ def check_rollout(
     verdict[open_] = "unexplained"
     for t_ in np.flatnonzero(open_).tolist():
         detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps[t_]:.3g}"
+    if has_params and hidden.any():
+        # The rules' own support on the trainer's logits: the support nearest the engine's
+        # logprob under the noise would fit a logprob over the returned mask as well.
+        point = _Seen(engine, np.zeros(n), margins)
+        values = _recomputed(columns, rollout, hidden, t, rv, params, block, point)
+        h = next(h for h in hypotheses if h.support == "recomputed")
+        hidden &= (values < low) | (values > high)  # beyond what the noise makes of the mask
+        _hidden_recomputed(hidden, engine, oracle, h, values, t, verdict, detail)
     _mask_verdicts(problems, fine, verdict, detail)
     for finding in findings:
         if finding.stale:  # its masks come from the other weights too
@@ -412,9 +421,13 @@ def _recomputed(
         )
         for j, i in enumerate(noisy.tolist()):
             row = int(part[i])
+            engine = float(seen.engine[row])
+            if not math.isfinite(engine):
+                continue
             nearest = _nearest_support(
                 full[i], base[j], np.flatnonzero(reach[j]), int(rollout.token_ids[row]),
-                float(found[row]), temperature, params, seen, row,
+                float(found[row]), engine, float(seen.eps[row]), seen.margins, temperature,
+                params,
             )  # fmt: skip
             if nearest is not None:
                 found[row] = nearest
@@ -427,23 +440,19 @@ def _nearest_support(
     cols: npt.NDArray[np.int64],
     target: int,
     point: float,
+    engine: float,
+    eps: float,
+    margins: Any,
     temperature: float,
     params: dict[str, Any],
-    seen: _Seen,
-    row: int,
 ) -> float | None:
     """The logprob of ``target`` over the support, among those the rules can give row ``x``
-    under the token's noise (:func:`supports_under_noise`; ``base`` the one they give
-    ``x``; ``cols`` the columns any of them can hold), nearest the engine's; None where
-    that is ``point`` (the logprob over ``base``, correctly rounded) or the engine gave
-    none. Float64 sums: their error is far below the noise that makes supports differ."""
-    engine, eps = float(seen.engine[row]), float(seen.eps[row])
-    if not (math.isfinite(engine) and eps > 0.0):
-        return None
+    under a noise ``eps`` (:func:`supports_under_noise`; ``base`` the one they give ``x``;
+    ``cols`` the columns any of them can hold), nearest the engine's logprob ``engine``;
+    None where that is ``point`` (the logprob over ``base``, correctly rounded). Float64
+    sums: their error is far below the noise that makes supports differ."""
     xr, kept = x[cols], base[cols]
-    order, low, high = supports_under_noise(
-        xr, kept, seen.margins, cols.size, temperature, eps, params
-    )
+    order, low, high = supports_under_noise(xr, kept, margins, cols.size, temperature, eps, params)
     places = np.flatnonzero(cols[order[:high]] == target)
     if not places.size or (low == high == int(kept.sum())):
         return None
@@ -583,6 +592,32 @@ def _extend_recomputed(
     done = rows & np.isfinite(values)
     predicted[h][done] = values[done]
     misfit[h][done] = token_shift(engine[done], values[done], t)
+
+
+def _hidden_recomputed(
+    hidden: Bools,
+    engine: Floats,
+    oracle: Floats,
+    h: Hypothesis,
+    values: Floats,
+    t: float,
+    verdict: npt.NDArray[Any],
+    detail: npt.NDArray[Any],
+) -> None:
+    """A token whose mask the rules refuse beyond the noise and whose logprob lies within
+    it, where ``values``, the logprob over the rules' support, lies beyond what the noise
+    makes of the returned mask's (``hidden``), takes ``recomputed_mask`` (``h``) where its
+    logprob sits :data:`RESPONSE_FIT` times nearer ``values`` than the returned mask's:
+    the engine took it over the support the rules give, and returned another mask (said
+    beside it). Elsewhere the mask alone is at fault."""
+    with np.errstate(invalid="ignore"):
+        nearer = token_shift(engine, values, t) * RESPONSE_FIT < token_shift(engine, oracle, t)
+    named = hidden & np.isin(verdict, ("agree", "noise")) & np.isfinite(values) & nearer
+    for row in np.flatnonzero(named).tolist():
+        verdict[row] = h.name
+        detail[row] = (
+            f"{h.what}: it predicts {values[row]:.6g}, the returned mask {oracle[row]:.6g}"
+        )
 
 
 def _response_evidence(
