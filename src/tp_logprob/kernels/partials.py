@@ -77,7 +77,7 @@ def sparse_tree_sum(
     sum of same-signed terms (exps, or entropy terms that are all ``<= 0`` with a ``+0``
     at the row's maximum) is never a signed zero the dense tree would not give."""
     size = 1 << max(width - 1, 0).bit_length()
-    rows, places, values = rows.long(), places.long(), values
+    rows, places = rows.long(), places.long()
     while size > 1:
         size //= 2
         keys = rows * size + places % size

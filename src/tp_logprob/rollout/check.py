@@ -206,11 +206,11 @@ def check_rollout(
     # A mask refused beyond the noise beside a logprob within it: the logprob may be over
     # the rules' support all the same (:func:`_hidden_recomputed`).
     hidden = strict & judged & ~beyond
-    if has_params and ((beyond & refused) | hidden).any():
+    recomputed = next((h for h in hypotheses if h.support == "recomputed"), None)
+    if recomputed is not None and (beyond & refused).any():
         # The recomputed support is tried where the rules refuse the mask only. A mask the
         # noise explains is the rules' up to borderline ids: the engine's support is then
         # the recomputed one as the trainer's logits give it (no noise).
-        recomputed = next(h for h in hypotheses if h.support == "recomputed")
         seen = _Seen(engine, np.where(strict, eps, 0.0), margins)
         values = _recomputed(columns, rollout, beyond & refused, t, rv, params, block, seen)
         predicted[recomputed] = values
@@ -285,14 +285,13 @@ def check_rollout(
     verdict[open_] = "unexplained"
     for t_ in np.flatnonzero(open_).tolist():
         detail[t_] = f"{shift[t_]:.3g} logit shift needed, beyond the noise {eps[t_]:.3g}"
-    if has_params and hidden.any():
+    if recomputed is not None and hidden.any():
         # The rules' own support on the trainer's logits: the support nearest the engine's
         # logprob under the noise would fit a logprob over the returned mask as well.
         point = _Seen(engine, np.zeros(n), margins)
         values = _recomputed(columns, rollout, hidden, t, rv, params, block, point)
-        h = next(h for h in hypotheses if h.support == "recomputed")
         hidden &= (values < low) | (values > high)  # beyond what the noise makes of the mask
-        _hidden_recomputed(hidden, engine, oracle, h, values, t, verdict, detail)
+        _hidden_recomputed(hidden, engine, oracle, recomputed, values, t, verdict, detail)
     _mask_verdicts(problems, fine, verdict, detail)
     for finding in findings:
         if finding.stale:  # its masks come from the other weights too
