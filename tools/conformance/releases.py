@@ -54,6 +54,7 @@ TESTED_RELEASES: dict[str, tuple[str, ...]] = {
         "1.0.0",
         "1.8.0",
         "1.13.0",
+        "1.14.0",
     ),
     "verl": (
         "0.1",
@@ -117,7 +118,7 @@ dependencies do not import it; the others run on the newest release's (``PEER_TE
 _TRL_1 = ("transformers==4.57.6", "accelerate==1.11.0", "datasets==4.7.0", "rich", "jinja2")
 RELEASE_REQUIRES["trl_grpo"] = {
     **RELEASE_REQUIRES["trl"],
-    **dict.fromkeys(("1.0.0", "1.8.0", "1.13.0"), _TRL_1),
+    **dict.fromkeys(("1.0.0", "1.8.0", "1.13.0", "1.14.0"), _TRL_1),
 }
 
 BESIDE_THE_MATRIX = ("trl_grpo",)

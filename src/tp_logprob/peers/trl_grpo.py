@@ -18,10 +18,14 @@ Releases (:data:`SERVED`, read from each release's ``grpo_trainer.py``): the
 method has these four arguments from trl 0.15.0; 0.17.0 added ``batch_size=None``
 (the rows per forward pass; all rows when left out), which the adapter leaves out;
 0.20.0 renamed it ``_get_per_token_logps_and_entropies`` (``(logps, entropies)``;
-from 1.8 a third item, the MoE aux loss); 1.14.0 made it dispatch to other methods
-(``_full_logits_logps`` or ``_chunked_logps``), and 1.16.0 lets the model score
-the tokens (``fused_lm_head=True``), so those are refused by version, not guessed
-at. Verified, with this adapter's tests under ``nox -s peer_releases``, on the
+from 1.8 a third item, the MoE aux loss); 1.14.0 made it dispatch on
+``use_liger_kernel`` to ``_full_logits_logps`` (the same steps, the temperature and a
+row mask passed to ``selective_log_softmax``) or ``_chunked_logps`` (the LM head fused
+in, hidden states in): the stand-in says ``use_liger_kernel = False`` and holds the
+trainer's own ``_full_logits_logps``. From 1.15.0 the method has the model score the
+tokens (``fused_lm_head=True``: TRL's chunked LM head, hidden states in, the adapter
+``tp_logprob.peers.trl_chunked``), so those releases are refused by version, not
+guessed at. Verified, with this adapter's tests under ``nox -s peer_releases``, on the
 releases ``tools/conformance/releases.py`` lists.
 
 Capability: TP=1, fp32, no padding, every token active (the method has no mask),
@@ -56,14 +60,17 @@ __all__ = ["CAPABILITY", "SERVED", "honest", "trl_grpo_logprob"]
 
 SERVED = ServedReleases(
     "trl",
-    (((0, 15), (1, 14)),),
-    "0.14 has no GRPOTrainer._get_per_token_logps, and from 1.14 "
-    "_get_per_token_logps_and_entropies dispatches to other methods",
+    (((0, 15), (1, 15)),),
+    "0.14 has no GRPOTrainer._get_per_token_logps, and from 1.15 "
+    "_get_per_token_logps_and_entropies has the model score the tokens from its hidden "
+    "states (fused_lm_head=True; tp_logprob.peers.trl_chunked calls that path)",
 )
-"""The trl releases whose per-token logprob method the adapter calls (0.15 to 1.13)."""
+"""The trl releases whose per-token logprob method the adapter calls (0.15 to 1.14)."""
 
 _RENAMED = (0, 20, 0)
 """The first release whose method is ``_get_per_token_logps_and_entropies``."""
+_DISPATCHED = (1, 14, 0)
+"""The first release whose method dispatches to ``_full_logits_logps`` or ``_chunked_logps``."""
 
 CAPABILITY = LogprobBackendCapability(
     backend_id="trl_grpo_per_token_logps",
@@ -89,7 +96,17 @@ def _method() -> Any:
     if release < _RENAMED:
         return GRPOTrainer._get_per_token_logps
     method = GRPOTrainer._get_per_token_logps_and_entropies
-    return lambda *arguments: method(*arguments)[0]
+    if release < _DISPATCHED:
+        return lambda *arguments: method(*arguments)[0]
+    full = GRPOTrainer._full_logits_logps
+
+    def dispatched(trainer: SimpleNamespace, *arguments: Any) -> Any:
+        # The full-logits path: the one the method takes without Liger's kernel.
+        trainer.use_liger_kernel = False
+        trainer._full_logits_logps = lambda *given, **options: full(trainer, *given, **options)
+        return method(trainer, *arguments)[0]
+
+    return dispatched
 
 
 class _Harness:
