@@ -16,7 +16,14 @@ import torch
 
 from tp_logprob.engine_formats import prime_rl_rollout
 from tp_logprob.rollout import check_rollout
-from tp_logprob.rollout.evidence import THRESHOLD, log_ratios, mixture, typical_scale
+from tp_logprob.rollout.evidence import (
+    POSTERIOR,
+    THRESHOLD,
+    attribute,
+    log_ratios,
+    mixture,
+    typical_scale,
+)
 from tp_logprob.rollout.noise import token_shift
 
 N, V, K, T = 400, 64, 12, 0.7
@@ -108,3 +115,64 @@ def test_the_statistic_stays_below_its_threshold_on_gaussian_noise() -> None:
         log_ratios(np.abs(observed) * sigma, np.abs(observed - 4.0) * sigma, sigma)[None]
     )
     assert statistic >= THRESHOLD and 0.3 <= share[0] <= 0.7
+
+
+SCALE = 1.0
+
+
+def _halves(seed: int) -> tuple[torch.Tensor, Any, np.ndarray]:
+    """Trainer logits and a response whose first half holds temperature_missing and whose
+    second half holds unrenormalised (the kept mass at T never renormalised), with the
+    cause planted on each token."""
+    generator = torch.Generator().manual_seed(seed)
+    x = SCALE * torch.randn(N, V, generator=generator, dtype=torch.float64)
+    engine = x + SIZE * x.abs() * torch.randn(N, V, generator=generator, dtype=torch.float64)
+    kept = torch.topk(engine / T, K, dim=1).indices
+    mask = torch.zeros(N, V, dtype=torch.bool).scatter_(1, kept, True)
+    z = torch.where(mask, engine / T, -torch.inf)
+    token = torch.multinomial(torch.softmax(z, dim=1), 1, generator=generator)[:, 0]
+    missing = torch.log_softmax(torch.where(mask, engine, -torch.inf), dim=1)
+    unrenormalised = torch.log_softmax(engine / T, dim=1)
+    first = torch.arange(N) < N // 2
+    logprobs = torch.where(first[:, None], missing, unrenormalised).gather(1, token[:, None])
+    rollout = prime_rl_rollout(
+        torch.nonzero(mask)[:, 1].numpy(),
+        mask.sum(dim=1).numpy(),
+        token.numpy(),
+        logprobs=logprobs[:, 0].tolist(),
+        vocab_size=V,
+    )
+    planted = np.where(first.numpy(), "temperature_missing", "unrenormalised")
+    return x.float(), rollout, planted
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_causes_in_runs_are_told_apart_by_the_tokens_around_each(seed: int) -> None:
+    """Both causes raise a likely token's logprob, so many tokens sit near both predictions;
+    the halves of the response say which each holds."""
+    x, rollout, planted = _halves(seed)
+    check = check_rollout(x, rollout, engine_temperature=T)
+    [finding] = check.responses
+    assert {found.cause for found in finding.evidence} == set(planted)
+    verdict = np.array(check.verdict)
+    named = np.isin(verdict, planted)
+    assert named.sum() >= N // 3
+    assert (verdict[named] == planted[named]).all()
+
+
+def test_the_chain_places_ambiguous_tokens_with_their_run_and_invents_no_runs() -> None:
+    """Tokens that favour neither cause (equal log ratios) take their run's cause where the
+    causes come in runs, and stay split where they come at random."""
+    rng = np.random.default_rng(0)
+    holds = np.repeat([0, 1], 150)
+    ambiguous = rng.random(300) < 0.4
+    clear = np.where(np.arange(2)[:, None] == holds, 6.0, -6.0)
+    ratios = np.where(ambiguous, 5.0, clear)
+    split = attribute(ratios)
+    assert np.allclose(split.sum(axis=0), 1.0)
+    inner = ambiguous & (np.abs(np.arange(300) - 150) > 10)
+    assert (split[holds[inner], np.flatnonzero(inner)] >= POSTERIOR).all()
+    shuffled = rng.permutation(300)
+    split = attribute(ratios[:, shuffled])
+    assert (split[:, ambiguous[shuffled]] < POSTERIOR).all()
+    assert np.array_equal(attribute(ratios[:1]), np.ones((1, 300)))

@@ -44,8 +44,10 @@ from tp_logprob.rollout.causes import (
 )
 from tp_logprob.rollout.evidence import (
     MIN_CONFIDENT,
+    POSTERIOR,
     THRESHOLD,
     CauseEvidence,
+    attribute,
     log_ratios,
     mixture,
     name_within_noise,
@@ -237,6 +239,14 @@ def check_rollout(
             misfits[other] = token_shift(engine, tried[other], solved)
         fit = _response_fit(span & informative, shift, misfits)
         if fit is not None:
+            # Two causes in runs whose predictions sit near each other can each fit most of
+            # a response: one fits the whole only where the evidence finds no second.
+            causes = _response_evidence(
+                span, informative, beyond, verdict, engine, bound, eps, shift, sigma, tried, misfits
+            )  # fmt: skip
+            if len(causes) > 1:
+                fit = None
+        if fit is not None:
             # The whole response fits one cause: it is named on every token it fits better
             # than the noise does, within the noise too, before any cause of a single token.
             with np.errstate(invalid="ignore"):
@@ -258,14 +268,11 @@ def check_rollout(
         if fit is None and not stale:
             if recomputed_rows is not None:
                 _extend_recomputed(span, verdict, predicted, misfit, recomputed_rows, engine, t)
-            within = span & informative & np.isin(verdict, ("agree", "noise"))
-            far = span & beyond
-            explains = {
-                h: far & explained(engine, values, bound, eps, h.temperature)
-                for h, values in tried.items()
-            }
-            evidence = _response_evidence(within, shift, misfits, sigma, explains)
-            present = [h for h in tried if h.name in {found.cause for found in evidence}]
+            evidence = _response_evidence(
+                span, informative, beyond, verdict, engine, bound, eps, shift, sigma, tried, misfits
+            )  # fmt: skip
+            found_names = {found.cause for found in evidence}
+            present = [h for h in tried if h.name in found_names]
             _prefer_present(span, present, engine, bound, eps, tried, misfits, verdict, detail)
             for found in evidence:
                 h = next(h for h in tried if h.name == found.cause)
@@ -279,6 +286,14 @@ def check_rollout(
                         f"{found.beyond} beyond it that it explains): "
                         f"{h.what}: it predicts {tried[h][row]:.6g}"
                     )
+                for row in found.placed:
+                    if verdict[row] in found_names and verdict[row] != h.name:
+                        verdict[row] = h.name
+                        detail[row] = (
+                            f"{h.what}: it predicts {tried[h][row]:.6g} (another cause this "
+                            f"response's evidence finds explains the token too; the tokens "
+                            f"around it hold this one)"
+                        )
         findings.append(
             ResponseFinding(index, begin, end, solved, stale, _name(fit), tuple(evidence))
         )
@@ -620,15 +635,26 @@ def _hidden_recomputed(
 
 
 def _response_evidence(
-    within: Bools,
+    span: Bools,
+    informative: Bools,
+    far: Bools,
+    verdict: npt.NDArray[Any],
+    engine: Floats,
+    bound: Floats,
+    eps: Floats,
     shift: Floats,
-    misfit: dict[Hypothesis, Floats],
     sigma: Floats,
-    explains: dict[Hypothesis, Bools],
+    predicted: dict[Hypothesis, Floats],
+    misfit: dict[Hypothesis, Floats],
 ) -> list[CauseEvidence]:
-    """The causes present in a response (:mod:`tp_logprob.rollout.evidence`; the
+    """The causes present in the response ``span`` (:mod:`tp_logprob.rollout.evidence`; the
     temperature solved for it among them) and, for each, its tokens within the noise that
-    it names. ``explains``: per cause, the response's tokens beyond the noise it explains."""
+    it names and those beyond it (``far``) that it takes from other causes present."""
+    within = span & informative & np.isin(verdict, ("agree", "noise"))
+    explains = {
+        h: span & far & explained(engine, values, bound, eps, h.temperature)
+        for h, values in predicted.items()
+    }
     causes = {h.name: h for h in misfit}
     beyond = {h.name: int(explains[h].sum()) for h in misfit}
     if max(beyond.values(), default=0) < MIN_CONFIDENT:
@@ -642,12 +668,17 @@ def _response_evidence(
     if not chosen:
         return []
     names = [name for name, _ in chosen]
-    statistic, share = mixture(np.stack([ratios[name] for name in names]))
+    stacked = np.stack([ratios[name] for name in names])
+    statistic, share = mixture(stacked)
     distance = np.stack(
         [np.nan_to_num(misfit[causes[name]][rows] / s, nan=math.inf) for name in names]
     )
-    picked = name_within_noise(np.stack([ratios[name] for name in names]), distance, share)
+    split = attribute(stacked)
+    picked = name_within_noise(stacked, distance, share, split)
     picked[~within[rows]] = -1
+    several = np.stack([explains[causes[name]][rows] for name in names]).sum(axis=0) > 1
+    sure = several & ~within[rows] & (split.max(axis=0) >= POSTERIOR)
+    placed = np.where(sure, np.argmax(split, axis=0), -1)
     return [
         CauseEvidence(
             name,
@@ -657,6 +688,7 @@ def _response_evidence(
             statistic,
             float(share[i]),
             tuple(rows[picked == i].tolist()),
+            tuple(rows[placed == i].tolist()),
         )
         for i, (name, gain) in enumerate(chosen)
     ]
