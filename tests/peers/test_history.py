@@ -248,6 +248,34 @@ def test_vllm_010_processed_logprob_is_each_releases_own() -> None:
     assert torch.equal(x, before)
 
 
+def test_vllm_010_mixed_batch_divides_a_greedy_row_by_minus_one_from_0102() -> None:
+    """One request per row, a greedy one between sampled ones, as 0.10's input batch holds
+    them: the greedy row's temperature is -1.0, and 0.10.2 takes its processed logprobs
+    after dividing by it (0.11 divides it by 1); before 0.10.2 every processed logprob is
+    the undivided row's."""
+    import torch
+
+    from tp_logprob.peers.vllm_sampler_010 import honest
+
+    release = _installed_vllm_010()
+    op, capability = honest
+    x = torch.tensor([[1.0, 0.0, -1.0, 2.0], [0.5, 3.0, 0.0, -3.0], [2.0, -1.0, 0.5, 0.0]])
+    targets = torch.tensor([0, 1, 2])
+    contract = _vllm_contract(3, 4, temperature=(0.5, 0.0, 1.0))
+    assert capability.supports(contract)
+    result = op(x, targets, contract)
+    divisor = torch.tensor([0.5, 1.0, 1.0])[:, None]  # the semantics: a greedy row at T = 1
+    torch.testing.assert_close(result.lse, (x / divisor).logsumexp(dim=1))
+    fixed = release >= (0, 10, 2)
+    processed = x / torch.tensor([0.5, -1.0, 1.0])[:, None] if fixed else x
+    expected = processed.log_softmax(dim=1).gather(1, targets[:, None])[:, 0]
+    torch.testing.assert_close(result.selected_logp, expected)
+    # An all-greedy batch is never divided.
+    greedy = op(x, targets, _vllm_contract(3, 4, temperature=(0.0, 0.0, 0.0)))
+    raw = x.log_softmax(dim=1).gather(1, targets[:, None])[:, 0]
+    torch.testing.assert_close(greedy.selected_logp, raw)
+
+
 def test_vllm_010_top_k_support_from_the_fixed_release() -> None:
     import torch
 

@@ -1,9 +1,10 @@
 """vLLM 0.10's v1 sampler in ``processed_logprobs`` mode as a logprob backend (TP=1).
 
 Runs the installed ``vllm.v1.sample.sampler.Sampler`` with
-``logprobs_mode="processed_logprobs"`` on one request per row, the request's
-``SamplingParams`` built from the contract's temperature and support as vLLM's
-input batch builds its ``SamplingMetadata`` (the rules of
+``logprobs_mode="processed_logprobs"`` on one request per row, each request's
+``SamplingParams`` built from its row's temperature and rules (a heterogeneous batch
+brings its own per row), and the ``SamplingMetadata`` as 0.10's input batch builds it
+(``InputBatch.add_request`` and ``_make_sampling_metadata``; the rules of
 :mod:`tp_logprob.peers.vllm_sampler`: ``SamplingParams`` raises a temperature
 below ``0.01`` to ``0.01``; top-k off unless ``0 < top_k < V``; top-p off at
 ``1.0``; min-p through vLLM's ``MinPLogitsProcessor``). The sampler is asked
@@ -23,6 +24,14 @@ by release, read from each wheel's ``vllm/v1/sample/sampler.py``:
   logits after temperature, min-p, top-k and top-p, and ``Sampler.forward``
   returns those.
 
+A greedy request (temperature below ``1e-5``) in a batch beside sampled ones: 0.10's
+input batch holds ``-1.0`` as its temperature ("avoid later division by zero"), and
+the sampler divides every row by its temperature before top-k and top-p, so on 0.10.2
+the processed logprobs of a greedy row are those of ``-x`` (0.11 divides a greedy row
+by 1; ``docs/repro_vllm_010_greedy_row_negated.py``); before 0.10.2 they are taken
+before the division, the raw logprobs the semantics ask of a greedy row. An all-greedy
+batch is never divided.
+
 The APIs the adapter calls differ by release too, and are chosen by the installed
 version (:data:`SERVED`), not guessed at: in 0.10.0 the logits processors
 live in ``vllm.v1.sample.logits_processor`` (one module: ``MinPLogitsProcessor(
@@ -34,9 +43,10 @@ mode is a string before 0.10.2 and ``vllm.config.LogprobsMode`` from 0.10.2.
 Capability, from vLLM's source: TP=1 (the sampler sees a whole row), no
 vocabulary padding; fp32, bf16 and fp16 (the sampler converts the logits to fp32
 first); infer only; every token active; temperature (vLLM's division by
-``fp32(T)``, with the floor of ``0.01``); support modes ``full`` (no top-k,
-top-p or min-p: the logprob over the whole vocabulary) and ``sampling_params``;
-no entropy; ``run_to_run``.
+``fp32(T)``, with the floor of ``0.01``); heterogeneous batches (one request per
+row, greedy ones beside sampled ones); support modes ``full`` (no top-k, top-p or
+min-p: the logprob over the whole vocabulary) and ``sampling_params``; no entropy;
+``run_to_run``.
 
 Glue: the sampler writes into its input, so it gets a private copy, and its
 random draw runs under a forked RNG. ``lse`` is ``z_max - log_softmax(z)[argmax]``
@@ -99,6 +109,7 @@ CAPABILITY = LogprobBackendCapability(
     determinism_scopes=frozenset({DeterminismScope.RUN_TO_RUN}),
     supports_temperature=True,
     support_modes=frozenset({SupportMode.FULL, SupportMode.SAMPLING_PARAMS}),
+    supports_row_parameters=True,
 )
 
 
@@ -108,6 +119,7 @@ def _vllm() -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # import-time notices of vLLM's dependencies
         from vllm import SamplingParams
+        from vllm.sampling_params import SamplingType
         from vllm.v1.sample.metadata import SamplingMetadata
         from vllm.v1.sample.sampler import Sampler
 
@@ -133,6 +145,7 @@ def _vllm() -> dict[str, Any]:
     return {
         "release": release,
         "SamplingParams": SamplingParams,
+        "SamplingType": SamplingType,
         "SamplingMetadata": SamplingMetadata,
         "Sampler": Sampler,
         "BatchUpdate": BatchUpdate,
@@ -142,48 +155,70 @@ def _vllm() -> dict[str, Any]:
     }
 
 
-def sampling_params(contract: LogprobContract) -> Any:
-    """The vLLM ``SamplingParams`` of one row: the contract's temperature and rules."""
+def sampling_params(contract: LogprobContract) -> list[Any]:
+    """The vLLM ``SamplingParams`` of each row: its temperature (0 for a greedy request) and
+    rules, one request per row as a heterogeneous engine batch brings them."""
     support = contract.support
     if support is not None and support.mode is not SupportMode.SAMPLING_PARAMS:
         raise ValueError(f"support={support!r}: the vLLM sampler takes sampling parameters")
-    top_k, top_p, min_p = (None, None, None) if support is None else support.batch_rules()
-    return _vllm()["SamplingParams"](
-        temperature=contract.batch_temperature,
-        top_k=0 if top_k is None else top_k,
-        top_p=1.0 if top_p is None else top_p,
-        min_p=0.0 if min_p is None else min_p,
-    )
+    temperature = contract.temperature
+    params = []
+    for row in range(contract.num_tokens):
+        top_k, top_p, min_p = (None, None, None) if support is None else support.row_rules(row)
+        params.append(
+            _vllm()["SamplingParams"](
+                temperature=temperature[row] if isinstance(temperature, tuple) else temperature,
+                top_k=0 if top_k is None else top_k,
+                top_p=1.0 if top_p is None else top_p,
+                min_p=0.0 if min_p is None else min_p,
+            )
+        )
+    return params
 
 
-def _logits_processors(params: Any, rows: int) -> Any:
-    """vLLM's min-p processor holding ``params`` for ``rows`` requests, as the release wants."""
+def _logits_processors(params: list[Any]) -> Any:
+    """vLLM's min-p processor holding one request per row, as the release wants."""
     vllm = _vllm()
     cpu = torch.device("cpu")
+    rows = len(params)
     added: list[tuple[Any, ...]]
     if vllm["release"] < _PROCESSORS_PACKAGE:
         min_p = vllm["MinPLogitsProcessor"](max_num_reqs=rows, pin_memory=False, device=cpu)
-        added = [(row, params, []) for row in range(rows)]
+        added = [(row, request, []) for row, request in enumerate(params)]
     else:
         config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=rows))
         min_p = vllm["MinPLogitsProcessor"](config, cpu, False)
-        added = [(row, params, [], []) for row in range(rows)]
+        added = [(row, request, [], []) for row, request in enumerate(params)]
     min_p.update_state(vllm["BatchUpdate"](batch_size=rows, removed=[], added=added, moved=[]))
     if vllm["release"] < _PROCESSORS_PACKAGE:
         return vllm["processors"](argmax_invariant=[min_p])
     return vllm["processors"]([min_p])
 
 
-def _metadata(params: Any, rows: int, width: int) -> Any:
-    """``SamplingMetadata`` of ``rows`` requests with ``params``, asking for all ``width``
-    logprobs."""
-    top_k = params.top_k if 0 < params.top_k < width else width
-    return _vllm()["SamplingMetadata"](
-        temperature=torch.full((rows,), params.temperature),
-        all_greedy=False,
-        all_random=True,
-        top_p=torch.full((rows,), params.top_p) if params.top_p < 1 else None,
-        top_k=torch.full((rows,), top_k, dtype=torch.int32) if top_k < width else None,
+def _metadata(params: list[Any], width: int) -> Any:
+    """``SamplingMetadata`` of one request per row, asking for all ``width`` logprobs, as
+    0.10's input batch builds it: a greedy request's temperature ``-1.0``, no temperature
+    tensor when every request is greedy, top-k and top-p tensors only when some request
+    turns the rule on."""
+    vllm = _vllm()
+    rows = len(params)
+    greedy = [request.sampling_type == vllm["SamplingType"].GREEDY for request in params]
+    temperature = torch.tensor(
+        [-1.0 if is_greedy else request.temperature for is_greedy, request in zip(
+            greedy, params, strict=True)]
+    )  # fmt: skip
+    all_greedy = bool(greedy) and all(greedy)
+    top_k = torch.tensor(
+        [request.top_k if 0 < request.top_k < width else width for request in params],
+        dtype=torch.int32,
+    )
+    top_p = torch.tensor([request.top_p for request in params])
+    return vllm["SamplingMetadata"](
+        temperature=None if all_greedy else temperature,
+        all_greedy=all_greedy,
+        all_random=not any(greedy),
+        top_p=top_p if bool((top_p < 1).any()) else None,
+        top_k=top_k if bool((top_k < width).any()) else None,
         generators={},
         max_num_logprobs=width,
         no_penalties=True,
@@ -194,7 +229,7 @@ def _metadata(params: Any, rows: int, width: int) -> Any:
         output_token_ids=[],
         allowed_token_ids_mask=None,
         bad_words_token_ids={},
-        logitsprocs=_logits_processors(params, rows),
+        logitsprocs=_logits_processors(params),
     )
 
 
@@ -204,7 +239,7 @@ def processed_logprobs(logits: torch.Tensor, contract: LogprobContract) -> torch
     rows, width = logits.shape
     sampler = vllm["Sampler"](logprobs_mode=vllm["mode"])
     with torch.random.fork_rng(devices=[]):
-        output = sampler(private_copy(logits), _metadata(sampling_params(contract), rows, width))
+        output = sampler(private_copy(logits), _metadata(sampling_params(contract), width))
     gathered = output.logprobs_tensors  # column 0: the sampled token; then the top V
     columns = gathered.logprob_token_ids[:, 1:].long()
     return torch.empty((rows, width)).scatter_(1, columns, gathered.logprobs[:, 1:])
@@ -223,9 +258,9 @@ def vllm_processed_logprob(
         logprobs = processed_logprobs(local_logits.detach(), contract)
         selected = logprobs.gather(1, targets.long()[:, None])[:, 0]
         sampler = vllm["Sampler"](logprobs_mode=vllm["mode"])
+        # The semantics' tempered logits: a greedy row's divided by 1.
         z = sampler.apply_temperature(
-            local_logits.detach().float().clone(),
-            torch.full((len(targets),), contract.batch_temperature),
+            local_logits.detach().float().clone(), torch.from_numpy(contract.row_divisors())
         )
         lse = None
         if contract.export_lse:
