@@ -24,8 +24,12 @@ from tp_logprob.rollout.units import k3, rl_units
 
 
 def _logprob(z: np.ndarray, y: int) -> float:
-    top = z.max()
-    return float(z[y] - top - math.log(np.exp(z - top).sum()))
+    """``z_y - LSE(z)`` from the log-odds, ``-log(1 + exp(-(z_y - LSE_{others})))``: a
+    dominant token's logprob keeps its digits (``z_y - LSE(z)`` rounds it to 0)."""
+    others = np.delete(z, y)
+    top = others.max()
+    odds = z[y] - top - math.log(np.exp(others - top).sum())
+    return float(-np.logaddexp(0.0, -odds))
 
 
 @settings(max_examples=200, deadline=None)

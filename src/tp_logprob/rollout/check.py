@@ -46,6 +46,7 @@ from tp_logprob.rollout.evidence import (
     MIN_CONFIDENT,
     POSTERIOR,
     THRESHOLD,
+    TIGHT,
     CauseEvidence,
     attribute,
     log_ratios,
@@ -305,8 +306,7 @@ def check_rollout(
         # logprob under the noise would fit a logprob over the returned mask as well.
         point = _Seen(engine, np.zeros(n), margins)
         values = _recomputed(columns, rollout, hidden, t, rv, params, block, point)
-        hidden &= (values < low) | (values > high)  # beyond what the noise makes of the mask
-        _hidden_recomputed(hidden, engine, oracle, recomputed, values, t, verdict, detail)
+        _hidden_recomputed(hidden, engine, oracle, recomputed, values, t, sigma, verdict, detail)
     _mask_verdicts(problems, fine, verdict, detail)
     for finding in findings:
         if finding.stale:  # its masks come from the other weights too
@@ -615,18 +615,23 @@ def _hidden_recomputed(
     h: Hypothesis,
     values: Floats,
     t: float,
+    sigma: Floats,
     verdict: npt.NDArray[Any],
     detail: npt.NDArray[Any],
 ) -> None:
     """A token whose mask the rules refuse beyond the noise and whose logprob lies within
-    it, where ``values``, the logprob over the rules' support, lies beyond what the noise
-    makes of the returned mask's (``hidden``), takes ``recomputed_mask`` (``h``) where its
-    logprob sits :data:`RESPONSE_FIT` times nearer ``values`` than the returned mask's:
-    the engine took it over the support the rules give, and returned another mask (said
-    beside it). Elsewhere the mask alone is at fault."""
+    it (``hidden``) takes ``recomputed_mask`` (``h``) where ``values``, the logprob over the
+    rules' support, lies :data:`TIGHT` typical scales (``sigma``) or more from the returned
+    mask's, and its logprob within :data:`TIGHT` of ``values`` and :data:`RESPONSE_FIT`
+    times nearer it than the returned mask's: the engine took it over the support the
+    rules give, and returned another mask (said beside it). Elsewhere the mask alone is at
+    fault. The token is at fault either way (its mask is refused), so the two faults are
+    weighed at the noise's typical scale, not at its worst case."""
     with np.errstate(invalid="ignore"):
-        nearer = token_shift(engine, values, t) * RESPONSE_FIT < token_shift(engine, oracle, t)
-    named = hidden & np.isin(verdict, ("agree", "noise")) & np.isfinite(values) & nearer
+        fit = token_shift(engine, values, t)
+        apart = token_shift(values, oracle, t) >= TIGHT * sigma
+        nearer = (fit * RESPONSE_FIT < token_shift(engine, oracle, t)) & (fit <= TIGHT * sigma)
+    named = hidden & np.isin(verdict, ("agree", "noise")) & np.isfinite(values) & apart & nearer
     for row in np.flatnonzero(named).tolist():
         verdict[row] = h.name
         detail[row] = (
