@@ -423,3 +423,25 @@ def test_a_logprob_within_the_noise_over_the_rules_support_names_the_recomputed_
         assert "the mask too: the mask keeps tokens" in check.details[0]
     else:
         assert check.verdict == ["support"], check.details
+
+
+@pytest.mark.parametrize("over_the_rules_support", [True, False])
+def test_a_refused_mask_weighs_the_two_faults_at_the_typical_scale_of_the_noise(
+    over_the_rules_support: bool,
+) -> None:
+    """Top-p 0.95 keeps two of top-k's five. Their logprobs lie within the worst case of a
+    noise of 0.3 of each other, but 3.2 typical scales (0.3 / 6) apart: the mask is refused
+    beyond the noise, so the token is at fault either way, and the logprob over the two
+    names the recomputed mask, the one over the five the mask alone."""
+    x = torch.full((1, V), -10.0)
+    x[0, :K] = torch.tensor([5.0, 3.0, 2.5, 2.0, 1.5])
+    z = x[0].double() / T
+    over_two = float(z[0] - torch.logsumexp(z[:2], 0))
+    over_five = float(z[0] - torch.logsumexp(z[:K], 0))
+    apart = token_shift(np.array([over_two]), np.array([over_five]), T)[0]
+    assert 2.5 * 0.3 / 6 < apart < 0.3
+    value = over_two if over_the_rules_support else over_five
+    rollout = prime_rl_rollout(list(range(K)), [K], [0], logprobs=[value], vocab_size=V)
+    check = check_rollout(x, rollout, engine_temperature=T, top_k=K, top_p=0.95, logit_noise=0.3)
+    expected = "recomputed_mask" if over_the_rules_support else "support"
+    assert check.verdict == [expected], check.details
