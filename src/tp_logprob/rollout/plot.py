@@ -36,7 +36,7 @@ COLOURS = {
     "recomputed_mask": "#e377c2",
     "stale_policy": "#2ca02c",
     "unexplained": "#000000",
-    "support": "#f781bf",
+    "support": "#e6b800",
     "trainer_temperature": "#7f7f00",
     "trainer_numerics": "#4d4d4d",
 }
