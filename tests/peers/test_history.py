@@ -143,18 +143,18 @@ def test_a_smoke_report_judges_only_its_entries(tmp_path: Path) -> None:
     assert report(paths, markdown) == 1  # the other Liger entries were not run
 
 
-@pytest.mark.parametrize("version", ["0.15.0", "0.16.0", "0.17.0", "0.20.0", "1.13.2"])
+@pytest.mark.parametrize("version", ["0.15.0", "0.16.0", "0.17.0", "0.20.0", "1.13.2", "1.14.0"])
 def test_trl_grpo_adapter_serves_the_releases_with_the_method(version: str) -> None:
     from tp_logprob.peers.trl_grpo import SERVED as TRL_GRPO
 
     TRL_GRPO.check(version)
 
 
-@pytest.mark.parametrize("version", ["0.14.0", "1.14.0", "1.16.0", "main"])
+@pytest.mark.parametrize("version", ["0.14.0", "1.15.0", "1.16.0", "main"])
 def test_trl_grpo_adapter_refuses_other_releases_by_version(version: str) -> None:
     from tp_logprob.peers.trl_grpo import SERVED as TRL_GRPO
 
-    with pytest.raises(UnservedReleaseError, match=r"serves trl>=0\.15,<1\.14 only"):
+    with pytest.raises(UnservedReleaseError, match=r"serves trl>=0\.15,<1\.15 only.*trl_chunked"):
         TRL_GRPO.check(version)
 
 
