@@ -94,6 +94,7 @@ __all__ = [
     "VERIFIED_VERSIONS",
     "honest",
     "lse_behind",
+    "row_requests",
     "support_result",
     "vllm_processed_logprob",
 ]
@@ -160,16 +161,25 @@ def sampling_params(contract: LogprobContract) -> list[Any]:
     support = contract.support
     if support is None or support.mode is not SupportMode.SAMPLING_PARAMS:
         raise ValueError(f"support={support!r}: the vLLM sampler needs sampling parameters")
-    temperature = contract.temperature
+    return row_requests(contract, _vllm()["SamplingParams"])
+
+
+def row_requests(contract: LogprobContract, make: Any, **extra: Any) -> list[Any]:
+    """One request per row, ``make(temperature=..., top_k=..., top_p=..., min_p=...,
+    **extra)`` (the installed release's ``SamplingParams``): the row's temperature (0 for a
+    greedy row) and rules, a rule off as vLLM spells it (``top_k=0``, ``top_p=1``,
+    ``min_p=0``), every rule off without a support."""
+    support, temperature = contract.support, contract.temperature
     params = []
     for row in range(contract.num_tokens):
-        top_k, top_p, min_p = support.row_rules(row)
+        top_k, top_p, min_p = (None, None, None) if support is None else support.row_rules(row)
         params.append(
-            _vllm()["SamplingParams"](
+            make(
                 temperature=temperature[row] if isinstance(temperature, tuple) else temperature,
                 top_k=0 if top_k is None else top_k,
                 top_p=1.0 if top_p is None else top_p,
                 min_p=0.0 if min_p is None else min_p,
+                **extra,
             )
         )
     return params

@@ -77,8 +77,9 @@ from tp_logprob.contract import (
     MaskMode,
 )
 from tp_logprob.kernels.validation import check_op_inputs
-from tp_logprob.peers._glue import imported_once, lse_from_max, private_copy
+from tp_logprob.peers._glue import imported_once, private_copy
 from tp_logprob.peers._releases import ServedReleases
+from tp_logprob.peers.vllm_sampler import lse_behind, row_requests, support_result
 from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
@@ -161,19 +162,7 @@ def sampling_params(contract: LogprobContract) -> list[Any]:
     support = contract.support
     if support is not None and support.mode is not SupportMode.SAMPLING_PARAMS:
         raise ValueError(f"support={support!r}: the vLLM sampler takes sampling parameters")
-    temperature = contract.temperature
-    params = []
-    for row in range(contract.num_tokens):
-        top_k, top_p, min_p = (None, None, None) if support is None else support.row_rules(row)
-        params.append(
-            _vllm()["SamplingParams"](
-                temperature=temperature[row] if isinstance(temperature, tuple) else temperature,
-                top_k=0 if top_k is None else top_k,
-                top_p=1.0 if top_p is None else top_p,
-                min_p=0.0 if min_p is None else min_p,
-            )
-        )
-    return params
+    return row_requests(contract, _vllm()["SamplingParams"])
 
 
 def _logits_processors(params: list[Any]) -> Any:
@@ -264,28 +253,13 @@ def vllm_processed_logprob(
         )
         lse = None
         if contract.export_lse:
-            lse = _lse(z, sampler.compute_logprobs(z), z.argmax(dim=1, keepdim=True))
+            lse = lse_behind(z, sampler.compute_logprobs(z))
         if contract.support is None:
             return LogprobResult(selected, lse)
         # vLLM's processed logits: z where it kept the column, -inf where it dropped it.
         processed = torch.where(logprobs == -float("inf"), -float("inf"), z)
         kept = torch.isfinite(processed)
-        defined = kept.any(dim=1) & ~(z.isnan() | z.isposinf()).any(dim=1)
-        support_lse = _lse(processed, logprobs, processed.argmax(dim=1, keepdim=True))
-        threshold = torch.where(kept, z, torch.full_like(z, float("inf"))).amin(dim=1)
-    nan = float("nan")
-    return LogprobResult(
-        selected,
-        lse,
-        support_lse=torch.where(defined, support_lse, nan),
-        support_size=torch.where(defined, kept.sum(dim=1, dtype=torch.int64), 0),
-        support_threshold=torch.where(defined, threshold, nan),
-    )
-
-
-def _lse(z: torch.Tensor, logprobs: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """``z - logprob`` at column ``top`` of each row: the log normaliser behind ``logprobs``."""
-    return lse_from_max(z.gather(1, top)[:, 0], -logprobs.gather(1, top)[:, 0])
+        return support_result(selected, lse, z, kept, lse_behind(processed, logprobs))
 
 
 honest = (vllm_processed_logprob, CAPABILITY)

@@ -83,7 +83,7 @@ from tp_logprob.contract import (
 from tp_logprob.kernels.validation import check_op_inputs
 from tp_logprob.peers._glue import imported_once, private_copy
 from tp_logprob.peers._releases import ServedReleases
-from tp_logprob.peers.vllm_sampler import lse_behind, support_result
+from tp_logprob.peers.vllm_sampler import lse_behind, row_requests, support_result
 from tp_logprob.result import LogprobResult
 from tp_logprob.support import SupportMode
 
@@ -157,20 +157,7 @@ def sampling_params(contract: LogprobContract) -> list[Any]:
     support = contract.support
     if support is None or support.mode is not SupportMode.SAMPLING_PARAMS:
         raise ValueError(f"support={support!r}: the vLLM sampler needs sampling parameters")
-    temperature = contract.temperature
-    params = []
-    for row in range(contract.num_tokens):
-        top_k, top_p, min_p = support.row_rules(row)
-        params.append(
-            _vllm()["SamplingParams"](
-                temperature=temperature[row] if isinstance(temperature, tuple) else temperature,
-                top_k=0 if top_k is None else top_k,
-                top_p=1.0 if top_p is None else top_p,
-                min_p=0.0 if min_p is None else min_p,
-                logprobs=-1,
-            )
-        )
-    return params
+    return row_requests(contract, _vllm()["SamplingParams"], logprobs=-1)
 
 
 @dataclasses.dataclass(frozen=True)
